@@ -1,0 +1,79 @@
+//! Errors the engine reports. Each names what went wrong and where.
+
+/// An error from the engine.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The database refused or failed a statement.
+    #[error("database error while {context}: {source}")]
+    Database {
+        /// What the engine was doing.
+        context: &'static str,
+        /// The driver's error.
+        #[source]
+        source: sqlx::Error,
+    },
+    /// Applying the engine's migrations failed.
+    #[error("applying the engine's migrations: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// A queue specification names an identifier that is not a plain SQL name.
+    #[error("invalid {field} {value:?}: use lower-case letters, digits and '_' (optionally schema.name)")]
+    InvalidIdentifier {
+        /// Which field of the spec.
+        field: &'static str,
+        /// The rejected value.
+        value: String,
+    },
+    /// Another run of the same job is still running.
+    #[error("job {job:?} already has a running run (id {run_id}, period {period}); it must finish or be cancelled first")]
+    OtherRunActive {
+        /// The job.
+        job: String,
+        /// The running run's id.
+        run_id: i64,
+        /// The running run's period.
+        period: String,
+    },
+    /// A run id that does not exist.
+    #[error("run {0} does not exist")]
+    NoSuchRun(i64),
+    /// An invariant the engine relies on did not hold; the transaction was rolled back.
+    #[error("invariant violated: {0}")]
+    Invariant(String),
+    /// The application's handler failed on a chunk; the chunk was rolled back.
+    #[error("handler failed on a chunk of {items} items (first key {first_key}): {source}")]
+    Handler {
+        /// Items in the chunk.
+        items: usize,
+        /// The chunk's first key.
+        first_key: String,
+        /// The handler's error.
+        #[source]
+        source: HandlerError,
+    },
+    /// The handler failed too many times in a row.
+    #[error("giving up after {attempts} consecutive failures; last: {last}")]
+    TooManyFailures {
+        /// How many failures in a row.
+        attempts: u32,
+        /// The last failure.
+        last: String,
+    },
+}
+
+impl EngineError {
+    /// Wraps a driver error with what the engine was doing.
+    pub fn db(context: &'static str) -> impl FnOnce(sqlx::Error) -> EngineError {
+        move |source| EngineError::Database { context, source }
+    }
+}
+
+/// An error from an application's chunk handler.
+#[derive(Debug, thiserror::Error)]
+pub enum HandlerError {
+    /// A database statement of the handler failed (the chunk is rolled back).
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    /// Anything else the handler reports.
+    #[error("{0}")]
+    Other(String),
+}

@@ -1,0 +1,188 @@
+//! Where the database comes from: `DATABASE_URL`, or a private PostgreSQL
+//! started from the installed server binaries in the project's data directory.
+//! Also applies the migrations (engine first, then settlement).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use settled_testkit::{LocalOptions, LocalPostgres};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
+
+/// Name of the database created on the private server.
+pub const EMBEDDED_DATABASE: &str = "settled";
+/// How long to wait for a pooled connection before failing.
+pub const POOL_ACQUIRE_TIMEOUT_SECS: u64 = 30;
+
+/// Where to find or start the database.
+#[derive(Debug, Clone)]
+pub struct DbOptions {
+    /// An existing server (`DATABASE_URL`); None starts the private server.
+    pub url: Option<String>,
+    /// Data directory of the private server.
+    pub data_dir: PathBuf,
+    /// Largest number of pooled connections.
+    pub max_connections: u32,
+}
+
+/// An open database: a pool, the URL other processes can use, and the
+/// private server when this process started it.
+pub struct Database {
+    /// The connection pool.
+    pub pool: PgPool,
+    /// A URL for child processes and tools (may hold a password: never log it raw).
+    pub url: String,
+    server: Option<LocalPostgres>,
+}
+
+impl Database {
+    /// Connects (starting the private server if needed) and applies migrations.
+    pub async fn open(opts: &DbOptions) -> anyhow::Result<Database> {
+        let (url, server) = match &opts.url {
+            Some(url) => (url.clone(), None),
+            None => {
+                let (url, server) = start_private(&opts.data_dir).await?;
+                (url, Some(server))
+            }
+        };
+        let connect = PgConnectOptions::from_str_checked(&url)?
+            .log_statements(tracing::log::LevelFilter::Trace)
+            .log_slow_statements(tracing::log::LevelFilter::Debug, Duration::from_secs(5));
+        let pool = PgPoolOptions::new()
+            .max_connections(opts.max_connections)
+            .acquire_timeout(Duration::from_secs(POOL_ACQUIRE_TIMEOUT_SECS))
+            .connect_with(connect)
+            .await
+            .with_context(|| format!("connecting to {}", redact_url(&url)))?;
+        let db = Database { pool, url, server };
+        migrate(&db.pool).await?;
+        Ok(db)
+    }
+
+    /// Closes the pool and stops the private server if this process started it.
+    pub async fn close(self) -> anyhow::Result<()> {
+        self.pool.close().await;
+        if let Some(server) = self.server {
+            tokio::task::spawn_blocking(move || server.stop())
+                .await?
+                .context("stopping the private PostgreSQL")?;
+        }
+        Ok(())
+    }
+
+    /// The private server, when one is in use by this process.
+    pub fn private_server(&self) -> Option<&LocalPostgres> {
+        self.server.as_ref()
+    }
+}
+
+trait FromStrChecked: Sized {
+    fn from_str_checked(url: &str) -> anyhow::Result<Self>;
+}
+
+impl FromStrChecked for PgConnectOptions {
+    fn from_str_checked(url: &str) -> anyhow::Result<Self> {
+        url.parse::<PgConnectOptions>().map_err(|e| {
+            anyhow::anyhow!(
+                "DATABASE_URL {} is not a PostgreSQL URL: {e}",
+                redact_url(url)
+            )
+        })
+    }
+}
+
+async fn start_private(data_dir: &std::path::Path) -> anyhow::Result<(String, LocalPostgres)> {
+    let opts = LocalOptions::durable(data_dir);
+    let server = tokio::task::spawn_blocking(move || LocalPostgres::start(&opts)).await??;
+    if let Some(wanted) = &server.relocated_from {
+        tracing::warn!(
+            wanted = %wanted.display(),
+            used = %server.pgdata().display(),
+            "the postgres OS user cannot reach the data directory; using a directory under the system temp dir"
+        );
+    }
+    let mut admin = PgConnection::connect(&server.url("postgres"))
+        .await
+        .context("connecting to the private PostgreSQL")?;
+    let exists: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+            .bind(EMBEDDED_DATABASE)
+            .fetch_one(&mut admin)
+            .await?;
+    if !exists {
+        let created = sqlx::query(&format!("CREATE DATABASE {EMBEDDED_DATABASE}"))
+            .execute(&mut admin)
+            .await;
+        // Another command may have created it at the same moment.
+        if let Err(err) = created {
+            let duplicate = err
+                .as_database_error()
+                .and_then(|e| e.code())
+                .is_some_and(|c| c == "42P04");
+            if !duplicate {
+                return Err(err).context("creating the settled database");
+            }
+        }
+    }
+    admin.close().await?;
+    Ok((server.url(EMBEDDED_DATABASE), server))
+}
+
+/// Applies the engine's and the settlement's migrations.
+pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
+    settled_engine::migrate::migrate(pool)
+        .await
+        .context("applying the engine's migrations")?;
+    let mut migrator = sqlx::migrate!("./migrations");
+    migrator.set_ignore_missing(true);
+    migrator
+        .run(pool)
+        .await
+        .context("applying the settlement migrations")?;
+    Ok(())
+}
+
+/// The URL with any password replaced by `***`, for logs and errors.
+pub fn redact_url(url: &str) -> String {
+    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+        return url.to_string();
+    };
+    let rest = &url[scheme_end..];
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    match authority.rfind('@') {
+        Some(at) => {
+            let userinfo = &authority[..at];
+            match userinfo.find(':') {
+                Some(colon) => format!(
+                    "{}{}:***{}",
+                    &url[..scheme_end],
+                    &userinfo[..colon],
+                    &rest[at..]
+                ),
+                None => url.to_string(),
+            }
+        }
+        None => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact_url;
+
+    #[test]
+    fn passwords_never_leave_redact_url() {
+        assert_eq!(
+            redact_url("postgres://app:s3cret@db:5432/x?sslmode=require"),
+            "postgres://app:***@db:5432/x?sslmode=require"
+        );
+        assert_eq!(redact_url("postgres://app@db/x"), "postgres://app@db/x");
+        assert_eq!(
+            redact_url("postgres://db/x?host=/tmp"),
+            "postgres://db/x?host=/tmp"
+        );
+        assert!(!redact_url("postgresql://u:p%40ss@h/d").contains("p%40ss"));
+    }
+}

@@ -1,0 +1,191 @@
+//! `settled demo`: seed a period, settle it with several `settled worker` OS
+//! processes at once, verify, and print a summary.
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use settled_engine::runs;
+use sqlx::PgPool;
+
+use crate::money::FeeBps;
+use crate::period::Period;
+use crate::progress::Progress;
+use crate::settlement::JOB;
+use crate::{seed, status, verify};
+
+/// Largest number of worker processes the demo starts.
+pub const MAX_DEMO_WORKERS: u32 = 64;
+/// How often the demo reads progress while workers run.
+pub const DEMO_PROGRESS_POLL_MS: u64 = 250;
+
+/// What the demo does.
+#[derive(Debug, Clone)]
+pub struct DemoOptions {
+    /// Creators to seed.
+    pub creators: u64,
+    /// Worker processes.
+    pub workers: u32,
+    /// Claim loops per worker.
+    pub concurrency: u32,
+    /// Items per claim.
+    pub chunk: u32,
+    /// Seed of the synthetic data.
+    pub seed: u64,
+    /// The period's fee.
+    pub fee: FeeBps,
+}
+
+/// The demo's result.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DemoSummary {
+    /// The period settled.
+    pub period: String,
+    /// Creators in the period.
+    pub creators: i64,
+    /// Worker processes started.
+    pub workers: u32,
+    /// Total paid (base units).
+    pub total_paid: String,
+    /// Seconds from starting the workers to the last one exiting.
+    pub settle_seconds: f64,
+    /// Creators per second over that time.
+    pub creators_per_second: u64,
+    /// Verification result.
+    pub verified: bool,
+}
+
+/// Runs the demo against `pool`; workers connect to `url`.
+pub async fn demo(
+    pool: &PgPool,
+    url: &str,
+    opts: &DemoOptions,
+) -> anyhow::Result<(DemoSummary, verify::VerifyReport)> {
+    anyhow::ensure!(
+        (1..=MAX_DEMO_WORKERS).contains(&opts.workers),
+        "--workers must be 1..={MAX_DEMO_WORKERS}"
+    );
+    let period = choose_period(pool).await?;
+    let mut conn = pool.acquire().await?;
+    if runs::find(&mut conn, JOB, &period.to_string())
+        .await?
+        .is_none()
+    {
+        eprintln!(
+            "seeding {} creators for period {period} (seed {})",
+            opts.creators, opts.seed
+        );
+        let bar = Progress::new("seed", opts.creators);
+        seed::seed(pool, period, opts.creators, opts.seed, Some(opts.fee), &bar).await?;
+    } else {
+        eprintln!("resuming the unfinished run of period {period}");
+    }
+    let total = status::period_status(&mut conn, period).await?.total;
+
+    eprintln!(
+        "settling with {} worker processes x {} claim loops, chunk {}",
+        opts.workers, opts.concurrency, opts.chunk
+    );
+    let exe = std::env::current_exe().context("locating the settled binary")?;
+    let started = Instant::now();
+    let mut children = Vec::new();
+    for _ in 0..opts.workers {
+        let child = tokio::process::Command::new(&exe)
+            .args(["worker", "--period", &period.to_string()])
+            .args(["--concurrency", &opts.concurrency.to_string()])
+            .args(["--chunk", &opts.chunk.to_string()])
+            .env("DATABASE_URL", url)
+            .env(
+                "SETTLED_LOG",
+                std::env::var("SETTLED_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting a worker process")?;
+        children.push(child);
+    }
+    let bar = Progress::new("settle", total as u64);
+    let mut exits = Vec::new();
+    loop {
+        let done = status::period_status(&mut conn, period).await?.done;
+        bar.set(done as u64);
+        let mut still_running = Vec::new();
+        for mut child in children {
+            match child.try_wait()? {
+                Some(code) => exits.push(code),
+                None => still_running.push(child),
+            }
+        }
+        children = still_running;
+        if children.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(DEMO_PROGRESS_POLL_MS)).await;
+    }
+    let elapsed = started.elapsed();
+    bar.finish();
+    if let Some(bad) = exits.iter().find(|c| !c.success()) {
+        anyhow::bail!("a worker process failed ({bad}); run `settled status --period {period}` to see what is left");
+    }
+
+    let report = verify::verify(&mut conn, period).await?;
+    let status = status::period_status(&mut conn, period).await?;
+    let secs = elapsed.as_secs_f64();
+    Ok((
+        DemoSummary {
+            period: period.to_string(),
+            creators: status.total,
+            workers: opts.workers,
+            total_paid: status.settled_amount,
+            settle_seconds: (secs * 1000.0).round() / 1000.0,
+            creators_per_second: (status.total as f64 / secs.max(1e-9)) as u64,
+            verified: report.ok,
+        },
+        report,
+    ))
+}
+
+/// The job's unfinished run, if any (a demo that was interrupted resumes it);
+/// otherwise the day before the earliest seeded period (or yesterday), so
+/// every demo settles a fresh period and balances grow across demos.
+async fn choose_period(pool: &PgPool) -> anyhow::Result<Period> {
+    let mut conn = pool.acquire().await?;
+    if let Some(run) = runs::running(&mut conn, JOB).await? {
+        return Period::parse(&run.period).map_err(anyhow::Error::msg);
+    }
+    let date: chrono::NaiveDate = sqlx::query_scalar(
+        "SELECT coalesce(min(period) - 1, current_date - 1) FROM settlement.token_trade_volume",
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(Period::from_date(date))
+}
+
+impl DemoSummary {
+    /// The human rendering.
+    pub fn render(&self) -> String {
+        format!(
+            "\nsettled demo summary\n\
+             \x20 period               {}\n\
+             \x20 creators             {}\n\
+             \x20 worker processes     {}\n\
+             \x20 total paid           {} (token base units)\n\
+             \x20 wall time (settle)   {:.3} s\n\
+             \x20 creators per second  {}\n\
+             \x20 verification         {}\n",
+            self.period,
+            self.creators,
+            self.workers,
+            self.total_paid,
+            self.settle_seconds,
+            self.creators_per_second,
+            if self.verified {
+                "OK: every creator paid exactly once, ledger = expected = balances"
+            } else {
+                "FAILED"
+            }
+        )
+    }
+}

@@ -1,0 +1,121 @@
+//! Deterministic synthetic input: `n` creators with valid EVM addresses and
+//! a skewed volume distribution, generated inside PostgreSQL (fast, and the
+//! same seed always gives the same rows).
+
+use anyhow::Context;
+use settled_engine::runs;
+use sqlx::PgPool;
+
+use crate::money::FeeBps;
+use crate::period::Period;
+use crate::progress::Progress;
+use crate::settlement::{DEFAULT_FEE_BPS, JOB};
+
+/// Largest number of creators one seed call may create.
+pub const MAX_SEED_CREATORS: u64 = 100_000_000;
+/// Rows generated per statement (progress is reported between statements).
+pub const SEED_BATCH_ROWS: u64 = 20_000;
+
+/// Creator `i`'s address depends on (seed, i) only, so creators recur across
+/// periods; its volume depends on (seed, period, i). Volumes: 5% zero, 0.1%
+/// near 2^256 (to exercise the whole range), the rest
+/// mantissa(1..999999) * 10^(12 + floor(9 r^3)): many small, few large.
+const SEED_BATCH_SQL: &str = "
+INSERT INTO settlement.token_trade_volume (period, creator, volume)
+SELECT $1::date,
+       '0x' || substr(encode(sha256(convert_to('settled-creator:' || $2 || ':' || i, 'UTF8')), 'hex'), 1, 40),
+       CASE
+           WHEN hv.h % 20 = 0 THEN 0
+           WHEN hv.h % 997 = 1 THEN (2::numeric ^ 256) - 1 - (hv.h % 1000000)
+           ELSE (1 + hv.h % 999999)::numeric
+                * (10::numeric ^ (12 + floor(9 * power(((hv.h / 20) % 1000000)::numeric / 1000000, 3))::int))
+       END
+FROM generate_series($3::bigint, $4::bigint) AS i,
+LATERAL (SELECT ('x' || substr(encode(sha256(convert_to(
+             'settled-volume:' || $2 || ':' || $1 || ':' || i, 'UTF8')), 'hex'), 1, 15))::bit(60)::bigint AS h) AS hv
+ON CONFLICT (period, creator) DO NOTHING";
+
+/// What a seed call did.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SeedOutcome {
+    /// Rows inserted now.
+    pub inserted: u64,
+    /// Rows that already existed (same seed seeded before).
+    pub already_present: u64,
+    /// The fee in force for the period.
+    pub fee_bps: u16,
+}
+
+/// Seeds `creators` items for `period` in one transaction. Sets the fee when
+/// given, or the default when the period has none. Refused once the period
+/// has a run.
+pub async fn seed(
+    pool: &PgPool,
+    period: Period,
+    creators: u64,
+    seed: u64,
+    fee: Option<FeeBps>,
+    progress: &Progress,
+) -> anyhow::Result<SeedOutcome> {
+    anyhow::ensure!(
+        (1..=MAX_SEED_CREATORS).contains(&creators),
+        "--creators must be 1..={MAX_SEED_CREATORS}, got {creators}"
+    );
+    let mut tx = pool.begin().await?;
+    if let Some(run) = runs::find(&mut tx, JOB, &period.to_string()).await? {
+        anyhow::bail!(
+            "period {period} already has run {} ({}): its input can no longer change",
+            run.id,
+            run.state.as_str()
+        );
+    }
+    let default_fee = FeeBps::new(DEFAULT_FEE_BPS).map_err(anyhow::Error::msg)?;
+    sqlx::query(
+        "INSERT INTO settlement.settlement_policy (period, fee_bps) VALUES ($1, $2)
+         ON CONFLICT (period) DO UPDATE SET fee_bps = EXCLUDED.fee_bps, updated_at = now()
+         WHERE $3",
+    )
+    .bind(period.date())
+    .bind(i32::from(fee.unwrap_or(default_fee).get()))
+    .bind(fee.is_some())
+    .execute(&mut *tx)
+    .await
+    .context("setting the period's policy")?;
+    // Holding the policy row orders this seed against a run start (which
+    // holds it FOR SHARE), so no item can join a period whose run has begun.
+    let fee_bps: i32 = sqlx::query_scalar(
+        "SELECT fee_bps FROM settlement.settlement_policy WHERE period = $1 FOR UPDATE",
+    )
+    .bind(period.date())
+    .fetch_one(&mut *tx)
+    .await?;
+    if runs::find(&mut tx, JOB, &period.to_string())
+        .await?
+        .is_some()
+    {
+        anyhow::bail!("period {period} got a run while seeding; nothing was written");
+    }
+    let mut inserted = 0u64;
+    let mut from = 1u64;
+    while from <= creators {
+        let to = (from + SEED_BATCH_ROWS - 1).min(creators);
+        inserted += sqlx::query(SEED_BATCH_SQL)
+            .bind(period.to_string())
+            .bind(seed.to_string())
+            .bind(from as i64)
+            .bind(to as i64)
+            .execute(&mut *tx)
+            .await
+            .with_context(|| format!("seeding creators {from}..={to}"))?
+            .rows_affected();
+        progress.set(to);
+        from = to + 1;
+    }
+    tx.commit().await?;
+    progress.finish();
+    Ok(SeedOutcome {
+        inserted,
+        already_present: creators - inserted,
+        fee_bps: fee_bps as u16,
+    })
+}

@@ -1,0 +1,97 @@
+//! `settled status`: exact counts by status and amounts for a period, read
+//! from committed state (never SKIP LOCKED, which would hide claimed rows).
+
+use settled_engine::{runs, ItemStatus, Run};
+use sqlx::PgConnection;
+
+use crate::period::Period;
+use crate::settlement::{queue, JOB};
+
+/// A period's progress.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PeriodStatus {
+    /// The period.
+    pub period: String,
+    /// Its run, if one exists.
+    pub run: Option<Run>,
+    /// Items by status (every status, zero included).
+    pub counts: Vec<(ItemStatus, i64)>,
+    /// All items of the period.
+    pub total: i64,
+    /// Items in a final status (settled, failed or held).
+    pub done: i64,
+    /// Paid so far: the period's ledger total, in base units.
+    pub settled_amount: String,
+    /// What the whole period pays at its policy (all items), in base units.
+    pub expected_amount: String,
+}
+
+/// Reads a period's status in one snapshot.
+pub async fn period_status(
+    conn: &mut PgConnection,
+    period: Period,
+) -> anyhow::Result<PeriodStatus> {
+    sqlx::query("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        .execute(&mut *conn)
+        .await?;
+    let result = read(conn, period).await;
+    sqlx::query("ROLLBACK").execute(&mut *conn).await?;
+    result
+}
+
+async fn read(conn: &mut PgConnection, period: Period) -> anyhow::Result<PeriodStatus> {
+    let p = period.to_string();
+    let counts = queue().count_by_status(conn, &p).await?;
+    let total = counts.iter().map(|(_, n)| n).sum();
+    let done = counts
+        .iter()
+        .filter(|(s, _)| s.is_final())
+        .map(|(_, n)| n)
+        .sum();
+    let run = runs::find(conn, JOB, &p).await?;
+    let (settled_amount, expected_amount): (String, String) = sqlx::query_as(
+        "SELECT coalesce((SELECT sum(amount) FROM settlement.reward_ledger WHERE period = $1::date), 0)::text,
+                coalesce((SELECT sum(div(v.volume * p.fee_bps, 10000))
+                          FROM settlement.token_trade_volume v JOIN settlement.settlement_policy p USING (period)
+                          WHERE v.period = $1::date), 0)::text",
+    )
+    .bind(&p)
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(PeriodStatus {
+        period: p,
+        run,
+        counts,
+        total,
+        done,
+        settled_amount,
+        expected_amount,
+    })
+}
+
+impl PeriodStatus {
+    /// The human rendering.
+    pub fn render(&self) -> String {
+        let run = match &self.run {
+            Some(r) => format!("run {} {}", r.id, r.state.as_str()),
+            None => "no run yet".to_string(),
+        };
+        let percent = if self.total == 0 {
+            100
+        } else {
+            self.done * 100 / self.total
+        };
+        let mut out = format!(
+            "period {}: {run}, {} of {} items done ({percent}%)\n",
+            self.period, self.done, self.total
+        );
+        for (status, n) in &self.counts {
+            out.push_str(&format!("  {:<10} {n}\n", status.as_str()));
+        }
+        out.push_str(&format!(
+            "  paid {} of {} (base units)\n",
+            self.settled_amount, self.expected_amount
+        ));
+        out
+    }
+}

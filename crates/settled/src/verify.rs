@@ -1,0 +1,233 @@
+//! `settled verify`: proves from committed state that a period was paid
+//! exactly once and that money is conserved to the unit. Every check is one
+//! exact query (never SKIP LOCKED); each failing check lists up to
+//! [`MAX_OFFENDERS`] offenders.
+
+use sqlx::PgConnection;
+
+use crate::period::Period;
+
+/// Offenders listed per failing check.
+pub const MAX_OFFENDERS: i64 = 20;
+
+/// One check's result.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Check {
+    /// Stable name of the check.
+    pub name: &'static str,
+    /// What it proves.
+    pub description: &'static str,
+    /// Whether it holds.
+    pub ok: bool,
+    /// How many rows break it.
+    pub violations: i64,
+    /// The first offenders, described.
+    pub offenders: Vec<String>,
+}
+
+/// All checks for a period.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct VerifyReport {
+    /// The period verified.
+    pub period: String,
+    /// True when every check holds.
+    pub ok: bool,
+    /// Ledger total of the period (base units).
+    pub ledger_total: String,
+    /// Expected total: the policy applied to every settled item.
+    pub expected_total: String,
+    /// The checks, in order.
+    pub checks: Vec<Check>,
+}
+
+struct CheckSql {
+    name: &'static str,
+    description: &'static str,
+    /// Returns one text column describing each offender; $1 = period, $2 = limit.
+    offenders: &'static str,
+    /// Returns the number of offenders; $1 = period.
+    count: &'static str,
+}
+
+const CHECKS: &[CheckSql] = &[
+    CheckSql {
+        name: "policy_exists",
+        description: "the period has a fee policy",
+        offenders: "SELECT 'no policy for ' || $1::date::text
+                    WHERE NOT EXISTS (SELECT 1 FROM settlement.settlement_policy WHERE period = $1::date) LIMIT $2",
+        count: "SELECT count(*) FROM (SELECT 1 WHERE NOT EXISTS
+                    (SELECT 1 FROM settlement.settlement_policy WHERE period = $1::date)) x",
+    },
+    CheckSql {
+        name: "no_work_left",
+        description: "no item is still eligible or processing",
+        offenders: "SELECT creator || ' is ' || status FROM settlement.token_trade_volume
+                    WHERE period = $1::date AND status IN ('eligible', 'processing') ORDER BY creator LIMIT $2",
+        count: "SELECT count(*) FROM settlement.token_trade_volume
+                WHERE period = $1::date AND status IN ('eligible', 'processing')",
+    },
+    CheckSql {
+        name: "settled_items_have_one_ledger_row",
+        description: "each settled creator has exactly one ledger row for the period",
+        offenders: "SELECT v.creator || ' is settled but has no ledger row'
+                    FROM settlement.token_trade_volume v
+                    LEFT JOIN settlement.reward_ledger l ON l.period = v.period AND l.creator = v.creator
+                    WHERE v.period = $1::date AND v.status = 'settled' AND l.creator IS NULL
+                    ORDER BY v.creator LIMIT $2",
+        count: "SELECT count(*) FROM settlement.token_trade_volume v
+                LEFT JOIN settlement.reward_ledger l ON l.period = v.period AND l.creator = v.creator
+                WHERE v.period = $1::date AND v.status = 'settled' AND l.creator IS NULL",
+    },
+    CheckSql {
+        name: "ledger_rows_have_settled_items",
+        description: "no ledger row lacks its item, and every paid item is marked settled",
+        offenders: "SELECT l.creator || CASE WHEN v.creator IS NULL THEN ' has a ledger row but no item'
+                                             ELSE ' has a ledger row but its item is ' || v.status END
+                    FROM settlement.reward_ledger l
+                    LEFT JOIN settlement.token_trade_volume v ON v.period = l.period AND v.creator = l.creator
+                    WHERE l.period = $1::date AND (v.creator IS NULL OR v.status <> 'settled')
+                    ORDER BY l.creator LIMIT $2",
+        count: "SELECT count(*) FROM settlement.reward_ledger l
+                LEFT JOIN settlement.token_trade_volume v ON v.period = l.period AND v.creator = l.creator
+                WHERE l.period = $1::date AND (v.creator IS NULL OR v.status <> 'settled')",
+    },
+    CheckSql {
+        name: "amounts_follow_policy",
+        description: "each ledger amount equals floor(volume * fee_bps / 10000)",
+        offenders: "SELECT l.creator || ' was paid ' || l.amount || ', policy gives ' || div(v.volume * p.fee_bps, 10000)
+                    FROM settlement.reward_ledger l
+                    JOIN settlement.token_trade_volume v ON v.period = l.period AND v.creator = l.creator
+                    JOIN settlement.settlement_policy p ON p.period = l.period
+                    WHERE l.period = $1::date AND l.amount <> div(v.volume * p.fee_bps, 10000)
+                    ORDER BY l.creator LIMIT $2",
+        count: "SELECT count(*) FROM settlement.reward_ledger l
+                JOIN settlement.token_trade_volume v ON v.period = l.period AND v.creator = l.creator
+                JOIN settlement.settlement_policy p ON p.period = l.period
+                WHERE l.period = $1::date AND l.amount <> div(v.volume * p.fee_bps, 10000)",
+    },
+    CheckSql {
+        name: "ledger_total_equals_expected",
+        description: "the period's ledger total equals the policy applied to every settled item",
+        offenders: "SELECT 'ledger total ' || coalesce(l.total, 0) || ' <> expected ' || coalesce(e.total, 0)
+                    FROM (SELECT sum(amount) AS total FROM settlement.reward_ledger WHERE period = $1::date) l,
+                         (SELECT sum(div(v.volume * p.fee_bps, 10000)) AS total
+                          FROM settlement.token_trade_volume v JOIN settlement.settlement_policy p USING (period)
+                          WHERE v.period = $1::date AND v.status = 'settled') e
+                    WHERE coalesce(l.total, 0) <> coalesce(e.total, 0) LIMIT $2",
+        count: "SELECT count(*)
+                FROM (SELECT sum(amount) AS total FROM settlement.reward_ledger WHERE period = $1::date) l,
+                     (SELECT sum(div(v.volume * p.fee_bps, 10000)) AS total
+                      FROM settlement.token_trade_volume v JOIN settlement.settlement_policy p USING (period)
+                      WHERE v.period = $1::date AND v.status = 'settled') e
+                WHERE coalesce(l.total, 0) <> coalesce(e.total, 0)",
+    },
+    CheckSql {
+        name: "balances_equal_ledger",
+        description: "every creator's balance equals the sum of its ledger rows (all periods)",
+        offenders: "SELECT coalesce(b.creator, l.creator) || ' has balance ' || coalesce(b.balance, 0)
+                           || ' but ledger total ' || coalesce(l.total, 0)
+                    FROM settlement.creator_balance b
+                    FULL JOIN (SELECT creator, sum(amount) AS total FROM settlement.reward_ledger GROUP BY creator) l
+                           ON l.creator = b.creator
+                    WHERE coalesce(b.balance, 0) <> coalesce(l.total, 0)
+                    ORDER BY 1 LIMIT $2",
+        count: "SELECT count(*) FROM settlement.creator_balance b
+                FULL JOIN (SELECT creator, sum(amount) AS total FROM settlement.reward_ledger GROUP BY creator) l
+                       ON l.creator = b.creator
+                WHERE coalesce(b.balance, 0) <> coalesce(l.total, 0)",
+    },
+];
+
+/// Runs every check for `period` in one REPEATABLE READ snapshot, so all
+/// checks see the same committed state.
+pub async fn verify(conn: &mut PgConnection, period: Period) -> anyhow::Result<VerifyReport> {
+    sqlx::query("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        .execute(&mut *conn)
+        .await?;
+    let result = run_checks(conn, period).await;
+    sqlx::query("ROLLBACK").execute(&mut *conn).await?;
+    result
+}
+
+async fn run_checks(conn: &mut PgConnection, period: Period) -> anyhow::Result<VerifyReport> {
+    let p = period.to_string();
+    let mut checks = Vec::with_capacity(CHECKS.len());
+    for check in CHECKS {
+        let violations: i64 = sqlx::query_scalar(check.count)
+            .bind(&p)
+            .fetch_one(&mut *conn)
+            .await?;
+        let offenders: Vec<String> = if violations > 0 {
+            sqlx::query_scalar(check.offenders)
+                .bind(&p)
+                .bind(MAX_OFFENDERS)
+                .fetch_all(&mut *conn)
+                .await?
+        } else {
+            Vec::new()
+        };
+        checks.push(Check {
+            name: check.name,
+            description: check.description,
+            ok: violations == 0,
+            violations,
+            offenders,
+        });
+    }
+    let (ledger_total, expected_total): (String, String) = sqlx::query_as(
+        "SELECT coalesce((SELECT sum(amount) FROM settlement.reward_ledger WHERE period = $1::date), 0)::text,
+                coalesce((SELECT sum(div(v.volume * p.fee_bps, 10000))
+                          FROM settlement.token_trade_volume v JOIN settlement.settlement_policy p USING (period)
+                          WHERE v.period = $1::date AND v.status = 'settled'), 0)::text",
+    )
+    .bind(&p)
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(VerifyReport {
+        period: p,
+        ok: checks.iter().all(|c| c.ok),
+        ledger_total,
+        expected_total,
+        checks,
+    })
+}
+
+impl VerifyReport {
+    /// The human rendering.
+    pub fn render(&self) -> String {
+        let mut out = format!(
+            "verify {}: {}\n",
+            self.period,
+            if self.ok {
+                "OK, every check holds"
+            } else {
+                "FAILED"
+            }
+        );
+        for check in &self.checks {
+            out.push_str(&format!(
+                "  [{}] {} ({})\n",
+                if check.ok { "ok" } else { "FAIL" },
+                check.name,
+                check.description
+            ));
+            if !check.ok {
+                out.push_str(&format!("        {} violation(s)\n", check.violations));
+                for offender in &check.offenders {
+                    out.push_str(&format!("        - {offender}\n"));
+                }
+            }
+        }
+        out.push_str(&format!(
+            "  ledger total {} = expected {}: {}\n",
+            self.ledger_total,
+            self.expected_total,
+            if self.ledger_total == self.expected_total {
+                "yes"
+            } else {
+                "NO"
+            }
+        ));
+        out
+    }
+}
