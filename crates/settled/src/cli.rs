@@ -96,11 +96,11 @@ pub enum Command {
         /// The period to settle. Without it, join the running run, if any.
         #[arg(long)]
         period: Option<Period>,
-        /// Claim loops in this process (each with its own connection).
-        #[arg(long, default_value_t = DEFAULT_CONCURRENCY)]
+        /// Claim loops in this process (each with its own connection), 1..=256.
+        #[arg(long, default_value_t = DEFAULT_CONCURRENCY, value_parser = clap::value_parser!(u32).range(1..=256))]
         concurrency: u32,
-        /// Creators per claim (one transaction each).
-        #[arg(long, default_value_t = DEFAULT_CHUNK)]
+        /// Creators per claim (one transaction each), 1..=10000.
+        #[arg(long, default_value_t = DEFAULT_CHUNK, value_parser = clap::value_parser!(u32).range(1..=10000))]
         chunk: u32,
         /// Simulated work per creator in milliseconds, spent inside the
         /// transaction (for demos, benchmarks and crash tests).
@@ -142,11 +142,11 @@ pub enum Command {
         /// Worker OS processes to start.
         #[arg(long, default_value_t = 4)]
         workers: u32,
-        /// Claim loops per worker process.
-        #[arg(long, default_value_t = DEFAULT_CONCURRENCY)]
+        /// Claim loops per worker process, 1..=256.
+        #[arg(long, default_value_t = DEFAULT_CONCURRENCY, value_parser = clap::value_parser!(u32).range(1..=256))]
         concurrency: u32,
-        /// Creators per claim.
-        #[arg(long, default_value_t = DEFAULT_CHUNK)]
+        /// Creators per claim, 1..=10000.
+        #[arg(long, default_value_t = DEFAULT_CHUNK, value_parser = clap::value_parser!(u32).range(1..=10000))]
         chunk: u32,
         /// Seed of the synthetic data.
         #[arg(long, default_value_t = 1)]

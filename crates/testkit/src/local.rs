@@ -31,10 +31,13 @@ impl PgBinaries {
 /// `/usr/lib/postgresql/*/bin`.
 pub fn find_binaries() -> Result<PgBinaries> {
     let has_server = |dir: &Path| dir.join("initdb").is_file() && dir.join("pg_ctl").is_file();
-    if let Some(dir) = std::env::var_os("PG_BIN").map(PathBuf::from) {
-        if has_server(&dir) {
-            return Ok(PgBinaries { dir });
-        }
+    // An explicit PG_BIN is authoritative: a wrong one is an error, not a hint.
+    if let Some(dir) = std::env::var_os("PG_BIN").filter(|v| !v.is_empty()).map(PathBuf::from) {
+        return if has_server(&dir) {
+            Ok(PgBinaries { dir })
+        } else {
+            Err(Error::NoBinaries)
+        };
     }
     if let Some(path) = std::env::var_os("PATH") {
         for dir in std::env::split_paths(&path) {
