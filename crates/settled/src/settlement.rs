@@ -58,16 +58,13 @@ SET balance = b.balance + EXCLUDED.balance, updated_at = now()";
 /// The settlement handler for in-transaction mode.
 #[derive(Debug, Clone)]
 pub struct SettleRewards {
-    /// Simulated external work per item, spent inside the transaction
-    /// (benchmarks and crash tests; zero in production).
+    /// Simulated work per item, spent inside the transaction after the
+    /// chunk's writes (benchmarks and crash tests; zero in production).
     pub work_per_item: std::time::Duration,
 }
 
 impl ChunkHandler for SettleRewards {
     async fn handle_chunk(&self, tx: &mut PgConnection, chunk: &Chunk) -> Result<(), HandlerError> {
-        if !self.work_per_item.is_zero() {
-            tokio::time::sleep(self.work_per_item * chunk.items.len() as u32).await;
-        }
         let credited = sqlx::query(PAY_CHUNK_SQL)
             .bind(&chunk.scope)
             .bind(chunk.keys())
@@ -75,6 +72,11 @@ impl ChunkHandler for SettleRewards {
             .execute(&mut *tx)
             .await?
             .rows_affected();
+        // Simulated work after the writes and before the commit: the widest
+        // window for a crash to leave something half written (it must not).
+        if !self.work_per_item.is_zero() {
+            tokio::time::sleep(self.work_per_item * chunk.items.len() as u32).await;
+        }
         // Every claimed creator gets exactly one credit; anything else is a bug
         // (or a missing policy): refuse to commit.
         if credited != chunk.items.len() as u64 {

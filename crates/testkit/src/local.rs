@@ -32,7 +32,10 @@ impl PgBinaries {
 pub fn find_binaries() -> Result<PgBinaries> {
     let has_server = |dir: &Path| dir.join("initdb").is_file() && dir.join("pg_ctl").is_file();
     // An explicit PG_BIN is authoritative: a wrong one is an error, not a hint.
-    if let Some(dir) = std::env::var_os("PG_BIN").filter(|v| !v.is_empty()).map(PathBuf::from) {
+    if let Some(dir) = std::env::var_os("PG_BIN")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+    {
         return if has_server(&dir) {
             Ok(PgBinaries { dir })
         } else {

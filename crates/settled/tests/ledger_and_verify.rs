@@ -1,0 +1,204 @@
+//! The ledger refuses a second payment and any edit; verify catches every
+//! kind of tampering; the database's reward arithmetic equals Rust's.
+
+mod common;
+
+use common::Env;
+use proptest::prelude::*;
+use proptest::strategy::ValueTree;
+use settled::money::{reward, Amount, FeeBps, U256};
+
+async fn settled_period(creators: &str) -> Env {
+    let env = Env::new().await;
+    env.run_ok(&[
+        "seed",
+        "--period",
+        "2026-11-28",
+        "--creators",
+        creators,
+        "--fee-bps",
+        "250",
+    ]);
+    env.run_ok(&["worker", "--period", "2026-11-28"]);
+    env.run_ok(&["verify", "--period", "2026-11-28"]);
+    env
+}
+
+fn sqlstate(err: &sqlx::Error) -> String {
+    err.as_database_error()
+        .and_then(|e| e.code())
+        .map(|c| c.into_owned())
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_ledger_refuses_a_second_row_and_any_edit() {
+    let env = settled_period("50").await;
+    let creator = env
+        .scalar_text("SELECT creator FROM settlement.reward_ledger ORDER BY creator LIMIT 1")
+        .await;
+    let run_id = env.scalar_i64("SELECT id FROM settled_engine.runs").await;
+
+    let second = sqlx::query(
+        "INSERT INTO settlement.reward_ledger (period, creator, amount, run_id, attempt)
+         VALUES ('2026-11-28', $1, 1, $2, 9)",
+    )
+    .bind(&creator)
+    .bind(run_id)
+    .execute(&env.pool)
+    .await
+    .unwrap_err();
+    assert_eq!(sqlstate(&second), "23505", "{second}");
+
+    for statement in [
+        "UPDATE settlement.reward_ledger SET amount = amount + 1 WHERE creator = $1",
+        "DELETE FROM settlement.reward_ledger WHERE creator = $1",
+    ] {
+        let err = sqlx::query(statement)
+            .bind(&creator)
+            .execute(&env.pool)
+            .await
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("append-only"),
+            "{statement}: {err}"
+        );
+    }
+    let err = sqlx::query("TRUNCATE settlement.reward_ledger CASCADE")
+        .execute(&env.pool)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("append-only"), "{err}");
+    assert_eq!(
+        env.scalar_i64("SELECT count(*) FROM settlement.reward_ledger")
+            .await,
+        50
+    );
+    env.run_ok(&["verify", "--period", "2026-11-28"]);
+}
+
+/// Runs `tamper` with triggers and foreign keys off (what only a superuser
+/// could do), then expects verify to fail naming `check`.
+async fn expect_verify_to_catch(tamper: &str, check: &str) {
+    let env = settled_period("200").await;
+    let mut conn = env.pool.acquire().await.unwrap();
+    sqlx::query("SET session_replication_role = replica")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let changed = sqlx::query(tamper)
+        .execute(&mut *conn)
+        .await
+        .unwrap()
+        .rows_affected();
+    assert_eq!(changed, 1, "{tamper}");
+    sqlx::query("RESET session_replication_role")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    drop(conn);
+
+    let out = env.run(&["verify", "--period", "2026-11-28", "--json"]);
+    assert_eq!(out.status.code(), Some(1), "verify passed after: {tamper}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["ok"], false);
+    let failed: Vec<&str> = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["ok"] == false)
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        failed.contains(&check),
+        "{tamper}: failed checks {failed:?}"
+    );
+    let offenders = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == check)
+        .unwrap()["offenders"]
+        .as_array()
+        .unwrap()
+        .len();
+    assert!(offenders >= 1);
+    let human = env.run(&["verify", "--period", "2026-11-28"]);
+    assert_eq!(human.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&human.stdout).contains("FAIL"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn verify_fails_on_a_deleted_item() {
+    expect_verify_to_catch(
+        "DELETE FROM settlement.token_trade_volume
+         WHERE (period, creator) = (SELECT period, creator FROM settlement.token_trade_volume ORDER BY creator LIMIT 1)",
+        "ledger_rows_have_settled_items",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn verify_fails_on_an_altered_amount() {
+    expect_verify_to_catch(
+        "UPDATE settlement.reward_ledger SET amount = amount + 1
+         WHERE creator = (SELECT creator FROM settlement.reward_ledger ORDER BY creator LIMIT 1)",
+        "amounts_follow_policy",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn verify_fails_on_a_duplicated_balance_credit() {
+    expect_verify_to_catch(
+        "UPDATE settlement.creator_balance b SET balance = b.balance + l.amount
+         FROM settlement.reward_ledger l
+         WHERE l.creator = b.creator AND l.amount > 0
+           AND b.creator = (SELECT creator FROM settlement.reward_ledger WHERE amount > 0 ORDER BY creator LIMIT 1)",
+        "balances_equal_ledger",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn verify_fails_on_a_settled_item_without_payment() {
+    expect_verify_to_catch(
+        "INSERT INTO settlement.token_trade_volume (period, creator, volume, status, attempt)
+         VALUES ('2026-11-28', '0x00000000000000000000000000000000000000aa', 5, 'settled', 1)",
+        "settled_items_have_one_ledger_row",
+    )
+    .await;
+}
+
+fn any_amount() -> impl Strategy<Value = Amount> {
+    prop_oneof![
+        any::<[u64; 4]>().prop_map(|l| Amount::from_u256(U256::from_limbs(l))),
+        any::<u64>().prop_map(|v| Amount::from_u256(U256::from(v))),
+        (0u64..1_000_000).prop_map(|d| Amount::from_u256(U256::MAX - U256::from(d))),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_database_formula_equals_the_rust_formula_over_the_whole_range() {
+    let env = Env::new().await;
+    let cases: Vec<(Amount, u16)> = proptest::collection::vec((any_amount(), 0u16..=10_000), 5_000)
+        .new_tree(&mut proptest::test_runner::TestRunner::deterministic())
+        .unwrap()
+        .current();
+    let volumes: Vec<String> = cases.iter().map(|(v, _)| v.to_string()).collect();
+    let fees: Vec<i32> = cases.iter().map(|(_, f)| i32::from(*f)).collect();
+    // The ledger's exact statement shape: div(volume * fee_bps, 10000) on NUMERIC(78,0).
+    let rewards: Vec<String> = sqlx::query_scalar(
+        "SELECT div(v::numeric(78,0) * f, 10000)::text
+         FROM unnest($1::text[], $2::int[]) WITH ORDINALITY AS x(v, f, n) ORDER BY n",
+    )
+    .bind(&volumes)
+    .bind(&fees)
+    .fetch_all(&env.pool)
+    .await
+    .unwrap();
+    for ((volume, fee), from_db) in cases.iter().zip(rewards) {
+        let ours = reward(*volume, FeeBps::new(u32::from(*fee)).unwrap());
+        assert_eq!(ours.to_string(), from_db, "volume {volume} fee {fee}");
+    }
+}
