@@ -65,6 +65,7 @@ struct QueueSql {
     mark_settled_in_tx: String,
     count_unfinished: String,
     count_by_status: String,
+    analyze: String,
 }
 
 fn check_identifier(
@@ -148,12 +149,14 @@ impl WorkQueue {
             "SELECT status, count(*) FROM {table}
              WHERE {scope} = CAST($1 AS {scope_type}) GROUP BY status"
         );
+        let analyze = format!("ANALYZE {table}");
         Ok(WorkQueue {
             sql: QueueSql {
                 claim_in_tx,
                 mark_settled_in_tx,
                 count_unfinished,
                 count_by_status,
+                analyze,
             },
             spec,
         })
@@ -214,6 +217,18 @@ impl WorkQueue {
                 keys.len()
             )));
         }
+        Ok(())
+    }
+
+    /// Refreshes the planner's statistics of the work table. A scope loaded
+    /// just before its run (and not yet seen by autovacuum) otherwise looks
+    /// empty to the planner, which then scans the whole scope per statement
+    /// instead of looking items up by key. Needs ownership of the table.
+    pub async fn refresh_statistics(&self, conn: &mut PgConnection) -> Result<(), EngineError> {
+        sqlx::query(&self.sql.analyze)
+            .execute(conn)
+            .await
+            .map_err(EngineError::db("analyzing the work table"))?;
         Ok(())
     }
 

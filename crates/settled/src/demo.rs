@@ -11,13 +11,13 @@ use sqlx::PgPool;
 use crate::money::FeeBps;
 use crate::period::Period;
 use crate::progress::Progress;
-use crate::settlement::JOB;
+use crate::settlement::{queue, JOB};
 use crate::{seed, status, verify};
 
 /// Largest number of worker processes the demo starts.
 pub const MAX_DEMO_WORKERS: u32 = 64;
 /// How often the demo reads progress while workers run.
-pub const DEMO_PROGRESS_POLL_MS: u64 = 250;
+pub const DEMO_PROGRESS_POLL_MS: u64 = 500;
 
 /// What the demo does.
 #[derive(Debug, Clone)]
@@ -109,8 +109,8 @@ pub async fn demo(
     let bar = Progress::new("settle", total as u64);
     let mut exits = Vec::new();
     loop {
-        let done = status::period_status(&mut conn, period).await?.done;
-        bar.set(done as u64);
+        let left = queue().count_unfinished(&mut conn, &period.to_string()).await?;
+        bar.set((total - left).max(0) as u64);
         let mut still_running = Vec::new();
         for mut child in children {
             match child.try_wait()? {

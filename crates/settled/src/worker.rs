@@ -84,6 +84,14 @@ async fn work(pool: &PgPool, opts: &WorkerOptions, worker: Uuid) -> anyhow::Resu
         return Ok(WorkerOutcome::RunNotRunning(run.id, run.state));
     }
     tracing::info!(run = run.id, %period, %worker, starter = joined.started, "working on run");
+    if joined.started {
+        // Input loaded moments ago may be unknown to the planner; best effort
+        // (a role that does not own the table cannot, and autovacuum will).
+        let mut conn = pool.acquire().await?;
+        if let Err(err) = queue().refresh_statistics(&mut conn).await {
+            tracing::warn!(error = %err, "could not refresh the work table's statistics");
+        }
+    }
 
     let stats = Arc::new(DrainStats::default());
     let stop_on_signal = tokio::spawn(stop_on_signal(stats.clone()));

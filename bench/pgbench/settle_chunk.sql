@@ -1,0 +1,34 @@
+-- One chunk of the in-transaction settlement, statement for statement what
+-- `settled worker` sends (crates/engine/src/queue.rs and
+-- crates/settled/src/settlement.rs): claim with SKIP LOCKED, pay, mark
+-- settled, commit. Variables: :period (date), :run (run id), :chunk.
+BEGIN;
+SELECT coalesce(array_agg(key), '{}') AS keys FROM (
+    SELECT t.creator::text AS key, t.attempt + 1 AS fence
+    FROM settlement.token_trade_volume t
+    WHERE t.period = CAST(:period AS date)
+      AND t.status = 'eligible'
+      AND (t.not_before IS NULL OR t.not_before <= now())
+      AND EXISTS (SELECT 1 FROM settled_engine.runs r WHERE r.id = :run AND r.state = 'running')
+    LIMIT :chunk
+    FOR NO KEY UPDATE OF t SKIP LOCKED) claimed \gset
+WITH credited AS (
+    INSERT INTO settlement.reward_ledger (period, creator, amount, run_id, attempt)
+    SELECT v.period, v.creator, div(v.volume * p.fee_bps, 10000), :run, v.attempt + 1
+    FROM settlement.token_trade_volume v
+    JOIN settlement.settlement_policy p ON p.period = v.period
+    WHERE v.period = CAST(:period AS date) AND v.creator = ANY(CAST(:keys AS text[]))
+    ORDER BY v.creator
+    RETURNING creator, amount
+)
+INSERT INTO settlement.creator_balance AS b (creator, balance)
+SELECT creator, amount FROM credited ORDER BY creator
+ON CONFLICT (creator) DO UPDATE
+SET balance = b.balance + EXCLUDED.balance, updated_at = now();
+UPDATE settlement.token_trade_volume
+SET status = 'settled', attempt = attempt + 1, lease_owner = NULL,
+    lease_until = NULL, last_error = NULL, updated_at = now()
+WHERE period = CAST(:period AS date)
+  AND creator = ANY(CAST(:keys AS text[]))
+  AND status = 'eligible';
+COMMIT;
