@@ -30,6 +30,7 @@ const SCHEMA_SQL: &[&str] = &[
         updated_at  timestamptz NOT NULL DEFAULT now(),
         PRIMARY KEY (week, subscriber))",
     "CREATE INDEX IF NOT EXISTS outbox_eligible ON digest.outbox (week, subscriber) WHERE status = 'eligible'",
+    "CREATE INDEX IF NOT EXISTS outbox_processing ON digest.outbox (week, lease_until) WHERE status = 'processing'",
     "CREATE TABLE IF NOT EXISTS digest.sent (
         week       date NOT NULL,
         subscriber text NOT NULL,

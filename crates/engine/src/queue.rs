@@ -8,6 +8,13 @@ use sqlx::{PgConnection, Row};
 
 use crate::{EngineError, ItemStatus};
 
+/// Indexes a work table needs (besides its primary key on (scope, key)):
+/// claims and progress counts read only what is still to do.
+pub const REQUIRED_INDEXES: &[&str] = &[
+    "(scope, key) WHERE status = 'eligible'",
+    "(scope, lease_until) WHERE status = 'processing'",
+];
+
 /// Columns a work table must have besides its scope and key columns.
 pub const REQUIRED_COLUMNS: &[(&str, &str)] = &[
     (
@@ -66,6 +73,7 @@ struct QueueSql {
     count_unfinished: String,
     count_by_status: String,
     analyze: String,
+    stale_statistics: String,
 }
 
 fn check_identifier(
@@ -141,15 +149,20 @@ impl WorkQueue {
                AND {key} = ANY(CAST($2 AS {key_type}[]))
                AND status = 'eligible'"
         );
+        // Two counts, each answered from its partial index (eligible,
+        // processing), so polling progress stays cheap on a large scope.
         let count_unfinished = format!(
-            "SELECT count(*) FROM {table}
-             WHERE {scope} = CAST($1 AS {scope_type}) AND status IN ('eligible', 'processing')"
+            "SELECT (SELECT count(*) FROM {table} WHERE {scope} = CAST($1 AS {scope_type}) AND status = 'eligible')
+                  + (SELECT count(*) FROM {table} WHERE {scope} = CAST($1 AS {scope_type}) AND status = 'processing')"
         );
         let count_by_status = format!(
             "SELECT status, count(*) FROM {table}
              WHERE {scope} = CAST($1 AS {scope_type}) GROUP BY status"
         );
         let analyze = format!("ANALYZE {table}");
+        let stale_statistics = "SELECT coalesce(n_mod_since_analyze > greatest(1000, n_live_tup / 10), true)
+             FROM pg_stat_user_tables WHERE relid = to_regclass($1)"
+            .to_string();
         Ok(WorkQueue {
             sql: QueueSql {
                 claim_in_tx,
@@ -157,6 +170,7 @@ impl WorkQueue {
                 count_unfinished,
                 count_by_status,
                 analyze,
+                stale_statistics,
             },
             spec,
         })
@@ -224,12 +238,22 @@ impl WorkQueue {
     /// just before its run (and not yet seen by autovacuum) otherwise looks
     /// empty to the planner, which then scans the whole scope per statement
     /// instead of looking items up by key. Needs ownership of the table.
-    pub async fn refresh_statistics(&self, conn: &mut PgConnection) -> Result<(), EngineError> {
+    /// Skipped (returning false) while the statistics are fresh: fewer than
+    /// 10% of the rows changed since the last analyze.
+    pub async fn refresh_statistics(&self, conn: &mut PgConnection) -> Result<bool, EngineError> {
+        let stale: Option<bool> = sqlx::query_scalar(&self.sql.stale_statistics)
+            .bind(&self.spec.table)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(EngineError::db("reading the work table's statistics"))?;
+        if stale == Some(false) {
+            return Ok(false);
+        }
         sqlx::query(&self.sql.analyze)
             .execute(conn)
             .await
             .map_err(EngineError::db("analyzing the work table"))?;
-        Ok(())
+        Ok(true)
     }
 
     /// Exact count of items of `scope` still to do (eligible or processing),

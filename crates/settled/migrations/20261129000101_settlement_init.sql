@@ -30,9 +30,11 @@ CREATE TABLE settlement.token_trade_volume (
     CHECK (status <> 'processing' OR lease_until IS NOT NULL)
 );
 
--- Claims scan only what is still to do.
+-- Claims and progress counts read only what is still to do.
 CREATE INDEX token_trade_volume_eligible
     ON settlement.token_trade_volume (period, creator) WHERE status = 'eligible';
+CREATE INDEX token_trade_volume_processing
+    ON settlement.token_trade_volume (period, lease_until) WHERE status = 'processing';
 
 -- The ledger: one row per creator per period, forever.
 CREATE TABLE settlement.reward_ledger (

@@ -17,7 +17,7 @@ use crate::{seed, status, verify};
 /// Largest number of worker processes the demo starts.
 pub const MAX_DEMO_WORKERS: u32 = 64;
 /// How often the demo reads progress while workers run.
-pub const DEMO_PROGRESS_POLL_MS: u64 = 500;
+pub const DEMO_PROGRESS_POLL_MS: u64 = 1_000;
 
 /// What the demo does.
 #[derive(Debug, Clone)]
@@ -107,26 +107,35 @@ pub async fn demo(
         children.push(child);
     }
     let bar = Progress::new("settle", total as u64);
-    let mut exits = Vec::new();
+    // Wait for every worker while a ticker reads progress: the wall time ends
+    // when the last worker exits, not at the next progress tick.
+    let mut waits = tokio::task::JoinSet::new();
+    for mut child in children {
+        waits.spawn(async move { child.wait().await });
+    }
+    let mut tick = tokio::time::interval(Duration::from_millis(DEMO_PROGRESS_POLL_MS));
+    let mut failed = None;
     loop {
-        let left = queue().count_unfinished(&mut conn, &period.to_string()).await?;
-        bar.set((total - left).max(0) as u64);
-        let mut still_running = Vec::new();
-        for mut child in children {
-            match child.try_wait()? {
-                Some(code) => exits.push(code),
-                None => still_running.push(child),
+        tokio::select! {
+            exited = waits.join_next() => match exited {
+                None => break,
+                Some(exit) => {
+                    let status = exit.context("waiting for a worker")?.context("waiting for a worker")?;
+                    if !status.success() {
+                        failed.get_or_insert(status);
+                    }
+                }
+            },
+            _ = tick.tick() => {
+                let left = queue().count_unfinished(&mut conn, &period.to_string()).await?;
+                bar.set((total - left).max(0) as u64);
             }
         }
-        children = still_running;
-        if children.is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(DEMO_PROGRESS_POLL_MS)).await;
     }
     let elapsed = started.elapsed();
+    bar.set(total as u64);
     bar.finish();
-    if let Some(bad) = exits.iter().find(|c| !c.success()) {
+    if let Some(bad) = failed {
         anyhow::bail!("a worker process failed ({bad}); run `settled status --period {period}` to see what is left");
     }
 
