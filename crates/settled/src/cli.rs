@@ -322,6 +322,15 @@ async fn run_command(db: &Database, command: Command) -> anyhow::Result<ExitCode
                 seed: seed_value,
                 fee: FeeBps::new(fee_bps).map_err(anyhow::Error::msg)?,
             };
+            match db.private_server() {
+                Some(server) => eprintln!(
+                    "using the private PostgreSQL in {} (socket {}, port {})",
+                    server.pgdata().display(),
+                    server.socket_dir().display(),
+                    server.port()
+                ),
+                None => eprintln!("using DATABASE_URL {}", crate::db::redact_url(&db.url)),
+            }
             let (summary, report) = demo::demo(pool, &db.url, &opts).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&summary)?);
