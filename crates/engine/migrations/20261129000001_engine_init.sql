@@ -30,5 +30,10 @@ CREATE TABLE settled_engine.workers (
     version      text        NOT NULL,
     started_at   timestamptz NOT NULL DEFAULT now(),
     heartbeat_at timestamptz NOT NULL DEFAULT now(),
-    stopped_at   timestamptz
+    stopped_at   timestamptz,
+    -- Counters the worker reports with each heartbeat and when it stops.
+    items_settled    bigint NOT NULL DEFAULT 0,
+    items_failed     bigint NOT NULL DEFAULT 0,
+    fence_rejections bigint NOT NULL DEFAULT 0,
+    leases_rescued   bigint NOT NULL DEFAULT 0
 );

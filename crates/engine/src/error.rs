@@ -67,13 +67,61 @@ impl EngineError {
     }
 }
 
-/// An error from an application's chunk handler.
+/// An error from an application's handler.
 #[derive(Debug, thiserror::Error)]
 pub enum HandlerError {
     /// A database statement of the handler failed (the chunk is rolled back).
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
-    /// Anything else the handler reports.
+    /// Worth retrying later: a timeout, an unavailable provider.
     #[error("{0}")]
-    Other(String),
+    Transient(String),
+    /// Retrying cannot help: bad data, a refusal.
+    #[error("{0}")]
+    Permanent(String),
+}
+
+impl HandlerError {
+    /// True when retrying the same item cannot succeed.
+    pub fn is_permanent(&self) -> bool {
+        match self {
+            HandlerError::Database(err) => !is_transient_sqlx(err),
+            HandlerError::Transient(_) => false,
+            HandlerError::Permanent(_) => true,
+        }
+    }
+}
+
+/// Lost connections, timeouts, serialization failures and deadlocks pass;
+/// data and constraint errors (SQLSTATE classes 22, 23, ...) do not.
+pub fn is_transient_sqlx(err: &sqlx::Error) -> bool {
+    match err {
+        sqlx::Error::Database(db) => {
+            let code = db.code().unwrap_or_default();
+            // 40: transaction rollback (serialization, deadlock); 53: resources;
+            // 57: operator intervention (shutdown, terminated backend); 08: connection.
+            ["40", "53", "57", "08"]
+                .iter()
+                .any(|class| code.starts_with(class))
+        }
+        sqlx::Error::Io(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::WorkerCrashed => true,
+        _ => false,
+    }
+}
+
+impl EngineError {
+    /// True for failures that pass by themselves (the database restarting,
+    /// a terminated connection): retried without limit, with backoff.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            EngineError::Database { source, .. } => is_transient_sqlx(source),
+            EngineError::Handler { source, .. } => !source.is_permanent(),
+            _ => false,
+        }
+    }
 }

@@ -4,7 +4,9 @@
 //! A crash anywhere before the commit rolls everything back and releases the
 //! row locks at once; there is nothing to rescue. Many loops (tasks in one
 //! process, processes on many hosts) run side by side: `SKIP LOCKED` gives
-//! each one different rows, and nobody waits for anybody.
+//! each one different rows, and nobody waits for anybody. A chunk whose
+//! handler fails is retried in halves until the failing item is alone; only
+//! that item records a failed attempt.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -13,16 +15,16 @@ use std::time::{Duration, Instant};
 
 use sqlx::{PgConnection, PgPool};
 
-use crate::queue::MAX_CHUNK_ITEMS;
+use crate::queue::{RetryPolicy, MAX_CHUNK_ITEMS};
 use crate::{EngineError, HandlerError, WorkQueue};
 
 /// Largest number of claim loops one process may run.
 pub const MAX_CONCURRENCY: u32 = 256;
 /// Longest pause between two retries after failures.
-pub const MAX_RETRY_BACKOFF_MS: u64 = 5_000;
+pub const MAX_RETRY_BACKOFF_MS: u64 = 2_000;
 
 /// One claimed item.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ClaimedItem {
     /// The item's key, as text.
     pub key: String,
@@ -45,6 +47,26 @@ impl Chunk {
     /// The items' keys, in claim order.
     pub fn keys(&self) -> Vec<String> {
         self.items.iter().map(|i| i.key.clone()).collect()
+    }
+
+    /// The same chunk with other items.
+    pub fn with_items(&self, items: Vec<ClaimedItem>) -> Chunk {
+        Chunk {
+            run_id: self.run_id,
+            scope: self.scope.clone(),
+            items,
+        }
+    }
+
+    pub(crate) fn from_pairs(run_id: i64, scope: &str, pairs: Vec<(String, i32)>) -> Chunk {
+        Chunk {
+            run_id,
+            scope: scope.to_string(),
+            items: pairs
+                .into_iter()
+                .map(|(key, fence)| ClaimedItem { key, fence })
+                .collect(),
+        }
     }
 }
 
@@ -72,8 +94,10 @@ pub struct DrainConfig {
     pub concurrency: u32,
     /// Pause when nothing is claimable but work remains (others hold it).
     pub idle_poll: Duration,
-    /// Consecutive failures of one loop before it gives up.
+    /// Consecutive non-transient failures of one loop before it gives up.
     pub max_consecutive_failures: u32,
+    /// Attempts and backoff of failed items.
+    pub retry: RetryPolicy,
 }
 
 impl Default for DrainConfig {
@@ -83,6 +107,7 @@ impl Default for DrainConfig {
             concurrency: 4,
             idle_poll: Duration::from_millis(50),
             max_consecutive_failures: 10,
+            retry: RetryPolicy::default(),
         }
     }
 }
@@ -92,27 +117,31 @@ impl Default for DrainConfig {
 pub struct DrainStats {
     /// Items this process settled.
     pub items_settled: AtomicU64,
+    /// Items that went to `failed` from this process.
+    pub items_failed: AtomicU64,
+    /// Failed attempts sent back to retry later.
+    pub items_retried: AtomicU64,
     /// Chunks this process committed.
     pub chunks_committed: AtomicU64,
     /// Chunks rolled back after an error.
     pub chunks_rolled_back: AtomicU64,
+    /// Chunks split in halves to isolate a failing item.
+    pub chunks_split: AtomicU64,
+    /// Completions refused because the item's lease (fence) was lost.
+    pub fence_rejections: AtomicU64,
+    /// Expired leases this process's rescuer sent back (or failed).
+    pub leases_rescued: AtomicU64,
+    /// Leases given back at shutdown.
+    pub leases_released: AtomicU64,
+    /// Claim statements run.
+    pub claims: AtomicU64,
     /// Total time spent in claim statements, in microseconds.
     pub claim_micros: AtomicU64,
     /// Set to stop claiming new chunks (the current ones finish).
     pub stop: AtomicBool,
 }
 
-/// Drains `scope` of run `run_id` with `cfg.concurrency` claim loops until no
-/// eligible or processing item is left (or the run stops running).
-pub async fn drain_in_transactions<H: ChunkHandler>(
-    pool: &PgPool,
-    queue: Arc<WorkQueue>,
-    run_id: i64,
-    scope: &str,
-    handler: Arc<H>,
-    cfg: &DrainConfig,
-    stats: Arc<DrainStats>,
-) -> Result<(), EngineError> {
+pub(crate) fn check_config(cfg: &DrainConfig) -> Result<(), EngineError> {
     if cfg.chunk == 0 || cfg.chunk > MAX_CHUNK_ITEMS {
         return Err(EngineError::Invariant(format!(
             "chunk must be 1..={MAX_CHUNK_ITEMS}, got {}",
@@ -125,6 +154,22 @@ pub async fn drain_in_transactions<H: ChunkHandler>(
             cfg.concurrency
         )));
     }
+    Ok(())
+}
+
+/// Drains `scope` of run `run_id` with `cfg.concurrency` claim loops until no
+/// eligible or processing item is left (or the run stops running, or
+/// `stats.stop` is set).
+pub async fn drain_in_transactions<H: ChunkHandler>(
+    pool: &PgPool,
+    queue: Arc<WorkQueue>,
+    run_id: i64,
+    scope: &str,
+    handler: Arc<H>,
+    cfg: &DrainConfig,
+    stats: Arc<DrainStats>,
+) -> Result<(), EngineError> {
+    check_config(cfg)?;
     let mut loops = tokio::task::JoinSet::new();
     for _ in 0..cfg.concurrency {
         let (pool, queue, handler, stats, cfg, scope) = (
@@ -136,9 +181,19 @@ pub async fn drain_in_transactions<H: ChunkHandler>(
             scope.to_string(),
         );
         loops.spawn(async move {
-            claim_loop(&pool, &queue, run_id, &scope, &*handler, &cfg, &stats).await
+            run_loop(&stats, &cfg, run_id, &scope, || {
+                settle_one_chunk(&pool, &queue, run_id, &scope, &*handler, &cfg, &stats)
+            })
+            .await
         });
     }
+    join_loops(loops, &stats).await
+}
+
+pub(crate) async fn join_loops(
+    mut loops: tokio::task::JoinSet<Result<(), EngineError>>,
+    stats: &DrainStats,
+) -> Result<(), EngineError> {
     let mut first_error = None;
     while let Some(joined) = loops.join_next().await {
         let result = joined
@@ -151,47 +206,82 @@ pub async fn drain_in_transactions<H: ChunkHandler>(
     first_error.map_or(Ok(()), Err)
 }
 
-enum Step {
-    Settled(usize),
+/// What one step of a claim loop did.
+pub(crate) enum Step {
+    /// Processed a chunk.
+    Worked,
+    /// Nothing left to do in the run.
     Drained,
+    /// Nothing claimable now, but work remains (held by others, or waiting).
     Idle,
 }
 
-async fn claim_loop<H: ChunkHandler>(
-    pool: &PgPool,
-    queue: &WorkQueue,
+/// Repeats `step` until drained or stopped. Transient failures (the database
+/// restarting, a terminated connection) are retried without limit, with a
+/// capped backoff; others give up after `max_consecutive_failures`.
+pub(crate) async fn run_loop<F, Fut>(
+    stats: &DrainStats,
+    cfg: &DrainConfig,
     run_id: i64,
     scope: &str,
-    handler: &H,
-    cfg: &DrainConfig,
-    stats: &DrainStats,
-) -> Result<(), EngineError> {
+    mut step: F,
+) -> Result<(), EngineError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Step, EngineError>>,
+{
     let mut failures = 0u32;
+    let mut transient_streak = 0u32;
     while !stats.stop.load(Ordering::Relaxed) {
-        match settle_one_chunk(pool, queue, run_id, scope, handler, cfg, stats).await {
-            Ok(Step::Settled(n)) => {
+        match step().await {
+            Ok(Step::Worked) => {
                 failures = 0;
-                stats.items_settled.fetch_add(n as u64, Ordering::Relaxed);
-                stats.chunks_committed.fetch_add(1, Ordering::Relaxed);
+                transient_streak = 0;
             }
             Ok(Step::Drained) => return Ok(()),
-            Ok(Step::Idle) => tokio::time::sleep(cfg.idle_poll).await,
+            Ok(Step::Idle) => {
+                transient_streak = 0;
+                tokio::time::sleep(cfg.idle_poll).await
+            }
             Err(err) => {
-                failures += 1;
                 stats.chunks_rolled_back.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(run = run_id, period = scope, failures, error = %err, "chunk rolled back");
+                let transient = err.is_transient();
+                if transient {
+                    transient_streak += 1;
+                } else {
+                    failures += 1;
+                }
+                tracing::warn!(run = run_id, period = scope, transient, failures, error = %err, "chunk rolled back");
                 if failures >= cfg.max_consecutive_failures {
                     return Err(EngineError::TooManyFailures {
                         attempts: failures,
                         last: err.to_string(),
                     });
                 }
-                let backoff = (50u64 << failures.min(10)).min(MAX_RETRY_BACKOFF_MS);
+                let exponent = (failures + transient_streak).min(10);
+                let backoff = (25u64 << exponent).min(MAX_RETRY_BACKOFF_MS);
                 tokio::time::sleep(Duration::from_millis(backoff)).await;
             }
         }
     }
     Ok(())
+}
+
+/// After an empty claim: done, or others hold the rest (or it waits for a
+/// retry time)? Decided from committed state, never from SKIP LOCKED.
+pub(crate) async fn idle_or_drained(
+    conn: &mut PgConnection,
+    queue: &WorkQueue,
+    run_id: i64,
+    scope: &str,
+) -> Result<Step, EngineError> {
+    let left = queue.count_unfinished(conn, scope).await?;
+    let running = crate::runs::is_running(conn, run_id).await?;
+    Ok(if left == 0 || !running {
+        Step::Drained
+    } else {
+        Step::Idle
+    })
 }
 
 /// One transaction: claim, handle, mark settled, commit.
@@ -212,44 +302,133 @@ async fn settle_one_chunk<H: ChunkHandler>(
     let claimed = queue
         .claim_chunk_in_tx(&mut tx, scope, cfg.chunk, run_id)
         .await?;
+    stats.claims.fetch_add(1, Ordering::Relaxed);
     stats
         .claim_micros
         .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
     if claimed.is_empty() {
-        // Nothing claimable: either done, or others hold the rest (or it waits
-        // for a retry time). Decide from committed state, not from SKIP LOCKED.
-        let left = queue.count_unfinished(&mut tx, scope).await?;
-        let running = crate::runs::is_running(&mut tx, run_id).await?;
+        let step = idle_or_drained(&mut tx, queue, run_id, scope).await?;
         tx.rollback()
             .await
             .map_err(EngineError::db("ending an empty claim"))?;
-        return Ok(if left == 0 || !running {
-            Step::Drained
-        } else {
-            Step::Idle
-        });
+        return Ok(step);
     }
-    let chunk = Chunk {
-        run_id,
-        scope: scope.to_string(),
-        items: claimed
-            .into_iter()
-            .map(|(key, fence)| ClaimedItem { key, fence })
-            .collect(),
-    };
-    if let Err(err) = handler.handle_chunk(&mut tx, &chunk).await {
-        let _ = tx.rollback().await;
-        return Err(EngineError::Handler {
-            items: chunk.items.len(),
-            first_key: chunk.items[0].key.clone(),
-            source: err,
-        });
+    let chunk = Chunk::from_pairs(run_id, scope, claimed);
+    match handler.handle_chunk(&mut tx, &chunk).await {
+        Ok(()) => {
+            queue
+                .mark_settled_in_tx(&mut tx, scope, &chunk.keys())
+                .await?;
+            tx.commit()
+                .await
+                .map_err(EngineError::db("committing a chunk"))?;
+            stats.chunks_committed.fetch_add(1, Ordering::Relaxed);
+            stats
+                .items_settled
+                .fetch_add(chunk.items.len() as u64, Ordering::Relaxed);
+            Ok(Step::Worked)
+        }
+        Err(err) => {
+            let _ = tx.rollback().await;
+            if !err.is_permanent() {
+                // A lost connection says nothing about the items: retry the
+                // whole chunk later instead of hunting for a culprit.
+                return Err(EngineError::Handler {
+                    items: chunk.items.len(),
+                    first_key: chunk.items[0].key.clone(),
+                    source: err,
+                });
+            }
+            isolate_failure(pool, queue, handler, cfg, stats, chunk, err).await?;
+            Ok(Step::Worked)
+        }
     }
-    queue
-        .mark_settled_in_tx(&mut tx, scope, &chunk.keys())
-        .await?;
-    tx.commit()
-        .await
-        .map_err(EngineError::db("committing a chunk"))?;
-    Ok(Step::Settled(chunk.items.len()))
+}
+
+/// Retries a failed chunk in halves, each in its own transaction, until the
+/// failing item is alone; it alone records the failure.
+async fn isolate_failure<H: ChunkHandler>(
+    pool: &PgPool,
+    queue: &WorkQueue,
+    handler: &H,
+    cfg: &DrainConfig,
+    stats: &DrainStats,
+    chunk: Chunk,
+    err: HandlerError,
+) -> Result<(), EngineError> {
+    // Depth-first over halves; bounded by 2 * chunk size transactions.
+    let mut pending = vec![(chunk, err)];
+    while let Some((chunk, err)) = pending.pop() {
+        if chunk.items.len() == 1 {
+            let item = &chunk.items[0];
+            let mut conn = pool
+                .acquire()
+                .await
+                .map_err(EngineError::db("acquiring a connection"))?;
+            let outcome = queue
+                .fail_unclaimed(
+                    &mut conn,
+                    &chunk.scope,
+                    &[item.key.clone()],
+                    &err.to_string(),
+                    err.is_permanent(),
+                    &cfg.retry,
+                )
+                .await?;
+            stats
+                .items_failed
+                .fetch_add(outcome.failed, Ordering::Relaxed);
+            stats
+                .items_retried
+                .fetch_add(outcome.retried, Ordering::Relaxed);
+            tracing::warn!(
+                run = chunk.run_id, period = %chunk.scope, item = %item.key, attempt = item.fence,
+                failed = outcome.failed == 1, error = %err, "item failed"
+            );
+            continue;
+        }
+        stats.chunks_split.fetch_add(1, Ordering::Relaxed);
+        let mid = chunk.items.len() / 2;
+        for half in [chunk.items[..mid].to_vec(), chunk.items[mid..].to_vec()] {
+            let keys: Vec<String> = half.iter().map(|i| i.key.clone()).collect();
+            let mut tx = pool
+                .begin()
+                .await
+                .map_err(EngineError::db("beginning a transaction"))?;
+            let locked = queue.lock_keys_in_tx(&mut tx, &chunk.scope, &keys).await?;
+            if locked.is_empty() {
+                tx.rollback()
+                    .await
+                    .map_err(EngineError::db("ending an empty retry"))?;
+                continue;
+            }
+            let part = Chunk::from_pairs(chunk.run_id, &chunk.scope, locked);
+            match handler.handle_chunk(&mut tx, &part).await {
+                Ok(()) => {
+                    queue
+                        .mark_settled_in_tx(&mut tx, &part.scope, &part.keys())
+                        .await?;
+                    tx.commit()
+                        .await
+                        .map_err(EngineError::db("committing a chunk"))?;
+                    stats.chunks_committed.fetch_add(1, Ordering::Relaxed);
+                    stats
+                        .items_settled
+                        .fetch_add(part.items.len() as u64, Ordering::Relaxed);
+                }
+                Err(half_err) => {
+                    let _ = tx.rollback().await;
+                    if !half_err.is_permanent() {
+                        return Err(EngineError::Handler {
+                            items: part.items.len(),
+                            first_key: part.items[0].key.clone(),
+                            source: half_err,
+                        });
+                    }
+                    pending.push((part, half_err));
+                }
+            }
+        }
+    }
+    Ok(())
 }

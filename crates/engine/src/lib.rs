@@ -17,8 +17,10 @@
 
 pub mod error;
 pub mod executor;
+pub mod leased;
 pub mod migrate;
 pub mod queue;
+pub mod rescuer;
 pub mod runs;
 pub mod status;
 pub mod workers;
@@ -27,6 +29,7 @@ pub use error::{EngineError, HandlerError};
 pub use executor::{
     drain_in_transactions, Chunk, ChunkHandler, ClaimedItem, DrainConfig, DrainStats,
 };
-pub use queue::{QueueSpec, WorkQueue};
+pub use leased::{drain_leased, LeaseConfig, LeaseKeeper, LeasedHandler};
+pub use queue::{FailOutcome, QueueSpec, RetryPolicy, WorkQueue};
 pub use runs::{Run, RunState};
 pub use status::ItemStatus;

@@ -4,7 +4,10 @@
 //! identifiers that [`QueueSpec`] has validated; values are always bound
 //! parameters. This module is the one place the engine's SQL lives.
 
+use std::time::Duration;
+
 use sqlx::{PgConnection, Row};
+use uuid::Uuid;
 
 use crate::{EngineError, ItemStatus};
 
@@ -69,7 +72,15 @@ pub struct WorkQueue {
 #[derive(Debug, Clone)]
 struct QueueSql {
     claim_in_tx: String,
+    lock_keys_in_tx: String,
     mark_settled_in_tx: String,
+    fail_unclaimed: String,
+    claim_leased: String,
+    renew_leases: String,
+    complete_fenced: String,
+    fail_fenced: String,
+    release_leases: String,
+    rescue_expired: String,
     count_unfinished: String,
     count_by_status: String,
     analyze: String,
@@ -141,13 +152,130 @@ impl WorkQueue {
              LIMIT $2
              FOR NO KEY UPDATE OF t SKIP LOCKED"
         );
+        // Re-locks chosen keys (retrying halves of a failed chunk).
+        let lock_keys_in_tx = format!(
+            "SELECT t.{key}::text AS key, t.attempt + 1 AS fence
+             FROM {table} t
+             WHERE t.{scope} = CAST($1 AS {scope_type})
+               AND t.{key} = ANY(CAST($2 AS {key_type}[]))
+               AND t.status = 'eligible'
+             FOR NO KEY UPDATE OF t SKIP LOCKED"
+        );
         let mark_settled_in_tx = format!(
             "UPDATE {table}
              SET status = 'settled', attempt = attempt + 1, lease_owner = NULL,
-                 lease_until = NULL, last_error = NULL, updated_at = now()
+                 lease_until = NULL, last_error = NULL, not_before = NULL, updated_at = now()
              WHERE {scope} = CAST($1 AS {scope_type})
                AND {key} = ANY(CAST($2 AS {key_type}[]))
                AND status = 'eligible'"
+        );
+        // The retry decision, shared by both modes and the rescuer: a
+        // permanent error or the last allowed attempt fails the item;
+        // otherwise it waits base * 2^(attempt-1) ms, capped, times a jitter
+        // in [0.5, 1). Arguments are SQL expressions (placeholders).
+        let retry_set = |attempt: &str,
+                         error: &str,
+                         permanent: &str,
+                         max: &str,
+                         base: &str,
+                         cap: &str| {
+            format!(
+                "status = CASE WHEN {permanent} OR {attempt} - t.attempt_base >= {max} THEN 'failed' ELSE 'eligible' END,
+                 not_before = CASE WHEN {permanent} OR {attempt} - t.attempt_base >= {max} THEN NULL
+                     ELSE now() + least({cap}::float8, {base}::float8 * power(2, greatest({attempt} - t.attempt_base - 1, 0)))
+                                  * (0.5 + random() / 2) * interval '1 millisecond' END,
+                 last_error = {error}, lease_owner = NULL, lease_until = NULL, updated_at = now()"
+            )
+        };
+        // In-transaction mode: the failed attempt was never recorded (it
+        // rolled back), so count it here.
+        let fail_unclaimed = format!(
+            "UPDATE {table} t
+             SET attempt = t.attempt + 1, {}
+             WHERE t.{scope} = CAST($1 AS {scope_type})
+               AND t.{key} = ANY(CAST($2 AS {key_type}[]))
+               AND t.status = 'eligible'
+             RETURNING t.status",
+            retry_set("t.attempt + 1", "$3", "$4", "$5", "$6", "$7")
+        );
+        // Leased mode: a short transaction of its own claims and commits the
+        // lease; the CTE is joined back on the key and the status re-checked.
+        // $4 worker, $5 ttl ms.
+        let claim_leased = format!(
+            "WITH picked AS (
+                 SELECT t.{scope} AS scope, t.{key} AS key
+                 FROM {table} t
+                 WHERE t.{scope} = CAST($1 AS {scope_type})
+                   AND t.status = 'eligible'
+                   AND (t.not_before IS NULL OR t.not_before <= now())
+                   AND EXISTS (SELECT 1 FROM settled_engine.runs r WHERE r.id = $3 AND r.state = 'running')
+                 LIMIT $2
+                 FOR NO KEY UPDATE OF t SKIP LOCKED)
+             UPDATE {table} t
+             SET status = 'processing', attempt = t.attempt + 1, lease_owner = $4,
+                 lease_until = now() + $5 * interval '1 millisecond', updated_at = now()
+             FROM picked
+             WHERE t.{scope} = picked.scope AND t.{key} = picked.key AND t.status = 'eligible'
+             RETURNING t.{key}::text AS key, t.attempt AS fence"
+        );
+        // One statement per worker per heartbeat, whatever it holds.
+        let renew_leases = format!(
+            "UPDATE {table}
+             SET lease_until = now() + $2 * interval '1 millisecond'
+             WHERE status = 'processing' AND lease_owner = $1
+             RETURNING {key}::text AS key, attempt AS fence"
+        );
+        // The fenced write: only the claim that holds the item's current
+        // attempt can complete it. Returns the keys it accepted.
+        let complete_fenced = format!(
+            "UPDATE {table} t
+             SET status = 'settled', lease_owner = NULL, lease_until = NULL,
+                 last_error = NULL, not_before = NULL, updated_at = now()
+             FROM unnest(CAST($2 AS {key_type}[]), CAST($3 AS integer[])) AS f(key, fence)
+             WHERE t.{scope} = CAST($1 AS {scope_type})
+               AND t.{key} = f.key AND t.attempt = f.fence AND t.status = 'processing'
+             RETURNING t.{key}::text AS key"
+        );
+        let fail_fenced = format!(
+            "UPDATE {table} t
+             SET {}
+             FROM unnest(CAST($2 AS {key_type}[]), CAST($8 AS integer[])) AS f(key, fence)
+             WHERE t.{scope} = CAST($1 AS {scope_type})
+               AND t.{key} = f.key AND t.attempt = f.fence AND t.status = 'processing'
+             RETURNING t.status",
+            retry_set("t.attempt", "$3", "$4", "$5", "$6", "$7")
+        );
+        // Graceful shutdown: give back what a worker holds, attempt kept.
+        let release_leases = format!(
+            "UPDATE {table}
+             SET status = 'eligible', lease_owner = NULL, lease_until = NULL, updated_at = now()
+             WHERE status = 'processing' AND lease_owner = $1
+               AND ($2::{key_type}[] IS NULL OR {key} = ANY($2::{key_type}[]))"
+        );
+        // Expired leases of a scope go back to eligible after a backoff, or
+        // fail once their attempts are spent.
+        // SKIP LOCKED: a row locked by a completing transaction is left to it.
+        let rescue_expired = format!(
+            "WITH expired AS (
+                 SELECT t.{scope} AS scope, t.{key} AS key
+                 FROM {table} t
+                 WHERE t.{scope} = CAST($1 AS {scope_type})
+                   AND t.status = 'processing' AND t.lease_until < now()
+                 FOR NO KEY UPDATE OF t SKIP LOCKED)
+             UPDATE {table} t
+             SET {}
+             FROM expired
+             WHERE t.{scope} = expired.scope AND t.{key} = expired.key
+               AND t.status = 'processing' AND t.lease_until < now()
+             RETURNING t.status",
+            retry_set(
+                "t.attempt",
+                "'lease expired: worker ' || coalesce(t.lease_owner::text, '?') || ' stopped renewing'",
+                "false",
+                "$2",
+                "$3",
+                "$4"
+            )
         );
         // Two counts, each answered from its partial index (eligible,
         // processing), so polling progress stays cheap on a large scope.
@@ -160,13 +288,22 @@ impl WorkQueue {
              WHERE {scope} = CAST($1 AS {scope_type}) GROUP BY status"
         );
         let analyze = format!("ANALYZE {table}");
-        let stale_statistics = "SELECT coalesce(n_mod_since_analyze > greatest(1000, n_live_tup / 10), true)
+        let stale_statistics =
+            "SELECT coalesce(n_mod_since_analyze > greatest(1000, n_live_tup / 10), true)
              FROM pg_stat_user_tables WHERE relid = to_regclass($1)"
-            .to_string();
+                .to_string();
         Ok(WorkQueue {
             sql: QueueSql {
                 claim_in_tx,
+                lock_keys_in_tx,
                 mark_settled_in_tx,
+                fail_unclaimed,
+                claim_leased,
+                renew_leases,
+                complete_fenced,
+                fail_fenced,
+                release_leases,
+                rescue_expired,
                 count_unfinished,
                 count_by_status,
                 analyze,
@@ -204,10 +341,174 @@ impl WorkQueue {
             .fetch_all(tx)
             .await
             .map_err(EngineError::db("claiming a chunk"))?;
-        rows.iter()
-            .map(|r| Ok((r.try_get("key")?, r.try_get("fence")?)))
-            .collect::<Result<_, sqlx::Error>>()
-            .map_err(EngineError::db("reading a claimed chunk"))
+        read_keyed(&rows, "reading a claimed chunk")
+    }
+
+    /// Re-locks the still-eligible items among `keys` in the current
+    /// transaction (skipping any another transaction holds).
+    pub async fn lock_keys_in_tx(
+        &self,
+        tx: &mut PgConnection,
+        scope: &str,
+        keys: &[String],
+    ) -> Result<Vec<(String, i32)>, EngineError> {
+        let rows = sqlx::query(&self.sql.lock_keys_in_tx)
+            .bind(scope)
+            .bind(keys)
+            .fetch_all(tx)
+            .await
+            .map_err(EngineError::db("re-locking items"))?;
+        read_keyed(&rows, "reading re-locked items")
+    }
+
+    /// In-transaction mode: records a failed attempt on eligible items (after
+    /// the attempt's transaction rolled back): retry later, or `failed`.
+    pub async fn fail_unclaimed(
+        &self,
+        conn: &mut PgConnection,
+        scope: &str,
+        keys: &[String],
+        error: &str,
+        permanent: bool,
+        policy: &RetryPolicy,
+    ) -> Result<FailOutcome, EngineError> {
+        let statuses: Vec<String> = sqlx::query_scalar(&self.sql.fail_unclaimed)
+            .bind(scope)
+            .bind(keys)
+            .bind(error)
+            .bind(permanent)
+            .bind(policy.max_attempts)
+            .bind(policy.backoff_base_ms as i64)
+            .bind(policy.backoff_cap_ms as i64)
+            .fetch_all(conn)
+            .await
+            .map_err(EngineError::db("recording a failed attempt"))?;
+        Ok(FailOutcome::count(&statuses))
+    }
+
+    /// Leased mode: claims up to `limit` items and commits their leases
+    /// (`processing`, owner, expiry `now() + ttl` on the database clock,
+    /// `attempt + 1`). Returns each item's key and fence.
+    pub async fn claim_leased(
+        &self,
+        conn: &mut PgConnection,
+        scope: &str,
+        limit: u32,
+        run_id: i64,
+        worker: Uuid,
+        ttl: Duration,
+    ) -> Result<Vec<(String, i32)>, EngineError> {
+        debug_assert!(limit >= 1 && limit <= MAX_CHUNK_ITEMS);
+        let rows = sqlx::query(&self.sql.claim_leased)
+            .bind(scope)
+            .bind(i64::from(limit))
+            .bind(run_id)
+            .bind(worker)
+            .bind(ttl.as_millis() as i64)
+            .fetch_all(conn)
+            .await
+            .map_err(EngineError::db("claiming a leased chunk"))?;
+        read_keyed(&rows, "reading a leased chunk")
+    }
+
+    /// Extends every lease `worker` holds to `now() + ttl`, in one statement.
+    /// Returns the (key, fence) pairs it still holds.
+    pub async fn renew_leases(
+        &self,
+        conn: &mut PgConnection,
+        worker: Uuid,
+        ttl: Duration,
+    ) -> Result<Vec<(String, i32)>, EngineError> {
+        let rows = sqlx::query(&self.sql.renew_leases)
+            .bind(worker)
+            .bind(ttl.as_millis() as i64)
+            .fetch_all(conn)
+            .await
+            .map_err(EngineError::db("renewing leases"))?;
+        read_keyed(&rows, "reading renewed leases")
+    }
+
+    /// The fenced completion: marks `settled` exactly those items whose
+    /// attempt still equals the fence they were claimed with. Returns the
+    /// accepted keys; the caller writes the effects of those only, in the
+    /// same transaction.
+    pub async fn complete_fenced(
+        &self,
+        tx: &mut PgConnection,
+        scope: &str,
+        items: &[(String, i32)],
+    ) -> Result<Vec<String>, EngineError> {
+        let (keys, fences): (Vec<String>, Vec<i32>) = items.iter().cloned().unzip();
+        sqlx::query_scalar(&self.sql.complete_fenced)
+            .bind(scope)
+            .bind(keys)
+            .bind(fences)
+            .fetch_all(tx)
+            .await
+            .map_err(EngineError::db("completing fenced items"))
+    }
+
+    /// Leased mode: records a failed attempt on items still held with these
+    /// fences: retry later, or `failed`.
+    pub async fn fail_fenced(
+        &self,
+        conn: &mut PgConnection,
+        scope: &str,
+        items: &[(String, i32)],
+        error: &str,
+        permanent: bool,
+        policy: &RetryPolicy,
+    ) -> Result<FailOutcome, EngineError> {
+        let (keys, fences): (Vec<String>, Vec<i32>) = items.iter().cloned().unzip();
+        let statuses: Vec<String> = sqlx::query_scalar(&self.sql.fail_fenced)
+            .bind(scope)
+            .bind(keys)
+            .bind(error)
+            .bind(permanent)
+            .bind(policy.max_attempts)
+            .bind(policy.backoff_base_ms as i64)
+            .bind(policy.backoff_cap_ms as i64)
+            .bind(fences)
+            .fetch_all(conn)
+            .await
+            .map_err(EngineError::db("recording a failed leased attempt"))?;
+        Ok(FailOutcome::count(&statuses))
+    }
+
+    /// Gives back leases `worker` holds (all of them, or only `keys`):
+    /// eligible again at once, attempt kept.
+    pub async fn release_leases(
+        &self,
+        conn: &mut PgConnection,
+        worker: Uuid,
+        keys: Option<&[String]>,
+    ) -> Result<u64, EngineError> {
+        Ok(sqlx::query(&self.sql.release_leases)
+            .bind(worker)
+            .bind(keys)
+            .execute(conn)
+            .await
+            .map_err(EngineError::db("releasing leases"))?
+            .rows_affected())
+    }
+
+    /// Returns the scope's expired leases to `eligible` (after a backoff) or
+    /// `failed` (attempts spent). See [`crate::rescuer`] for running it.
+    pub async fn rescue_expired(
+        &self,
+        conn: &mut PgConnection,
+        scope: &str,
+        policy: &RetryPolicy,
+    ) -> Result<FailOutcome, EngineError> {
+        let statuses: Vec<String> = sqlx::query_scalar(&self.sql.rescue_expired)
+            .bind(scope)
+            .bind(policy.max_attempts)
+            .bind(policy.backoff_base_ms as i64)
+            .bind(policy.backoff_cap_ms as i64)
+            .fetch_all(conn)
+            .await
+            .map_err(EngineError::db("rescuing expired leases"))?;
+        Ok(FailOutcome::count(&statuses))
     }
 
     /// Marks claimed items `settled` in the claiming transaction. Fails (and
@@ -290,6 +591,59 @@ impl WorkQueue {
             }
         }
         Ok(counts)
+    }
+}
+
+fn read_keyed(
+    rows: &[sqlx::postgres::PgRow],
+    context: &'static str,
+) -> Result<Vec<(String, i32)>, EngineError> {
+    rows.iter()
+        .map(|r| Ok((r.try_get("key")?, r.try_get("fence")?)))
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(EngineError::db(context))
+}
+
+/// When a failed attempt may be retried.
+#[derive(Debug, Clone, Copy)]
+pub struct RetryPolicy {
+    /// Attempts before an item goes to `failed`.
+    pub max_attempts: i32,
+    /// First backoff, in milliseconds (doubles per attempt).
+    pub backoff_base_ms: u64,
+    /// Longest backoff, in milliseconds.
+    pub backoff_cap_ms: u64,
+}
+
+/// Default attempts before `failed`.
+pub const DEFAULT_MAX_ATTEMPTS: i32 = 5;
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            backoff_base_ms: 1_000,
+            backoff_cap_ms: 300_000,
+        }
+    }
+}
+
+/// How many items a failure statement sent back to retry, and how many failed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FailOutcome {
+    /// Back to `eligible`, to retry after a backoff.
+    pub retried: u64,
+    /// Now `failed`.
+    pub failed: u64,
+}
+
+impl FailOutcome {
+    fn count(statuses: &[String]) -> FailOutcome {
+        let failed = statuses.iter().filter(|s| *s == "failed").count() as u64;
+        FailOutcome {
+            retried: statuses.len() as u64 - failed,
+            failed,
+        }
     }
 }
 

@@ -19,6 +19,7 @@ CREATE TABLE settlement.token_trade_volume (
     status      text          NOT NULL DEFAULT 'eligible'
                 CHECK (status IN ('eligible', 'processing', 'settled', 'failed', 'held')),
     attempt     integer       NOT NULL DEFAULT 0 CHECK (attempt >= 0),
+    attempt_base integer      NOT NULL DEFAULT 0 CHECK (attempt_base BETWEEN 0 AND attempt),
     lease_owner uuid,
     lease_until timestamptz,
     not_before  timestamptz,

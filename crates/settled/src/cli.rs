@@ -4,7 +4,9 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
+use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 use crate::db::{Database, DbOptions};
@@ -12,7 +14,7 @@ use crate::money::FeeBps;
 use crate::period::Period;
 use crate::progress::Progress;
 use crate::settlement::DEFAULT_FEE_BPS;
-use crate::worker::{WorkerOptions, WorkerOutcome};
+use crate::worker::{Mode, WorkerOptions, WorkerOutcome};
 use crate::{demo, seed, settlement, status, verify, worker};
 
 /// Default claim loops per worker process.
@@ -102,10 +104,50 @@ pub enum Command {
         /// Creators per claim (one transaction each), 1..=10000.
         #[arg(long, default_value_t = DEFAULT_CHUNK, value_parser = clap::value_parser!(u32).range(1..=10000))]
         chunk: u32,
-        /// Simulated work per creator in milliseconds, spent inside the
-        /// transaction (for demos, benchmarks and crash tests).
+        /// Simulated work per creator in milliseconds (demos, benchmarks,
+        /// crash tests): inside the transaction in tx mode, outside in leased mode.
         #[arg(long, default_value_t = 0)]
         work_ms: u64,
+        #[command(flatten)]
+        engine: EngineFlags,
+    },
+    /// Put a period's failed items back to eligible (all, or one creator's).
+    ///
+    /// Their attempts so far stop counting toward --max-attempts; their
+    /// attempt numbers (fences) keep growing, so no old claim can complete them.
+    Retry {
+        /// The period (YYYY-MM-DD).
+        #[arg(long)]
+        period: Period,
+        /// Only this creator (0x + 40 hex digits).
+        #[arg(long)]
+        creator: Option<String>,
+    },
+    /// Run a local payment provider for tests, demos and chaos runs.
+    ///
+    /// Stores payments by idempotency key (a repeat returns the first payment
+    /// and pays nothing more) and injects faults: latency, 503 errors before
+    /// applying, and "applied, then answered too late". Faults can also be
+    /// changed while it runs with POST /v1/faults.
+    ProviderSim {
+        /// Port on 127.0.0.1.
+        #[arg(long, default_value_t = 9100)]
+        port: u16,
+        /// Latency added to every call, in milliseconds.
+        #[arg(long, default_value_t = 0)]
+        latency_ms: u64,
+        /// Share of new payments refused with 503 before anything is applied (0..=1).
+        #[arg(long, default_value_t = 0.0)]
+        error_rate: f64,
+        /// Share of new payments applied and then answered too late (0..=1).
+        #[arg(long, default_value_t = 0.0)]
+        applied_timeout_rate: f64,
+        /// How late such an answer comes, in milliseconds.
+        #[arg(long, default_value_t = 5_000)]
+        applied_timeout_ms: u64,
+        /// Seed of the fault generator.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
     },
     /// Show exact counts by status and amounts paid for a period.
     Status {
@@ -130,6 +172,10 @@ pub enum Command {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// Also reconcile with this payment provider: one payment per paid
+        /// creator, same amount, none for anyone unpaid.
+        #[arg(long)]
+        provider_url: Option<String>,
     },
     /// Seed a period, settle it with several worker processes, verify, summarize.
     ///
@@ -158,6 +204,61 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// Engine settings shared by commands that run workers.
+#[derive(Debug, Clone, clap::Args)]
+pub struct EngineFlags {
+    /// tx: claim, pay and mark settled in one transaction (ledger only).
+    /// leased: claim with a lease, pay through --provider-url outside any
+    /// transaction, complete with a fenced write.
+    #[arg(long, value_enum, default_value_t = Mode::Tx)]
+    pub mode: Mode,
+    /// The payment provider for leased mode (e.g. http://127.0.0.1:9100).
+    #[arg(long, env = "SETTLED_PROVIDER_URL")]
+    pub provider_url: Option<String>,
+    /// Provider call timeout in milliseconds.
+    #[arg(long, default_value_t = crate::provider::DEFAULT_PROVIDER_TIMEOUT_MS)]
+    pub provider_timeout_ms: u64,
+    /// Lease time to live in milliseconds (leased mode), renewed every ttl/3.
+    #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(300..=3_600_000))]
+    pub lease_ttl_ms: u64,
+    /// How often the rescuer looks for expired leases, in milliseconds.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(50..=3_600_000))]
+    pub rescue_interval_ms: u64,
+    /// Attempts before an item goes to failed.
+    #[arg(long, default_value_t = settled_engine::queue::DEFAULT_MAX_ATTEMPTS, value_parser = clap::value_parser!(i32).range(1..=1000))]
+    pub max_attempts: i32,
+    /// First retry backoff in milliseconds (doubles per attempt, with jitter).
+    #[arg(long, default_value_t = 1_000)]
+    pub backoff_base_ms: u64,
+    /// Longest retry backoff in milliseconds.
+    #[arg(long, default_value_t = 300_000)]
+    pub backoff_cap_ms: u64,
+    /// On SIGTERM/SIGINT, how long in-flight work may finish before the
+    /// rest is given back, in milliseconds.
+    #[arg(long, default_value_t = 10_000)]
+    pub shutdown_grace_ms: u64,
+}
+
+impl EngineFlags {
+    /// Lease timings.
+    pub fn leases(&self) -> settled_engine::LeaseConfig {
+        settled_engine::LeaseConfig {
+            ttl: Duration::from_millis(self.lease_ttl_ms),
+            rescue_interval: Duration::from_millis(self.rescue_interval_ms),
+            shutdown_grace: Duration::from_millis(self.shutdown_grace_ms),
+        }
+    }
+
+    /// Retry policy.
+    pub fn retry(&self) -> settled_engine::RetryPolicy {
+        settled_engine::RetryPolicy {
+            max_attempts: self.max_attempts,
+            backoff_base_ms: self.backoff_base_ms,
+            backoff_cap_ms: self.backoff_cap_ms.max(self.backoff_base_ms),
+        }
+    }
 }
 
 /// Parses arguments, runs the command, maps the outcome to an exit code.
@@ -207,6 +308,28 @@ fn pool_size(command: &Command) -> u32 {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    if let Command::ProviderSim {
+        port,
+        latency_ms,
+        error_rate,
+        applied_timeout_rate,
+        applied_timeout_ms,
+        seed,
+    } = cli.command
+    {
+        let faults = crate::provider_sim::Faults {
+            latency_ms,
+            error_rate,
+            applied_timeout_rate,
+            applied_timeout_ms,
+        };
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+            .await
+            .with_context(|| format!("binding 127.0.0.1:{port}"))?;
+        eprintln!("provider simulator on http://127.0.0.1:{port}");
+        crate::provider_sim::serve(listener, faults, seed).await?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let opts = DbOptions {
         url: cli.database_url.clone().filter(|u| !u.is_empty()),
         data_dir: cli.data_dir.clone(),
@@ -251,7 +374,13 @@ async fn run_command(db: &Database, command: Command) -> anyhow::Result<ExitCode
             concurrency,
             chunk,
             work_ms,
+            engine,
         } => {
+            if engine.mode == Mode::Leased && engine.provider_url.is_none() {
+                tracing::warn!(
+                    "leased mode without --provider-url: nothing is paid outside the database"
+                );
+            }
             let outcome = worker::run_worker(
                 pool,
                 &WorkerOptions {
@@ -259,6 +388,11 @@ async fn run_command(db: &Database, command: Command) -> anyhow::Result<ExitCode
                     concurrency,
                     chunk,
                     work_ms,
+                    mode: engine.mode,
+                    provider_url: engine.provider_url.clone(),
+                    provider_timeout: Duration::from_millis(engine.provider_timeout_ms),
+                    leases: engine.leases(),
+                    retry: engine.retry(),
                 },
             )
             .await?;
@@ -293,9 +427,25 @@ async fn run_command(db: &Database, command: Command) -> anyhow::Result<ExitCode
                 print!("{}", status.render());
             }
         }
-        Command::Verify { period, json } => {
+        Command::Retry { period, creator } => {
+            let creator = creator
+                .map(|c| crate::address::CreatorAddress::parse(&c))
+                .transpose()?;
+            let n = settlement::retry_failed(pool, period, creator.as_ref()).await?;
+            println!("{n} failed item(s) of {period} put back to eligible");
+        }
+        Command::ProviderSim { .. } => unreachable!("served without a database"),
+        Command::Verify {
+            period,
+            json,
+            provider_url,
+        } => {
             let mut conn = pool.acquire().await?;
-            let report = verify::verify(&mut conn, period).await?;
+            let mut report = verify::verify(&mut conn, period).await?;
+            if let Some(url) = provider_url {
+                let provider = crate::provider::HttpProvider::new(&url, Duration::from_secs(60))?;
+                verify::reconcile_provider(&mut conn, period, &provider, &mut report).await?;
+            }
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {

@@ -5,12 +5,15 @@
 //! `settled_engine::queue` (claim with SKIP LOCKED), [`settlement`] (pay a
 //! chunk), `settled_engine::executor` (mark settled, commit).
 
+pub mod address;
 pub mod cli;
 pub mod db;
 pub mod demo;
 pub mod money;
 pub mod period;
 pub mod progress;
+pub mod provider;
+pub mod provider_sim;
 pub mod seed;
 pub mod settlement;
 pub mod status;

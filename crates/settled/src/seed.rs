@@ -114,7 +114,9 @@ pub async fn seed(
     tx.commit().await?;
     // Fresh rows: give the planner their statistics before any worker plans a claim.
     let mut conn = pool.acquire().await?;
-    crate::settlement::queue().refresh_statistics(&mut conn).await?;
+    crate::settlement::queue()
+        .refresh_statistics(&mut conn)
+        .await?;
     progress.finish();
     Ok(SeedOutcome {
         inserted,

@@ -9,12 +9,16 @@
 use std::sync::Arc;
 
 use anyhow::Context;
-use settled_engine::{runs, Chunk, ChunkHandler, HandlerError, QueueSpec, WorkQueue};
+use settled_engine::{
+    runs, Chunk, ChunkHandler, ClaimedItem, HandlerError, LeasedHandler, QueueSpec, WorkQueue,
+};
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use crate::money::FeeBps;
+use crate::address::CreatorAddress;
+use crate::money::{Amount, FeeBps};
 use crate::period::Period;
+use crate::provider::{payout_key, PayoutProvider, ProviderError};
 
 /// The job's name in `settled_engine.runs`.
 pub const JOB: &str = "creator-rewards";
@@ -37,13 +41,16 @@ pub fn queue() -> Arc<WorkQueue> {
 }
 
 /// Pays a chunk: one ledger row per creator at the period's fee, and the same
-/// amount credited to the creator's balance, in one statement. The ledger's
+/// amount credited to the creator's balance, in one statement. `$4` is added
+/// to the item's attempt to record the paying attempt: 1 in-transaction (the
+/// attempt is raised when the chunk is marked settled), 0 leased (raised at
+/// the claim). The ledger's
 /// primary key refuses a second payment; balances are credited in creator
 /// order so two chunks touching the same creators never deadlock.
 pub const PAY_CHUNK_SQL: &str = "
 WITH credited AS (
     INSERT INTO settlement.reward_ledger (period, creator, amount, run_id, attempt)
-    SELECT v.period, v.creator, div(v.volume * p.fee_bps, 10000), $3, v.attempt + 1
+    SELECT v.period, v.creator, div(v.volume * p.fee_bps, 10000), $3, v.attempt + $4
     FROM settlement.token_trade_volume v
     JOIN settlement.settlement_policy p ON p.period = v.period
     WHERE v.period = $1::date AND v.creator = ANY($2)
@@ -65,28 +72,108 @@ pub struct SettleRewards {
 
 impl ChunkHandler for SettleRewards {
     async fn handle_chunk(&self, tx: &mut PgConnection, chunk: &Chunk) -> Result<(), HandlerError> {
-        let credited = sqlx::query(PAY_CHUNK_SQL)
-            .bind(&chunk.scope)
-            .bind(chunk.keys())
-            .bind(chunk.run_id)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
+        pay_chunk(tx, chunk, 1).await?;
         // Simulated work after the writes and before the commit: the widest
         // window for a crash to leave something half written (it must not).
         if !self.work_per_item.is_zero() {
             tokio::time::sleep(self.work_per_item * chunk.items.len() as u32).await;
         }
-        // Every claimed creator gets exactly one credit; anything else is a bug
-        // (or a missing policy): refuse to commit.
-        if credited != chunk.items.len() as u64 {
-            return Err(HandlerError::Other(format!(
-                "credited {credited} balances for {} claimed creators of period {}",
-                chunk.items.len(),
-                chunk.scope
-            )));
-        }
         Ok(())
+    }
+}
+
+/// Writes a chunk's ledger rows and balance credits; refuses (so the caller
+/// rolls back) unless every creator of the chunk was credited exactly once.
+async fn pay_chunk(
+    tx: &mut PgConnection,
+    chunk: &Chunk,
+    attempt_offset: i32,
+) -> Result<(), HandlerError> {
+    let credited = sqlx::query(PAY_CHUNK_SQL)
+        .bind(&chunk.scope)
+        .bind(chunk.keys())
+        .bind(chunk.run_id)
+        .bind(attempt_offset)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+    if credited != chunk.items.len() as u64 {
+        return Err(HandlerError::Permanent(format!(
+            "credited {credited} balances for {} claimed creators of period {}",
+            chunk.items.len(),
+            chunk.scope
+        )));
+    }
+    Ok(())
+}
+
+/// The settlement handler for leased mode: each creator is paid through the
+/// provider (idempotency key from period and creator) outside any
+/// transaction; the ledger rows and balance credits of the items whose fence
+/// still holds are written at completion.
+pub struct SettleWithProvider<P> {
+    /// The provider; None pays nothing outside (simulated work only).
+    pub provider: Option<P>,
+    /// Simulated work per item outside the transaction.
+    pub work_per_item: std::time::Duration,
+}
+
+impl<P: PayoutProvider> LeasedHandler for SettleWithProvider<P> {
+    type Batch = std::collections::HashMap<String, Amount>;
+
+    async fn prepare(&self, pool: &PgPool, chunk: &Chunk) -> Result<Self::Batch, HandlerError> {
+        let rows: Vec<(String, String)> = sqlx::query_as(
+            "SELECT v.creator, div(v.volume * p.fee_bps, 10000)::text
+             FROM settlement.token_trade_volume v
+             JOIN settlement.settlement_policy p ON p.period = v.period
+             WHERE v.period = $1::date AND v.creator = ANY($2)",
+        )
+        .bind(&chunk.scope)
+        .bind(chunk.keys())
+        .fetch_all(pool)
+        .await?;
+        rows.into_iter()
+            .map(|(creator, amount)| {
+                Amount::parse_decimal(&amount)
+                    .map(|a| (creator, a))
+                    .map_err(|e| {
+                        HandlerError::Permanent(format!("reward {amount:?} is not an amount: {e}"))
+                    })
+            })
+            .collect()
+    }
+
+    async fn work_item(
+        &self,
+        batch: &Self::Batch,
+        chunk: &Chunk,
+        item: &ClaimedItem,
+    ) -> Result<(), HandlerError> {
+        if !self.work_per_item.is_zero() {
+            tokio::time::sleep(self.work_per_item).await;
+        }
+        let Some(provider) = &self.provider else {
+            return Ok(());
+        };
+        let amount = *batch.get(&item.key).ok_or_else(|| {
+            HandlerError::Permanent(format!(
+                "creator {} has no reward for {}",
+                item.key, chunk.scope
+            ))
+        })?;
+        let period = Period::parse(&chunk.scope).map_err(HandlerError::Permanent)?;
+        match provider
+            .pay(&payout_key(period, &item.key), &item.key, amount)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(ProviderError::Transient(e)) => Err(HandlerError::Transient(e)),
+            Err(ProviderError::Refused(e)) => Err(HandlerError::Permanent(e)),
+        }
+    }
+
+    async fn commit(&self, tx: &mut PgConnection, chunk: &Chunk) -> Result<(), HandlerError> {
+        pay_chunk(tx, chunk, 0).await
     }
 }
 
@@ -154,4 +241,48 @@ pub async fn start_or_join_run(
         .with_context(|| format!("starting the run for {period}"))?;
     tx.commit().await?;
     Ok(joined)
+}
+
+/// Puts failed items of `period` back to `eligible` (all, or one creator's).
+/// Their attempts so far stop counting toward the attempt limit
+/// (`attempt_base`), while `attempt` itself, the fence, never goes down.
+pub async fn retry_failed(
+    pool: &PgPool,
+    period: Period,
+    creator: Option<&CreatorAddress>,
+) -> anyhow::Result<u64> {
+    let mut tx = pool.begin().await?;
+    let retried = sqlx::query(
+        "UPDATE settlement.token_trade_volume
+         SET status = 'eligible', attempt_base = attempt, not_before = NULL, updated_at = now()
+         WHERE period = $1 AND status = 'failed' AND ($2::text IS NULL OR creator = $2)",
+    )
+    .bind(period.date())
+    .bind(creator.map(|c| c.as_str().to_string()))
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    if retried > 0 {
+        // A finished run is reopened so workers settle what came back.
+        let reopened = sqlx::query(
+            "UPDATE settled_engine.runs SET state = 'running', finished_at = NULL, finished_by = NULL
+             WHERE job = $1 AND period = $2 AND state = 'finished'",
+        )
+        .bind(JOB)
+        .bind(period.to_string())
+        .execute(&mut *tx)
+        .await;
+        if let Err(err) = reopened {
+            if err
+                .as_database_error()
+                .and_then(|e| e.code())
+                .is_some_and(|c| c == "23505")
+            {
+                anyhow::bail!("cannot reopen the run of {period} while another run of {JOB} is running; retry after it finishes");
+            }
+            return Err(err.into());
+        }
+    }
+    tx.commit().await?;
+    Ok(retried)
 }

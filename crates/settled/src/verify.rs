@@ -3,7 +3,11 @@
 //! exact query (never SKIP LOCKED); each failing check lists up to
 //! [`MAX_OFFENDERS`] offenders.
 
+use std::collections::HashMap;
+
 use sqlx::PgConnection;
+
+use crate::provider::{payout_key, HttpProvider, Payment};
 
 use crate::period::Period;
 
@@ -230,4 +234,111 @@ impl VerifyReport {
         ));
         out
     }
+}
+
+/// Reconciles the period's ledger with a payment provider's records: every
+/// paid creator has exactly one payment under its key with the same amount,
+/// and the provider paid nobody the ledger did not. Adds three checks.
+pub async fn reconcile_provider(
+    conn: &mut PgConnection,
+    period: Period,
+    provider: &HttpProvider,
+    report: &mut VerifyReport,
+) -> anyhow::Result<()> {
+    let payments = provider.list_payments().await?;
+    let ledger: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT l.creator, l.amount::text, v.status FROM settlement.reward_ledger l
+         JOIN settlement.token_trade_volume v ON v.period = l.period AND v.creator = l.creator
+         WHERE l.period = $1",
+    )
+    .bind(period.date())
+    .fetch_all(&mut *conn)
+    .await?;
+    let statuses: HashMap<String, (String, Option<String>)> = sqlx::query_as::<
+        _,
+        (String, String, Option<String>),
+    >(
+        "SELECT creator, status, last_error FROM settlement.token_trade_volume WHERE period = $1",
+    )
+    .bind(period.date())
+    .fetch_all(&mut *conn)
+    .await?
+    .into_iter()
+    .map(|(c, s, e)| (c, (s, e)))
+    .collect();
+
+    let prefix = format!("settled:{period}:");
+    let mut by_creator: HashMap<String, Vec<&Payment>> = HashMap::new();
+    for payment in payments
+        .iter()
+        .filter(|p| p.idempotency_key.starts_with(&prefix))
+    {
+        by_creator
+            .entry(payment.creator.clone())
+            .or_default()
+            .push(payment);
+    }
+    let mut missing = Vec::new();
+    for (creator, amount, _) in &ledger {
+        match by_creator.get(creator).map(|v| v.as_slice()) {
+            Some([one])
+                if one.amount == *amount && one.idempotency_key == payout_key(period, creator) => {}
+            Some([one]) => missing.push(format!(
+                "{creator}: ledger {amount}, provider paid {} under {}",
+                one.amount, one.idempotency_key
+            )),
+            Some(_) => {}
+            None => missing.push(format!("{creator}: ledger {amount}, no provider payment")),
+        }
+    }
+    let ledger_creators: std::collections::HashSet<&str> =
+        ledger.iter().map(|(c, _, _)| c.as_str()).collect();
+    let mut unbooked = Vec::new();
+    let mut duplicates = Vec::new();
+    for (creator, paid) in &by_creator {
+        if paid.len() > 1 {
+            duplicates.push(format!("{creator}: {} payments", paid.len()));
+        }
+        if !ledger_creators.contains(creator.as_str()) {
+            let (status, error) = statuses
+                .get(creator)
+                .cloned()
+                .unwrap_or(("no item".into(), None));
+            unbooked.push(format!(
+                "{creator}: provider paid {} but the ledger has no row (item {status}{})",
+                paid[0].amount,
+                error.map(|e| format!(": {e}")).unwrap_or_default()
+            ));
+        }
+    }
+    for (name, description, mut offenders) in [
+        (
+            "provider_paid_every_ledger_row_once",
+            "each ledger row has exactly one provider payment under its key, same amount",
+            missing,
+        ),
+        (
+            "provider_paid_nobody_else",
+            "the provider paid no creator of the period that the ledger did not pay",
+            unbooked,
+        ),
+        (
+            "provider_no_duplicate_payment",
+            "no creator was paid twice by the provider for the period",
+            duplicates,
+        ),
+    ] {
+        offenders.sort();
+        let violations = offenders.len() as i64;
+        offenders.truncate(MAX_OFFENDERS as usize);
+        report.checks.push(Check {
+            name,
+            description,
+            ok: violations == 0,
+            violations,
+            offenders,
+        });
+    }
+    report.ok = report.checks.iter().all(|c| c.ok);
+    Ok(())
 }

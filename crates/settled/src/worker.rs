@@ -1,23 +1,35 @@
 //! `settled worker`: one worker process. It registers itself, joins (or
 //! starts) the period's run, drains it with `--concurrency` claim loops in
-//! in-transaction mode, finishes the run when nothing is left, and exits.
+//! in-transaction or leased mode, finishes the run when nothing is left, and
+//! exits. SIGTERM/SIGINT: stop claiming, finish or give back what it holds.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use settled_engine::{runs, workers, DrainConfig, DrainStats, RunState};
+use settled_engine::{runs, workers, DrainConfig, DrainStats, LeaseConfig, RetryPolicy, RunState};
 use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::period::Period;
-use crate::settlement::{self, queue, SettleRewards, JOB};
+use crate::provider::HttpProvider;
+use crate::settlement::{self, queue, SettleRewards, SettleWithProvider, JOB};
 
 /// Seconds between a worker's heartbeats in `settled_engine.workers`.
 pub const WORKER_HEARTBEAT_SECS: u64 = 5;
 /// Largest simulated per-item work, in milliseconds.
 pub const MAX_WORK_MS: u64 = 60_000;
+
+/// How items are processed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    /// Claim, pay (ledger and balances) and mark settled in one transaction.
+    Tx,
+    /// Claim with a lease, pay through the provider outside any transaction,
+    /// then complete with a fenced write.
+    Leased,
+}
 
 /// What a worker does.
 #[derive(Debug, Clone)]
@@ -28,8 +40,18 @@ pub struct WorkerOptions {
     pub concurrency: u32,
     /// Items per claim.
     pub chunk: u32,
-    /// Simulated work per item, inside the transaction.
+    /// Simulated work per item.
     pub work_ms: u64,
+    /// Execution mode.
+    pub mode: Mode,
+    /// The payment provider (leased mode).
+    pub provider_url: Option<String>,
+    /// Provider call timeout.
+    pub provider_timeout: Duration,
+    /// Lease timings (leased mode).
+    pub leases: LeaseConfig,
+    /// Attempts and backoff.
+    pub retry: RetryPolicy,
 }
 
 /// How a worker ended.
@@ -57,16 +79,32 @@ pub async fn run_worker(pool: &PgPool, opts: &WorkerOptions) -> anyhow::Result<W
         "--work-ms must be at most {MAX_WORK_MS}"
     );
     let worker = workers::register(pool, env!("CARGO_PKG_VERSION")).await?;
-    let heartbeat = tokio::spawn(heartbeat_loop(pool.clone(), worker));
-    let outcome = work(pool, opts, worker).await;
+    let stats = Arc::new(DrainStats::default());
+    let heartbeat = tokio::spawn(heartbeat_loop(pool.clone(), worker, stats.clone()));
+    let outcome = work(pool, opts, worker, stats.clone()).await;
     heartbeat.abort();
-    if let Err(err) = workers::stopped(pool, worker).await {
+    if let Err(err) = workers::stopped(pool, worker, &stats).await {
         tracing::warn!(error = %err, "could not record the worker's stop");
     }
+    tracing::info!(
+        %worker,
+        settled = stats.items_settled.load(Ordering::Relaxed),
+        failed = stats.items_failed.load(Ordering::Relaxed),
+        retried = stats.items_retried.load(Ordering::Relaxed),
+        fence_rejections = stats.fence_rejections.load(Ordering::Relaxed),
+        leases_rescued = stats.leases_rescued.load(Ordering::Relaxed),
+        leases_released = stats.leases_released.load(Ordering::Relaxed),
+        "worker stopped"
+    );
     outcome
 }
 
-async fn work(pool: &PgPool, opts: &WorkerOptions, worker: Uuid) -> anyhow::Result<WorkerOutcome> {
+async fn work(
+    pool: &PgPool,
+    opts: &WorkerOptions,
+    worker: Uuid,
+    stats: Arc<DrainStats>,
+) -> anyhow::Result<WorkerOutcome> {
     let period = match opts.period {
         Some(p) => p,
         None => {
@@ -83,7 +121,7 @@ async fn work(pool: &PgPool, opts: &WorkerOptions, worker: Uuid) -> anyhow::Resu
         tracing::info!(run = run.id, %period, state = run.state.as_str(), "run is not running; nothing to do");
         return Ok(WorkerOutcome::RunNotRunning(run.id, run.state));
     }
-    tracing::info!(run = run.id, %period, %worker, starter = joined.started, "working on run");
+    tracing::info!(run = run.id, %period, %worker, starter = joined.started, mode = ?opts.mode, "working on run");
     if joined.started {
         // Input loaded moments ago may be unknown to the planner; best effort
         // (a role that does not own the table cannot, and autovacuum will).
@@ -93,27 +131,53 @@ async fn work(pool: &PgPool, opts: &WorkerOptions, worker: Uuid) -> anyhow::Resu
         }
     }
 
-    let stats = Arc::new(DrainStats::default());
     let stop_on_signal = tokio::spawn(stop_on_signal(stats.clone()));
     let cfg = DrainConfig {
         chunk: opts.chunk,
         concurrency: opts.concurrency,
+        retry: opts.retry,
         ..DrainConfig::default()
     };
-    let handler = Arc::new(SettleRewards {
-        work_per_item: Duration::from_millis(opts.work_ms),
-    });
     let scope = period.to_string();
-    let drained = settled_engine::drain_in_transactions(
-        pool,
-        queue(),
-        run.id,
-        &scope,
-        handler,
-        &cfg,
-        stats.clone(),
-    )
-    .await;
+    let work_per_item = Duration::from_millis(opts.work_ms);
+    let drained = match opts.mode {
+        Mode::Tx => {
+            let handler = Arc::new(SettleRewards { work_per_item });
+            settled_engine::drain_in_transactions(
+                pool,
+                queue(),
+                run.id,
+                &scope,
+                handler,
+                &cfg,
+                stats.clone(),
+            )
+            .await
+        }
+        Mode::Leased => {
+            let provider = opts
+                .provider_url
+                .as_deref()
+                .map(|url| HttpProvider::new(url, opts.provider_timeout))
+                .transpose()?;
+            let handler = Arc::new(SettleWithProvider {
+                provider,
+                work_per_item,
+            });
+            settled_engine::drain_leased(
+                pool,
+                queue(),
+                run.id,
+                &scope,
+                worker,
+                handler,
+                &cfg,
+                opts.leases,
+                stats.clone(),
+            )
+            .await
+        }
+    };
     stop_on_signal.abort();
     drained.with_context(|| format!("settling period {period}"))?;
     let settled = stats.items_settled.load(Ordering::Relaxed);
@@ -166,17 +230,18 @@ pub async fn finish_if_drained(
     Ok(finished)
 }
 
-async fn heartbeat_loop(pool: PgPool, worker: Uuid) {
+async fn heartbeat_loop(pool: PgPool, worker: Uuid, stats: Arc<DrainStats>) {
     let mut tick = tokio::time::interval(Duration::from_secs(WORKER_HEARTBEAT_SECS));
     loop {
         tick.tick().await;
-        if let Err(err) = workers::heartbeat(&pool, worker).await {
+        if let Err(err) = workers::heartbeat(&pool, worker, &stats).await {
             tracing::warn!(error = %err, "worker heartbeat failed");
         }
     }
 }
 
-/// SIGTERM or SIGINT: stop claiming; chunks in flight commit or roll back.
+/// SIGTERM or SIGINT: stop claiming; in-flight work finishes (or, in leased
+/// mode, is given back after the shutdown grace).
 async fn stop_on_signal(stats: Arc<DrainStats>) {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut term), Ok(mut int)) = (
@@ -189,6 +254,6 @@ async fn stop_on_signal(stats: Arc<DrainStats>) {
         _ = term.recv() => {},
         _ = int.recv() => {},
     }
-    tracing::info!("signal received: finishing the chunks in flight, claiming no more");
+    tracing::info!("signal received: finishing the work in flight, claiming no more");
     stats.stop.store(true, Ordering::Relaxed);
 }

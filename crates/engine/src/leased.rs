@@ -1,0 +1,519 @@
+//! Leased mode: for work outside the database (a payment provider, slow work).
+//!
+//! A short transaction claims a chunk and commits its leases; the work runs
+//! outside any transaction; one transaction then writes the effects of the
+//! items whose fence still holds, together with their `settled` status. The
+//! [`LeaseKeeper`] renews every lease this worker holds in one statement every
+//! ttl/3, and an item whose lease could not be renewed in time is abandoned:
+//! no more work is started on it. Whatever a paused worker does afterwards,
+//! its completion carries an old fence and is refused.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+use crate::executor::{check_config, idle_or_drained, join_loops, run_loop, Step};
+use crate::{Chunk, ClaimedItem, DrainConfig, DrainStats, EngineError, HandlerError, WorkQueue};
+
+/// Shortest lease allowed.
+pub const MIN_LEASE_TTL_MS: u64 = 300;
+/// Longest lease allowed.
+pub const MAX_LEASE_TTL_MS: u64 = 3_600_000;
+/// Times a completion is retried after a transient error while the leases hold.
+pub const COMPLETION_RETRIES: u32 = 5;
+
+/// The application's work in leased mode.
+pub trait LeasedHandler: Send + Sync + 'static {
+    /// What `prepare` loads for a chunk (amounts, addresses...).
+    type Batch: Send + Sync;
+
+    /// Loads what the chunk's work needs, with set-based statements.
+    fn prepare<'a>(
+        &'a self,
+        pool: &'a PgPool,
+        chunk: &'a Chunk,
+    ) -> impl Future<Output = Result<Self::Batch, HandlerError>> + Send + 'a;
+
+    /// Does one item's work outside any transaction. It must be idempotent
+    /// per item (an item may be worked on again after a crash or a lost
+    /// lease): send an idempotency key derived from the item.
+    fn work_item<'a>(
+        &'a self,
+        batch: &'a Self::Batch,
+        chunk: &'a Chunk,
+        item: &'a ClaimedItem,
+    ) -> impl Future<Output = Result<(), HandlerError>> + Send + 'a;
+
+    /// Writes the effects of `chunk`'s items (all accepted by the fence) in
+    /// the completion transaction, with set-based statements; never commits.
+    fn commit<'a>(
+        &'a self,
+        tx: &'a mut PgConnection,
+        chunk: &'a Chunk,
+    ) -> impl Future<Output = Result<(), HandlerError>> + Send + 'a;
+}
+
+/// Lease timings.
+#[derive(Debug, Clone, Copy)]
+pub struct LeaseConfig {
+    /// How long a lease lasts without renewal (database clock).
+    pub ttl: Duration,
+    /// How often this worker's rescuer looks for expired leases.
+    pub rescue_interval: Duration,
+    /// After a stop request, how long in-flight work may continue before
+    /// the rest is released.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for LeaseConfig {
+    fn default() -> Self {
+        LeaseConfig {
+            ttl: Duration::from_secs(30),
+            rescue_interval: Duration::from_secs(10),
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The leases one worker holds, and until when each is known to be valid
+/// on this process's monotonic clock (time the renewal was *sent* + ttl:
+/// the database set `now() + ttl` no earlier than that).
+#[derive(Debug)]
+pub struct LeaseKeeper {
+    worker: Uuid,
+    ttl: Duration,
+    held: Mutex<HashMap<(String, i32), Held>>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    /// When the claim had committed (its statement returned).
+    committed_by: Instant,
+    /// Until when the lease is known to be valid.
+    valid_until: Instant,
+}
+
+impl LeaseKeeper {
+    /// A keeper for `worker`'s leases.
+    pub fn new(worker: Uuid, ttl: Duration) -> Arc<LeaseKeeper> {
+        Arc::new(LeaseKeeper {
+            worker,
+            ttl,
+            held: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn add(&self, items: &[ClaimedItem], claim_sent: Instant, committed_by: Instant) {
+        let mut held = self.held.lock().expect("lease map");
+        for item in items {
+            let lease = Held {
+                committed_by,
+                valid_until: claim_sent + self.ttl,
+            };
+            held.insert((item.key.clone(), item.fence), lease);
+        }
+    }
+
+    fn remove(&self, items: &[ClaimedItem]) {
+        let mut held = self.held.lock().expect("lease map");
+        for item in items {
+            held.remove(&(item.key.clone(), item.fence));
+        }
+    }
+
+    /// True while the item's lease is known to be valid.
+    pub fn is_held(&self, item: &ClaimedItem) -> bool {
+        let held = self.held.lock().expect("lease map");
+        held.get(&(item.key.clone(), item.fence))
+            .is_some_and(|lease| Instant::now() < lease.valid_until)
+    }
+
+    /// Number of leases currently tracked.
+    pub fn len(&self) -> usize {
+        self.held.lock().expect("lease map").len()
+    }
+
+    /// True when no lease is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Renews every lease this worker holds (one statement), then extends
+    /// the deadlines of those the database still shows as ours and drops
+    /// the others (rescued: lost).
+    pub async fn renew(&self, pool: &PgPool, queue: &WorkQueue) -> Result<usize, EngineError> {
+        let sent = Instant::now();
+        let mut conn = pool
+            .acquire()
+            .await
+            .map_err(EngineError::db("acquiring a connection"))?;
+        let still_ours = queue.renew_leases(&mut conn, self.worker, self.ttl).await?;
+        let still_ours: std::collections::HashSet<(String, i32)> = still_ours.into_iter().collect();
+        let mut held = self.held.lock().expect("lease map");
+        let mut lost = 0;
+        for (key, lease) in held.iter_mut() {
+            if still_ours.contains(key) {
+                lease.valid_until = lease.valid_until.max(sent + self.ttl);
+            } else if lease.committed_by < sent && lease.valid_until > sent {
+                // Committed before this statement started, yet not ours:
+                // rescued. Stop working on it (its completion would be refused).
+                lease.valid_until = sent;
+                lost += 1;
+            }
+        }
+        Ok(lost)
+    }
+
+    /// Runs [`renew`](Self::renew) every ttl/3 until the task is dropped.
+    pub async fn keep_renewing(self: Arc<Self>, pool: PgPool, queue: Arc<WorkQueue>) {
+        let mut tick = tokio::time::interval(self.ttl / 3);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            match self.renew(&pool, &queue).await {
+                Ok(0) => {}
+                Ok(lost) => {
+                    tracing::warn!(worker = %self.worker, lost, "leases lost: abandoning those items")
+                }
+                Err(err) => {
+                    tracing::warn!(worker = %self.worker, error = %err, "lease renewal failed")
+                }
+            }
+        }
+    }
+}
+
+/// Drains `scope` of run `run_id` in leased mode with `cfg.concurrency`
+/// claim loops. Runs the lease keeper and the rescuer alongside.
+#[allow(clippy::too_many_arguments)]
+pub async fn drain_leased<H: LeasedHandler>(
+    pool: &PgPool,
+    queue: Arc<WorkQueue>,
+    run_id: i64,
+    scope: &str,
+    worker: Uuid,
+    handler: Arc<H>,
+    cfg: &DrainConfig,
+    leases: LeaseConfig,
+    stats: Arc<DrainStats>,
+) -> Result<(), EngineError> {
+    check_config(cfg)?;
+    let ttl_ms = leases.ttl.as_millis() as u64;
+    if !(MIN_LEASE_TTL_MS..=MAX_LEASE_TTL_MS).contains(&ttl_ms) {
+        return Err(EngineError::Invariant(format!(
+            "lease ttl must be {MIN_LEASE_TTL_MS}..={MAX_LEASE_TTL_MS} ms, got {ttl_ms}"
+        )));
+    }
+    let keeper = LeaseKeeper::new(worker, leases.ttl);
+    let renewing = tokio::spawn(keeper.clone().keep_renewing(pool.clone(), queue.clone()));
+    let rescuing = tokio::spawn(crate::rescuer::keep_rescuing(
+        pool.clone(),
+        queue.clone(),
+        scope.to_string(),
+        cfg.retry,
+        leases.rescue_interval,
+        stats.clone(),
+    ));
+    let hard_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let grace = tokio::spawn(hard_stop_after_grace(
+        stats.clone(),
+        hard_stop.clone(),
+        leases.shutdown_grace,
+    ));
+
+    let mut loops = tokio::task::JoinSet::new();
+    for _ in 0..cfg.concurrency {
+        let ctx = LoopCtx {
+            pool: pool.clone(),
+            queue: queue.clone(),
+            run_id,
+            scope: scope.to_string(),
+            worker,
+            handler: handler.clone(),
+            cfg: cfg.clone(),
+            ttl: leases.ttl,
+            stats: stats.clone(),
+            keeper: keeper.clone(),
+            hard_stop: hard_stop.clone(),
+        };
+        loops.spawn(async move {
+            run_loop(&ctx.stats, &ctx.cfg, ctx.run_id, &ctx.scope, || {
+                ctx.lease_one_chunk()
+            })
+            .await
+        });
+    }
+    let result = join_loops(loops, &stats).await;
+    grace.abort();
+    rescuing.abort();
+    // Anything still tracked was abandoned at shutdown: give it back now.
+    if let Ok(mut conn) = pool.acquire().await {
+        if let Ok(released) = queue.release_leases(&mut conn, worker, None).await {
+            stats.leases_released.fetch_add(released, Ordering::Relaxed);
+        }
+    }
+    renewing.abort();
+    result
+}
+
+/// Once a stop is requested, allows in-flight work `grace` to finish.
+async fn hard_stop_after_grace(
+    stats: Arc<DrainStats>,
+    hard_stop: Arc<std::sync::atomic::AtomicBool>,
+    grace: Duration,
+) {
+    while !stats.stop.load(Ordering::Relaxed) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(grace).await;
+    hard_stop.store(true, Ordering::Relaxed);
+}
+
+struct LoopCtx<H> {
+    pool: PgPool,
+    queue: Arc<WorkQueue>,
+    run_id: i64,
+    scope: String,
+    worker: Uuid,
+    handler: Arc<H>,
+    cfg: DrainConfig,
+    ttl: Duration,
+    stats: Arc<DrainStats>,
+    keeper: Arc<LeaseKeeper>,
+    hard_stop: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl<H: LeasedHandler> LoopCtx<H> {
+    async fn lease_one_chunk(&self) -> Result<Step, EngineError> {
+        let mut conn = self
+            .pool
+            .acquire()
+            .await
+            .map_err(EngineError::db("acquiring a connection"))?;
+        let sent = Instant::now();
+        let claimed = self
+            .queue
+            .claim_leased(
+                &mut conn,
+                &self.scope,
+                self.cfg.chunk,
+                self.run_id,
+                self.worker,
+                self.ttl,
+            )
+            .await?;
+        self.stats.claims.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .claim_micros
+            .fetch_add(sent.elapsed().as_micros() as u64, Ordering::Relaxed);
+        if claimed.is_empty() {
+            return idle_or_drained(&mut conn, &self.queue, self.run_id, &self.scope).await;
+        }
+        drop(conn);
+        let chunk = Chunk::from_pairs(self.run_id, &self.scope, claimed);
+        self.keeper.add(&chunk.items, sent, Instant::now());
+        let result = self.work_and_complete(&chunk).await;
+        self.keeper.remove(&chunk.items);
+        result.map(|()| Step::Worked)
+    }
+
+    async fn work_and_complete(&self, chunk: &Chunk) -> Result<(), EngineError> {
+        let batch = match self.handler.prepare(&self.pool, chunk).await {
+            Ok(batch) => batch,
+            Err(err) => {
+                let all: Vec<&ClaimedItem> = chunk.items.iter().collect();
+                return self.record_failure(chunk, &all, &err).await;
+            }
+        };
+        let mut done = Vec::new();
+        let mut failed: Vec<(ClaimedItem, HandlerError)> = Vec::new();
+        let mut abandoned = Vec::new();
+        for item in &chunk.items {
+            if self.hard_stop.load(Ordering::Relaxed) || !self.keeper.is_held(item) {
+                abandoned.push(item.clone());
+                continue;
+            }
+            match self.handler.work_item(&batch, chunk, item).await {
+                Ok(()) => done.push(item.clone()),
+                Err(err) => failed.push((item.clone(), err)),
+            }
+        }
+        if !done.is_empty() {
+            self.complete(&chunk.with_items(done)).await?;
+        }
+        for (item, err) in &failed {
+            self.record_failure(chunk, &[item], err).await?;
+        }
+        if !abandoned.is_empty() {
+            let still_ours: Vec<String> = abandoned
+                .iter()
+                .filter(|i| self.keeper.is_held(i))
+                .map(|i| i.key.clone())
+                .collect();
+            if !still_ours.is_empty() {
+                // Stopping: give back what we still hold, so others take it at once.
+                let mut conn = self
+                    .pool
+                    .acquire()
+                    .await
+                    .map_err(EngineError::db("acquiring a connection"))?;
+                let released = self
+                    .queue
+                    .release_leases(&mut conn, self.worker, Some(&still_ours))
+                    .await?;
+                self.stats
+                    .leases_released
+                    .fetch_add(released, Ordering::Relaxed);
+            }
+            tracing::warn!(
+                run = self.run_id, period = %self.scope, abandoned = abandoned.len(),
+                "items abandoned: lease lost or shutting down"
+            );
+        }
+        Ok(())
+    }
+
+    /// The fenced completion of items whose work is done, retried a few
+    /// times on transient errors. A commit the handler refuses is split in
+    /// halves until the refused item is alone.
+    async fn complete(&self, done: &Chunk) -> Result<(), EngineError> {
+        let mut pending = vec![done.clone()];
+        while let Some(part) = pending.pop() {
+            let mut attempt = 0;
+            loop {
+                match self.complete_once(&part).await {
+                    Ok(()) => break,
+                    Err(CompleteError::Engine(err))
+                        if err.is_transient() && attempt < COMPLETION_RETRIES =>
+                    {
+                        attempt += 1;
+                        tracing::warn!(run = self.run_id, error = %err, attempt, "completion failed; retrying");
+                        tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
+                    }
+                    Err(CompleteError::Engine(err)) => return Err(err),
+                    Err(CompleteError::Handler(err))
+                        if part.items.len() > 1 && err.is_permanent() =>
+                    {
+                        self.stats.chunks_split.fetch_add(1, Ordering::Relaxed);
+                        let mid = part.items.len() / 2;
+                        pending.push(part.with_items(part.items[mid..].to_vec()));
+                        pending.push(part.with_items(part.items[..mid].to_vec()));
+                        break;
+                    }
+                    Err(CompleteError::Handler(err)) => {
+                        let items: Vec<&ClaimedItem> = part.items.iter().collect();
+                        self.record_failure(&part, &items, &err).await?;
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn complete_once(&self, part: &Chunk) -> Result<(), CompleteError> {
+        let mut tx = self
+            .pool
+            .begin()
+            .await
+            .map_err(EngineError::db("beginning a transaction"))?;
+        let pairs: Vec<(String, i32)> = part
+            .items
+            .iter()
+            .map(|i| (i.key.clone(), i.fence))
+            .collect();
+        let accepted = self
+            .queue
+            .complete_fenced(&mut tx, &part.scope, &pairs)
+            .await?;
+        let accepted: std::collections::HashSet<String> = accepted.into_iter().collect();
+        let (kept, rejected): (Vec<ClaimedItem>, Vec<ClaimedItem>) = part
+            .items
+            .iter()
+            .cloned()
+            .partition(|i| accepted.contains(&i.key));
+        if !kept.is_empty() {
+            if let Err(err) = self
+                .handler
+                .commit(&mut tx, &part.with_items(kept.clone()))
+                .await
+            {
+                let _ = tx.rollback().await;
+                return Err(CompleteError::Handler(err));
+            }
+        }
+        tx.commit()
+            .await
+            .map_err(EngineError::db("committing a completion"))?;
+        self.stats
+            .items_settled
+            .fetch_add(kept.len() as u64, Ordering::Relaxed);
+        self.stats.chunks_committed.fetch_add(1, Ordering::Relaxed);
+        if !rejected.is_empty() {
+            self.stats
+                .fence_rejections
+                .fetch_add(rejected.len() as u64, Ordering::Relaxed);
+            for item in &rejected {
+                tracing::warn!(
+                    run = self.run_id, period = %part.scope, item = %item.key, attempt = item.fence,
+                    "completion refused by the fence: the lease was lost, another attempt owns the item"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    async fn record_failure(
+        &self,
+        chunk: &Chunk,
+        items: &[&ClaimedItem],
+        err: &HandlerError,
+    ) -> Result<(), EngineError> {
+        let pairs: Vec<(String, i32)> = items.iter().map(|i| (i.key.clone(), i.fence)).collect();
+        let mut conn = self
+            .pool
+            .acquire()
+            .await
+            .map_err(EngineError::db("acquiring a connection"))?;
+        let outcome = self
+            .queue
+            .fail_fenced(
+                &mut conn,
+                &chunk.scope,
+                &pairs,
+                &err.to_string(),
+                err.is_permanent(),
+                &self.cfg.retry,
+            )
+            .await?;
+        self.stats
+            .items_failed
+            .fetch_add(outcome.failed, Ordering::Relaxed);
+        self.stats
+            .items_retried
+            .fetch_add(outcome.retried, Ordering::Relaxed);
+        for item in items {
+            tracing::warn!(
+                run = self.run_id, period = %chunk.scope, item = %item.key, attempt = item.fence,
+                permanent = err.is_permanent(), error = %err, "item attempt failed"
+            );
+        }
+        Ok(())
+    }
+}
+
+enum CompleteError {
+    Engine(EngineError),
+    Handler(HandlerError),
+}
+
+impl From<EngineError> for CompleteError {
+    fn from(err: EngineError) -> Self {
+        CompleteError::Engine(err)
+    }
+}
