@@ -149,6 +149,45 @@ pub enum Command {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
+    /// Settle a period while injecting faults, then prove nothing was paid
+    /// twice or lost.
+    ///
+    /// On a fresh database of its own (a throwaway private PostgreSQL, or a new
+    /// database on DATABASE_URL's server), it runs --workers worker processes
+    /// and injects, from a schedule seeded by --seed: SIGKILL of a worker (then
+    /// a new one), SIGSTOP of a worker past its lease then SIGCONT (a zombie),
+    /// pg_terminate_backend on worker connections, a PostgreSQL restart (when
+    /// it runs the server), and in leased mode provider errors and "applied,
+    /// then timed out". Then it checks every invariant. Exit 0 only if all hold.
+    Chaos {
+        /// Creators to settle.
+        #[arg(long, default_value_t = 20_000)]
+        creators: u64,
+        /// Worker processes.
+        #[arg(long, default_value_t = 4)]
+        workers: u32,
+        /// Length of the fault schedule in seconds (the work is spread over it).
+        #[arg(long, default_value_t = 60)]
+        duration: u64,
+        /// Seed of the schedule; the same seed replays the same schedule.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Worker mode.
+        #[arg(long, value_enum, default_value_t = Mode::Leased)]
+        mode: Mode,
+        /// Claim loops per worker.
+        #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
+        concurrency: u32,
+        /// Creators per claim.
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=10000))]
+        chunk: u32,
+        /// Lease ttl in milliseconds (short, so zombies and rescues happen often).
+        #[arg(long, default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(300..=600_000))]
+        lease_ttl_ms: u64,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Show exact counts by status and amounts paid for a period.
     Status {
         /// The period (YYYY-MM-DD).
@@ -308,6 +347,41 @@ fn pool_size(command: &Command) -> u32 {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    if let Command::Chaos {
+        creators,
+        workers,
+        duration,
+        seed,
+        mode,
+        concurrency,
+        chunk,
+        lease_ttl_ms,
+        json,
+    } = cli.command
+    {
+        let report = crate::chaos::chaos(crate::chaos::ChaosOptions {
+            creators,
+            workers,
+            duration,
+            seed,
+            mode,
+            concurrency,
+            chunk,
+            lease_ttl_ms,
+            database_url: cli.database_url.clone().filter(|u| !u.is_empty()),
+        })
+        .await?;
+        if json {
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        } else {
+            print!("{}", report.render());
+        }
+        return Ok(if report.ok {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        });
+    }
     if let Command::ProviderSim {
         port,
         latency_ms,
@@ -334,6 +408,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         url: cli.database_url.clone().filter(|u| !u.is_empty()),
         data_dir: cli.data_dir.clone(),
         max_connections: pool_size(&cli.command),
+        application_name: match &cli.command {
+            Command::Worker { .. } => "settled-worker".to_string(),
+            _ => "settled".to_string(),
+        },
     };
     let db = Database::open(&opts).await?;
     let result = run_command(&db, cli.command).await;
@@ -434,7 +512,9 @@ async fn run_command(db: &Database, command: Command) -> anyhow::Result<ExitCode
             let n = settlement::retry_failed(pool, period, creator.as_ref()).await?;
             println!("{n} failed item(s) of {period} put back to eligible");
         }
-        Command::ProviderSim { .. } => unreachable!("served without a database"),
+        Command::ProviderSim { .. } | Command::Chaos { .. } => {
+            unreachable!("run without the default database")
+        }
         Command::Verify {
             period,
             json,

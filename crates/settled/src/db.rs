@@ -24,6 +24,8 @@ pub struct DbOptions {
     pub data_dir: PathBuf,
     /// Largest number of pooled connections.
     pub max_connections: u32,
+    /// Shown in `pg_stat_activity.application_name` (e.g. `settled-worker`).
+    pub application_name: String,
 }
 
 /// An open database: a pool, the URL other processes can use, and the
@@ -37,6 +39,21 @@ pub struct Database {
 }
 
 impl Database {
+    /// Connects to `url` and applies migrations.
+    pub async fn open_url(
+        url: &str,
+        max_connections: u32,
+        application_name: &str,
+    ) -> anyhow::Result<Database> {
+        Database::open(&DbOptions {
+            url: Some(url.to_string()),
+            data_dir: PathBuf::new(),
+            max_connections,
+            application_name: application_name.to_string(),
+        })
+        .await
+    }
+
     /// Connects (starting the private server if needed) and applies migrations.
     pub async fn open(opts: &DbOptions) -> anyhow::Result<Database> {
         let (url, server) = match &opts.url {
@@ -47,6 +64,7 @@ impl Database {
             }
         };
         let connect = PgConnectOptions::from_str_checked(&url)?
+            .application_name(&opts.application_name)
             .log_statements(tracing::log::LevelFilter::Trace)
             .log_slow_statements(tracing::log::LevelFilter::Debug, Duration::from_secs(5));
         let pool = PgPoolOptions::new()

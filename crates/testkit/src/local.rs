@@ -247,10 +247,14 @@ impl LocalPostgres {
     /// testing to prove workers survive a database restart.
     pub fn restart(&self) -> Result<()> {
         let mut cmd = Command::new(self.bin.program("pg_ctl"));
+        let log = self.pgdata.with_file_name("postgres.log");
         cmd.arg("restart")
             .arg("-D")
             .arg(&self.pgdata)
             .args(["-m", "fast", "-w", "-t", "60"])
+            // Without a log file the new postmaster would hold our output pipes open.
+            .arg("-l")
+            .arg(&log)
             .process_group(0);
         run_program(cmd, self.run_as, "pg_ctl restart")
     }
