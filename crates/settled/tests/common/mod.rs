@@ -33,7 +33,7 @@ impl Env {
         let mut cmd = Command::new(SETTLED);
         cmd.args(args)
             .env("DATABASE_URL", &self.db.url)
-            .env("SETTLED_LOG", "warn")
+            .env("SETTLED_LOG", "error")
             .stdin(Stdio::null());
         cmd
     }
@@ -69,3 +69,92 @@ impl Env {
             .expect(sql)
     }
 }
+
+/// A free port on 127.0.0.1.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A `settled provider-sim` process and its URL; killed on drop.
+pub struct ProviderSim {
+    pub child: std::process::Child,
+    pub url: String,
+}
+
+impl ProviderSim {
+    pub fn start(extra: &[&str]) -> ProviderSim {
+        let port = free_port();
+        let child = Command::new(SETTLED)
+            .args(["provider-sim", "--port", &port.to_string()])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start provider-sim");
+        let url = format!("http://127.0.0.1:{port}");
+        for _ in 0..100 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return ProviderSim { child, url };
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        panic!("provider-sim did not start");
+    }
+
+    pub async fn counters(&self) -> serde_json::Value {
+        reqwest::get(format!("{}/v1/counters", self.url))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+}
+
+impl Drop for ProviderSim {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Polls `check` every 50 ms until it is true or `secs` pass.
+pub async fn wait_until<F, Fut>(secs: u64, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while std::time::Instant::now() < deadline {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("timed out waiting for: {what}");
+}
+
+/// Flags of a leased worker with short timings, for tests.
+pub const LEASED_FAST: &[&str] = &[
+    "--mode",
+    "leased",
+    "--lease-ttl-ms",
+    "1000",
+    "--rescue-interval-ms",
+    "200",
+    "--backoff-base-ms",
+    "20",
+    "--backoff-cap-ms",
+    "200",
+    "--max-attempts",
+    "20",
+    "--provider-timeout-ms",
+    "300",
+    "--shutdown-grace-ms",
+    "300",
+];
