@@ -22,6 +22,7 @@ pub mod migrate;
 pub mod queue;
 pub mod rescuer;
 pub mod runs;
+pub mod schedule;
 pub mod status;
 pub mod workers;
 
@@ -32,4 +33,5 @@ pub use executor::{
 pub use leased::{drain_leased, LeaseConfig, LeaseKeeper, LeasedHandler};
 pub use queue::{FailOutcome, QueueSpec, RetryPolicy, WorkQueue};
 pub use runs::{Run, RunState};
+pub use schedule::Schedule;
 pub use status::ItemStatus;

@@ -80,6 +80,7 @@ struct QueueSql {
     complete_fenced: String,
     fail_fenced: String,
     release_leases: String,
+    release_scope: String,
     rescue_expired: String,
     count_unfinished: String,
     count_by_status: String,
@@ -252,6 +253,12 @@ impl WorkQueue {
              WHERE status = 'processing' AND lease_owner = $1
                AND ($2::{key_type}[] IS NULL OR {key} = ANY($2::{key_type}[]))"
         );
+        // Cancelling a run: every lease of the scope is given back.
+        let release_scope = format!(
+            "UPDATE {table}
+             SET status = 'eligible', lease_owner = NULL, lease_until = NULL, updated_at = now()
+             WHERE {scope} = CAST($1 AS {scope_type}) AND status = 'processing'"
+        );
         // Expired leases of a scope go back to eligible after a backoff, or
         // fail once their attempts are spent.
         // SKIP LOCKED: a row locked by a completing transaction is left to it.
@@ -303,6 +310,7 @@ impl WorkQueue {
                 complete_fenced,
                 fail_fenced,
                 release_leases,
+                release_scope,
                 rescue_expired,
                 count_unfinished,
                 count_by_status,
@@ -489,6 +497,21 @@ impl WorkQueue {
             .execute(conn)
             .await
             .map_err(EngineError::db("releasing leases"))?
+            .rows_affected())
+    }
+
+    /// Gives back every lease of `scope` (a cancelled run): eligible again,
+    /// attempt kept. A worker still working on one is refused at completion.
+    pub async fn release_scope(
+        &self,
+        conn: &mut PgConnection,
+        scope: &str,
+    ) -> Result<u64, EngineError> {
+        Ok(sqlx::query(&self.sql.release_scope)
+            .bind(scope)
+            .execute(conn)
+            .await
+            .map_err(EngineError::db("releasing a scope's leases"))?
             .rows_affected())
     }
 

@@ -38,6 +38,9 @@ pub async fn rescue_expired_leases(
         return Ok(None);
     }
     let outcome = queue.rescue_expired(&mut tx, scope, policy).await?;
+    if outcome.retried > 0 {
+        crate::runs::notify_items_eligible(&mut tx, queue.job()).await?;
+    }
     tx.commit()
         .await
         .map_err(EngineError::db("committing a rescue"))?;

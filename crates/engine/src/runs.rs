@@ -215,3 +215,65 @@ pub async fn is_running(conn: &mut PgConnection, run_id: i64) -> Result<bool, En
     .await
     .map_err(EngineError::db("reading a run's state"))
 }
+
+/// Cancels the running run of (job, period): workers claim nothing more for
+/// it. Returns false when it was not running.
+pub async fn cancel(conn: &mut PgConnection, job: &str, period: &str) -> Result<bool, EngineError> {
+    let done = sqlx::query(
+        "UPDATE settled_engine.runs SET state = 'cancelled', finished_at = now()
+         WHERE job = $1 AND period = $2 AND state = 'running'",
+    )
+    .bind(job)
+    .bind(period)
+    .execute(conn)
+    .await
+    .map_err(EngineError::db("cancelling a run"))?
+    .rows_affected();
+    Ok(done == 1)
+}
+
+/// Sets a cancelled (or finished) run of (job, period) running again.
+/// Fails with [`EngineError::OtherRunActive`] while another run of the job runs.
+pub async fn reopen(conn: &mut PgConnection, job: &str, period: &str) -> Result<bool, EngineError> {
+    let done = sqlx::query(
+        "UPDATE settled_engine.runs SET state = 'running', finished_at = NULL, finished_by = NULL
+         WHERE job = $1 AND period = $2 AND state <> 'running'",
+    )
+    .bind(job)
+    .bind(period)
+    .execute(&mut *conn)
+    .await;
+    match done {
+        Ok(done) => Ok(done.rows_affected() == 1),
+        Err(err)
+            if err
+                .as_database_error()
+                .and_then(|e| e.code())
+                .is_some_and(|c| c == "23505") =>
+        {
+            let other = running(conn, job).await?;
+            Err(EngineError::OtherRunActive {
+                job: job.to_string(),
+                run_id: other.as_ref().map_or(0, |r| r.id),
+                period: other.map_or_else(|| "?".into(), |r| r.period),
+            })
+        }
+        Err(err) => Err(EngineError::db("reopening a run")(err)),
+    }
+}
+
+/// The channel on which run changes are announced (payload: `job period state`).
+pub const RUNS_CHANNEL: &str = "settled_engine_runs";
+/// The channel on which items that became eligible again are announced (payload: job).
+pub const ITEMS_CHANNEL: &str = "settled_engine_items";
+
+/// Announces that items of `job` became eligible again (rescued, released, retried).
+pub async fn notify_items_eligible(conn: &mut PgConnection, job: &str) -> Result<(), EngineError> {
+    sqlx::query("SELECT pg_notify($1, $2)")
+        .bind(ITEMS_CHANNEL)
+        .bind(job)
+        .execute(conn)
+        .await
+        .map_err(EngineError::db("notifying workers"))?;
+    Ok(())
+}

@@ -30,10 +30,13 @@ pub async fn register(pool: &PgPool, version: &str) -> Result<Uuid, EngineError>
 
 /// Records that the worker is alive, with its counters so far.
 pub async fn heartbeat(pool: &PgPool, worker: Uuid, stats: &DrainStats) -> Result<(), EngineError> {
+    // A worker marked dead while it was paused comes back to life here.
     sqlx::query(
         "UPDATE settled_engine.workers
          SET heartbeat_at = now(), items_settled = $2, items_failed = $3,
-             fence_rejections = $4, leases_rescued = $5
+             fence_rejections = $4, leases_rescued = $5,
+             ended = CASE WHEN ended = 'dead' THEN NULL ELSE ended END,
+             stopped_at = CASE WHEN ended = 'dead' THEN NULL ELSE stopped_at END
          WHERE id = $1",
     )
     .bind(worker)
@@ -50,10 +53,131 @@ pub async fn heartbeat(pool: &PgPool, worker: Uuid, stats: &DrainStats) -> Resul
 /// Records that the worker stopped on its own, with its final counters.
 pub async fn stopped(pool: &PgPool, worker: Uuid, stats: &DrainStats) -> Result<(), EngineError> {
     heartbeat(pool, worker, stats).await?;
-    sqlx::query("UPDATE settled_engine.workers SET stopped_at = now() WHERE id = $1")
-        .bind(worker)
-        .execute(pool)
-        .await
-        .map_err(EngineError::db("recording a worker stop"))?;
+    sqlx::query(
+        "UPDATE settled_engine.workers SET stopped_at = now(), ended = 'stopped' WHERE id = $1",
+    )
+    .bind(worker)
+    .execute(pool)
+    .await
+    .map_err(EngineError::db("recording a worker stop"))?;
     Ok(())
+}
+
+/// A worker without a heartbeat for this long is marked dead.
+pub const WORKER_DEAD_AFTER_SECS: i64 = 60;
+/// Rows of ended workers are kept this long, then pruned.
+pub const WORKER_RETENTION_DAYS: i64 = 7;
+
+/// Marks silent workers dead and prunes ended ones past retention.
+/// Returns (marked dead, pruned).
+pub async fn mark_dead_and_prune(pool: &PgPool) -> Result<(u64, u64), EngineError> {
+    let dead = sqlx::query(
+        "UPDATE settled_engine.workers SET ended = 'dead', stopped_at = heartbeat_at
+         WHERE stopped_at IS NULL AND heartbeat_at < now() - make_interval(secs => $1)",
+    )
+    .bind(WORKER_DEAD_AFTER_SECS as f64)
+    .execute(pool)
+    .await
+    .map_err(EngineError::db("marking dead workers"))?
+    .rows_affected();
+    let pruned = sqlx::query(
+        "DELETE FROM settled_engine.workers WHERE stopped_at < now() - make_interval(days => $1)",
+    )
+    .bind(WORKER_RETENTION_DAYS as i32)
+    .execute(pool)
+    .await
+    .map_err(EngineError::db("pruning ended workers"))?
+    .rows_affected();
+    Ok((dead, pruned))
+}
+
+/// A row of the worker registry, as operators see it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct WorkerRow {
+    /// Worker id.
+    pub id: Uuid,
+    /// Host name.
+    pub host: String,
+    /// OS process id.
+    pub pid: i32,
+    /// Version.
+    pub version: String,
+    /// Registration time.
+    pub started_at: chrono::DateTime<chrono::Utc>,
+    /// Last heartbeat.
+    pub heartbeat_at: chrono::DateTime<chrono::Utc>,
+    /// Seconds since the last heartbeat (database clock).
+    pub heartbeat_age_secs: f64,
+    /// `alive`, `stopped` or `dead`.
+    pub state: String,
+    /// Items it settled.
+    pub items_settled: i64,
+    /// Items it failed.
+    pub items_failed: i64,
+    /// Its completions refused by the fence.
+    pub fence_rejections: i64,
+    /// Leases it holds now (leased mode).
+    pub leases_held: i64,
+}
+
+/// Lists workers, alive first, newest first. `leases_table` is the work
+/// table whose leases to count (None: count none).
+pub async fn list(
+    pool: &PgPool,
+    leases_table: Option<&crate::WorkQueue>,
+    limit: i64,
+) -> Result<Vec<WorkerRow>, EngineError> {
+    let held_sql = match leases_table {
+        Some(q) => format!(
+            "(SELECT count(*) FROM {} i WHERE i.status = 'processing' AND i.lease_owner = w.id)",
+            q.spec().table
+        ),
+        None => "0::bigint".to_string(),
+    };
+    let rows: Vec<(
+        Uuid,
+        String,
+        i32,
+        String,
+        chrono::DateTime<chrono::Utc>,
+        chrono::DateTime<chrono::Utc>,
+        f64,
+        String,
+        i64,
+        i64,
+        i64,
+        i64,
+    )> = sqlx::query_as(&format!(
+        "SELECT w.id, w.host, w.pid, w.version, w.started_at, w.heartbeat_at,
+                    extract(epoch FROM now() - w.heartbeat_at)::float8,
+                    CASE WHEN w.ended IS NOT NULL THEN w.ended
+                         WHEN w.heartbeat_at < now() - make_interval(secs => $2) THEN 'dead'
+                         ELSE 'alive' END,
+                    w.items_settled, w.items_failed, w.fence_rejections, {held_sql}
+             FROM settled_engine.workers w
+             ORDER BY (w.stopped_at IS NULL) DESC, w.started_at DESC
+             LIMIT $1"
+    ))
+    .bind(limit)
+    .bind(WORKER_DEAD_AFTER_SECS as f64)
+    .fetch_all(pool)
+    .await
+    .map_err(EngineError::db("listing workers"))?;
+    Ok(rows
+        .into_iter()
+        .map(|r| WorkerRow {
+            id: r.0,
+            host: r.1,
+            pid: r.2,
+            version: r.3,
+            started_at: r.4,
+            heartbeat_at: r.5,
+            heartbeat_age_secs: r.6,
+            state: r.7,
+            items_settled: r.8,
+            items_failed: r.9,
+            fence_rejections: r.10,
+            leases_held: r.11,
+        })
+        .collect())
 }

@@ -88,28 +88,88 @@ pub enum Command {
         #[arg(long)]
         fee_bps: u32,
     },
-    /// Run one worker process: join (or start) the period's run and settle
-    /// until no work is left, then exit 0.
+    /// Run one worker process.
+    ///
+    /// With --period: join (or start) that period's run, settle until no work
+    /// is left, exit 0. Without it: a daemon that keeps running, creates the
+    /// run of the previous local day at each due time of --schedule (exactly
+    /// one server's insert creates it; the others join), creates missed runs of
+    /// the last --catch-up-days days oldest first, settles any running run,
+    /// and wakes on NOTIFY or polls (at most --max-poll-ms).
     ///
     /// Start as many as you like, on as many hosts as you like, against one
     /// database: they split the work without waiting for each other. SIGTERM or
-    /// SIGINT stops claiming; chunks in flight commit or roll back whole.
+    /// SIGINT stops claiming; work in flight commits or is given back.
     Worker {
-        /// The period to settle. Without it, join the running run, if any.
+        /// The period to settle, then exit. Without it: run as a daemon.
         #[arg(long)]
         period: Option<Period>,
         /// Claim loops in this process (each with its own connection), 1..=256.
-        #[arg(long, default_value_t = DEFAULT_CONCURRENCY, value_parser = clap::value_parser!(u32).range(1..=256))]
+        #[arg(long, env = "SETTLED_CONCURRENCY", default_value_t = DEFAULT_CONCURRENCY, value_parser = clap::value_parser!(u32).range(1..=256))]
         concurrency: u32,
         /// Creators per claim (one transaction each), 1..=10000.
-        #[arg(long, default_value_t = DEFAULT_CHUNK, value_parser = clap::value_parser!(u32).range(1..=10000))]
+        #[arg(long, env = "SETTLED_CHUNK", default_value_t = DEFAULT_CHUNK, value_parser = clap::value_parser!(u32).range(1..=10000))]
         chunk: u32,
+        /// Cron schedule of the daemon (5 fields, or 6 with seconds first);
+        /// each due time settles the previous local day.
+        #[arg(long, env = "SETTLED_SCHEDULE", default_value = "0 5 * * *")]
+        schedule: String,
+        /// IANA time zone of the schedule.
+        #[arg(long, env = "SETTLED_TIMEZONE", default_value = "Asia/Seoul")]
+        timezone: String,
+        /// Create runs missed while no worker was up, this many days back.
+        #[arg(long, env = "SETTLED_CATCH_UP_DAYS", default_value_t = 3)]
+        catch_up_days: u32,
+        /// Longest pause between two looks when idle, in milliseconds.
+        #[arg(long, default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(100..=60_000))]
+        max_poll_ms: u64,
         /// Simulated work per creator in milliseconds (demos, benchmarks,
         /// crash tests): inside the transaction in tx mode, outside in leased mode.
         #[arg(long, default_value_t = 0)]
         work_ms: u64,
         #[command(flatten)]
         engine: EngineFlags,
+    },
+    /// Start (or join) the run of a period now; or cancel it.
+    ///
+    /// Idempotent: a running run is joined, a finished run is reported and left
+    /// alone, a cancelled run is resumed. --wait drives it with workers in this
+    /// process until it finishes. --cancel stops it: workers claim nothing more
+    /// for it and its leased items are given back.
+    Run {
+        /// The period (YYYY-MM-DD).
+        #[arg(long)]
+        period: Period,
+        /// Settle it here until it finishes, then print its report.
+        #[arg(long, conflicts_with = "cancel")]
+        wait: bool,
+        /// Cancel the run.
+        #[arg(long)]
+        cancel: bool,
+        /// Claim loops with --wait.
+        #[arg(long, default_value_t = DEFAULT_CONCURRENCY, value_parser = clap::value_parser!(u32).range(1..=256))]
+        concurrency: u32,
+        /// Creators per claim with --wait.
+        #[arg(long, default_value_t = DEFAULT_CHUNK, value_parser = clap::value_parser!(u32).range(1..=10000))]
+        chunk: u32,
+    },
+    /// List runs, newest first: state, starter, timing, report summary.
+    Runs {
+        /// How many.
+        #[arg(long, default_value_t = 20)]
+        limit: i64,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List worker processes: host, pid, version, heartbeat, alive/stopped/dead.
+    Workers {
+        /// How many.
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Put a period's failed items back to eligible (all, or one creator's).
     ///
@@ -251,7 +311,7 @@ pub struct EngineFlags {
     /// tx: claim, pay and mark settled in one transaction (ledger only).
     /// leased: claim with a lease, pay through --provider-url outside any
     /// transaction, complete with a fenced write.
-    #[arg(long, value_enum, default_value_t = Mode::Tx)]
+    #[arg(long, env = "SETTLED_MODE", value_enum, default_value_t = Mode::Tx)]
     pub mode: Mode,
     /// The payment provider for leased mode (e.g. http://127.0.0.1:9100).
     #[arg(long, env = "SETTLED_PROVIDER_URL")]
@@ -260,13 +320,13 @@ pub struct EngineFlags {
     #[arg(long, default_value_t = crate::provider::DEFAULT_PROVIDER_TIMEOUT_MS)]
     pub provider_timeout_ms: u64,
     /// Lease time to live in milliseconds (leased mode), renewed every ttl/3.
-    #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(300..=3_600_000))]
+    #[arg(long, env = "SETTLED_LEASE_TTL_MS", default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(300..=3_600_000))]
     pub lease_ttl_ms: u64,
     /// How often the rescuer looks for expired leases, in milliseconds.
-    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(50..=3_600_000))]
+    #[arg(long, env = "SETTLED_RESCUE_INTERVAL_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(50..=3_600_000))]
     pub rescue_interval_ms: u64,
     /// Attempts before an item goes to failed.
-    #[arg(long, default_value_t = settled_engine::queue::DEFAULT_MAX_ATTEMPTS, value_parser = clap::value_parser!(i32).range(1..=1000))]
+    #[arg(long, env = "SETTLED_MAX_ATTEMPTS", default_value_t = settled_engine::queue::DEFAULT_MAX_ATTEMPTS, value_parser = clap::value_parser!(i32).range(1..=1000))]
     pub max_attempts: i32,
     /// First retry backoff in milliseconds (doubles per attempt, with jitter).
     #[arg(long, default_value_t = 1_000)]
@@ -302,6 +362,10 @@ impl EngineFlags {
 
 /// Parses arguments, runs the command, maps the outcome to an exit code.
 pub fn main() -> ExitCode {
+    if let Err(err) = crate::config::load_into_env() {
+        eprintln!("error: {err:#}");
+        return ExitCode::from(2);
+    }
     let cli = Cli::parse();
     init_logging();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -341,7 +405,7 @@ fn init_logging() {
 
 fn pool_size(command: &Command) -> u32 {
     match command {
-        Command::Worker { concurrency, .. } => concurrency + 2,
+        Command::Worker { concurrency, .. } | Command::Run { concurrency, .. } => concurrency + 4,
         _ => 4,
     }
 }
@@ -453,27 +517,38 @@ async fn run_command(db: &Database, command: Command) -> anyhow::Result<ExitCode
             chunk,
             work_ms,
             engine,
+            schedule,
+            timezone,
+            catch_up_days,
+            max_poll_ms,
         } => {
             if engine.mode == Mode::Leased && engine.provider_url.is_none() {
                 tracing::warn!(
                     "leased mode without --provider-url: nothing is paid outside the database"
                 );
             }
-            let outcome = worker::run_worker(
-                pool,
-                &WorkerOptions {
-                    period,
-                    concurrency,
-                    chunk,
-                    work_ms,
-                    mode: engine.mode,
-                    provider_url: engine.provider_url.clone(),
-                    provider_timeout: Duration::from_millis(engine.provider_timeout_ms),
-                    leases: engine.leases(),
-                    retry: engine.retry(),
-                },
-            )
-            .await?;
+            let opts = WorkerOptions {
+                period,
+                concurrency,
+                chunk,
+                work_ms,
+                mode: engine.mode,
+                provider_url: engine.provider_url.clone(),
+                provider_timeout: Duration::from_millis(engine.provider_timeout_ms),
+                leases: engine.leases(),
+                retry: engine.retry(),
+            };
+            if period.is_none() {
+                let daemon = worker::DaemonOptions {
+                    schedule: settled_engine::Schedule::parse(&schedule, &timezone)?,
+                    catch_up_days,
+                    max_poll: Duration::from_millis(max_poll_ms),
+                };
+                worker::run_daemon(pool, &opts, &daemon).await?;
+                println!("worker daemon stopped");
+                return Ok(ExitCode::SUCCESS);
+            }
+            let outcome = worker::run_worker(pool, &opts).await?;
             match outcome {
                 WorkerOutcome::NothingToDo => println!("no running run; nothing to do"),
                 WorkerOutcome::RunNotRunning(id, state) => {
@@ -504,6 +579,17 @@ async fn run_command(db: &Database, command: Command) -> anyhow::Result<ExitCode
             } else {
                 print!("{}", status.render());
             }
+        }
+        Command::Run {
+            period,
+            wait,
+            cancel,
+            concurrency,
+            chunk,
+        } => return crate::runs_cmd::run(pool, period, wait, cancel, concurrency, chunk).await,
+        Command::Runs { limit, json } => crate::runs_cmd::list_runs(pool, limit, json).await?,
+        Command::Workers { limit, json } => {
+            crate::runs_cmd::list_workers(pool, limit, json).await?
         }
         Command::Retry { period, creator } => {
             let creator = creator

@@ -8,6 +8,7 @@
 pub mod address;
 pub mod chaos;
 pub mod cli;
+pub mod config;
 pub mod db;
 pub mod demo;
 pub mod money;
@@ -15,6 +16,7 @@ pub mod period;
 pub mod progress;
 pub mod provider;
 pub mod provider_sim;
+pub mod runs_cmd;
 pub mod seed;
 pub mod settlement;
 pub mod status;

@@ -72,128 +72,324 @@ pub enum WorkerOutcome {
     Stopped { run_id: i64, settled: u64 },
 }
 
-/// Runs one worker until its period has no work left.
-pub async fn run_worker(pool: &PgPool, opts: &WorkerOptions) -> anyhow::Result<WorkerOutcome> {
-    anyhow::ensure!(
-        opts.work_ms <= MAX_WORK_MS,
-        "--work-ms must be at most {MAX_WORK_MS}"
-    );
-    let worker = workers::register(pool, env!("CARGO_PKG_VERSION")).await?;
-    let stats = Arc::new(DrainStats::default());
-    let heartbeat = tokio::spawn(heartbeat_loop(pool.clone(), worker, stats.clone()));
-    let outcome = work(pool, opts, worker, stats.clone()).await;
-    heartbeat.abort();
-    if let Err(err) = workers::stopped(pool, worker, &stats).await {
-        tracing::warn!(error = %err, "could not record the worker's stop");
-    }
-    tracing::info!(
-        %worker,
-        settled = stats.items_settled.load(Ordering::Relaxed),
-        failed = stats.items_failed.load(Ordering::Relaxed),
-        retried = stats.items_retried.load(Ordering::Relaxed),
-        fence_rejections = stats.fence_rejections.load(Ordering::Relaxed),
-        leases_rescued = stats.leases_rescued.load(Ordering::Relaxed),
-        leases_released = stats.leases_released.load(Ordering::Relaxed),
-        "worker stopped"
-    );
-    outcome
+/// Settings of `settled worker` without `--period`: a daemon that starts
+/// runs when its schedule is due.
+#[derive(Debug, Clone)]
+pub struct DaemonOptions {
+    /// When runs are due; each fire time settles the previous local day.
+    pub schedule: settled_engine::Schedule,
+    /// How many days back missed runs are created (catch-up).
+    pub catch_up_days: u32,
+    /// Longest pause between two looks when idle (notifications wake it sooner).
+    pub max_poll: Duration,
 }
 
-async fn work(
-    pool: &PgPool,
-    opts: &WorkerOptions,
-    worker: Uuid,
+/// A registered worker process: its id, its counters, its heartbeat.
+struct Worker {
+    pool: PgPool,
+    id: Uuid,
     stats: Arc<DrainStats>,
-) -> anyhow::Result<WorkerOutcome> {
-    let period = match opts.period {
-        Some(p) => p,
-        None => {
+    opts: WorkerOptions,
+    background: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Worker {
+    async fn register(pool: &PgPool, opts: &WorkerOptions) -> anyhow::Result<Worker> {
+        anyhow::ensure!(
+            opts.work_ms <= MAX_WORK_MS,
+            "--work-ms must be at most {MAX_WORK_MS}"
+        );
+        let id = workers::register(pool, env!("CARGO_PKG_VERSION")).await?;
+        let stats = Arc::new(DrainStats::default());
+        let background = vec![
+            tokio::spawn(heartbeat_loop(pool.clone(), id, stats.clone())),
+            tokio::spawn(stop_on_signal(stats.clone())),
+        ];
+        Ok(Worker {
+            pool: pool.clone(),
+            id,
+            stats,
+            opts: opts.clone(),
+            background,
+        })
+    }
+
+    fn stopping(&self) -> bool {
+        self.stats.stop.load(Ordering::Relaxed)
+    }
+
+    async fn deregister(self) {
+        for task in &self.background {
+            task.abort();
+        }
+        if let Err(err) = workers::stopped(&self.pool, self.id, &self.stats).await {
+            tracing::warn!(error = %err, "could not record the worker's stop");
+        }
+        let s = &self.stats;
+        tracing::info!(
+            worker = %self.id,
+            settled = s.items_settled.load(Ordering::Relaxed),
+            failed = s.items_failed.load(Ordering::Relaxed),
+            retried = s.items_retried.load(Ordering::Relaxed),
+            fence_rejections = s.fence_rejections.load(Ordering::Relaxed),
+            leases_rescued = s.leases_rescued.load(Ordering::Relaxed),
+            leases_released = s.leases_released.load(Ordering::Relaxed),
+            "worker stopped"
+        );
+    }
+
+    /// Joins (or starts) the run of `period` and drains it.
+    async fn settle_period(&self, period: Period) -> anyhow::Result<WorkerOutcome> {
+        let pool = &self.pool;
+        let joined = settlement::start_or_join_run(pool, period, self.id).await?;
+        let run = joined.run;
+        if run.state != RunState::Running {
+            tracing::info!(run = run.id, %period, state = run.state.as_str(), "run is not running; nothing to do");
+            return Ok(WorkerOutcome::RunNotRunning(run.id, run.state));
+        }
+        tracing::info!(run = run.id, %period, worker = %self.id, starter = joined.started, mode = ?self.opts.mode, "working on run");
+        if joined.started {
+            // Input loaded moments ago may be unknown to the planner; best effort
+            // (a role that does not own the table cannot, and autovacuum will).
             let mut conn = pool.acquire().await?;
-            match runs::running(&mut conn, JOB).await? {
-                Some(run) => Period::parse(&run.period).map_err(anyhow::Error::msg)?,
-                None => return Ok(WorkerOutcome::NothingToDo),
+            if let Err(err) = queue().refresh_statistics(&mut conn).await {
+                tracing::warn!(error = %err, "could not refresh the work table's statistics");
+            }
+        }
+        let settled_before = self.stats.items_settled.load(Ordering::Relaxed);
+        self.drain(run.id, period)
+            .await
+            .with_context(|| format!("settling period {period}"))?;
+        let settled = self.stats.items_settled.load(Ordering::Relaxed) - settled_before;
+        if self.stopping() {
+            tracing::info!(run = run.id, %period, settled, "stopped by signal");
+            return Ok(WorkerOutcome::Stopped {
+                run_id: run.id,
+                settled,
+            });
+        }
+        let finished = finish_if_drained(pool, run.id, period, self.id).await?;
+        Ok(WorkerOutcome::Drained {
+            run_id: run.id,
+            settled,
+            finished,
+        })
+    }
+
+    async fn drain(&self, run_id: i64, period: Period) -> Result<(), settled_engine::EngineError> {
+        let opts = &self.opts;
+        let cfg = DrainConfig {
+            chunk: opts.chunk,
+            concurrency: opts.concurrency,
+            retry: opts.retry,
+            ..DrainConfig::default()
+        };
+        let scope = period.to_string();
+        let work_per_item = Duration::from_millis(opts.work_ms);
+        match opts.mode {
+            Mode::Tx => {
+                let handler = Arc::new(SettleRewards { work_per_item });
+                settled_engine::drain_in_transactions(
+                    &self.pool,
+                    queue(),
+                    run_id,
+                    &scope,
+                    handler,
+                    &cfg,
+                    self.stats.clone(),
+                )
+                .await
+            }
+            Mode::Leased => {
+                let provider = opts
+                    .provider_url
+                    .as_deref()
+                    .map(|url| HttpProvider::new(url, opts.provider_timeout))
+                    .transpose()
+                    .map_err(|e| {
+                        settled_engine::EngineError::Invariant(format!("provider: {e}"))
+                    })?;
+                let handler = Arc::new(SettleWithProvider {
+                    provider,
+                    work_per_item,
+                });
+                settled_engine::drain_leased(
+                    &self.pool,
+                    queue(),
+                    run_id,
+                    &scope,
+                    self.id,
+                    handler,
+                    &cfg,
+                    opts.leases,
+                    self.stats.clone(),
+                )
+                .await
+            }
+        }
+    }
+}
+
+/// Runs one worker until its period (or the running run, without a period)
+/// has no work left, then exits.
+pub async fn run_worker(pool: &PgPool, opts: &WorkerOptions) -> anyhow::Result<WorkerOutcome> {
+    let worker = Worker::register(pool, opts).await?;
+    let outcome = match opts.period {
+        Some(period) => worker.settle_period(period).await,
+        None => {
+            let running = {
+                let mut conn = pool.acquire().await?;
+                runs::running(&mut conn, JOB).await?
+            };
+            match running {
+                Some(run) => match Period::parse(&run.period) {
+                    Ok(period) => worker.settle_period(period).await,
+                    Err(e) => Err(anyhow::anyhow!(e)),
+                },
+                None => Ok(WorkerOutcome::NothingToDo),
             }
         }
     };
-    let joined = settlement::start_or_join_run(pool, period, worker).await?;
-    let run = joined.run;
-    if run.state != RunState::Running {
-        tracing::info!(run = run.id, %period, state = run.state.as_str(), "run is not running; nothing to do");
-        return Ok(WorkerOutcome::RunNotRunning(run.id, run.state));
-    }
-    tracing::info!(run = run.id, %period, %worker, starter = joined.started, mode = ?opts.mode, "working on run");
-    if joined.started {
-        // Input loaded moments ago may be unknown to the planner; best effort
-        // (a role that does not own the table cannot, and autovacuum will).
-        let mut conn = pool.acquire().await?;
-        if let Err(err) = queue().refresh_statistics(&mut conn).await {
-            tracing::warn!(error = %err, "could not refresh the work table's statistics");
-        }
-    }
+    worker.deregister().await;
+    outcome
+}
 
-    let stop_on_signal = tokio::spawn(stop_on_signal(stats.clone()));
-    let cfg = DrainConfig {
-        chunk: opts.chunk,
-        concurrency: opts.concurrency,
-        retry: opts.retry,
-        ..DrainConfig::default()
-    };
-    let scope = period.to_string();
-    let work_per_item = Duration::from_millis(opts.work_ms);
-    let drained = match opts.mode {
-        Mode::Tx => {
-            let handler = Arc::new(SettleRewards { work_per_item });
-            settled_engine::drain_in_transactions(
-                pool,
-                queue(),
-                run.id,
-                &scope,
-                handler,
-                &cfg,
-                stats.clone(),
-            )
-            .await
+/// Runs a worker daemon until SIGTERM/SIGINT: at each due time of the
+/// schedule it creates the run of the previous local day (or joins the one
+/// another server created), creates missed runs of the last
+/// `catch_up_days` days oldest first, settles any running run, and sleeps
+/// until the next due time, a notification, or the next poll.
+pub async fn run_daemon(
+    pool: &PgPool,
+    opts: &WorkerOptions,
+    daemon: &DaemonOptions,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        daemon.catch_up_days <= settled_engine::schedule::MAX_CATCH_UP_DAYS,
+        "--catch-up-days must be at most {}",
+        settled_engine::schedule::MAX_CATCH_UP_DAYS
+    );
+    let worker = Worker::register(pool, opts).await?;
+    let result = daemon_loop(&worker, daemon).await;
+    worker.deregister().await;
+    result
+}
+
+async fn daemon_loop(worker: &Worker, daemon: &DaemonOptions) -> anyhow::Result<()> {
+    let pool = &worker.pool;
+    let mut listener = sqlx::postgres::PgListener::connect_with(pool).await?;
+    listener
+        .listen_all([runs::RUNS_CHANNEL, runs::ITEMS_CHANNEL])
+        .await?;
+    tracing::info!(
+        worker = %worker.id, schedule = daemon.schedule.expression(), tz = %daemon.schedule.tz(),
+        catch_up_days = daemon.catch_up_days, "worker daemon started"
+    );
+    let mut skipped_once = std::collections::HashSet::new();
+    let mut poll = Duration::from_millis(250);
+    while !worker.stopping() {
+        match start_due_runs(worker, daemon, &mut skipped_once).await {
+            Ok(()) => {}
+            Err(err) => tracing::warn!(error = %format!("{err:#}"), "could not start due runs"),
         }
-        Mode::Leased => {
-            let provider = opts
-                .provider_url
-                .as_deref()
-                .map(|url| HttpProvider::new(url, opts.provider_timeout))
-                .transpose()?;
-            let handler = Arc::new(SettleWithProvider {
-                provider,
-                work_per_item,
-            });
-            settled_engine::drain_leased(
-                pool,
-                queue(),
-                run.id,
-                &scope,
-                worker,
-                handler,
-                &cfg,
-                opts.leases,
-                stats.clone(),
-            )
-            .await
+        let running = {
+            let mut conn = pool.acquire().await?;
+            runs::running(&mut conn, JOB).await?
+        };
+        if let Some(run) = running {
+            let period = Period::parse(&run.period).map_err(anyhow::Error::msg)?;
+            match worker.settle_period(period).await {
+                Ok(outcome) => tracing::info!(?outcome, "run settled"),
+                Err(err) => {
+                    tracing::warn!(error = %format!("{err:#}"), "settling failed; retrying");
+                    tokio::time::sleep(poll).await;
+                }
+            }
+            poll = Duration::from_millis(250);
+            continue;
         }
-    };
-    stop_on_signal.abort();
-    drained.with_context(|| format!("settling period {period}"))?;
-    let settled = stats.items_settled.load(Ordering::Relaxed);
-    if stats.stop.load(Ordering::Relaxed) {
-        tracing::info!(run = run.id, %period, settled, "stopped by signal");
-        return Ok(WorkerOutcome::Stopped {
-            run_id: run.id,
-            settled,
-        });
+        // Idle: until the next due time, a notification, or the next poll.
+        let now: chrono::DateTime<chrono::Utc> =
+            sqlx::query_scalar("SELECT now()").fetch_one(pool).await?;
+        let until_due = daemon
+            .schedule
+            .next_after(now)
+            .and_then(|t| (t - now).to_std().ok())
+            .unwrap_or(daemon.max_poll);
+        let wait = poll.min(until_due + Duration::from_millis(50));
+        tokio::select! {
+            notification = listener.recv() => {
+                if let Ok(n) = notification {
+                    tracing::debug!(channel = n.channel(), payload = n.payload(), "woken by notification");
+                }
+                poll = Duration::from_millis(250);
+            }
+            _ = tokio::time::sleep(wait) => {
+                poll = (poll * 2).min(daemon.max_poll);
+            }
+        }
     }
-    let finished = finish_if_drained(pool, run.id, period, worker).await?;
-    Ok(WorkerOutcome::Drained {
-        run_id: run.id,
-        settled,
-        finished,
-    })
+    Ok(())
+}
+
+/// Creates the runs the schedule made due in the catch-up window, oldest
+/// first. Exactly one worker's insert creates each run; a period whose run
+/// exists (in any state) is left alone; an older running run goes first.
+async fn start_due_runs(
+    worker: &Worker,
+    daemon: &DaemonOptions,
+    skipped_once: &mut std::collections::HashSet<Period>,
+) -> anyhow::Result<()> {
+    let pool = &worker.pool;
+    let now: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT now()").fetch_one(pool).await?;
+    let from = now - chrono::Duration::days(i64::from(daemon.catch_up_days.max(1)));
+    for (fired_at, local_date) in daemon.schedule.fire_times(from, now) {
+        let period = Period::from_date(local_date - chrono::Duration::days(1));
+        let mut conn = pool.acquire().await?;
+        if runs::find(&mut conn, JOB, &period.to_string())
+            .await?
+            .is_some()
+        {
+            continue;
+        }
+        let (has_policy, items): (bool, i64) = sqlx::query_as(
+            "SELECT EXISTS (SELECT 1 FROM settlement.settlement_policy WHERE period = $1),
+                    (SELECT count(*) FROM (SELECT 1 FROM settlement.token_trade_volume WHERE period = $1 LIMIT 1) x)",
+        )
+        .bind(period.date())
+        .fetch_one(&mut *conn)
+        .await?;
+        drop(conn);
+        if !has_policy || items == 0 {
+            if skipped_once.insert(period) {
+                tracing::warn!(
+                    %period, %fired_at, has_policy, has_items = items > 0,
+                    "due, but not started: a run needs a policy and input (it will start once both exist)"
+                );
+            }
+            continue;
+        }
+        match settlement::start_or_join_run(pool, period, worker.id).await {
+            Ok(joined) if joined.started => {
+                let late = now - fired_at > chrono::Duration::minutes(1);
+                tracing::info!(run = joined.run.id, %period, %fired_at, catch_up = late, "started the run");
+            }
+            Ok(_) => {}
+            Err(err)
+                if err
+                    .downcast_ref::<settled_engine::EngineError>()
+                    .is_some_and(|e| {
+                        matches!(e, settled_engine::EngineError::OtherRunActive { .. })
+                    }) =>
+            {
+                // One running run per job: the rest wait their turn, oldest first.
+                break;
+            }
+            Err(err) => return Err(err),
+        }
+    }
+    Ok(())
 }
 
 /// Marks the run finished when no item is left to do; only one worker wins.
@@ -232,10 +428,21 @@ pub async fn finish_if_drained(
 
 async fn heartbeat_loop(pool: PgPool, worker: Uuid, stats: Arc<DrainStats>) {
     let mut tick = tokio::time::interval(Duration::from_secs(WORKER_HEARTBEAT_SECS));
+    let mut beats = 0u64;
     loop {
         tick.tick().await;
         if let Err(err) = workers::heartbeat(&pool, worker, &stats).await {
             tracing::warn!(error = %err, "worker heartbeat failed");
+        }
+        beats += 1;
+        if beats % 12 == 1 {
+            match workers::mark_dead_and_prune(&pool).await {
+                Ok((0, 0)) => {}
+                Ok((dead, pruned)) => {
+                    tracing::info!(dead, pruned, "worker registry: marked dead, pruned")
+                }
+                Err(err) => tracing::warn!(error = %err, "worker registry upkeep failed"),
+            }
         }
     }
 }
