@@ -143,16 +143,28 @@ impl LeaseKeeper {
         self.len() == 0
     }
 
-    /// Renews every lease this worker holds (one statement), then extends
+    /// Renews every lease this worker knows it holds (one statement), then extends
     /// the deadlines of those the database still shows as ours and drops
     /// the others (rescued: lost).
     pub async fn renew(&self, pool: &PgPool, queue: &WorkQueue) -> Result<usize, EngineError> {
+        let held: Vec<(String, i32)> = self
+            .held
+            .lock()
+            .expect("lease map")
+            .keys()
+            .cloned()
+            .collect();
+        if held.is_empty() {
+            return Ok(0);
+        }
         let sent = Instant::now();
         let mut conn = pool
             .acquire()
             .await
             .map_err(EngineError::db("acquiring a connection"))?;
-        let still_ours = queue.renew_leases(&mut conn, self.worker, self.ttl).await?;
+        let still_ours = queue
+            .renew_leases(&mut conn, self.worker, self.ttl, &held)
+            .await?;
         let still_ours: std::collections::HashSet<(String, i32)> = still_ours.into_iter().collect();
         let mut held = self.held.lock().expect("lease map");
         let mut lost = 0;

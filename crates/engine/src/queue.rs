@@ -219,12 +219,16 @@ impl WorkQueue {
              WHERE t.{scope} = picked.scope AND t.{key} = picked.key AND t.status = 'eligible'
              RETURNING t.{key}::text AS key, t.attempt AS fence"
         );
-        // One statement per worker per heartbeat, whatever it holds.
+        // One statement per worker per heartbeat, for the leases it knows it
+        // holds. A lease whose claim committed but whose answer was lost
+        // (the connection dropped) is not renewed: it expires and is rescued.
         let renew_leases = format!(
-            "UPDATE {table}
+            "UPDATE {table} t
              SET lease_until = now() + $2 * interval '1 millisecond'
-             WHERE status = 'processing' AND lease_owner = $1
-             RETURNING {key}::text AS key, attempt AS fence"
+             FROM unnest(CAST($3 AS {key_type}[]), CAST($4 AS integer[])) AS f(key, fence)
+             WHERE t.{key} = f.key AND t.attempt = f.fence
+               AND t.status = 'processing' AND t.lease_owner = $1
+             RETURNING t.{key}::text AS key, t.attempt AS fence"
         );
         // The fenced write: only the claim that holds the item's current
         // attempt can complete it. Returns the keys it accepted.
@@ -419,17 +423,21 @@ impl WorkQueue {
         read_keyed(&rows, "reading a leased chunk")
     }
 
-    /// Extends every lease `worker` holds to `now() + ttl`, in one statement.
-    /// Returns the (key, fence) pairs it still holds.
+    /// Extends the leases `worker` holds with these (key, fence) pairs to
+    /// `now() + ttl`, in one statement. Returns the pairs it still holds.
     pub async fn renew_leases(
         &self,
         conn: &mut PgConnection,
         worker: Uuid,
         ttl: Duration,
+        held: &[(String, i32)],
     ) -> Result<Vec<(String, i32)>, EngineError> {
+        let (keys, fences): (Vec<String>, Vec<i32>) = held.iter().cloned().unzip();
         let rows = sqlx::query(&self.sql.renew_leases)
             .bind(worker)
             .bind(ttl.as_millis() as i64)
+            .bind(keys)
+            .bind(fences)
             .fetch_all(conn)
             .await
             .map_err(EngineError::db("renewing leases"))?;

@@ -252,6 +252,11 @@ pub async fn chaos(opts: ChaosOptions) -> anyhow::Result<ChaosReport> {
     admin.close().await?;
     let url = settled_testkit::with_database(&admin_url, &db_name);
     let result = run_chaos(&opts, &url, server.as_ref(), scratch.path()).await;
+    let failed = !matches!(&result, Ok(report) if report.ok);
+    if failed {
+        // Keep what explains the failure: the workers' logs, and the state.
+        eprintln!("{}", diagnose(&url).await);
+    }
 
     if let Ok(mut admin) = PgConnection::connect(&admin_url).await {
         let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {db_name} WITH (FORCE)"))
@@ -261,7 +266,43 @@ pub async fn chaos(opts: ChaosOptions) -> anyhow::Result<ChaosReport> {
     if let Some(server) = server {
         tokio::task::spawn_blocking(move || server.stop()).await??;
     }
+    if failed {
+        let kept = scratch.keep();
+        eprintln!("chaos: worker logs kept in {}", kept.display());
+    }
     result
+}
+
+/// What the database looks like, for a failed chaos run.
+async fn diagnose(url: &str) -> String {
+    let Ok(mut conn) = PgConnection::connect(url).await else {
+        return "chaos: could not connect to diagnose".into();
+    };
+    let mut out = String::from("chaos: state at failure\n");
+    let queries = [
+        "SELECT status || ': ' || count(*) FROM settlement.token_trade_volume GROUP BY status",
+        "SELECT 'processing ' || creator || ' attempt ' || attempt || ' owner ' || coalesce(lease_owner::text, '-')
+                || ' expires in ' || coalesce(round(extract(epoch FROM lease_until - now()))::text, '-') || ' s'
+         FROM settlement.token_trade_volume WHERE status = 'processing' ORDER BY lease_until LIMIT 10",
+        "SELECT 'eligible, waiting until ' || not_before::text || ': ' || count(*) FROM settlement.token_trade_volume
+         WHERE status = 'eligible' AND not_before > now() GROUP BY not_before ORDER BY not_before DESC LIMIT 5",
+        "SELECT 'run ' || id || ' ' || period || ' ' || state FROM settled_engine.runs",
+        "SELECT 'worker ' || pid || ' ' || coalesce(ended, 'alive') || ' heartbeat ' || heartbeat_at::text
+                || ' settled ' || items_settled FROM settled_engine.workers ORDER BY started_at",
+        "SELECT 'backend ' || pid || ' ' || coalesce(application_name, '') || ' ' || coalesce(state, '') || ' '
+                || coalesce(wait_event, '') || ' ' || left(query, 80)
+         FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    ];
+    for q in queries {
+        match sqlx::query_scalar::<_, String>(q)
+            .fetch_all(&mut conn)
+            .await
+        {
+            Ok(rows) => rows.iter().for_each(|r| out.push_str(&format!("  {r}\n"))),
+            Err(e) => out.push_str(&format!("  ({e})\n")),
+        }
+    }
+    out
 }
 
 async fn run_chaos(

@@ -55,7 +55,7 @@ async fn sigkill_mid_chunk_rolls_back_and_the_rest_settles_once() {
         "never saw the worker between its writes and its commit"
     );
     kill(Pid::from_raw(victim.id() as i32), Signal::SIGKILL).unwrap();
-    victim.wait().unwrap();
+    common::wait_bounded(&mut victim, 180);
 
     // Its backends notice the dead client and roll back; wait for them to go.
     for _ in 0..200 {
@@ -105,7 +105,7 @@ async fn sigkill_mid_chunk_rolls_back_and_the_rest_settles_once() {
         })
         .collect();
     for child in &mut rest {
-        assert!(child.wait().unwrap().success());
+        assert!(common::wait_bounded(child, 180).success());
     }
     env.run_ok(&["verify", "--period", "2026-11-28"]);
     assert_eq!(

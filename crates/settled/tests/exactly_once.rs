@@ -38,7 +38,10 @@ async fn eight_worker_processes_settle_20000_creators_exactly_once() {
         })
         .collect();
     for child in &mut children {
-        assert!(child.wait().unwrap().success(), "a worker failed");
+        assert!(
+            common::wait_bounded(child, 180).success(),
+            "a worker failed"
+        );
     }
 
     assert_eq!(

@@ -41,7 +41,7 @@ async fn a_sigkilled_workers_leases_are_rescued_and_settled_by_others() {
     })
     .await;
     signal(&victim, Signal::SIGKILL);
-    victim.wait().unwrap();
+    common::wait_bounded(&mut victim, 180);
     let orphaned: Vec<String> = sqlx::query_scalar(
         "SELECT creator FROM settlement.token_trade_volume WHERE status = 'processing'",
     )
@@ -53,7 +53,7 @@ async fn a_sigkilled_workers_leases_are_rescued_and_settled_by_others() {
     let mut args = LEASED_FAST.to_vec();
     args.extend(["--chunk", "50"]);
     let mut rescuer = worker(&env, &args);
-    assert!(rescuer.wait().unwrap().success());
+    assert!(common::wait_bounded(&mut rescuer, 180).success());
     // The orphans went through the rescuer (lease expired) and were paid once.
     let rescued: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM settlement.token_trade_volume
@@ -100,7 +100,7 @@ async fn a_zombies_completion_is_refused_by_the_fence_and_nothing_is_paid_twice(
     let mut args = LEASED_FAST.to_vec();
     args.extend(["--chunk", "50", "--provider-url", &sim.url]);
     let mut other = worker(&env, &args);
-    assert!(other.wait().unwrap().success());
+    assert!(common::wait_bounded(&mut other, 180).success());
     assert_eq!(
         env.scalar_i64(
             "SELECT count(*) FROM settlement.token_trade_volume WHERE status = 'settled'"
@@ -111,7 +111,7 @@ async fn a_zombies_completion_is_refused_by_the_fence_and_nothing_is_paid_twice(
 
     // It wakes up, tries to complete what it paid, and is refused.
     signal(&zombie, Signal::SIGCONT);
-    assert!(zombie.wait().unwrap().success());
+    assert!(common::wait_bounded(&mut zombie, 180).success());
     let rejected = env
         .scalar_i64("SELECT max(fence_rejections) FROM settled_engine.workers")
         .await;
@@ -152,7 +152,7 @@ async fn applied_then_timed_out_never_pays_twice() {
     ]);
     let mut children: Vec<_> = (0..2).map(|_| worker(&env, &args)).collect();
     for child in &mut children {
-        assert!(child.wait().unwrap().success());
+        assert!(common::wait_bounded(child, 180).success());
     }
     let counters = sim.counters().await;
     assert!(
@@ -269,7 +269,7 @@ async fn sigterm_gives_back_held_items_and_exits_zero() {
     })
     .await;
     signal(&child, Signal::SIGTERM);
-    let status = child.wait().unwrap();
+    let status = common::wait_bounded(&mut child, 180);
     assert!(status.success(), "{status}");
     assert_eq!(processing_of(&env).await, 0, "held items must be released");
     // Released items keep their attempt (the fence only grows).

@@ -104,7 +104,7 @@ async fn workers_survive_a_postgres_restart_mid_run() {
         drop(conn);
         tokio::task::block_in_place(|| server.restart()).unwrap();
         for worker in &mut workers {
-            let status = worker.wait().unwrap();
+            let status = common::wait_bounded(worker, 180);
             assert!(
                 status.success(),
                 "{mode}: a worker did not survive the restart: {status}"

@@ -158,3 +158,20 @@ pub const LEASED_FAST: &[&str] = &[
     "--shutdown-grace-ms",
     "300",
 ];
+
+/// Waits for a child process, killing it and failing the test after `secs`:
+/// a test must end by itself, whatever the code under test does.
+pub fn wait_bounded(child: &mut std::process::Child, secs: u64) -> std::process::ExitStatus {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        if let Some(status) = child.try_wait().expect("wait for child") {
+            return status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("process {} did not end within {secs} s", child.id());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
