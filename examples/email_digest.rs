@@ -10,9 +10,7 @@
 
 use std::sync::Arc;
 
-use settled_engine::{
-    runs, Chunk, ChunkHandler, DrainConfig, DrainStats, HandlerError, QueueSpec, WorkQueue,
-};
+use settled_engine::{runs, Chunk, ChunkHandler, DrainConfig, DrainStats, Handled, HandlerError, QueueSpec, WorkQueue};
 use sqlx::{PgConnection, PgPool};
 
 const SCHEMA_SQL: &[&str] = &[
@@ -44,7 +42,7 @@ const SCHEMA_SQL: &[&str] = &[
 struct SendDigests;
 
 impl ChunkHandler for SendDigests {
-    async fn handle_chunk(&self, tx: &mut PgConnection, chunk: &Chunk) -> Result<(), HandlerError> {
+    async fn handle_chunk(&self, tx: &mut PgConnection, chunk: &Chunk) -> Result<Handled, HandlerError> {
         sqlx::query(
             "INSERT INTO digest.sent (week, subscriber, body)
              SELECT week, subscriber, 'Your ' || topic || ' digest for the week of ' || week
@@ -54,17 +52,13 @@ impl ChunkHandler for SendDigests {
         .bind(chunk.keys())
         .execute(tx)
         .await?;
-        Ok(())
+        Ok(Handled::default())
     }
 }
 
 /// Enqueues `subscribers` digests for `week`, drains them with four claim
 /// loops, and returns (digests sent, subscribers enqueued).
-pub async fn send_weekly_digests(
-    pool: &PgPool,
-    week: &str,
-    subscribers: i64,
-) -> anyhow::Result<(i64, i64)> {
+pub async fn send_weekly_digests(pool: &PgPool, week: &str, subscribers: i64) -> anyhow::Result<(i64, i64)> {
     settled_engine::migrate::migrate(pool).await?;
     for statement in SCHEMA_SQL {
         sqlx::query(statement).execute(pool).await?;
@@ -91,9 +85,7 @@ pub async fn send_weekly_digests(
     let worker = settled_engine::workers::register(pool, "example").await?;
     let run = {
         let mut conn = pool.acquire().await?;
-        runs::start_or_join(&mut conn, queue.job(), week, worker)
-            .await?
-            .run
+        runs::start_or_join(&mut conn, queue.job(), week, worker).await?.run
     };
     let stats = Arc::new(DrainStats::default());
     let cfg = DrainConfig {
@@ -101,34 +93,19 @@ pub async fn send_weekly_digests(
         concurrency: 4,
         ..DrainConfig::default()
     };
-    settled_engine::drain_in_transactions(
-        pool,
-        queue.clone(),
-        run.id,
-        week,
-        Arc::new(SendDigests),
-        &cfg,
-        stats,
-    )
-    .await?;
+    settled_engine::drain_in_transactions(pool, queue.clone(), run.id, week, Arc::new(SendDigests), &cfg, stats)
+        .await?;
     let mut conn = pool.acquire().await?;
     let counts = queue.count_by_status(&mut conn, week).await?;
-    runs::finish(
-        &mut conn,
-        run.id,
-        worker,
-        &serde_json::json!({ "counts": counts }),
-    )
-    .await?;
+    runs::finish(&mut conn, run.id, worker, &serde_json::json!({ "counts": counts })).await?;
     let sent: i64 = sqlx::query_scalar("SELECT count(*) FROM digest.sent WHERE week = $1::date")
         .bind(week)
         .fetch_one(&mut *conn)
         .await?;
-    let enqueued: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM digest.outbox WHERE week = $1::date")
-            .bind(week)
-            .fetch_one(&mut *conn)
-            .await?;
+    let enqueued: i64 = sqlx::query_scalar("SELECT count(*) FROM digest.outbox WHERE week = $1::date")
+        .bind(week)
+        .fetch_one(&mut *conn)
+        .await?;
     Ok((sent, enqueued))
 }
 

@@ -24,7 +24,9 @@ pub enum EngineError {
         value: String,
     },
     /// Another run of the same job is still running.
-    #[error("job {job:?} already has a running run (id {run_id}, period {period}); it must finish or be cancelled first")]
+    #[error(
+        "job {job:?} already has a running run (id {run_id}, period {period}); it must finish or be cancelled first"
+    )]
     OtherRunActive {
         /// The job.
         job: String,
@@ -100,9 +102,7 @@ pub fn is_transient_sqlx(err: &sqlx::Error) -> bool {
             let code = db.code().unwrap_or_default();
             // 40: transaction rollback (serialization, deadlock); 53: resources;
             // 57: operator intervention (shutdown, terminated backend); 08: connection.
-            ["40", "53", "57", "08"]
-                .iter()
-                .any(|class| code.starts_with(class))
+            ["40", "53", "57", "08"].iter().any(|class| code.starts_with(class))
         }
         sqlx::Error::Io(_)
         | sqlx::Error::PoolTimedOut

@@ -70,6 +70,14 @@ impl Chunk {
     }
 }
 
+/// What a handler did with a chunk.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Handled {
+    /// Keys the application put on hold instead of working on them: they
+    /// become `held` (final for this run) in the same transaction.
+    pub held: Vec<String>,
+}
+
 /// The application's work for a chunk, done on the claiming transaction.
 ///
 /// It must do its effects with set-based statements on `tx` (one statement
@@ -82,7 +90,29 @@ pub trait ChunkHandler: Send + Sync + 'static {
         &'a self,
         tx: &'a mut PgConnection,
         chunk: &'a Chunk,
-    ) -> impl Future<Output = Result<(), HandlerError>> + Send + 'a;
+    ) -> impl Future<Output = Result<Handled, HandlerError>> + Send + 'a;
+}
+
+/// Marks a handled chunk: held keys `held`, the rest `settled`.
+async fn mark_handled(
+    tx: &mut PgConnection,
+    queue: &WorkQueue,
+    chunk: &Chunk,
+    handled: &Handled,
+) -> Result<usize, EngineError> {
+    let settled: Vec<String> = chunk
+        .items
+        .iter()
+        .filter(|i| !handled.held.contains(&i.key))
+        .map(|i| i.key.clone())
+        .collect();
+    if !handled.held.is_empty() {
+        queue.mark_held_in_tx(tx, &chunk.scope, &handled.held).await?;
+    }
+    if !settled.is_empty() {
+        queue.mark_settled_in_tx(tx, &chunk.scope, &settled).await?;
+    }
+    Ok(settled.len())
 }
 
 /// How to drain a run.
@@ -117,6 +147,8 @@ impl Default for DrainConfig {
 pub struct DrainStats {
     /// Items this process settled.
     pub items_settled: AtomicU64,
+    /// Items this process marked held (the application refused them for now).
+    pub items_held: AtomicU64,
     /// Items that went to `failed` from this process.
     pub items_failed: AtomicU64,
     /// Failed attempts sent back to retry later.
@@ -196,8 +228,7 @@ pub(crate) async fn join_loops(
 ) -> Result<(), EngineError> {
     let mut first_error = None;
     while let Some(joined) = loops.join_next().await {
-        let result = joined
-            .unwrap_or_else(|e| Err(EngineError::Invariant(format!("claim loop panicked: {e}"))));
+        let result = joined.unwrap_or_else(|e| Err(EngineError::Invariant(format!("claim loop panicked: {e}"))));
         if let Err(err) = result {
             stats.stop.store(true, Ordering::Relaxed);
             first_error.get_or_insert(err);
@@ -294,38 +325,26 @@ async fn settle_one_chunk<H: ChunkHandler>(
     cfg: &DrainConfig,
     stats: &DrainStats,
 ) -> Result<Step, EngineError> {
-    let mut tx = pool
-        .begin()
-        .await
-        .map_err(EngineError::db("beginning a transaction"))?;
+    let mut tx = pool.begin().await.map_err(EngineError::db("beginning a transaction"))?;
     let started = Instant::now();
-    let claimed = queue
-        .claim_chunk_in_tx(&mut tx, scope, cfg.chunk, run_id)
-        .await?;
+    let claimed = queue.claim_chunk_in_tx(&mut tx, scope, cfg.chunk, run_id).await?;
     stats.claims.fetch_add(1, Ordering::Relaxed);
     stats
         .claim_micros
         .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
     if claimed.is_empty() {
         let step = idle_or_drained(&mut tx, queue, run_id, scope).await?;
-        tx.rollback()
-            .await
-            .map_err(EngineError::db("ending an empty claim"))?;
+        tx.rollback().await.map_err(EngineError::db("ending an empty claim"))?;
         return Ok(step);
     }
     let chunk = Chunk::from_pairs(run_id, scope, claimed);
     match handler.handle_chunk(&mut tx, &chunk).await {
-        Ok(()) => {
-            queue
-                .mark_settled_in_tx(&mut tx, scope, &chunk.keys())
-                .await?;
-            tx.commit()
-                .await
-                .map_err(EngineError::db("committing a chunk"))?;
+        Ok(handled) => {
+            let settled = mark_handled(&mut tx, queue, &chunk, &handled).await?;
+            tx.commit().await.map_err(EngineError::db("committing a chunk"))?;
             stats.chunks_committed.fetch_add(1, Ordering::Relaxed);
-            stats
-                .items_settled
-                .fetch_add(chunk.items.len() as u64, Ordering::Relaxed);
+            stats.items_settled.fetch_add(settled as u64, Ordering::Relaxed);
+            stats.items_held.fetch_add(handled.held.len() as u64, Ordering::Relaxed);
             Ok(Step::Worked)
         }
         Err(err) => {
@@ -375,12 +394,8 @@ async fn isolate_failure<H: ChunkHandler>(
                     &cfg.retry,
                 )
                 .await?;
-            stats
-                .items_failed
-                .fetch_add(outcome.failed, Ordering::Relaxed);
-            stats
-                .items_retried
-                .fetch_add(outcome.retried, Ordering::Relaxed);
+            stats.items_failed.fetch_add(outcome.failed, Ordering::Relaxed);
+            stats.items_retried.fetch_add(outcome.retried, Ordering::Relaxed);
             tracing::warn!(
                 run = chunk.run_id, period = %chunk.scope, item = %item.key, attempt = item.fence,
                 failed = outcome.failed == 1, error = %err, "item failed"
@@ -391,30 +406,20 @@ async fn isolate_failure<H: ChunkHandler>(
         let mid = chunk.items.len() / 2;
         for half in [chunk.items[..mid].to_vec(), chunk.items[mid..].to_vec()] {
             let keys: Vec<String> = half.iter().map(|i| i.key.clone()).collect();
-            let mut tx = pool
-                .begin()
-                .await
-                .map_err(EngineError::db("beginning a transaction"))?;
+            let mut tx = pool.begin().await.map_err(EngineError::db("beginning a transaction"))?;
             let locked = queue.lock_keys_in_tx(&mut tx, &chunk.scope, &keys).await?;
             if locked.is_empty() {
-                tx.rollback()
-                    .await
-                    .map_err(EngineError::db("ending an empty retry"))?;
+                tx.rollback().await.map_err(EngineError::db("ending an empty retry"))?;
                 continue;
             }
             let part = Chunk::from_pairs(chunk.run_id, &chunk.scope, locked);
             match handler.handle_chunk(&mut tx, &part).await {
-                Ok(()) => {
-                    queue
-                        .mark_settled_in_tx(&mut tx, &part.scope, &part.keys())
-                        .await?;
-                    tx.commit()
-                        .await
-                        .map_err(EngineError::db("committing a chunk"))?;
+                Ok(handled) => {
+                    let settled = mark_handled(&mut tx, queue, &part, &handled).await?;
+                    tx.commit().await.map_err(EngineError::db("committing a chunk"))?;
                     stats.chunks_committed.fetch_add(1, Ordering::Relaxed);
-                    stats
-                        .items_settled
-                        .fetch_add(part.items.len() as u64, Ordering::Relaxed);
+                    stats.items_settled.fetch_add(settled as u64, Ordering::Relaxed);
+                    stats.items_held.fetch_add(handled.held.len() as u64, Ordering::Relaxed);
                 }
                 Err(half_err) => {
                     let _ = tx.rollback().await;

@@ -39,6 +39,9 @@ pub trait LeasedHandler: Send + Sync + 'static {
         chunk: &'a Chunk,
     ) -> impl Future<Output = Result<Self::Batch, HandlerError>> + Send + 'a;
 
+    /// Keys of the chunk not to work on now (on hold): marked `held`.
+    fn held(&self, batch: &Self::Batch) -> Vec<String>;
+
     /// Does one item's work outside any transaction. It must be idempotent
     /// per item (an item may be worked on again after a crash or a lost
     /// lease): send an idempotency key derived from the item.
@@ -147,13 +150,7 @@ impl LeaseKeeper {
     /// the deadlines of those the database still shows as ours and drops
     /// the others (rescued: lost).
     pub async fn renew(&self, pool: &PgPool, queue: &WorkQueue) -> Result<usize, EngineError> {
-        let held: Vec<(String, i32)> = self
-            .held
-            .lock()
-            .expect("lease map")
-            .keys()
-            .cloned()
-            .collect();
+        let held: Vec<(String, i32)> = self.held.lock().expect("lease map").keys().cloned().collect();
         if held.is_empty() {
             return Ok(0);
         }
@@ -162,9 +159,7 @@ impl LeaseKeeper {
             .acquire()
             .await
             .map_err(EngineError::db("acquiring a connection"))?;
-        let still_ours = queue
-            .renew_leases(&mut conn, self.worker, self.ttl, &held)
-            .await?;
+        let still_ours = queue.renew_leases(&mut conn, self.worker, self.ttl, &held).await?;
         let still_ours: std::collections::HashSet<(String, i32)> = still_ours.into_iter().collect();
         let mut held = self.held.lock().expect("lease map");
         let mut lost = 0;
@@ -253,12 +248,9 @@ pub async fn drain_leased<H: LeasedHandler>(
             keeper: keeper.clone(),
             hard_stop: hard_stop.clone(),
         };
-        loops.spawn(async move {
-            run_loop(&ctx.stats, &ctx.cfg, ctx.run_id, &ctx.scope, || {
-                ctx.lease_one_chunk()
-            })
-            .await
-        });
+        loops.spawn(
+            async move { run_loop(&ctx.stats, &ctx.cfg, ctx.run_id, &ctx.scope, || ctx.lease_one_chunk()).await },
+        );
     }
     let result = join_loops(loops, &stats).await;
     grace.abort();
@@ -274,11 +266,7 @@ pub async fn drain_leased<H: LeasedHandler>(
 }
 
 /// Once a stop is requested, allows in-flight work `grace` to finish.
-async fn hard_stop_after_grace(
-    stats: Arc<DrainStats>,
-    hard_stop: Arc<std::sync::atomic::AtomicBool>,
-    grace: Duration,
-) {
+async fn hard_stop_after_grace(stats: Arc<DrainStats>, hard_stop: Arc<std::sync::atomic::AtomicBool>, grace: Duration) {
     while !stats.stop.load(Ordering::Relaxed) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -342,10 +330,26 @@ impl<H: LeasedHandler> LoopCtx<H> {
                 return self.record_failure(chunk, &all, &err).await;
             }
         };
+        let held = self.handler.held(&batch);
+        if !held.is_empty() {
+            let pairs: Vec<(String, i32)> = chunk
+                .items
+                .iter()
+                .filter(|i| held.contains(&i.key))
+                .map(|i| (i.key.clone(), i.fence))
+                .collect();
+            let mut conn = self
+                .pool
+                .acquire()
+                .await
+                .map_err(EngineError::db("acquiring a connection"))?;
+            let marked = self.queue.hold_fenced(&mut conn, &chunk.scope, &pairs).await?;
+            self.stats.items_held.fetch_add(marked, Ordering::Relaxed);
+        }
         let mut done = Vec::new();
         let mut failed: Vec<(ClaimedItem, HandlerError)> = Vec::new();
         let mut abandoned = Vec::new();
-        for item in &chunk.items {
+        for item in chunk.items.iter().filter(|i| !held.contains(&i.key)) {
             if self.hard_stop.load(Ordering::Relaxed) || !self.keeper.is_held(item) {
                 abandoned.push(item.clone());
                 continue;
@@ -378,9 +382,7 @@ impl<H: LeasedHandler> LoopCtx<H> {
                     .queue
                     .release_leases(&mut conn, self.worker, Some(&still_ours))
                     .await?;
-                self.stats
-                    .leases_released
-                    .fetch_add(released, Ordering::Relaxed);
+                self.stats.leases_released.fetch_add(released, Ordering::Relaxed);
             }
             tracing::warn!(
                 run = self.run_id, period = %self.scope, abandoned = abandoned.len(),
@@ -400,17 +402,13 @@ impl<H: LeasedHandler> LoopCtx<H> {
             loop {
                 match self.complete_once(&part).await {
                     Ok(()) => break,
-                    Err(CompleteError::Engine(err))
-                        if err.is_transient() && attempt < COMPLETION_RETRIES =>
-                    {
+                    Err(CompleteError::Engine(err)) if err.is_transient() && attempt < COMPLETION_RETRIES => {
                         attempt += 1;
                         tracing::warn!(run = self.run_id, error = %err, attempt, "completion failed; retrying");
                         tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
                     }
                     Err(CompleteError::Engine(err)) => return Err(err),
-                    Err(CompleteError::Handler(err))
-                        if part.items.len() > 1 && err.is_permanent() =>
-                    {
+                    Err(CompleteError::Handler(err)) if part.items.len() > 1 && err.is_permanent() => {
                         self.stats.chunks_split.fetch_add(1, Ordering::Relaxed);
                         let mid = part.items.len() / 2;
                         pending.push(part.with_items(part.items[mid..].to_vec()));
@@ -434,37 +432,19 @@ impl<H: LeasedHandler> LoopCtx<H> {
             .begin()
             .await
             .map_err(EngineError::db("beginning a transaction"))?;
-        let pairs: Vec<(String, i32)> = part
-            .items
-            .iter()
-            .map(|i| (i.key.clone(), i.fence))
-            .collect();
-        let accepted = self
-            .queue
-            .complete_fenced(&mut tx, &part.scope, &pairs)
-            .await?;
+        let pairs: Vec<(String, i32)> = part.items.iter().map(|i| (i.key.clone(), i.fence)).collect();
+        let accepted = self.queue.complete_fenced(&mut tx, &part.scope, &pairs).await?;
         let accepted: std::collections::HashSet<String> = accepted.into_iter().collect();
-        let (kept, rejected): (Vec<ClaimedItem>, Vec<ClaimedItem>) = part
-            .items
-            .iter()
-            .cloned()
-            .partition(|i| accepted.contains(&i.key));
+        let (kept, rejected): (Vec<ClaimedItem>, Vec<ClaimedItem>) =
+            part.items.iter().cloned().partition(|i| accepted.contains(&i.key));
         if !kept.is_empty() {
-            if let Err(err) = self
-                .handler
-                .commit(&mut tx, &part.with_items(kept.clone()))
-                .await
-            {
+            if let Err(err) = self.handler.commit(&mut tx, &part.with_items(kept.clone())).await {
                 let _ = tx.rollback().await;
                 return Err(CompleteError::Handler(err));
             }
         }
-        tx.commit()
-            .await
-            .map_err(EngineError::db("committing a completion"))?;
-        self.stats
-            .items_settled
-            .fetch_add(kept.len() as u64, Ordering::Relaxed);
+        tx.commit().await.map_err(EngineError::db("committing a completion"))?;
+        self.stats.items_settled.fetch_add(kept.len() as u64, Ordering::Relaxed);
         self.stats.chunks_committed.fetch_add(1, Ordering::Relaxed);
         if !rejected.is_empty() {
             self.stats
@@ -503,12 +483,8 @@ impl<H: LeasedHandler> LoopCtx<H> {
                 &self.cfg.retry,
             )
             .await?;
-        self.stats
-            .items_failed
-            .fetch_add(outcome.failed, Ordering::Relaxed);
-        self.stats
-            .items_retried
-            .fetch_add(outcome.retried, Ordering::Relaxed);
+        self.stats.items_failed.fetch_add(outcome.failed, Ordering::Relaxed);
+        self.stats.items_retried.fetch_add(outcome.retried, Ordering::Relaxed);
         for item in items {
             tracing::warn!(
                 run = self.run_id, period = %chunk.scope, item = %item.key, attempt = item.fence,

@@ -17,8 +17,11 @@
 
 pub mod error;
 pub mod executor;
+pub mod idempotency;
 pub mod leased;
 pub mod migrate;
+pub mod named_lease;
+pub mod once_token;
 pub mod queue;
 pub mod rescuer;
 pub mod runs;
@@ -27,9 +30,7 @@ pub mod status;
 pub mod workers;
 
 pub use error::{EngineError, HandlerError};
-pub use executor::{
-    drain_in_transactions, Chunk, ChunkHandler, ClaimedItem, DrainConfig, DrainStats,
-};
+pub use executor::{drain_in_transactions, Chunk, ChunkHandler, ClaimedItem, DrainConfig, DrainStats, Handled};
 pub use leased::{drain_leased, LeaseConfig, LeaseKeeper, LeasedHandler};
 pub use queue::{FailOutcome, QueueSpec, RetryPolicy, WorkQueue};
 pub use runs::{Run, RunState};

@@ -20,23 +20,14 @@ pub const REQUIRED_INDEXES: &[&str] = &[
 
 /// Columns a work table must have besides its scope and key columns.
 pub const REQUIRED_COLUMNS: &[(&str, &str)] = &[
-    (
-        "status",
-        "text: one of eligible, processing, settled, failed, held",
-    ),
+    ("status", "text: one of eligible, processing, settled, failed, held"),
     (
         "attempt",
         "integer NOT NULL DEFAULT 0: the fence, raised by every claim",
     ),
     ("lease_owner", "uuid: the worker holding a lease"),
-    (
-        "lease_until",
-        "timestamptz: when the lease expires (database clock)",
-    ),
-    (
-        "not_before",
-        "timestamptz: do not claim before (retry backoff)",
-    ),
+    ("lease_until", "timestamptz: when the lease expires (database clock)"),
+    ("not_before", "timestamptz: do not claim before (retry backoff)"),
     ("last_error", "text: why the last attempt failed"),
     ("updated_at", "timestamptz: last change"),
 ];
@@ -74,6 +65,8 @@ struct QueueSql {
     claim_in_tx: String,
     lock_keys_in_tx: String,
     mark_settled_in_tx: String,
+    mark_held_in_tx: String,
+    hold_fenced: String,
     fail_unclaimed: String,
     claim_leased: String,
     renew_leases: String,
@@ -88,11 +81,7 @@ struct QueueSql {
     stale_statistics: String,
 }
 
-fn check_identifier(
-    field: &'static str,
-    value: &str,
-    allow_schema: bool,
-) -> Result<(), EngineError> {
+fn check_identifier(field: &'static str, value: &str, allow_schema: bool) -> Result<(), EngineError> {
     let part_ok = |p: &str| {
         !p.is_empty()
             && p.len() <= 63
@@ -170,16 +159,27 @@ impl WorkQueue {
                AND {key} = ANY(CAST($2 AS {key_type}[]))
                AND status = 'eligible'"
         );
+        // Items the application put on hold: not worked on in this run.
+        let mark_held_in_tx = format!(
+            "UPDATE {table}
+             SET status = 'held', attempt = attempt + 1, lease_owner = NULL,
+                 lease_until = NULL, updated_at = now()
+             WHERE {scope} = CAST($1 AS {scope_type})
+               AND {key} = ANY(CAST($2 AS {key_type}[]))
+               AND status = 'eligible'"
+        );
+        let hold_fenced = format!(
+            "UPDATE {table} t
+             SET status = 'held', lease_owner = NULL, lease_until = NULL, updated_at = now()
+             FROM unnest(CAST($2 AS {key_type}[]), CAST($3 AS integer[])) AS f(key, fence)
+             WHERE t.{scope} = CAST($1 AS {scope_type})
+               AND t.{key} = f.key AND t.attempt = f.fence AND t.status = 'processing'"
+        );
         // The retry decision, shared by both modes and the rescuer: a
         // permanent error or the last allowed attempt fails the item;
         // otherwise it waits base * 2^(attempt-1) ms, capped, times a jitter
         // in [0.5, 1). Arguments are SQL expressions (placeholders).
-        let retry_set = |attempt: &str,
-                         error: &str,
-                         permanent: &str,
-                         max: &str,
-                         base: &str,
-                         cap: &str| {
+        let retry_set = |attempt: &str, error: &str, permanent: &str, max: &str, base: &str, cap: &str| {
             format!(
                 "status = CASE WHEN {permanent} OR {attempt} - t.attempt_base >= {max} THEN 'failed' ELSE 'eligible' END,
                  not_before = CASE WHEN {permanent} OR {attempt} - t.attempt_base >= {max} THEN NULL
@@ -299,15 +299,16 @@ impl WorkQueue {
              WHERE {scope} = CAST($1 AS {scope_type}) GROUP BY status"
         );
         let analyze = format!("ANALYZE {table}");
-        let stale_statistics =
-            "SELECT coalesce(n_mod_since_analyze > greatest(1000, n_live_tup / 10), true)
+        let stale_statistics = "SELECT coalesce(n_mod_since_analyze > greatest(1000, n_live_tup / 10), true)
              FROM pg_stat_user_tables WHERE relid = to_regclass($1)"
-                .to_string();
+            .to_string();
         Ok(WorkQueue {
             sql: QueueSql {
                 claim_in_tx,
                 lock_keys_in_tx,
                 mark_settled_in_tx,
+                mark_held_in_tx,
+                hold_fenced,
                 fail_unclaimed,
                 claim_leased,
                 renew_leases,
@@ -371,6 +372,48 @@ impl WorkQueue {
             .await
             .map_err(EngineError::db("re-locking items"))?;
         read_keyed(&rows, "reading re-locked items")
+    }
+
+    /// In-transaction mode: marks claimed items `held` (the application
+    /// refuses to work on them now). Fails unless every item is still eligible.
+    pub async fn mark_held_in_tx(
+        &self,
+        tx: &mut PgConnection,
+        scope: &str,
+        keys: &[String],
+    ) -> Result<(), EngineError> {
+        let done = sqlx::query(&self.sql.mark_held_in_tx)
+            .bind(scope)
+            .bind(keys)
+            .execute(tx)
+            .await
+            .map_err(EngineError::db("marking items held"))?
+            .rows_affected();
+        if done != keys.len() as u64 {
+            return Err(EngineError::Invariant(format!(
+                "marked {done} of {} claimed items held; rolling the chunk back",
+                keys.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Leased mode: marks items `held` if their fence still holds.
+    pub async fn hold_fenced(
+        &self,
+        conn: &mut PgConnection,
+        scope: &str,
+        items: &[(String, i32)],
+    ) -> Result<u64, EngineError> {
+        let (keys, fences): (Vec<String>, Vec<i32>) = items.iter().cloned().unzip();
+        Ok(sqlx::query(&self.sql.hold_fenced)
+            .bind(scope)
+            .bind(keys)
+            .bind(fences)
+            .execute(conn)
+            .await
+            .map_err(EngineError::db("marking leased items held"))?
+            .rows_affected())
     }
 
     /// In-transaction mode: records a failed attempt on eligible items (after
@@ -510,11 +553,7 @@ impl WorkQueue {
 
     /// Gives back every lease of `scope` (a cancelled run): eligible again,
     /// attempt kept. A worker still working on one is refused at completion.
-    pub async fn release_scope(
-        &self,
-        conn: &mut PgConnection,
-        scope: &str,
-    ) -> Result<u64, EngineError> {
+    pub async fn release_scope(&self, conn: &mut PgConnection, scope: &str) -> Result<u64, EngineError> {
         Ok(sqlx::query(&self.sql.release_scope)
             .bind(scope)
             .execute(conn)
@@ -590,11 +629,7 @@ impl WorkQueue {
 
     /// Exact count of items of `scope` still to do (eligible or processing),
     /// from committed state: never SKIP LOCKED, which would hide rows.
-    pub async fn count_unfinished(
-        &self,
-        conn: &mut PgConnection,
-        scope: &str,
-    ) -> Result<i64, EngineError> {
+    pub async fn count_unfinished(&self, conn: &mut PgConnection, scope: &str) -> Result<i64, EngineError> {
         sqlx::query_scalar(&self.sql.count_unfinished)
             .bind(scope)
             .fetch_one(conn)
@@ -625,10 +660,7 @@ impl WorkQueue {
     }
 }
 
-fn read_keyed(
-    rows: &[sqlx::postgres::PgRow],
-    context: &'static str,
-) -> Result<Vec<(String, i32)>, EngineError> {
+fn read_keyed(rows: &[sqlx::postgres::PgRow], context: &'static str) -> Result<Vec<(String, i32)>, EngineError> {
     rows.iter()
         .map(|r| Ok((r.try_get("key")?, r.try_get("fence")?)))
         .collect::<Result<_, sqlx::Error>>()

@@ -20,30 +20,21 @@ pub async fn rescue_expired_leases(
     scope: &str,
     policy: &RetryPolicy,
 ) -> Result<Option<FailOutcome>, EngineError> {
-    let mut tx = pool
-        .begin()
+    let mut tx = pool.begin().await.map_err(EngineError::db("beginning a rescue"))?;
+    let ours: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock(hashtext('settled-rescuer'), hashtext($1))")
+        .bind(queue.job())
+        .fetch_one(&mut *tx)
         .await
-        .map_err(EngineError::db("beginning a rescue"))?;
-    let ours: bool = sqlx::query_scalar(
-        "SELECT pg_try_advisory_xact_lock(hashtext('settled-rescuer'), hashtext($1))",
-    )
-    .bind(queue.job())
-    .fetch_one(&mut *tx)
-    .await
-    .map_err(EngineError::db("taking the rescuer lock"))?;
+        .map_err(EngineError::db("taking the rescuer lock"))?;
     if !ours {
-        tx.rollback()
-            .await
-            .map_err(EngineError::db("ending a rescue"))?;
+        tx.rollback().await.map_err(EngineError::db("ending a rescue"))?;
         return Ok(None);
     }
     let outcome = queue.rescue_expired(&mut tx, scope, policy).await?;
     if outcome.retried > 0 {
         crate::runs::notify_items_eligible(&mut tx, queue.job()).await?;
     }
-    tx.commit()
-        .await
-        .map_err(EngineError::db("committing a rescue"))?;
+    tx.commit().await.map_err(EngineError::db("committing a rescue"))?;
     Ok(Some(outcome))
 }
 
@@ -65,9 +56,7 @@ pub async fn keep_rescuing(
                 stats
                     .leases_rescued
                     .fetch_add(outcome.retried + outcome.failed, Ordering::Relaxed);
-                stats
-                    .items_failed
-                    .fetch_add(outcome.failed, Ordering::Relaxed);
+                stats.items_failed.fetch_add(outcome.failed, Ordering::Relaxed);
                 tracing::warn!(
                     period = %scope, retried = outcome.retried, failed = outcome.failed,
                     "rescued expired leases"

@@ -26,9 +26,7 @@ impl RunState {
             "running" => Ok(RunState::Running),
             "finished" => Ok(RunState::Finished),
             "cancelled" => Ok(RunState::Cancelled),
-            other => Err(EngineError::Invariant(format!(
-                "unknown run state {other:?}"
-            ))),
+            other => Err(EngineError::Invariant(format!("unknown run state {other:?}"))),
         }
     }
 
@@ -124,10 +122,7 @@ pub async fn start_or_join(
         });
     }
     if let Some(run) = find(conn, job, period).await? {
-        return Ok(Joined {
-            run,
-            started: false,
-        });
+        return Ok(Joined { run, started: false });
     }
     match running(conn, job).await? {
         Some(other) => Err(EngineError::OtherRunActive {
@@ -141,11 +136,7 @@ pub async fn start_or_join(
 }
 
 /// The run for (job, period), if any.
-pub async fn find(
-    conn: &mut PgConnection,
-    job: &str,
-    period: &str,
-) -> Result<Option<Run>, EngineError> {
+pub async fn find(conn: &mut PgConnection, job: &str, period: &str) -> Result<Option<Run>, EngineError> {
     let row: Option<RunRow> = sqlx::query_as(&format!(
         "SELECT {RUN_COLUMNS} FROM settled_engine.runs WHERE job = $1 AND period = $2"
     ))
@@ -207,13 +198,11 @@ pub async fn finish(
 
 /// True while run `run_id` is running.
 pub async fn is_running(conn: &mut PgConnection, run_id: i64) -> Result<bool, EngineError> {
-    sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM settled_engine.runs WHERE id = $1 AND state = 'running')",
-    )
-    .bind(run_id)
-    .fetch_one(conn)
-    .await
-    .map_err(EngineError::db("reading a run's state"))
+    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM settled_engine.runs WHERE id = $1 AND state = 'running')")
+        .bind(run_id)
+        .fetch_one(conn)
+        .await
+        .map_err(EngineError::db("reading a run's state"))
 }
 
 /// Cancels the running run of (job, period): workers claim nothing more for

@@ -78,10 +78,7 @@ impl Schedule {
             // In a gap: read the wall time with the offset in force before
             // the gap, which lands the same wall time plus the gap later.
             LocalResult::None => {
-                let before = self
-                    .tz
-                    .from_local_datetime(&(local - Duration::hours(6)))
-                    .earliest()?;
+                let before = self.tz.from_local_datetime(&(local - Duration::hours(6))).earliest()?;
                 let offset = before.offset().fix().local_minus_utc();
                 Some(Utc.from_utc_datetime(&(local - Duration::seconds(i64::from(offset)))))
             }
@@ -89,11 +86,7 @@ impl Schedule {
     }
 
     /// Fire times in `(from, to]`, oldest first, with the local date of each.
-    pub fn fire_times(
-        &self,
-        from: DateTime<Utc>,
-        to: DateTime<Utc>,
-    ) -> Vec<(DateTime<Utc>, NaiveDate)> {
+    pub fn fire_times(&self, from: DateTime<Utc>, to: DateTime<Utc>) -> Vec<(DateTime<Utc>, NaiveDate)> {
         // Walk the local wall clock, starting a day early to cover offsets.
         let local_from = from.with_timezone(&self.tz).naive_local() - Duration::days(1);
         let start = Utc.from_utc_datetime(&local_from);
@@ -152,10 +145,7 @@ mod tests {
         let s = Schedule::parse("0 5 * * *", "Asia/Seoul").unwrap();
         let fires = s.fire_times(utc("2026-11-27T00:00:00Z"), utc("2026-11-29T00:00:00Z"));
         let times: Vec<String> = fires.iter().map(|(t, _)| t.to_rfc3339()).collect();
-        assert_eq!(
-            times,
-            ["2026-11-27T20:00:00+00:00", "2026-11-28T20:00:00+00:00"]
-        );
+        assert_eq!(times, ["2026-11-27T20:00:00+00:00", "2026-11-28T20:00:00+00:00"]);
         assert_eq!(fires[0].1.to_string(), "2026-11-28");
     }
 
@@ -172,11 +162,7 @@ mod tests {
                 let mut unique = days.clone();
                 unique.dedup();
                 assert_eq!(days, unique, "{expr}: a day fired twice: {days:?}");
-                assert_eq!(
-                    days.len(),
-                    7,
-                    "{expr} {from}: expected 7 days, got {days:?}"
-                );
+                assert_eq!(days.len(), 7, "{expr} {from}: expected 7 days, got {days:?}");
                 for pair in days.windows(2) {
                     assert_eq!(
                         pair[1] - pair[0],
@@ -204,9 +190,7 @@ mod tests {
         assert_eq!(next.to_rfc3339(), "2026-11-29T10:00:10+00:00");
         let s = Schedule::parse("0 5 * * *", "Asia/Seoul").unwrap();
         assert_eq!(
-            s.next_after(utc("2026-11-28T20:00:00Z"))
-                .unwrap()
-                .to_rfc3339(),
+            s.next_after(utc("2026-11-28T20:00:00Z")).unwrap().to_rfc3339(),
             "2026-11-29T20:00:00+00:00"
         );
     }

@@ -46,10 +46,7 @@ impl ItemStatus {
 
     /// True when no more work will happen on the item in this run.
     pub fn is_final(self) -> bool {
-        matches!(
-            self,
-            ItemStatus::Settled | ItemStatus::Failed | ItemStatus::Held
-        )
+        matches!(self, ItemStatus::Settled | ItemStatus::Failed | ItemStatus::Held)
     }
 }
 

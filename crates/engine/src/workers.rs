@@ -15,16 +15,14 @@ pub async fn register(pool: &PgPool, version: &str) -> Result<Uuid, EngineError>
         .ok()
         .and_then(|h| h.into_string().ok())
         .unwrap_or_else(|| "unknown".to_string());
-    sqlx::query(
-        "INSERT INTO settled_engine.workers (id, host, pid, version) VALUES ($1, $2, $3, $4)",
-    )
-    .bind(id)
-    .bind(host)
-    .bind(std::process::id() as i32)
-    .bind(version)
-    .execute(pool)
-    .await
-    .map_err(EngineError::db("registering the worker"))?;
+    sqlx::query("INSERT INTO settled_engine.workers (id, host, pid, version) VALUES ($1, $2, $3, $4)")
+        .bind(id)
+        .bind(host)
+        .bind(std::process::id() as i32)
+        .bind(version)
+        .execute(pool)
+        .await
+        .map_err(EngineError::db("registering the worker"))?;
     Ok(id)
 }
 
@@ -53,13 +51,11 @@ pub async fn heartbeat(pool: &PgPool, worker: Uuid, stats: &DrainStats) -> Resul
 /// Records that the worker stopped on its own, with its final counters.
 pub async fn stopped(pool: &PgPool, worker: Uuid, stats: &DrainStats) -> Result<(), EngineError> {
     heartbeat(pool, worker, stats).await?;
-    sqlx::query(
-        "UPDATE settled_engine.workers SET stopped_at = now(), ended = 'stopped' WHERE id = $1",
-    )
-    .bind(worker)
-    .execute(pool)
-    .await
-    .map_err(EngineError::db("recording a worker stop"))?;
+    sqlx::query("UPDATE settled_engine.workers SET stopped_at = now(), ended = 'stopped' WHERE id = $1")
+        .bind(worker)
+        .execute(pool)
+        .await
+        .map_err(EngineError::db("recording a worker stop"))?;
     Ok(())
 }
 
@@ -80,14 +76,12 @@ pub async fn mark_dead_and_prune(pool: &PgPool) -> Result<(u64, u64), EngineErro
     .await
     .map_err(EngineError::db("marking dead workers"))?
     .rows_affected();
-    let pruned = sqlx::query(
-        "DELETE FROM settled_engine.workers WHERE stopped_at < now() - make_interval(days => $1)",
-    )
-    .bind(WORKER_RETENTION_DAYS as i32)
-    .execute(pool)
-    .await
-    .map_err(EngineError::db("pruning ended workers"))?
-    .rows_affected();
+    let pruned = sqlx::query("DELETE FROM settled_engine.workers WHERE stopped_at < now() - make_interval(days => $1)")
+        .bind(WORKER_RETENTION_DAYS as i32)
+        .execute(pool)
+        .await
+        .map_err(EngineError::db("pruning ended workers"))?
+        .rows_affected();
     Ok((dead, pruned))
 }
 

@@ -70,11 +70,7 @@ fn checksummed(lower_hex: &str) -> String {
     out.push_str("0x");
     for (i, c) in lower_hex.chars().enumerate() {
         let nibble = (hash[i / 2] >> (if i % 2 == 0 { 4 } else { 0 })) & 0x0f;
-        out.push(if nibble >= 8 {
-            c.to_ascii_uppercase()
-        } else {
-            c
-        });
+        out.push(if nibble >= 8 { c.to_ascii_uppercase() } else { c });
     }
     out
 }
@@ -112,10 +108,7 @@ mod tests {
             CreatorAddress::parse("5aaeb6053f3e94c9b9a09f33669435e7ef1beaed"),
             Err(AddressError::NoPrefix)
         );
-        assert_eq!(
-            CreatorAddress::parse("0x5aae"),
-            Err(AddressError::Length(4))
-        );
+        assert_eq!(CreatorAddress::parse("0x5aae"), Err(AddressError::Length(4)));
         assert_eq!(
             CreatorAddress::parse("0xzaaeb6053f3e94c9b9a09f33669435e7ef1beaed"),
             Err(AddressError::NotHex('z'))

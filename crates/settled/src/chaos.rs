@@ -88,13 +88,7 @@ pub struct ScheduledFault {
 
 /// The seeded schedule: at least one fault of each kind the setup allows,
 /// then more at random, at random times within the first 80% of the run.
-pub fn schedule(
-    seed: u64,
-    duration: Duration,
-    workers: u32,
-    mode: Mode,
-    can_restart: bool,
-) -> Vec<ScheduledFault> {
+pub fn schedule(seed: u64, duration: Duration, workers: u32, mode: Mode, can_restart: bool) -> Vec<ScheduledFault> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut kinds = vec![
         FaultKind::KillWorker,
@@ -168,14 +162,7 @@ impl Harness {
             .args(["--concurrency", &self.opts.concurrency.to_string()])
             .args(["--chunk", &self.opts.chunk.to_string()])
             .args(["--work-ms", &self.work_ms.to_string()])
-            .args([
-                "--mode",
-                if self.opts.mode == Mode::Leased {
-                    "leased"
-                } else {
-                    "tx"
-                },
-            ])
+            .args(["--mode", if self.opts.mode == Mode::Leased { "leased" } else { "tx" }])
             .args(["--lease-ttl-ms", &self.opts.lease_ttl_ms.to_string()])
             .args([
                 "--rescue-interval-ms",
@@ -189,12 +176,7 @@ impl Harness {
                 "--backoff-cap-ms",
                 "1000",
             ])
-            .args([
-                "--provider-timeout-ms",
-                "500",
-                "--shutdown-grace-ms",
-                "2000",
-            ])
+            .args(["--provider-timeout-ms", "500", "--shutdown-grace-ms", "2000"])
             .env("DATABASE_URL", &self.url)
             .env("SETTLED_LOG", "warn")
             .stdin(Stdio::null())
@@ -219,9 +201,7 @@ pub async fn chaos(opts: ChaosOptions) -> anyhow::Result<ChaosReport> {
         "--duration must be 1..={MAX_CHAOS_SECONDS}"
     );
     anyhow::ensure!(opts.creators >= 1, "--creators must be at least 1");
-    let scratch = tempfile::Builder::new()
-        .prefix("settled-chaos-")
-        .tempdir()?;
+    let scratch = tempfile::Builder::new().prefix("settled-chaos-").tempdir()?;
 
     // A fresh database of its own.
     let (server, admin_url, db_name) = match &opts.database_url {
@@ -237,8 +217,7 @@ pub async fn chaos(opts: ChaosOptions) -> anyhow::Result<ChaosReport> {
                 remove_on_stop: true,
                 max_connections: 300,
             };
-            let server =
-                tokio::task::spawn_blocking(move || LocalPostgres::start(&local)).await??;
+            let server = tokio::task::spawn_blocking(move || LocalPostgres::start(&local)).await??;
             let url = server.url("postgres");
             (Some(server), url, "settled_chaos".to_string())
         }
@@ -294,10 +273,7 @@ async fn diagnose(url: &str) -> String {
          FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()",
     ];
     for q in queries {
-        match sqlx::query_scalar::<_, String>(q)
-            .fetch_all(&mut conn)
-            .await
-        {
+        match sqlx::query_scalar::<_, String>(q).fetch_all(&mut conn).await {
             Ok(rows) => rows.iter().for_each(|r| out.push_str(&format!("  {r}\n"))),
             Err(e) => out.push_str(&format!("  ({e})\n")),
         }
@@ -328,11 +304,7 @@ async fn run_chaos(
     let (provider_url, sim_task) = if opts.mode == Mode::Leased {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let url = format!("http://{}", listener.local_addr()?);
-        let task = tokio::spawn(crate::provider_sim::serve(
-            listener,
-            Faults::default(),
-            opts.seed,
-        ));
+        let task = tokio::spawn(crate::provider_sim::serve(listener, Faults::default(), opts.seed));
         (Some(url), Some(task))
     } else {
         (None, None)
@@ -343,13 +315,7 @@ async fn run_chaos(
     // Spread the work over the schedule: total work / parallel loops ~ 80% of it.
     let loops = u64::from(opts.workers * opts.concurrency);
     let work_ms = (duration.as_millis() as u64 * loops * 8 / 10 / opts.creators).clamp(1, 200);
-    let faults = schedule(
-        opts.seed,
-        duration,
-        opts.workers,
-        opts.mode,
-        server.is_some(),
-    );
+    let faults = schedule(opts.seed, duration, opts.workers, opts.mode, server.is_some());
     let mut harness = Harness {
         exe: std::env::current_exe()?,
         url: url.to_string(),
@@ -382,18 +348,14 @@ async fn run_chaos(
     let mut zombies = 0u32;
     let mut pending = faults.into_iter().peekable();
     let ttl = Duration::from_millis(opts.lease_ttl_ms);
-    let zombie_pause =
-        ttl * 2 + Duration::from_millis(opts.lease_ttl_ms / 2) + Duration::from_secs(1);
+    let zombie_pause = ttl * 2 + Duration::from_millis(opts.lease_ttl_ms / 2) + Duration::from_secs(1);
     let drain_deadline = duration + Duration::from_secs(DRAIN_DEADLINE_SECS);
     let mut provider_reset_at: Option<Instant> = None;
     let mut conn = db.pool.acquire().await?.detach();
     loop {
         let now = started.elapsed();
         // Faults due now.
-        while pending
-            .peek()
-            .is_some_and(|f| Duration::from_millis(f.at_ms) <= now)
-        {
+        while pending.peek().is_some_and(|f| Duration::from_millis(f.at_ms) <= now) {
             let fault = pending.next().expect("peeked");
             let line = inject(
                 &fault,
@@ -407,13 +369,7 @@ async fn run_chaos(
                 zombie_pause,
             )
             .await
-            .unwrap_or_else(|e| {
-                format!(
-                    "{:>6.1}s {:?}: failed to inject: {e:#}",
-                    now.as_secs_f64(),
-                    fault.kind
-                )
-            });
+            .unwrap_or_else(|e| format!("{:>6.1}s {:?}: failed to inject: {e:#}", now.as_secs_f64(), fault.kind));
             if fault.kind == FaultKind::ZombieWorker && line.contains("SIGSTOP") {
                 zombies += 1;
             }
@@ -447,10 +403,7 @@ async fn run_chaos(
             }
         }
         // Workers that ended: replaced while work remains.
-        let left = match queue()
-            .count_unfinished(&mut conn, &period.to_string())
-            .await
-        {
+        let left = match queue().count_unfinished(&mut conn, &period.to_string()).await {
             Ok(n) => n,
             Err(_) => {
                 // The server may be restarting: reconnect and look again.
@@ -525,27 +478,19 @@ async fn run_chaos(
             opts.creators
         ),
     ));
-    let rejections: i64 = sqlx::query_scalar(
-        "SELECT coalesce(sum(fence_rejections), 0)::bigint FROM settled_engine.workers",
-    )
-    .fetch_one(&mut conn)
-    .await?;
+    let rejections: i64 =
+        sqlx::query_scalar("SELECT coalesce(sum(fence_rejections), 0)::bigint FROM settled_engine.workers")
+            .fetch_one(&mut conn)
+            .await?;
     if opts.mode == Mode::Leased {
         invariants.push((
             "zombie_completions_rejected".into(),
             zombies == 0 || rejections > 0,
-            format!(
-                "{rejections} completions refused by the fence after {zombies} zombie pause(s)"
-            ),
+            format!("{rejections} completions refused by the fence after {zombies} zombie pause(s)"),
         ));
     }
     if let Some(p) = &provider_url {
-        let counters: serde_json::Value = http
-            .get(format!("{p}/v1/counters"))
-            .send()
-            .await?
-            .json()
-            .await?;
+        let counters: serde_json::Value = http.get(format!("{p}/v1/counters")).send().await?.json().await?;
         injected.push(format!("provider counters: {counters}"));
     }
     let ok = invariants.iter().all(|(_, ok, _)| *ok);
@@ -642,7 +587,11 @@ async fn inject(
                     ..Faults::default()
                 }
             };
-            http.post(format!("{p}/v1/faults")).json(&faults).send().await?.error_for_status()?;
+            http.post(format!("{p}/v1/faults"))
+                .json(&faults)
+                .send()
+                .await?
+                .error_for_status()?;
             format!(
                 "{at} provider {} for 3 s",
                 if fault.kind == FaultKind::ProviderErrors {
@@ -664,10 +613,7 @@ impl ChaosReport {
         }
         out.push_str("invariants:\n");
         for (name, ok, detail) in &self.invariants {
-            out.push_str(&format!(
-                "  [{}] {name}: {detail}\n",
-                if *ok { "ok" } else { "FAIL" }
-            ));
+            out.push_str(&format!("  [{}] {name}: {detail}\n", if *ok { "ok" } else { "FAIL" }));
         }
         out.push_str(if self.ok {
             "result: every invariant holds\n"

@@ -39,12 +39,7 @@ pub struct Cli {
     pub database_url: Option<String>,
 
     /// Data directory of the private PostgreSQL (used when DATABASE_URL is unset).
-    #[arg(
-        long,
-        env = "SETTLED_DATA_DIR",
-        default_value = ".settled",
-        global = true
-    )]
+    #[arg(long, env = "SETTLED_DATA_DIR", default_value = ".settled", global = true)]
     pub data_dir: PathBuf,
 
     #[command(subcommand)]
@@ -170,6 +165,23 @@ pub enum Command {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+    },
+    /// Serve the HTTP API: payouts (idempotent), holds, creators, /healthz,
+    /// /openapi.json.
+    ///
+    /// Mutating endpoints need `Authorization: Bearer $SETTLED_API_TOKEN`.
+    /// Any number of servers may serve one database: every once-only rule is
+    /// kept by the database.
+    Serve {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        bind: std::net::SocketAddr,
+        /// Bearer token for mutating endpoints.
+        #[arg(long, env = "SETTLED_API_TOKEN", hide_env_values = true)]
+        api_token: Option<String>,
+        /// How long idempotency keys and their responses are kept, in hours.
+        #[arg(long, default_value_t = 24, value_parser = clap::value_parser!(u64).range(1..=24 * 90))]
+        idempotency_retention_hours: u64,
     },
     /// Put a period's failed items back to eligible (all, or one creator's).
     ///
@@ -368,10 +380,7 @@ pub fn main() -> ExitCode {
     }
     let cli = Cli::parse();
     init_logging();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(err) => {
             eprintln!("error: starting the async runtime: {err}");
@@ -381,9 +390,7 @@ pub fn main() -> ExitCode {
     match runtime.block_on(run(cli)) {
         Ok(code) => code,
         Err(err) => {
-            if let Some(settled_testkit::Error::NoBinaries) =
-                err.downcast_ref::<settled_testkit::Error>()
-            {
+            if let Some(settled_testkit::Error::NoBinaries) = err.downcast_ref::<settled_testkit::Error>() {
                 eprintln!("error: {}", settled_testkit::Error::NoBinaries);
                 return ExitCode::from(2);
             }
@@ -406,6 +413,7 @@ fn init_logging() {
 fn pool_size(command: &Command) -> u32 {
     match command {
         Command::Worker { concurrency, .. } | Command::Run { concurrency, .. } => concurrency + 4,
+        Command::Serve { .. } => 32,
         _ => 4,
     }
 }
@@ -495,10 +503,7 @@ async fn run_command(db: &Database, command: Command) -> anyhow::Result<ExitCode
             seed: seed_value,
             fee_bps,
         } => {
-            let fee = fee_bps
-                .map(FeeBps::new)
-                .transpose()
-                .map_err(anyhow::Error::msg)?;
+            let fee = fee_bps.map(FeeBps::new).transpose().map_err(anyhow::Error::msg)?;
             let bar = Progress::new("seed", creators);
             let outcome = seed::seed(pool, period, creators, seed_value, fee, &bar).await?;
             println!(
@@ -523,9 +528,7 @@ async fn run_command(db: &Database, command: Command) -> anyhow::Result<ExitCode
             max_poll_ms,
         } => {
             if engine.mode == Mode::Leased && engine.provider_url.is_none() {
-                tracing::warn!(
-                    "leased mode without --provider-url: nothing is paid outside the database"
-                );
+                tracing::warn!("leased mode without --provider-url: nothing is paid outside the database");
             }
             let opts = WorkerOptions {
                 period,
@@ -588,18 +591,36 @@ async fn run_command(db: &Database, command: Command) -> anyhow::Result<ExitCode
             chunk,
         } => return crate::runs_cmd::run(pool, period, wait, cancel, concurrency, chunk).await,
         Command::Runs { limit, json } => crate::runs_cmd::list_runs(pool, limit, json).await?,
-        Command::Workers { limit, json } => {
-            crate::runs_cmd::list_workers(pool, limit, json).await?
-        }
+        Command::Workers { limit, json } => crate::runs_cmd::list_workers(pool, limit, json).await?,
         Command::Retry { period, creator } => {
-            let creator = creator
-                .map(|c| crate::address::CreatorAddress::parse(&c))
-                .transpose()?;
+            let creator = creator.map(|c| crate::address::CreatorAddress::parse(&c)).transpose()?;
             let n = settlement::retry_failed(pool, period, creator.as_ref()).await?;
             println!("{n} failed item(s) of {period} put back to eligible");
         }
         Command::ProviderSim { .. } | Command::Chaos { .. } => {
             unreachable!("run without the default database")
+        }
+        Command::Serve {
+            bind,
+            api_token,
+            idempotency_retention_hours,
+        } => {
+            let state = crate::api::AppState {
+                pool: pool.clone(),
+                api_token: api_token.filter(|t| !t.is_empty()).map(Into::into),
+                idempotency: settled_engine::idempotency::IdempotencyConfig {
+                    retention: Duration::from_secs(idempotency_retention_hours * 3600),
+                    ..Default::default()
+                },
+            };
+            if state.api_token.is_none() {
+                tracing::warn!("no SETTLED_API_TOKEN: mutating endpoints answer 401");
+            }
+            let listener = tokio::net::TcpListener::bind(bind)
+                .await
+                .with_context(|| format!("binding {bind}"))?;
+            eprintln!("settled serve on http://{}", listener.local_addr()?);
+            crate::api::serve(listener, state).await?;
         }
         Command::Verify {
             period,

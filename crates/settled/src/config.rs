@@ -42,11 +42,8 @@ pub fn load_into_env() -> anyhow::Result<Option<PathBuf>> {
         "config file {} is larger than {MAX_CONFIG_BYTES} bytes",
         path.display()
     );
-    let text = std::fs::read_to_string(&path)
-        .map_err(|e| anyhow::anyhow!("config file {}: {e}", path.display()))?;
-    for (key, var) in
-        parse(&text).map_err(|e| anyhow::anyhow!("config file {}: {e}", path.display()))?
-    {
+    let text = std::fs::read_to_string(&path).map_err(|e| anyhow::anyhow!("config file {}: {e}", path.display()))?;
+    for (key, var) in parse(&text).map_err(|e| anyhow::anyhow!("config file {}: {e}", path.display()))? {
         if std::env::var_os(var).is_none() {
             // Single-threaded here: nothing else reads the environment yet.
             std::env::set_var(var, key);

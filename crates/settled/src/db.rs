@@ -40,11 +40,7 @@ pub struct Database {
 
 impl Database {
     /// Connects to `url` and applies migrations.
-    pub async fn open_url(
-        url: &str,
-        max_connections: u32,
-        application_name: &str,
-    ) -> anyhow::Result<Database> {
+    pub async fn open_url(url: &str, max_connections: u32, application_name: &str) -> anyhow::Result<Database> {
         Database::open(&DbOptions {
             url: Some(url.to_string()),
             data_dir: PathBuf::new(),
@@ -101,12 +97,8 @@ trait FromStrChecked: Sized {
 
 impl FromStrChecked for PgConnectOptions {
     fn from_str_checked(url: &str) -> anyhow::Result<Self> {
-        url.parse::<PgConnectOptions>().map_err(|e| {
-            anyhow::anyhow!(
-                "DATABASE_URL {} is not a PostgreSQL URL: {e}",
-                redact_url(url)
-            )
-        })
+        url.parse::<PgConnectOptions>()
+            .map_err(|e| anyhow::anyhow!("DATABASE_URL {} is not a PostgreSQL URL: {e}", redact_url(url)))
     }
 }
 
@@ -123,11 +115,10 @@ async fn start_private(data_dir: &std::path::Path) -> anyhow::Result<(String, Lo
     let mut admin = PgConnection::connect(&server.url("postgres"))
         .await
         .context("connecting to the private PostgreSQL")?;
-    let exists: bool =
-        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
-            .bind(EMBEDDED_DATABASE)
-            .fetch_one(&mut admin)
-            .await?;
+    let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+        .bind(EMBEDDED_DATABASE)
+        .fetch_one(&mut admin)
+        .await?;
     if !exists {
         let created = sqlx::query(&format!("CREATE DATABASE {EMBEDDED_DATABASE}"))
             .execute(&mut admin)
@@ -154,10 +145,7 @@ pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
         .context("applying the engine's migrations")?;
     let mut migrator = sqlx::migrate!("./migrations");
     migrator.set_ignore_missing(true);
-    migrator
-        .run(pool)
-        .await
-        .context("applying the settlement migrations")?;
+    migrator.run(pool).await.context("applying the settlement migrations")?;
     Ok(())
 }
 
@@ -173,12 +161,7 @@ pub fn redact_url(url: &str) -> String {
         Some(at) => {
             let userinfo = &authority[..at];
             match userinfo.find(':') {
-                Some(colon) => format!(
-                    "{}{}:***{}",
-                    &url[..scheme_end],
-                    &userinfo[..colon],
-                    &rest[at..]
-                ),
+                Some(colon) => format!("{}{}:***{}", &url[..scheme_end], &userinfo[..colon], &rest[at..]),
                 None => url.to_string(),
             }
         }
@@ -197,10 +180,7 @@ mod tests {
             "postgres://app:***@db:5432/x?sslmode=require"
         );
         assert_eq!(redact_url("postgres://app@db/x"), "postgres://app@db/x");
-        assert_eq!(
-            redact_url("postgres://db/x?host=/tmp"),
-            "postgres://db/x?host=/tmp"
-        );
+        assert_eq!(redact_url("postgres://db/x?host=/tmp"), "postgres://db/x?host=/tmp");
         assert!(!redact_url("postgresql://u:p%40ss@h/d").contains("p%40ss"));
     }
 }

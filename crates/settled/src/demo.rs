@@ -56,21 +56,14 @@ pub struct DemoSummary {
 }
 
 /// Runs the demo against `pool`; workers connect to `url`.
-pub async fn demo(
-    pool: &PgPool,
-    url: &str,
-    opts: &DemoOptions,
-) -> anyhow::Result<(DemoSummary, verify::VerifyReport)> {
+pub async fn demo(pool: &PgPool, url: &str, opts: &DemoOptions) -> anyhow::Result<(DemoSummary, verify::VerifyReport)> {
     anyhow::ensure!(
         (1..=MAX_DEMO_WORKERS).contains(&opts.workers),
         "--workers must be 1..={MAX_DEMO_WORKERS}"
     );
     let period = choose_period(pool).await?;
     let mut conn = pool.acquire().await?;
-    if runs::find(&mut conn, JOB, &period.to_string())
-        .await?
-        .is_none()
-    {
+    if runs::find(&mut conn, JOB, &period.to_string()).await?.is_none() {
         eprintln!(
             "seeding {} creators for period {period} (seed {})",
             opts.creators, opts.seed
@@ -164,11 +157,10 @@ async fn choose_period(pool: &PgPool) -> anyhow::Result<Period> {
     if let Some(run) = runs::running(&mut conn, JOB).await? {
         return Period::parse(&run.period).map_err(anyhow::Error::msg);
     }
-    let date: chrono::NaiveDate = sqlx::query_scalar(
-        "SELECT coalesce(min(period) - 1, current_date - 1) FROM settlement.token_trade_volume",
-    )
-    .fetch_one(&mut *conn)
-    .await?;
+    let date: chrono::NaiveDate =
+        sqlx::query_scalar("SELECT coalesce(min(period) - 1, current_date - 1) FROM settlement.token_trade_volume")
+            .fetch_one(&mut *conn)
+            .await?;
     Ok(Period::from_date(date))
 }
 

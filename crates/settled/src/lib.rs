@@ -6,6 +6,7 @@
 //! chunk), `settled_engine::executor` (mark settled, commit).
 
 pub mod address;
+pub mod api;
 pub mod chaos;
 pub mod cli;
 pub mod config;

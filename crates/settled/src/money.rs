@@ -196,19 +196,14 @@ mod tests {
 
     #[test]
     fn amount_parser_refuses_what_is_not_a_plain_integer() {
-        for bad in [
-            "", "-1", "+1", "1.0", "1e3", " 1", "1 ", "0x10", "1_000", "١",
-        ] {
+        for bad in ["", "-1", "+1", "1.0", "1e3", " 1", "1 ", "0x10", "1_000", "١"] {
             assert!(Amount::parse_decimal(bad).is_err(), "{bad:?} accepted");
         }
         let max = "115792089237316195423570985008687907853269984665640564039457584007913129639935";
         assert_eq!(Amount::parse_decimal(max), Ok(Amount::MAX));
         let over = "115792089237316195423570985008687907853269984665640564039457584007913129639936";
         assert_eq!(Amount::parse_decimal(over), Err(AmountError::TooLarge));
-        assert_eq!(
-            Amount::parse_decimal(&"9".repeat(79)),
-            Err(AmountError::TooLarge)
-        );
+        assert_eq!(Amount::parse_decimal(&"9".repeat(79)), Err(AmountError::TooLarge));
         assert_eq!(Amount::parse_decimal("000"), Ok(Amount::ZERO));
     }
 
@@ -218,18 +213,11 @@ mod tests {
         assert_eq!(reward(Amount::MAX, full), Amount::MAX);
         assert_eq!(reward(Amount::MAX, FeeBps::new(0).unwrap()), Amount::ZERO);
         assert_eq!(
-            reward(
-                Amount::parse_decimal("9999").unwrap(),
-                FeeBps::new(1).unwrap()
-            ),
+            reward(Amount::parse_decimal("9999").unwrap(), FeeBps::new(1).unwrap()),
             Amount::ZERO
         );
         assert_eq!(
-            reward(
-                Amount::parse_decimal("10000").unwrap(),
-                FeeBps::new(1).unwrap()
-            )
-            .to_string(),
+            reward(Amount::parse_decimal("10000").unwrap(), FeeBps::new(1).unwrap()).to_string(),
             "1"
         );
         assert!(FeeBps::new(10_001).is_err());

@@ -25,11 +25,9 @@ impl Progress {
         let bar = std::io::stderr().is_terminal().then(|| {
             let bar = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
             bar.set_style(
-                ProgressStyle::with_template(
-                    "{msg:>10} [{bar:40}] {pos}/{len} {per_sec} eta {eta}",
-                )
-                .expect("valid template")
-                .progress_chars("=> "),
+                ProgressStyle::with_template("{msg:>10} [{bar:40}] {pos}/{len} {per_sec} eta {eta}")
+                    .expect("valid template")
+                    .progress_chars("=> "),
             );
             bar.set_message(label.to_string());
             bar
@@ -63,12 +61,7 @@ impl Progress {
                 if last.elapsed() >= Duration::from_secs(PROGRESS_LOG_INTERVAL_SECS) {
                     *last = Instant::now();
                     let secs = self.started.elapsed().as_secs_f64().max(1e-9);
-                    eprintln!(
-                        "{}: {pos}/{} ({:.0}/s)",
-                        self.label,
-                        self.len,
-                        pos as f64 / secs
-                    );
+                    eprintln!("{}: {pos}/{} ({:.0}/s)", self.label, self.len, pos as f64 / secs);
                 }
             }
         }

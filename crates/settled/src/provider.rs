@@ -97,12 +97,7 @@ impl HttpProvider {
 }
 
 impl PayoutProvider for HttpProvider {
-    async fn pay(
-        &self,
-        key: &str,
-        creator: &str,
-        amount: Amount,
-    ) -> Result<Payment, ProviderError> {
+    async fn pay(&self, key: &str, creator: &str, amount: Amount) -> Result<Payment, ProviderError> {
         let body = PaymentRequest {
             creator: creator.to_string(),
             amount: amount.to_string(),

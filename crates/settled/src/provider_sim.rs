@@ -87,11 +87,7 @@ pub fn router(faults: Faults, seed: u64) -> Router {
 }
 
 /// Serves the simulator on `listener` until the task is dropped.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    faults: Faults,
-    seed: u64,
-) -> anyhow::Result<()> {
+pub async fn serve(listener: tokio::net::TcpListener, faults: Faults, seed: u64) -> anyhow::Result<()> {
     axum::serve(listener, router(faults, seed)).await?;
     Ok(())
 }
@@ -100,17 +96,10 @@ enum Decision {
     Replay(Payment),
     Conflict,
     Fail,
-    Apply {
-        payment: Payment,
-        late: Option<Duration>,
-    },
+    Apply { payment: Payment, late: Option<Duration> },
 }
 
-async fn pay(
-    State(sim): State<Shared>,
-    headers: HeaderMap,
-    Json(request): Json<PaymentRequest>,
-) -> Response {
+async fn pay(State(sim): State<Shared>, headers: HeaderMap, Json(request): Json<PaymentRequest>) -> Response {
     let Some(key) = headers
         .get("idempotency-key")
         .and_then(|v| v.to_str().ok())
@@ -119,11 +108,7 @@ async fn pay(
         return (StatusCode::BAD_REQUEST, "missing Idempotency-Key").into_response();
     };
     if Amount::parse_decimal(&request.amount).is_err() {
-        return (
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "amount must be a decimal integer",
-        )
-            .into_response();
+        return (StatusCode::UNPROCESSABLE_ENTITY, "amount must be a decimal integer").into_response();
     }
     let (decision, latency) = {
         let mut sim = sim.lock().expect("sim lock");
@@ -151,11 +136,10 @@ async fn pay(
                 };
                 sim.counters.applied += 1;
                 sim.payments.insert(key, (request, payment.clone()));
-                let late =
-                    (roll < sim.faults.error_rate + sim.faults.applied_timeout_rate).then(|| {
-                        sim.counters.applied_then_timed_out += 1;
-                        Duration::from_millis(sim.faults.applied_timeout_ms)
-                    });
+                let late = (roll < sim.faults.error_rate + sim.faults.applied_timeout_rate).then(|| {
+                    sim.counters.applied_then_timed_out += 1;
+                    Duration::from_millis(sim.faults.applied_timeout_ms)
+                });
                 Decision::Apply { payment, late }
             }
         };

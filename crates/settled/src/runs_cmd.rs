@@ -37,10 +37,7 @@ pub async fn run(
             let state = runs::find(&mut *pool.acquire().await?, JOB, &p)
                 .await?
                 .map(|r| r.state.as_str());
-            println!(
-                "no running run for {period} (run: {})",
-                state.unwrap_or("none")
-            );
+            println!("no running run for {period} (run: {})", state.unwrap_or("none"));
         }
         return Ok(ExitCode::SUCCESS);
     }
@@ -63,11 +60,7 @@ pub async fn run(
             let joined = settlement::start_or_join_run(pool, period, Uuid::nil()).await?;
             println!(
                 "{} run {} of {period}",
-                if joined.started {
-                    "started"
-                } else {
-                    "joined running"
-                },
+                if joined.started { "started" } else { "joined running" },
                 joined.run.id
             );
         }
@@ -118,12 +111,7 @@ pub async fn list_runs(pool: &PgPool, limit: i64, json: bool) -> anyhow::Result<
     for run in all {
         let took = run
             .finished_at
-            .map(|f| {
-                format!(
-                    "{:.1}s",
-                    (f - run.started_at).num_milliseconds() as f64 / 1000.0
-                )
-            })
+            .map(|f| format!("{:.1}s", (f - run.started_at).num_milliseconds() as f64 / 1000.0))
             .unwrap_or_else(|| "-".into());
         let starter = run
             .started_by

@@ -83,16 +83,12 @@ pub async fn seed(
     .context("setting the period's policy")?;
     // Holding the policy row orders this seed against a run start (which
     // holds it FOR SHARE), so no item can join a period whose run has begun.
-    let fee_bps: i32 = sqlx::query_scalar(
-        "SELECT fee_bps FROM settlement.settlement_policy WHERE period = $1 FOR UPDATE",
-    )
-    .bind(period.date())
-    .fetch_one(&mut *tx)
-    .await?;
-    if runs::find(&mut tx, JOB, &period.to_string())
-        .await?
-        .is_some()
-    {
+    let fee_bps: i32 =
+        sqlx::query_scalar("SELECT fee_bps FROM settlement.settlement_policy WHERE period = $1 FOR UPDATE")
+            .bind(period.date())
+            .fetch_one(&mut *tx)
+            .await?;
+    if runs::find(&mut tx, JOB, &period.to_string()).await?.is_some() {
         anyhow::bail!("period {period} got a run while seeding; nothing was written");
     }
     let mut inserted = 0u64;
@@ -114,9 +110,7 @@ pub async fn seed(
     tx.commit().await?;
     // Fresh rows: give the planner their statistics before any worker plans a claim.
     let mut conn = pool.acquire().await?;
-    crate::settlement::queue()
-        .refresh_statistics(&mut conn)
-        .await?;
+    crate::settlement::queue().refresh_statistics(&mut conn).await?;
     progress.finish();
     Ok(SeedOutcome {
         inserted,

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use settled_engine::{
-    runs, Chunk, ChunkHandler, ClaimedItem, HandlerError, LeasedHandler, QueueSpec, WorkQueue,
+    runs, Chunk, ChunkHandler, ClaimedItem, Handled, HandlerError, LeasedHandler, QueueSpec, WorkQueue,
 };
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
@@ -71,24 +71,34 @@ pub struct SettleRewards {
 }
 
 impl ChunkHandler for SettleRewards {
-    async fn handle_chunk(&self, tx: &mut PgConnection, chunk: &Chunk) -> Result<(), HandlerError> {
-        pay_chunk(tx, chunk, 1).await?;
+    async fn handle_chunk(&self, tx: &mut PgConnection, chunk: &Chunk) -> Result<Handled, HandlerError> {
+        let held = held_creators(&mut *tx, chunk).await?;
+        let to_pay = chunk.with_items(chunk.items.iter().filter(|i| !held.contains(&i.key)).cloned().collect());
+        if !to_pay.items.is_empty() {
+            pay_chunk(tx, &to_pay, 1).await?;
+        }
         // Simulated work after the writes and before the commit: the widest
         // window for a crash to leave something half written (it must not).
         if !self.work_per_item.is_zero() {
             tokio::time::sleep(self.work_per_item * chunk.items.len() as u32).await;
         }
-        Ok(())
+        Ok(Handled { held })
     }
+}
+
+/// The chunk's creators with an active hold: not paid now.
+async fn held_creators<'e, E: sqlx::PgExecutor<'e>>(conn: E, chunk: &Chunk) -> Result<Vec<String>, HandlerError> {
+    Ok(sqlx::query_scalar(
+        "SELECT creator FROM settlement.creator_holds WHERE released_at IS NULL AND creator = ANY($1)",
+    )
+    .bind(chunk.keys())
+    .fetch_all(conn)
+    .await?)
 }
 
 /// Writes a chunk's ledger rows and balance credits; refuses (so the caller
 /// rolls back) unless every creator of the chunk was credited exactly once.
-async fn pay_chunk(
-    tx: &mut PgConnection,
-    chunk: &Chunk,
-    attempt_offset: i32,
-) -> Result<(), HandlerError> {
+async fn pay_chunk(tx: &mut PgConnection, chunk: &Chunk, attempt_offset: i32) -> Result<(), HandlerError> {
     let credited = sqlx::query(PAY_CHUNK_SQL)
         .bind(&chunk.scope)
         .bind(chunk.keys())
@@ -118,10 +128,21 @@ pub struct SettleWithProvider<P> {
     pub work_per_item: std::time::Duration,
 }
 
+/// What leased settlement loads for a chunk.
+pub struct LeasedBatch {
+    amounts: std::collections::HashMap<String, Amount>,
+    held: Vec<String>,
+}
+
 impl<P: PayoutProvider> LeasedHandler for SettleWithProvider<P> {
-    type Batch = std::collections::HashMap<String, Amount>;
+    type Batch = LeasedBatch;
+
+    fn held(&self, batch: &LeasedBatch) -> Vec<String> {
+        batch.held.clone()
+    }
 
     async fn prepare(&self, pool: &PgPool, chunk: &Chunk) -> Result<Self::Batch, HandlerError> {
+        let held = held_creators(pool, chunk).await?;
         let rows: Vec<(String, String)> = sqlx::query_as(
             "SELECT v.creator, div(v.volume * p.fee_bps, 10000)::text
              FROM settlement.token_trade_volume v
@@ -132,40 +153,29 @@ impl<P: PayoutProvider> LeasedHandler for SettleWithProvider<P> {
         .bind(chunk.keys())
         .fetch_all(pool)
         .await?;
-        rows.into_iter()
+        let amounts = rows
+            .into_iter()
             .map(|(creator, amount)| {
                 Amount::parse_decimal(&amount)
                     .map(|a| (creator, a))
-                    .map_err(|e| {
-                        HandlerError::Permanent(format!("reward {amount:?} is not an amount: {e}"))
-                    })
+                    .map_err(|e| HandlerError::Permanent(format!("reward {amount:?} is not an amount: {e}")))
             })
-            .collect()
+            .collect::<Result<_, _>>()?;
+        Ok(LeasedBatch { amounts, held })
     }
 
-    async fn work_item(
-        &self,
-        batch: &Self::Batch,
-        chunk: &Chunk,
-        item: &ClaimedItem,
-    ) -> Result<(), HandlerError> {
+    async fn work_item(&self, batch: &Self::Batch, chunk: &Chunk, item: &ClaimedItem) -> Result<(), HandlerError> {
         if !self.work_per_item.is_zero() {
             tokio::time::sleep(self.work_per_item).await;
         }
         let Some(provider) = &self.provider else {
             return Ok(());
         };
-        let amount = *batch.get(&item.key).ok_or_else(|| {
-            HandlerError::Permanent(format!(
-                "creator {} has no reward for {}",
-                item.key, chunk.scope
-            ))
+        let amount = *batch.amounts.get(&item.key).ok_or_else(|| {
+            HandlerError::Permanent(format!("creator {} has no reward for {}", item.key, chunk.scope))
         })?;
         let period = Period::parse(&chunk.scope).map_err(HandlerError::Permanent)?;
-        match provider
-            .pay(&payout_key(period, &item.key), &item.key, amount)
-            .await
-        {
+        match provider.pay(&payout_key(period, &item.key), &item.key, amount).await {
             Ok(_) => Ok(()),
             Err(ProviderError::Transient(e)) => Err(HandlerError::Transient(e)),
             Err(ProviderError::Refused(e)) => Err(HandlerError::Permanent(e)),
@@ -188,22 +198,19 @@ pub async fn set_policy(pool: &PgPool, period: Period, fee: FeeBps) -> anyhow::R
     .bind(i32::from(fee.get()))
     .execute(pool)
     .await
-    .map_err(
-        |e| match e.as_database_error().map(|d| d.message().to_string()) {
-            Some(msg) if msg.contains("frozen") => anyhow::anyhow!("{msg}"),
-            _ => anyhow::Error::new(e).context(format!("setting the policy of {period}")),
-        },
-    )?;
+    .map_err(|e| match e.as_database_error().map(|d| d.message().to_string()) {
+        Some(msg) if msg.contains("frozen") => anyhow::anyhow!("{msg}"),
+        _ => anyhow::Error::new(e).context(format!("setting the policy of {period}")),
+    })?;
     Ok(())
 }
 
 /// The period's fee, if a policy exists.
 pub async fn policy(conn: &mut PgConnection, period: Period) -> anyhow::Result<Option<FeeBps>> {
-    let bps: Option<i32> =
-        sqlx::query_scalar("SELECT fee_bps FROM settlement.settlement_policy WHERE period = $1")
-            .bind(period.date())
-            .fetch_optional(conn)
-            .await?;
+    let bps: Option<i32> = sqlx::query_scalar("SELECT fee_bps FROM settlement.settlement_policy WHERE period = $1")
+        .bind(period.date())
+        .fetch_optional(conn)
+        .await?;
     bps.map(|b| FeeBps::new(b as u32).map_err(anyhow::Error::msg))
         .transpose()
 }
@@ -211,26 +218,18 @@ pub async fn policy(conn: &mut PgConnection, period: Period) -> anyhow::Result<O
 /// Creates or joins the run for `period`. Refuses a period without a policy.
 /// The policy row is held FOR SHARE while the run is inserted, so a
 /// concurrent policy change either lands before the run or is refused.
-pub async fn start_or_join_run(
-    pool: &PgPool,
-    period: Period,
-    worker: Uuid,
-) -> anyhow::Result<runs::Joined> {
+pub async fn start_or_join_run(pool: &PgPool, period: Period, worker: Uuid) -> anyhow::Result<runs::Joined> {
     let mut tx = pool.begin().await?;
-    let has_policy: Option<i32> = sqlx::query_scalar(
-        "SELECT fee_bps FROM settlement.settlement_policy WHERE period = $1 FOR SHARE",
-    )
-    .bind(period.date())
-    .fetch_optional(&mut *tx)
-    .await?;
+    let has_policy: Option<i32> =
+        sqlx::query_scalar("SELECT fee_bps FROM settlement.settlement_policy WHERE period = $1 FOR SHARE")
+            .bind(period.date())
+            .fetch_optional(&mut *tx)
+            .await?;
     if has_policy.is_none() {
         // An existing run (say, from before a restore) may still be joined.
         if let Some(run) = runs::find(&mut tx, JOB, &period.to_string()).await? {
             tx.commit().await?;
-            return Ok(runs::Joined {
-                run,
-                started: false,
-            });
+            return Ok(runs::Joined { run, started: false });
         }
         anyhow::bail!(
             "period {period} has no settlement policy: set one with `settled policy --period {period} --fee-bps B` before starting its run"
@@ -246,11 +245,7 @@ pub async fn start_or_join_run(
 /// Puts failed items of `period` back to `eligible` (all, or one creator's).
 /// Their attempts so far stop counting toward the attempt limit
 /// (`attempt_base`), while `attempt` itself, the fence, never goes down.
-pub async fn retry_failed(
-    pool: &PgPool,
-    period: Period,
-    creator: Option<&CreatorAddress>,
-) -> anyhow::Result<u64> {
+pub async fn retry_failed(pool: &PgPool, period: Period, creator: Option<&CreatorAddress>) -> anyhow::Result<u64> {
     let mut tx = pool.begin().await?;
     let retried = sqlx::query(
         "UPDATE settlement.token_trade_volume
@@ -278,11 +273,105 @@ pub async fn retry_failed(
                 .and_then(|e| e.code())
                 .is_some_and(|c| c == "23505")
             {
-                anyhow::bail!("cannot reopen the run of {period} while another run of {JOB} is running; retry after it finishes");
+                anyhow::bail!(
+                    "cannot reopen the run of {period} while another run of {JOB} is running; retry after it finishes"
+                );
             }
             return Err(err.into());
         }
     }
     tx.commit().await?;
     Ok(retried)
+}
+
+/// The result of releasing a hold.
+#[derive(Debug)]
+pub enum Released {
+    /// Released now: (id, creator, reason, created_at, released_at).
+    Released(
+        (
+            i64,
+            String,
+            String,
+            chrono::DateTime<chrono::Utc>,
+            Option<chrono::DateTime<chrono::Utc>>,
+        ),
+    ),
+    /// It had been released before.
+    AlreadyReleased,
+    /// No such hold.
+    NotFound,
+}
+
+/// Releases hold `id` with a conditional update (one caller wins); the
+/// creator's held items become eligible in the same transaction, and their
+/// finished runs are reopened so workers pay them (once: the ledger's key).
+pub async fn release_hold(pool: &PgPool, id: i64) -> anyhow::Result<Released> {
+    let mut tx = pool.begin().await?;
+    let row: Option<(
+        i64,
+        String,
+        String,
+        chrono::DateTime<chrono::Utc>,
+        Option<chrono::DateTime<chrono::Utc>>,
+    )> = sqlx::query_as(
+        "UPDATE settlement.creator_holds SET released_at = now()
+             WHERE id = $1 AND released_at IS NULL
+             RETURNING id, creator, reason, created_at, released_at",
+    )
+    .bind(id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some(row) = row else {
+        let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM settlement.creator_holds WHERE id = $1)")
+            .bind(id)
+            .fetch_one(&mut *tx)
+            .await?;
+        return Ok(if exists {
+            Released::AlreadyReleased
+        } else {
+            Released::NotFound
+        });
+    };
+    let periods: Vec<chrono::NaiveDate> = sqlx::query_scalar(
+        "UPDATE settlement.token_trade_volume SET status = 'eligible', not_before = NULL, updated_at = now()
+         WHERE creator = $1 AND status = 'held' RETURNING period",
+    )
+    .bind(&row.1)
+    .fetch_all(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    reopen_runs_with_work(pool, &periods).await;
+    Ok(Released::Released(row))
+}
+
+/// Reopens finished runs of these periods (best effort: while another run of
+/// the job is running, the worker daemons reopen them later).
+pub async fn reopen_runs_with_work(pool: &PgPool, periods: &[chrono::NaiveDate]) {
+    let mut periods = periods.to_vec();
+    periods.sort();
+    periods.dedup();
+    for period in periods {
+        let Ok(mut conn) = pool.acquire().await else { return };
+        match runs::reopen(&mut conn, JOB, &period.to_string()).await {
+            Ok(true) => tracing::info!(%period, "run reopened: items became eligible again"),
+            Ok(false) => {}
+            Err(err) => tracing::info!(%period, error = %err, "run not reopened yet"),
+        }
+    }
+}
+
+/// The oldest finished run that has eligible items again (a released hold,
+/// a retry while another run ran), if any.
+pub async fn finished_run_with_work(pool: &PgPool) -> anyhow::Result<Option<chrono::NaiveDate>> {
+    Ok(sqlx::query_scalar(
+        "SELECT r.period::date FROM settled_engine.runs r
+         WHERE r.job = $1 AND r.state = 'finished'
+           AND EXISTS (SELECT 1 FROM settlement.token_trade_volume v
+                       WHERE v.period = r.period::date AND v.status = 'eligible')
+         ORDER BY r.period LIMIT 1",
+    )
+    .bind(JOB)
+    .fetch_optional(pool)
+    .await?)
 }

@@ -27,10 +27,7 @@ pub struct PeriodStatus {
 }
 
 /// Reads a period's status in one snapshot.
-pub async fn period_status(
-    conn: &mut PgConnection,
-    period: Period,
-) -> anyhow::Result<PeriodStatus> {
+pub async fn period_status(conn: &mut PgConnection, period: Period) -> anyhow::Result<PeriodStatus> {
     sqlx::query("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         .execute(&mut *conn)
         .await?;
@@ -43,11 +40,7 @@ async fn read(conn: &mut PgConnection, period: Period) -> anyhow::Result<PeriodS
     let p = period.to_string();
     let counts = queue().count_by_status(conn, &p).await?;
     let total = counts.iter().map(|(_, n)| n).sum();
-    let done = counts
-        .iter()
-        .filter(|(s, _)| s.is_final())
-        .map(|(_, n)| n)
-        .sum();
+    let done = counts.iter().filter(|(s, _)| s.is_final()).map(|(_, n)| n).sum();
     let run = runs::find(conn, JOB, &p).await?;
     let (settled_amount, expected_amount): (String, String) = sqlx::query_as(
         "SELECT coalesce((SELECT sum(amount) FROM settlement.reward_ledger WHERE period = $1::date), 0)::text,

@@ -98,7 +98,8 @@ const CHECKS: &[CheckSql] = &[
     CheckSql {
         name: "amounts_follow_policy",
         description: "each ledger amount equals floor(volume * fee_bps / 10000)",
-        offenders: "SELECT l.creator || ' was paid ' || l.amount || ', policy gives ' || div(v.volume * p.fee_bps, 10000)
+        offenders:
+            "SELECT l.creator || ' was paid ' || l.amount || ', policy gives ' || div(v.volume * p.fee_bps, 10000)
                     FROM settlement.reward_ledger l
                     JOIN settlement.token_trade_volume v ON v.period = l.period AND v.creator = l.creator
                     JOIN settlement.settlement_policy p ON p.period = l.period
@@ -127,18 +128,22 @@ const CHECKS: &[CheckSql] = &[
     },
     CheckSql {
         name: "balances_equal_ledger",
-        description: "every creator's balance equals the sum of its ledger rows (all periods)",
-        offenders: "SELECT coalesce(b.creator, l.creator) || ' has balance ' || coalesce(b.balance, 0)
-                           || ' but ledger total ' || coalesce(l.total, 0)
+        description: "every creator's balance equals its ledger total (all periods) less its payouts",
+        offenders: "SELECT coalesce(b.creator, l.creator, p.creator) || ' has balance ' || coalesce(b.balance, 0)
+                           || ' but ledger ' || coalesce(l.total, 0) || ' less payouts ' || coalesce(p.total, 0)
                     FROM settlement.creator_balance b
                     FULL JOIN (SELECT creator, sum(amount) AS total FROM settlement.reward_ledger GROUP BY creator) l
                            ON l.creator = b.creator
-                    WHERE coalesce(b.balance, 0) <> coalesce(l.total, 0)
+                    FULL JOIN (SELECT creator, sum(amount) AS total FROM settlement.payouts GROUP BY creator) p
+                           ON p.creator = coalesce(b.creator, l.creator)
+                    WHERE coalesce(b.balance, 0) <> coalesce(l.total, 0) - coalesce(p.total, 0)
                     ORDER BY 1 LIMIT $2",
         count: "SELECT count(*) FROM settlement.creator_balance b
                 FULL JOIN (SELECT creator, sum(amount) AS total FROM settlement.reward_ledger GROUP BY creator) l
                        ON l.creator = b.creator
-                WHERE coalesce(b.balance, 0) <> coalesce(l.total, 0)",
+                FULL JOIN (SELECT creator, sum(amount) AS total FROM settlement.payouts GROUP BY creator) p
+                       ON p.creator = coalesce(b.creator, l.creator)
+                WHERE coalesce(b.balance, 0) <> coalesce(l.total, 0) - coalesce(p.total, 0)",
     },
 ];
 
@@ -157,10 +162,7 @@ async fn run_checks(conn: &mut PgConnection, period: Period) -> anyhow::Result<V
     let p = period.to_string();
     let mut checks = Vec::with_capacity(CHECKS.len());
     for check in CHECKS {
-        let violations: i64 = sqlx::query_scalar(check.count)
-            .bind(&p)
-            .fetch_one(&mut *conn)
-            .await?;
+        let violations: i64 = sqlx::query_scalar(check.count).bind(&p).fetch_one(&mut *conn).await?;
         let offenders: Vec<String> = if violations > 0 {
             sqlx::query_scalar(check.offenders)
                 .bind(&p)
@@ -202,11 +204,7 @@ impl VerifyReport {
         let mut out = format!(
             "verify {}: {}\n",
             self.period,
-            if self.ok {
-                "OK, every check holds"
-            } else {
-                "FAILED"
-            }
+            if self.ok { "OK, every check holds" } else { "FAILED" }
         );
         for check in &self.checks {
             out.push_str(&format!(
@@ -254,10 +252,7 @@ pub async fn reconcile_provider(
     .bind(period.date())
     .fetch_all(&mut *conn)
     .await?;
-    let statuses: HashMap<String, (String, Option<String>)> = sqlx::query_as::<
-        _,
-        (String, String, Option<String>),
-    >(
+    let statuses: HashMap<String, (String, Option<String>)> = sqlx::query_as::<_, (String, String, Option<String>)>(
         "SELECT creator, status, last_error FROM settlement.token_trade_volume WHERE period = $1",
     )
     .bind(period.date())
@@ -269,20 +264,13 @@ pub async fn reconcile_provider(
 
     let prefix = format!("settled:{period}:");
     let mut by_creator: HashMap<String, Vec<&Payment>> = HashMap::new();
-    for payment in payments
-        .iter()
-        .filter(|p| p.idempotency_key.starts_with(&prefix))
-    {
-        by_creator
-            .entry(payment.creator.clone())
-            .or_default()
-            .push(payment);
+    for payment in payments.iter().filter(|p| p.idempotency_key.starts_with(&prefix)) {
+        by_creator.entry(payment.creator.clone()).or_default().push(payment);
     }
     let mut missing = Vec::new();
     for (creator, amount, _) in &ledger {
         match by_creator.get(creator).map(|v| v.as_slice()) {
-            Some([one])
-                if one.amount == *amount && one.idempotency_key == payout_key(period, creator) => {}
+            Some([one]) if one.amount == *amount && one.idempotency_key == payout_key(period, creator) => {}
             Some([one]) => missing.push(format!(
                 "{creator}: ledger {amount}, provider paid {} under {}",
                 one.amount, one.idempotency_key
@@ -291,8 +279,7 @@ pub async fn reconcile_provider(
             None => missing.push(format!("{creator}: ledger {amount}, no provider payment")),
         }
     }
-    let ledger_creators: std::collections::HashSet<&str> =
-        ledger.iter().map(|(c, _, _)| c.as_str()).collect();
+    let ledger_creators: std::collections::HashSet<&str> = ledger.iter().map(|(c, _, _)| c.as_str()).collect();
     let mut unbooked = Vec::new();
     let mut duplicates = Vec::new();
     for (creator, paid) in &by_creator {
@@ -300,10 +287,7 @@ pub async fn reconcile_provider(
             duplicates.push(format!("{creator}: {} payments", paid.len()));
         }
         if !ledger_creators.contains(creator.as_str()) {
-            let (status, error) = statuses
-                .get(creator)
-                .cloned()
-                .unwrap_or(("no item".into(), None));
+            let (status, error) = statuses.get(creator).cloned().unwrap_or(("no item".into(), None));
             unbooked.push(format!(
                 "{creator}: provider paid {} but the ledger has no row (item {status}{})",
                 paid[0].amount,

@@ -63,11 +63,7 @@ pub enum WorkerOutcome {
     RunNotRunning(i64, RunState),
     /// This worker drained the run (and `finished` says whether it was the
     /// one that marked it finished).
-    Drained {
-        run_id: i64,
-        settled: u64,
-        finished: bool,
-    },
+    Drained { run_id: i64, settled: u64, finished: bool },
     /// Stopped by a signal before the run drained.
     Stopped { run_id: i64, settled: u64 },
 }
@@ -95,10 +91,7 @@ struct Worker {
 
 impl Worker {
     async fn register(pool: &PgPool, opts: &WorkerOptions) -> anyhow::Result<Worker> {
-        anyhow::ensure!(
-            opts.work_ms <= MAX_WORK_MS,
-            "--work-ms must be at most {MAX_WORK_MS}"
-        );
+        anyhow::ensure!(opts.work_ms <= MAX_WORK_MS, "--work-ms must be at most {MAX_WORK_MS}");
         let id = workers::register(pool, env!("CARGO_PKG_VERSION")).await?;
         let stats = Arc::new(DrainStats::default());
         let background = vec![
@@ -206,9 +199,7 @@ impl Worker {
                     .as_deref()
                     .map(|url| HttpProvider::new(url, opts.provider_timeout))
                     .transpose()
-                    .map_err(|e| {
-                        settled_engine::EngineError::Invariant(format!("provider: {e}"))
-                    })?;
+                    .map_err(|e| settled_engine::EngineError::Invariant(format!("provider: {e}")))?;
                 let handler = Arc::new(SettleWithProvider {
                     provider,
                     work_per_item,
@@ -259,11 +250,7 @@ pub async fn run_worker(pool: &PgPool, opts: &WorkerOptions) -> anyhow::Result<W
 /// another server created), creates missed runs of the last
 /// `catch_up_days` days oldest first, settles any running run, and sleeps
 /// until the next due time, a notification, or the next poll.
-pub async fn run_daemon(
-    pool: &PgPool,
-    opts: &WorkerOptions,
-    daemon: &DaemonOptions,
-) -> anyhow::Result<()> {
+pub async fn run_daemon(pool: &PgPool, opts: &WorkerOptions, daemon: &DaemonOptions) -> anyhow::Result<()> {
     anyhow::ensure!(
         daemon.catch_up_days <= settled_engine::schedule::MAX_CATCH_UP_DAYS,
         "--catch-up-days must be at most {}",
@@ -278,9 +265,7 @@ pub async fn run_daemon(
 async fn daemon_loop(worker: &Worker, daemon: &DaemonOptions) -> anyhow::Result<()> {
     let pool = &worker.pool;
     let mut listener = sqlx::postgres::PgListener::connect_with(pool).await?;
-    listener
-        .listen_all([runs::RUNS_CHANNEL, runs::ITEMS_CHANNEL])
-        .await?;
+    listener.listen_all([runs::RUNS_CHANNEL, runs::ITEMS_CHANNEL]).await?;
     tracing::info!(
         worker = %worker.id, schedule = daemon.schedule.expression(), tz = %daemon.schedule.tz(),
         catch_up_days = daemon.catch_up_days, "worker daemon started"
@@ -288,6 +273,11 @@ async fn daemon_loop(worker: &Worker, daemon: &DaemonOptions) -> anyhow::Result<
     let mut skipped_once = std::collections::HashSet::new();
     let mut poll = Duration::from_millis(250);
     while !worker.stopping() {
+        match settlement::finished_run_with_work(pool).await {
+            Ok(Some(period)) => settlement::reopen_runs_with_work(pool, &[period]).await,
+            Ok(None) => {}
+            Err(err) => tracing::warn!(error = %format!("{err:#}"), "could not look for reopened work"),
+        }
         match start_due_runs(worker, daemon, &mut skipped_once).await {
             Ok(()) => {}
             Err(err) => tracing::warn!(error = %format!("{err:#}"), "could not start due runs"),
@@ -309,8 +299,7 @@ async fn daemon_loop(worker: &Worker, daemon: &DaemonOptions) -> anyhow::Result<
             continue;
         }
         // Idle: until the next due time, a notification, or the next poll.
-        let now: chrono::DateTime<chrono::Utc> =
-            sqlx::query_scalar("SELECT now()").fetch_one(pool).await?;
+        let now: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()").fetch_one(pool).await?;
         let until_due = daemon
             .schedule
             .next_after(now)
@@ -341,16 +330,12 @@ async fn start_due_runs(
     skipped_once: &mut std::collections::HashSet<Period>,
 ) -> anyhow::Result<()> {
     let pool = &worker.pool;
-    let now: chrono::DateTime<chrono::Utc> =
-        sqlx::query_scalar("SELECT now()").fetch_one(pool).await?;
+    let now: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()").fetch_one(pool).await?;
     let from = now - chrono::Duration::days(i64::from(daemon.catch_up_days.max(1)));
     for (fired_at, local_date) in daemon.schedule.fire_times(from, now) {
         let period = Period::from_date(local_date - chrono::Duration::days(1));
         let mut conn = pool.acquire().await?;
-        if runs::find(&mut conn, JOB, &period.to_string())
-            .await?
-            .is_some()
-        {
+        if runs::find(&mut conn, JOB, &period.to_string()).await?.is_some() {
             continue;
         }
         let (has_policy, items): (bool, i64) = sqlx::query_as(
@@ -379,9 +364,7 @@ async fn start_due_runs(
             Err(err)
                 if err
                     .downcast_ref::<settled_engine::EngineError>()
-                    .is_some_and(|e| {
-                        matches!(e, settled_engine::EngineError::OtherRunActive { .. })
-                    }) =>
+                    .is_some_and(|e| matches!(e, settled_engine::EngineError::OtherRunActive { .. })) =>
             {
                 // One running run per job: the rest wait their turn, oldest first.
                 break;
@@ -393,18 +376,9 @@ async fn start_due_runs(
 }
 
 /// Marks the run finished when no item is left to do; only one worker wins.
-pub async fn finish_if_drained(
-    pool: &PgPool,
-    run_id: i64,
-    period: Period,
-    worker: Uuid,
-) -> anyhow::Result<bool> {
+pub async fn finish_if_drained(pool: &PgPool, run_id: i64, period: Period, worker: Uuid) -> anyhow::Result<bool> {
     let mut conn = pool.acquire().await?;
-    if queue()
-        .count_unfinished(&mut conn, &period.to_string())
-        .await?
-        > 0
-    {
+    if queue().count_unfinished(&mut conn, &period.to_string()).await? > 0 {
         return Ok(false);
     }
     let status = crate::status::period_status(&mut conn, period).await?;
@@ -451,10 +425,7 @@ async fn heartbeat_loop(pool: PgPool, worker: Uuid, stats: Arc<DrainStats>) {
 /// mode, is given back after the shutdown grace).
 async fn stop_on_signal(stats: Arc<DrainStats>) {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
         return;
     };
     tokio::select! {

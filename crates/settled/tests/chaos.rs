@@ -39,10 +39,7 @@ fn chaos(mode: &str, seed: &str) {
     assert_eq!(report["ok"], true);
     let injected = report["injected"].to_string();
     for fault in ["SIGKILL", "SIGSTOP", "pg_terminate_backend"] {
-        assert!(
-            injected.contains(fault),
-            "{mode}: no {fault} injected: {injected}"
-        );
+        assert!(injected.contains(fault), "{mode}: no {fault} injected: {injected}");
     }
     let invariants = report["invariants"].as_array().unwrap();
     assert!(invariants.len() >= 8, "{report:#}");

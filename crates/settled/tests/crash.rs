@@ -34,9 +34,7 @@ async fn sigkill_mid_chunk_rolls_back_and_the_rest_settles_once() {
     // Wait until some chunks committed and one sits written but uncommitted.
     let mut caught_mid_chunk = false;
     for _ in 0..400 {
-        let committed = env
-            .scalar_i64("SELECT count(*) FROM settlement.reward_ledger")
-            .await;
+        let committed = env.scalar_i64("SELECT count(*) FROM settlement.reward_ledger").await;
         let open_with_writes = env
             .scalar_i64(
                 "SELECT count(*) FROM pg_stat_activity
@@ -72,15 +70,11 @@ async fn sigkill_mid_chunk_rolls_back_and_the_rest_settles_once() {
     }
 
     // Nothing half written: every ledger row has its settled item and balance, and vice versa.
-    let ledger = env
-        .scalar_i64("SELECT count(*) FROM settlement.reward_ledger")
-        .await;
+    let ledger = env.scalar_i64("SELECT count(*) FROM settlement.reward_ledger").await;
     let settled = env
         .scalar_i64("SELECT count(*) FROM settlement.token_trade_volume WHERE status = 'settled'")
         .await;
-    let balances = env
-        .scalar_i64("SELECT count(*) FROM settlement.creator_balance")
-        .await;
+    let balances = env.scalar_i64("SELECT count(*) FROM settlement.creator_balance").await;
     assert_eq!(ledger, settled);
     assert_eq!(ledger, balances);
     assert!(
@@ -88,10 +82,8 @@ async fn sigkill_mid_chunk_rolls_back_and_the_rest_settles_once() {
         "the kill should land mid-run, settled {settled}"
     );
     assert_eq!(
-        env.scalar_i64(
-            "SELECT count(*) FROM settlement.token_trade_volume WHERE status = 'processing'"
-        )
-        .await,
+        env.scalar_i64("SELECT count(*) FROM settlement.token_trade_volume WHERE status = 'processing'")
+            .await,
         0
     );
 
@@ -109,8 +101,7 @@ async fn sigkill_mid_chunk_rolls_back_and_the_rest_settles_once() {
     }
     env.run_ok(&["verify", "--period", "2026-11-28"]);
     assert_eq!(
-        env.scalar_i64("SELECT count(*) FROM settlement.reward_ledger")
-            .await,
+        env.scalar_i64("SELECT count(*) FROM settlement.reward_ledger").await,
         3000
     );
 }

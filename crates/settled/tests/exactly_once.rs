@@ -38,15 +38,11 @@ async fn eight_worker_processes_settle_20000_creators_exactly_once() {
         })
         .collect();
     for child in &mut children {
-        assert!(
-            common::wait_bounded(child, 180).success(),
-            "a worker failed"
-        );
+        assert!(common::wait_bounded(child, 180).success(), "a worker failed");
     }
 
     assert_eq!(
-        env.scalar_i64("SELECT count(*) FROM settlement.reward_ledger")
-            .await,
+        env.scalar_i64("SELECT count(*) FROM settlement.reward_ledger").await,
         20_000
     );
     assert_eq!(
@@ -55,10 +51,8 @@ async fn eight_worker_processes_settle_20000_creators_exactly_once() {
         20_000
     );
     assert_eq!(
-        env.scalar_i64(
-            "SELECT count(*) FROM settlement.token_trade_volume WHERE status <> 'settled'"
-        )
-        .await,
+        env.scalar_i64("SELECT count(*) FROM settlement.token_trade_volume WHERE status <> 'settled'")
+            .await,
         0
     );
     // Each process took part: SKIP LOCKED spread the work instead of serializing it.
@@ -66,17 +60,11 @@ async fn eight_worker_processes_settle_20000_creators_exactly_once() {
         .scalar_i64("SELECT count(*) FROM settled_engine.workers WHERE stopped_at IS NOT NULL")
         .await;
     assert_eq!(workers_with_work, 8);
-    let run_state = env
-        .scalar_text("SELECT state FROM settled_engine.runs")
-        .await;
+    let run_state = env.scalar_text("SELECT state FROM settled_engine.runs").await;
     assert_eq!(run_state, "finished");
 
     let out = env.run(&["verify", "--period", "2026-11-28", "--json"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["ok"], true);
     assert_eq!(report["ledger_total"], report["expected_total"]);
@@ -84,8 +72,7 @@ async fn eight_worker_processes_settle_20000_creators_exactly_once() {
     // A late worker finds the run finished and changes nothing.
     env.run_ok(&["worker", "--period", "2026-11-28"]);
     assert_eq!(
-        env.scalar_i64("SELECT count(*) FROM settlement.reward_ledger")
-            .await,
+        env.scalar_i64("SELECT count(*) FROM settlement.reward_ledger").await,
         20_000
     );
 }
@@ -104,11 +91,7 @@ async fn a_run_needs_a_policy_and_freezes_it() {
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("has no settlement policy"), "{stderr}");
-    assert_eq!(
-        env.scalar_i64("SELECT count(*) FROM settled_engine.runs")
-            .await,
-        0
-    );
+    assert_eq!(env.scalar_i64("SELECT count(*) FROM settled_engine.runs").await, 0);
 
     env.run_ok(&["policy", "--period", "2026-11-01", "--fee-bps", "500"]);
     env.run_ok(&["worker", "--period", "2026-11-01"]);
@@ -147,10 +130,7 @@ fn without_a_database_or_server_binaries_it_exits_2_with_one_line() {
         .args(["status", "--period", "2026-11-01"])
         .env_remove("DATABASE_URL")
         .env("PG_BIN", "/nonexistent/postgresql/bin")
-        .env(
-            "SETTLED_DATA_DIR",
-            std::env::temp_dir().join("settled-no-binaries"),
-        )
+        .env("SETTLED_DATA_DIR", std::env::temp_dir().join("settled-no-binaries"))
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));

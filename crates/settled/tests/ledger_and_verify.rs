@@ -59,10 +59,7 @@ async fn the_ledger_refuses_a_second_row_and_any_edit() {
             .execute(&env.pool)
             .await
             .unwrap_err();
-        assert!(
-            err.to_string().contains("append-only"),
-            "{statement}: {err}"
-        );
+        assert!(err.to_string().contains("append-only"), "{statement}: {err}");
     }
     let err = sqlx::query("TRUNCATE settlement.reward_ledger CASCADE")
         .execute(&env.pool)
@@ -70,8 +67,7 @@ async fn the_ledger_refuses_a_second_row_and_any_edit() {
         .unwrap_err();
     assert!(err.to_string().contains("append-only"), "{err}");
     assert_eq!(
-        env.scalar_i64("SELECT count(*) FROM settlement.reward_ledger")
-            .await,
+        env.scalar_i64("SELECT count(*) FROM settlement.reward_ledger").await,
         50
     );
     env.run_ok(&["verify", "--period", "2026-11-28"]);
@@ -86,11 +82,7 @@ async fn expect_verify_to_catch(tamper: &str, check: &str) {
         .execute(&mut *conn)
         .await
         .unwrap();
-    let changed = sqlx::query(tamper)
-        .execute(&mut *conn)
-        .await
-        .unwrap()
-        .rows_affected();
+    let changed = sqlx::query(tamper).execute(&mut *conn).await.unwrap().rows_affected();
     assert_eq!(changed, 1, "{tamper}");
     sqlx::query("RESET session_replication_role")
         .execute(&mut *conn)
@@ -109,10 +101,7 @@ async fn expect_verify_to_catch(tamper: &str, check: &str) {
         .filter(|c| c["ok"] == false)
         .map(|c| c["name"].as_str().unwrap())
         .collect();
-    assert!(
-        failed.contains(&check),
-        "{tamper}: failed checks {failed:?}"
-    );
+    assert!(failed.contains(&check), "{tamper}: failed checks {failed:?}");
     let offenders = report["checks"]
         .as_array()
         .unwrap()

@@ -30,10 +30,7 @@ async fn skip_locked_claimers_pass_each_other_while_plain_for_update_waits() {
     let mut observer = PgConnection::connect(&env.db.url).await.unwrap();
 
     sqlx::query("BEGIN").execute(&mut a).await.unwrap();
-    let a_rows: Vec<String> = sqlx::query_scalar(CLAIM_SKIP_LOCKED)
-        .fetch_all(&mut a)
-        .await
-        .unwrap();
+    let a_rows: Vec<String> = sqlx::query_scalar(CLAIM_SKIP_LOCKED).fetch_all(&mut a).await.unwrap();
     assert_eq!(a_rows.len(), 10);
 
     // B gets the next ten at once: it skips A's rows instead of waiting.
@@ -96,14 +93,8 @@ async fn skip_locked_claimers_pass_each_other_while_plain_for_update_waits() {
     }
     let (locktype, granted, blockers) = seen.expect("C never showed up waiting in pg_locks");
     assert!(!granted);
-    assert!(
-        ["transactionid", "tuple"].contains(&locktype.as_str()),
-        "{locktype}"
-    );
-    assert!(
-        blockers.contains(&a_pid),
-        "C should wait for A, waits for {blockers:?}"
-    );
+    assert!(["transactionid", "tuple"].contains(&locktype.as_str()), "{locktype}");
+    assert!(blockers.contains(&a_pid), "C should wait for A, waits for {blockers:?}");
     assert!(!waiter.is_finished(), "C did not wait");
 
     // A and B still hold theirs: granted locks on the table in both backends.
@@ -114,20 +105,14 @@ async fn skip_locked_claimers_pass_each_other_while_plain_for_update_waits() {
     .fetch_one(&mut observer)
     .await
     .unwrap();
-    assert!(
-        holders >= 2,
-        "A and B should hold RowShareLock, saw {holders}"
-    );
+    assert!(holders >= 2, "A and B should hold RowShareLock, saw {holders}");
 
     sqlx::query("COMMIT").execute(&mut a).await.unwrap();
     let c_rows = tokio::time::timeout(Duration::from_secs(10), waiter)
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(
-        c_rows, a_rows,
-        "once A is gone, C locks the rows it waited for"
-    );
+    assert_eq!(c_rows, a_rows, "once A is gone, C locks the rows it waited for");
     sqlx::query("COMMIT").execute(&mut b).await.unwrap();
 }
 
@@ -148,15 +133,11 @@ async fn offset_paging_locks_every_row_it_skips() {
     .await
     .unwrap();
     assert_eq!(page.len(), 10);
-    let locked: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM pgrowlocks('settlement.token_trade_volume')")
-            .fetch_one(&env.pool)
-            .await
-            .unwrap();
-    assert_eq!(
-        locked, 1010,
-        "OFFSET 1000 LIMIT 10 FOR UPDATE should lock 1,010 rows"
-    );
+    let locked: i64 = sqlx::query_scalar("SELECT count(*) FROM pgrowlocks('settlement.token_trade_volume')")
+        .fetch_one(&env.pool)
+        .await
+        .unwrap();
+    assert_eq!(locked, 1010, "OFFSET 1000 LIMIT 10 FOR UPDATE should lock 1,010 rows");
     sqlx::query("ROLLBACK").execute(&mut pager).await.unwrap();
 
     // The engine's claim locks exactly the rows it returns.
@@ -165,11 +146,10 @@ async fn offset_paging_locks_every_row_it_skips() {
         .fetch_all(&mut pager)
         .await
         .unwrap();
-    let locked: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM pgrowlocks('settlement.token_trade_volume')")
-            .fetch_one(&env.pool)
-            .await
-            .unwrap();
+    let locked: i64 = sqlx::query_scalar("SELECT count(*) FROM pgrowlocks('settlement.token_trade_volume')")
+        .fetch_one(&env.pool)
+        .await
+        .unwrap();
     assert_eq!((claimed.len(), locked), (10, 10));
     sqlx::query("ROLLBACK").execute(&mut pager).await.unwrap();
 }

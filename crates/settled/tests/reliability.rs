@@ -14,10 +14,7 @@ const PERIOD: &str = "2026-11-28";
 fn worker(env: &Env, extra: &[&str]) -> std::process::Child {
     let mut args = vec!["worker", "--period", PERIOD];
     args.extend_from_slice(extra);
-    env.cmd(&args)
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("spawn worker")
+    env.cmd(&args).stdout(Stdio::null()).spawn().expect("spawn worker")
 }
 
 fn signal(child: &std::process::Child, sig: Signal) {
@@ -42,12 +39,11 @@ async fn a_sigkilled_workers_leases_are_rescued_and_settled_by_others() {
     .await;
     signal(&victim, Signal::SIGKILL);
     common::wait_bounded(&mut victim, 180);
-    let orphaned: Vec<String> = sqlx::query_scalar(
-        "SELECT creator FROM settlement.token_trade_volume WHERE status = 'processing'",
-    )
-    .fetch_all(&env.pool)
-    .await
-    .unwrap();
+    let orphaned: Vec<String> =
+        sqlx::query_scalar("SELECT creator FROM settlement.token_trade_volume WHERE status = 'processing'")
+            .fetch_all(&env.pool)
+            .await
+            .unwrap();
     assert!(!orphaned.is_empty());
 
     let mut args = LEASED_FAST.to_vec();
@@ -65,8 +61,7 @@ async fn a_sigkilled_workers_leases_are_rescued_and_settled_by_others() {
     .unwrap();
     assert_eq!(rescued, orphaned.len() as i64);
     assert_eq!(
-        env.scalar_i64("SELECT count(*) FROM settlement.reward_ledger")
-            .await,
+        env.scalar_i64("SELECT count(*) FROM settlement.reward_ledger").await,
         300
     );
     env.run_ok(&["verify", "--period", PERIOD]);
@@ -102,10 +97,8 @@ async fn a_zombies_completion_is_refused_by_the_fence_and_nothing_is_paid_twice(
     let mut other = worker(&env, &args);
     assert!(common::wait_bounded(&mut other, 180).success());
     assert_eq!(
-        env.scalar_i64(
-            "SELECT count(*) FROM settlement.token_trade_volume WHERE status = 'settled'"
-        )
-        .await,
+        env.scalar_i64("SELECT count(*) FROM settlement.token_trade_volume WHERE status = 'settled'")
+            .await,
         200
     );
 
@@ -115,13 +108,9 @@ async fn a_zombies_completion_is_refused_by_the_fence_and_nothing_is_paid_twice(
     let rejected = env
         .scalar_i64("SELECT max(fence_rejections) FROM settled_engine.workers")
         .await;
-    assert!(
-        rejected > 0,
-        "the zombie's completion should have been refused"
-    );
+    assert!(rejected > 0, "the zombie's completion should have been refused");
     assert_eq!(
-        env.scalar_i64("SELECT count(*) FROM settlement.reward_ledger")
-            .await,
+        env.scalar_i64("SELECT count(*) FROM settlement.reward_ledger").await,
         200
     );
     let counters = sim.counters().await;
@@ -142,36 +131,21 @@ async fn applied_then_timed_out_never_pays_twice() {
     ]);
     env.run_ok(&["seed", "--period", PERIOD, "--creators", "150"]);
     let mut args = LEASED_FAST.to_vec();
-    args.extend([
-        "--chunk",
-        "10",
-        "--concurrency",
-        "4",
-        "--provider-url",
-        &sim.url,
-    ]);
+    args.extend(["--chunk", "10", "--concurrency", "4", "--provider-url", &sim.url]);
     let mut children: Vec<_> = (0..2).map(|_| worker(&env, &args)).collect();
     for child in &mut children {
         assert!(common::wait_bounded(child, 180).success());
     }
     let counters = sim.counters().await;
-    assert!(
-        counters["applied_then_timed_out"].as_u64().unwrap() > 10,
-        "{counters}"
-    );
+    assert!(counters["applied_then_timed_out"].as_u64().unwrap() > 10, "{counters}");
     assert!(counters["replayed"].as_u64().unwrap() > 0, "{counters}");
-    assert_eq!(
-        counters["applied"], 150,
-        "one payment per creator: {counters}"
-    );
+    assert_eq!(counters["applied"], 150, "one payment per creator: {counters}");
     env.run_ok(&["verify", "--period", PERIOD, "--provider-url", &sim.url]);
 }
 
 async fn install_poison(env: &Env) -> String {
     let poison = env
-        .scalar_text(
-            "SELECT creator FROM settlement.token_trade_volume ORDER BY creator OFFSET 37 LIMIT 1",
-        )
+        .scalar_text("SELECT creator FROM settlement.token_trade_volume ORDER BY creator OFFSET 37 LIMIT 1")
         .await;
     // A fixture that makes one creator's payment fail, as bad data would.
     sqlx::query(&format!(
@@ -197,12 +171,11 @@ async fn install_poison(env: &Env) -> String {
 }
 
 async fn assert_only_poison_failed(env: &Env, poison: &str) {
-    let failed: Vec<(String, Option<String>)> = sqlx::query_as(
-        "SELECT creator, last_error FROM settlement.token_trade_volume WHERE status = 'failed'",
-    )
-    .fetch_all(&env.pool)
-    .await
-    .unwrap();
+    let failed: Vec<(String, Option<String>)> =
+        sqlx::query_as("SELECT creator, last_error FROM settlement.token_trade_volume WHERE status = 'failed'")
+            .fetch_all(&env.pool)
+            .await
+            .unwrap();
     assert_eq!(failed.len(), 1, "{failed:?}");
     assert_eq!(failed[0].0, poison);
     assert!(
@@ -210,8 +183,7 @@ async fn assert_only_poison_failed(env: &Env, poison: &str) {
         "{failed:?}"
     );
     assert_eq!(
-        env.scalar_i64("SELECT count(*) FROM settlement.reward_ledger")
-            .await,
+        env.scalar_i64("SELECT count(*) FROM settlement.reward_ledger").await,
         199
     );
     env.run_ok(&["verify", "--period", PERIOD]);
@@ -225,8 +197,7 @@ async fn a_poison_item_fails_alone_in_transaction_mode() {
     env.run_ok(&["worker", "--period", PERIOD, "--chunk", "100"]);
     assert_only_poison_failed(&env, &poison).await;
     assert_eq!(
-        env.scalar_text("SELECT state FROM settled_engine.runs")
-            .await,
+        env.scalar_text("SELECT state FROM settled_engine.runs").await,
         "finished"
     );
 
@@ -239,8 +210,7 @@ async fn a_poison_item_fails_alone_in_transaction_mode() {
     assert!(out.contains("1 failed item"), "{out}");
     env.run_ok(&["worker", "--period", PERIOD]);
     assert_eq!(
-        env.scalar_i64("SELECT count(*) FROM settlement.reward_ledger")
-            .await,
+        env.scalar_i64("SELECT count(*) FROM settlement.reward_ledger").await,
         200
     );
     env.run_ok(&["verify", "--period", PERIOD]);

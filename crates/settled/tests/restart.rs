@@ -26,9 +26,7 @@ async fn workers_survive_a_postgres_restart_mid_run() {
         .await
         .unwrap()
         .unwrap();
-    let mut admin = PgConnection::connect(&server.url("postgres"))
-        .await
-        .unwrap();
+    let mut admin = PgConnection::connect(&server.url("postgres")).await.unwrap();
     sqlx::query("CREATE DATABASE restart_test")
         .execute(&mut admin)
         .await
@@ -43,19 +41,13 @@ async fn workers_survive_a_postgres_restart_mid_run() {
             .stdin(Stdio::null());
         cmd
     };
-    assert!(
-        settled(&["seed", "--period", "2026-11-28", "--creators", "2000"])
-            .status()
-            .unwrap()
-            .success()
-    );
+    assert!(settled(&["seed", "--period", "2026-11-28", "--creators", "2000"])
+        .status()
+        .unwrap()
+        .success());
 
     for mode in ["tx", "leased"] {
-        let period = if mode == "tx" {
-            "2026-11-28"
-        } else {
-            "2026-11-27"
-        };
+        let period = if mode == "tx" { "2026-11-28" } else { "2026-11-27" };
         if mode == "leased" {
             assert!(settled(&["seed", "--period", period, "--creators", "2000"])
                 .status()
@@ -89,13 +81,11 @@ async fn workers_survive_a_postgres_restart_mid_run() {
         // Let them get going, then restart the server under them.
         let mut conn = PgConnection::connect(&url).await.unwrap();
         loop {
-            let paid: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM settlement.reward_ledger WHERE period = $1::date",
-            )
-            .bind(period)
-            .fetch_one(&mut conn)
-            .await
-            .unwrap();
+            let paid: i64 = sqlx::query_scalar("SELECT count(*) FROM settlement.reward_ledger WHERE period = $1::date")
+                .bind(period)
+                .fetch_one(&mut conn)
+                .await
+                .unwrap();
             if paid >= 200 {
                 break;
             }
@@ -111,11 +101,7 @@ async fn workers_survive_a_postgres_restart_mid_run() {
             );
         }
         let out = settled(&["verify", "--period", period]).output().unwrap();
-        assert!(
-            out.status.success(),
-            "{mode}: {}",
-            String::from_utf8_lossy(&out.stdout)
-        );
+        assert!(out.status.success(), "{mode}: {}", String::from_utf8_lossy(&out.stdout));
     }
     tokio::task::spawn_blocking(move || server.stop())
         .await

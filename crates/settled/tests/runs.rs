@@ -18,10 +18,7 @@ fn daily_at(at: DateTime<Utc>) -> String {
 }
 
 async fn db_now(env: &Env) -> DateTime<Utc> {
-    sqlx::query_scalar("SELECT now()")
-        .fetch_one(&env.pool)
-        .await
-        .unwrap()
+    sqlx::query_scalar("SELECT now()").fetch_one(&env.pool).await.unwrap()
 }
 
 fn daemon(env: &Env, schedule: &str, extra: &[&str]) -> std::process::Child {
@@ -37,10 +34,7 @@ fn daemon(env: &Env, schedule: &str, extra: &[&str]) -> std::process::Child {
         "500",
     ];
     args.extend_from_slice(extra);
-    env.cmd(&args)
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("spawn daemon")
+    env.cmd(&args).stdout(Stdio::null()).spawn().expect("spawn daemon")
 }
 
 fn stop_all(children: &mut [std::process::Child]) {
@@ -74,39 +68,21 @@ async fn twenty_daemons_waking_at_once_create_one_run_and_all_work_in_it() {
             )
         })
         .collect();
-    wait_until(120, "the run to finish", || async {
-        finished_runs(&env).await == 1
-    })
-    .await;
+    wait_until(120, "the run to finish", || async { finished_runs(&env).await == 1 }).await;
     stop_all(&mut daemons);
 
-    assert_eq!(
-        env.scalar_i64("SELECT count(*) FROM settled_engine.runs")
-            .await,
-        1
-    );
+    assert_eq!(env.scalar_i64("SELECT count(*) FROM settled_engine.runs").await, 1);
     let starter_is_a_daemon = env
-        .scalar_i64(
-            "SELECT count(*) FROM settled_engine.runs r JOIN settled_engine.workers w ON w.id = r.started_by",
-        )
+        .scalar_i64("SELECT count(*) FROM settled_engine.runs r JOIN settled_engine.workers w ON w.id = r.started_by")
         .await;
-    assert_eq!(
-        starter_is_a_daemon, 1,
-        "the starter must be one of the daemons"
-    );
+    assert_eq!(starter_is_a_daemon, 1, "the starter must be one of the daemons");
     let busy = env
         .scalar_i64("SELECT count(*) FROM settled_engine.workers WHERE items_settled > 0")
         .await;
-    assert_eq!(
-        busy, 20,
-        "every daemon should have claimed work in the one run"
-    );
+    assert_eq!(busy, 20, "every daemon should have claimed work in the one run");
     env.run_ok(&["verify", "--period", &period]);
     let runs = env.run_ok(&["runs"]);
-    assert!(
-        runs.contains("finished") && runs.contains("settled 6000"),
-        "{runs}"
-    );
+    assert!(runs.contains("finished") && runs.contains("settled 6000"), "{runs}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -122,9 +98,7 @@ async fn the_first_worker_after_a_missed_due_time_creates_the_missed_run() {
     })
     .await;
     stop_all(&mut late);
-    let run_period = env
-        .scalar_text("SELECT period FROM settled_engine.runs")
-        .await;
+    let run_period = env.scalar_text("SELECT period FROM settled_engine.runs").await;
     assert_eq!(run_period, period);
     env.run_ok(&["verify", "--period", &period]);
 }
@@ -138,9 +112,7 @@ async fn a_starter_killed_right_after_creating_the_run_leaves_nothing_stuck() {
     let schedule = daily_at(fire);
     let mut starter = daemon(&env, &schedule, &["--work-ms", "5", "--chunk", "10"]);
     wait_until(30, "the run to exist", || async {
-        env.scalar_i64("SELECT count(*) FROM settled_engine.runs")
-            .await
-            == 1
+        env.scalar_i64("SELECT count(*) FROM settled_engine.runs").await == 1
     })
     .await;
     kill(Pid::from_raw(starter.id() as i32), Signal::SIGKILL).unwrap();
@@ -158,10 +130,7 @@ async fn a_starter_killed_right_after_creating_the_run_leaves_nothing_stuck() {
     let finisher = env
         .scalar_text("SELECT finished_by::text FROM settled_engine.runs")
         .await;
-    assert_ne!(
-        finisher, starter_id,
-        "a surviving worker must finish the run"
-    );
+    assert_ne!(finisher, starter_id, "a surviving worker must finish the run");
     env.run_ok(&["verify", "--period", &period]);
 }
 
@@ -175,13 +144,8 @@ async fn two_periods_due_at_once_run_one_after_the_other() {
     env.run_ok(&["seed", "--period", &newer, "--creators", "1500"]);
     env.run_ok(&["seed", "--period", &older, "--creators", "1500"]);
     let schedule = daily_at(fire);
-    let mut daemons: Vec<_> = (0..2)
-        .map(|_| daemon(&env, &schedule, &["--work-ms", "1"]))
-        .collect();
-    wait_until(90, "both runs to finish", || async {
-        finished_runs(&env).await == 2
-    })
-    .await;
+    let mut daemons: Vec<_> = (0..2).map(|_| daemon(&env, &schedule, &["--work-ms", "1"])).collect();
+    wait_until(90, "both runs to finish", || async { finished_runs(&env).await == 2 }).await;
     stop_all(&mut daemons);
 
     let (older_finished, newer_started): (DateTime<Utc>, DateTime<Utc>) = sqlx::query_as(
@@ -193,29 +157,19 @@ async fn two_periods_due_at_once_run_one_after_the_other() {
     .fetch_one(&env.pool)
     .await
     .unwrap();
-    assert!(
-        older_finished <= newer_started,
-        "the older period runs first, alone"
-    );
+    assert!(older_finished <= newer_started, "the older period runs first, alone");
     env.run_ok(&["verify", "--period", &older]);
     env.run_ok(&["verify", "--period", &newer]);
 
     // `settled run` on a finished period says so and changes nothing.
-    let ledger_before = env
-        .scalar_i64("SELECT count(*) FROM settlement.reward_ledger")
-        .await;
+    let ledger_before = env.scalar_i64("SELECT count(*) FROM settlement.reward_ledger").await;
     let out = env.run_ok(&["run", "--period", &newer]);
     assert!(out.contains("is finished; nothing changed"), "{out}");
     assert_eq!(
-        env.scalar_i64("SELECT count(*) FROM settlement.reward_ledger")
-            .await,
+        env.scalar_i64("SELECT count(*) FROM settlement.reward_ledger").await,
         ledger_before
     );
-    assert_eq!(
-        env.scalar_i64("SELECT count(*) FROM settled_engine.runs")
-            .await,
-        2
-    );
+    assert_eq!(env.scalar_i64("SELECT count(*) FROM settled_engine.runs").await, 2);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -224,22 +178,12 @@ async fn cancel_stops_claims_and_gives_back_leases_then_run_resumes() {
     env.run_ok(&["seed", "--period", "2026-11-28", "--creators", "400"]);
     let out = env.run_ok(&["run", "--period", "2026-11-28"]);
     assert!(out.contains("started run"), "{out}");
-    let mut args = vec![
-        "worker",
-        "--period",
-        "2026-11-28",
-        "--chunk",
-        "10",
-        "--work-ms",
-        "100",
-    ];
+    let mut args = vec!["worker", "--period", "2026-11-28", "--chunk", "10", "--work-ms", "100"];
     args.extend_from_slice(common::LEASED_FAST);
     let mut worker = env.cmd(&args).stdout(Stdio::null()).spawn().unwrap();
     wait_until(30, "leases to be held", || async {
-        env.scalar_i64(
-            "SELECT count(*) FROM settlement.token_trade_volume WHERE status = 'processing'",
-        )
-        .await
+        env.scalar_i64("SELECT count(*) FROM settlement.token_trade_volume WHERE status = 'processing'")
+            .await
             > 0
     })
     .await;
@@ -247,22 +191,16 @@ async fn cancel_stops_claims_and_gives_back_leases_then_run_resumes() {
     assert!(out.contains("cancelled"), "{out}");
     assert!(common::wait_bounded(&mut worker, 180).success());
     assert_eq!(
-        env.scalar_i64(
-            "SELECT count(*) FROM settlement.token_trade_volume WHERE status = 'processing'"
-        )
-        .await,
+        env.scalar_i64("SELECT count(*) FROM settlement.token_trade_volume WHERE status = 'processing'")
+            .await,
         0
     );
     let left = env
         .scalar_i64("SELECT count(*) FROM settlement.token_trade_volume WHERE status = 'eligible'")
         .await;
-    assert!(
-        left > 0,
-        "the cancel should have stopped the run before the end"
-    );
+    assert!(left > 0, "the cancel should have stopped the run before the end");
     assert_eq!(
-        env.scalar_text("SELECT state FROM settled_engine.runs")
-            .await,
+        env.scalar_text("SELECT state FROM settled_engine.runs").await,
         "cancelled"
     );
 
@@ -272,10 +210,7 @@ async fn cancel_stops_claims_and_gives_back_leases_then_run_resumes() {
     let workers = env.run_ok(&["workers", "--json"]);
     let list: serde_json::Value = serde_json::from_str(&workers).unwrap();
     assert!(
-        list.as_array()
-            .unwrap()
-            .iter()
-            .all(|w| w["state"] == "stopped"),
+        list.as_array().unwrap().iter().all(|w| w["state"] == "stopped"),
         "{list:#}"
     );
     tokio::time::sleep(Duration::from_millis(1)).await;

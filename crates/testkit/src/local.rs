@@ -32,10 +32,7 @@ impl PgBinaries {
 pub fn find_binaries() -> Result<PgBinaries> {
     let has_server = |dir: &Path| dir.join("initdb").is_file() && dir.join("pg_ctl").is_file();
     // An explicit PG_BIN is authoritative: a wrong one is an error, not a hint.
-    if let Some(dir) = std::env::var_os("PG_BIN")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-    {
+    if let Some(dir) = std::env::var_os("PG_BIN").filter(|v| !v.is_empty()).map(PathBuf::from) {
         return if has_server(&dir) {
             Ok(PgBinaries { dir })
         } else {
@@ -150,13 +147,9 @@ impl LocalPostgres {
         ];
         if opts.throwaway {
             settings.extend(
-                [
-                    "fsync=off",
-                    "synchronous_commit=off",
-                    "full_page_writes=off",
-                ]
-                .iter()
-                .map(|s| format!("-c {s}")),
+                ["fsync=off", "synchronous_commit=off", "full_page_writes=off"]
+                    .iter()
+                    .map(|s| format!("-c {s}")),
             );
         }
         let mut cmd = Command::new(bin.program("pg_ctl"));
@@ -286,8 +279,7 @@ impl LocalPostgres {
         if let Some(user) = self.run_as {
             cmd.uid(user.uid).gid(user.gid);
         }
-        cmd.spawn()
-            .map_err(|e| Error::io("starting the server watchdog", e))?;
+        cmd.spawn().map_err(|e| Error::io("starting the server watchdog", e))?;
         Ok(())
     }
 }
@@ -315,19 +307,16 @@ fn server_user() -> Result<Option<RunAs>> {
 /// Creates `wanted` for the server user, or, if that user cannot reach it
 /// (a root-only home, say), a directory under the system temp dir.
 fn reachable_data_dir(wanted: &Path, run_as: Option<RunAs>) -> Result<(PathBuf, Option<PathBuf>)> {
-    let absolute = std::path::absolute(wanted)
-        .map_err(|e| Error::io(format!("resolving {}", wanted.display()), e))?;
+    let absolute = std::path::absolute(wanted).map_err(|e| Error::io(format!("resolving {}", wanted.display()), e))?;
     let Some(user) = run_as else {
-        fs::create_dir_all(&absolute)
-            .map_err(|e| Error::io(format!("creating {}", absolute.display()), e))?;
+        fs::create_dir_all(&absolute).map_err(|e| Error::io(format!("creating {}", absolute.display()), e))?;
         return Ok((absolute, None));
     };
     if prepare_for(&absolute, user).is_ok() && user_can_write(&absolute, user) {
         return Ok((absolute, None));
     }
     let fallback = std::env::temp_dir().join(format!("settled-data-{}", path_tag(&absolute)));
-    prepare_for(&fallback, user)
-        .map_err(|e| Error::io(format!("creating {}", fallback.display()), e))?;
+    prepare_for(&fallback, user).map_err(|e| Error::io(format!("creating {}", fallback.display()), e))?;
     if !user_can_write(&fallback, user) {
         return Err(Error::Program {
             program: "settled".into(),
@@ -378,12 +367,7 @@ fn path_tag(path: &Path) -> String {
     format!("{hash:016x}")
 }
 
-fn init_cluster(
-    bin: &PgBinaries,
-    pgdata: &Path,
-    run_as: Option<RunAs>,
-    throwaway: bool,
-) -> Result<()> {
+fn init_cluster(bin: &PgBinaries, pgdata: &Path, run_as: Option<RunAs>, throwaway: bool) -> Result<()> {
     let mut cmd = Command::new(bin.program("initdb"));
     cmd.arg("-D")
         .arg(pgdata)
@@ -410,8 +394,7 @@ fn running_server(pgdata: &Path) -> Option<(u16, PathBuf)> {
 }
 
 fn free_port() -> Result<u16> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")
-        .map_err(|e| Error::io("finding a free port", e))?;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| Error::io("finding a free port", e))?;
     listener
         .local_addr()
         .map(|a| a.port())
@@ -435,20 +418,11 @@ fn run_program(mut cmd: Command, run_as: Option<RunAs>, name: &str) -> Result<()
         cmd.uid(user.uid).gid(user.gid);
     }
     // The server programs must not pick up a caller's PG* settings.
-    for var in [
-        "PGDATA",
-        "PGHOST",
-        "PGPORT",
-        "PGUSER",
-        "PGDATABASE",
-        "PGOPTIONS",
-    ] {
+    for var in ["PGDATA", "PGHOST", "PGPORT", "PGUSER", "PGDATABASE", "PGOPTIONS"] {
         cmd.env_remove(var);
     }
     cmd.current_dir("/").stdin(Stdio::null());
-    let out = cmd
-        .output()
-        .map_err(|e| Error::io(format!("running {name}"), e))?;
+    let out = cmd.output().map_err(|e| Error::io(format!("running {name}"), e))?;
     if out.status.success() {
         return Ok(());
     }

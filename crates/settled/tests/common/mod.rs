@@ -56,17 +56,11 @@ impl Env {
     }
 
     pub async fn scalar_i64(&self, sql: &str) -> i64 {
-        sqlx::query_scalar(sql)
-            .fetch_one(&self.pool)
-            .await
-            .expect(sql)
+        sqlx::query_scalar(sql).fetch_one(&self.pool).await.expect(sql)
     }
 
     pub async fn scalar_text(&self, sql: &str) -> String {
-        sqlx::query_scalar(sql)
-            .fetch_one(&self.pool)
-            .await
-            .expect(sql)
+        sqlx::query_scalar(sql).fetch_one(&self.pool).await.expect(sql)
     }
 }
 

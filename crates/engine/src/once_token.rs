@@ -1,0 +1,99 @@
+//! One-time tokens: issued for a purpose and subject with an expiry, then
+//! reserved by exactly one caller with one conditional update, then completed
+//! (or released back). Timed by the database clock.
+//!
+//! ```no_run
+//! # async fn demo(pool: sqlx::PgPool) -> Result<(), settled_engine::EngineError> {
+//! use std::time::Duration;
+//! use settled_engine::once_token::OnceToken;
+//!
+//! let token = OnceToken::issue(&pool, "withdrawal-confirmation", "0xabc...", Duration::from_secs(600)).await?;
+//! // Two requests race with the same token: exactly one reserves it.
+//! if OnceToken::reserve(&pool, token, "withdrawal-confirmation").await? {
+//!     // ... do the once-only thing ...
+//!     OnceToken::complete(&pool, token).await?;
+//! }
+//! # Ok(()) }
+//! ```
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::EngineError;
+
+/// Longest validity of a token.
+pub const MAX_TOKEN_TTL_SECS: u64 = 30 * 24 * 3600;
+
+/// One-time tokens (namespace for the operations on `settled_engine.once_tokens`).
+pub struct OnceToken;
+
+impl OnceToken {
+    /// Issues a token for `purpose` and `subject`, valid for `ttl`.
+    pub async fn issue(pool: &PgPool, purpose: &str, subject: &str, ttl: Duration) -> Result<Uuid, EngineError> {
+        if ttl.as_secs() > MAX_TOKEN_TTL_SECS {
+            return Err(EngineError::Invariant(format!(
+                "token ttl must be at most {MAX_TOKEN_TTL_SECS} s"
+            )));
+        }
+        let id = Uuid::new_v4();
+        sqlx::query(
+            "INSERT INTO settled_engine.once_tokens (id, purpose, subject, expires_at)
+             VALUES ($1, $2, $3, now() + $4 * interval '1 millisecond')",
+        )
+        .bind(id)
+        .bind(purpose)
+        .bind(subject)
+        .bind(ttl.as_millis() as i64)
+        .execute(pool)
+        .await
+        .map_err(EngineError::db("issuing a token"))?;
+        Ok(id)
+    }
+
+    /// Moves the token `issued -> reserved` if it is for `purpose` and not
+    /// expired. Exactly one concurrent caller gets `true`.
+    pub async fn reserve(pool: &PgPool, token: Uuid, purpose: &str) -> Result<bool, EngineError> {
+        let done = sqlx::query(
+            "UPDATE settled_engine.once_tokens SET status = 'reserved', reserved_at = now()
+             WHERE id = $1 AND purpose = $2 AND status = 'issued' AND expires_at > now()",
+        )
+        .bind(token)
+        .bind(purpose)
+        .execute(pool)
+        .await
+        .map_err(EngineError::db("reserving a token"))?
+        .rows_affected();
+        Ok(done == 1)
+    }
+
+    /// Moves a reserved token to `completed`: it can never be used again.
+    pub async fn complete(pool: &PgPool, token: Uuid) -> Result<bool, EngineError> {
+        let done = sqlx::query(
+            "UPDATE settled_engine.once_tokens SET status = 'completed', completed_at = now()
+             WHERE id = $1 AND status = 'reserved'",
+        )
+        .bind(token)
+        .execute(pool)
+        .await
+        .map_err(EngineError::db("completing a token"))?
+        .rows_affected();
+        Ok(done == 1)
+    }
+
+    /// Gives a reserved token back (`reserved -> issued`), e.g. after the
+    /// once-only work failed without effect.
+    pub async fn release(pool: &PgPool, token: Uuid) -> Result<bool, EngineError> {
+        let done = sqlx::query(
+            "UPDATE settled_engine.once_tokens SET status = 'issued', reserved_at = NULL
+             WHERE id = $1 AND status = 'reserved'",
+        )
+        .bind(token)
+        .execute(pool)
+        .await
+        .map_err(EngineError::db("releasing a token"))?
+        .rows_affected();
+        Ok(done == 1)
+    }
+}

@@ -1,0 +1,82 @@
+//! `GET /v1/creators/{address}`: balance, holds and ledger entries.
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use sqlx::PgPool;
+
+use super::{AppState, Problem};
+use crate::address::CreatorAddress;
+
+/// Ledger entries shown per creator (newest first).
+pub const MAX_LEDGER_ENTRIES_SHOWN: i64 = 100;
+
+/// True when the creator has a balance or any item.
+pub async fn known(pool: &PgPool, creator: &CreatorAddress) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM settlement.creator_balance WHERE creator = $1)
+             OR EXISTS (SELECT 1 FROM settlement.token_trade_volume WHERE creator = $1)",
+    )
+    .bind(creator.as_str())
+    .fetch_one(pool)
+    .await
+}
+
+/// `GET /v1/creators/{address}`.
+pub async fn show(State(state): State<AppState>, Path(address): Path<String>) -> Response {
+    match show_inner(&state, &address).await {
+        Ok(r) => r,
+        Err(p) => p.into_response(),
+    }
+}
+
+async fn show_inner(state: &AppState, address: &str) -> Result<Response, Problem> {
+    let creator = CreatorAddress::parse(address)
+        .map_err(|e| Problem::bad_request("invalid-address", format!("address {e}")).field("address"))?;
+    let pool = &state.pool;
+    if !known(pool, &creator).await.map_err(Problem::unavailable)? {
+        return Err(Problem::not_found(
+            "unknown-creator",
+            format!("creator {creator} is unknown"),
+        ));
+    }
+    let balance: Option<String> =
+        sqlx::query_scalar("SELECT balance::text FROM settlement.creator_balance WHERE creator = $1")
+            .bind(creator.as_str())
+            .fetch_optional(pool)
+            .await
+            .map_err(Problem::unavailable)?;
+    let holds: Vec<(
+        i64,
+        String,
+        chrono::DateTime<chrono::Utc>,
+        Option<chrono::DateTime<chrono::Utc>>,
+    )> = sqlx::query_as(
+        "SELECT id, reason, created_at, released_at FROM settlement.creator_holds
+         WHERE creator = $1 ORDER BY id DESC LIMIT 50",
+    )
+    .bind(creator.as_str())
+    .fetch_all(pool)
+    .await
+    .map_err(Problem::unavailable)?;
+    let ledger: Vec<(chrono::NaiveDate, String, i64, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(
+        "SELECT period, amount::text, run_id, created_at FROM settlement.reward_ledger
+         WHERE creator = $1 ORDER BY period DESC LIMIT $2",
+    )
+    .bind(creator.as_str())
+    .bind(MAX_LEDGER_ENTRIES_SHOWN)
+    .fetch_all(pool)
+    .await
+    .map_err(Problem::unavailable)?;
+    let body = serde_json::json!({
+        "creator": creator.as_str(),
+        "balance": balance.unwrap_or_else(|| "0".into()),
+        "holds": holds.iter().map(|h| serde_json::json!({
+            "id": h.0, "reason": h.1, "created_at": h.2, "released_at": h.3, "active": h.3.is_none(),
+        })).collect::<Vec<_>>(),
+        "ledger": ledger.iter().map(|l| serde_json::json!({
+            "period": l.0.to_string(), "amount": l.1, "run_id": l.2, "created_at": l.3,
+        })).collect::<Vec<_>>(),
+    });
+    Ok((StatusCode::OK, axum::Json(body)).into_response())
+}

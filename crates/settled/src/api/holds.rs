@@ -1,0 +1,152 @@
+//! `POST /v1/holds` and `POST /v1/holds/{id}/release`: at most one active
+//! hold per creator, decided by a partial unique index, so two admins acting
+//! at once get one hold and one 409.
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+
+use super::{authorize, read_json, AppState, Problem};
+use crate::address::CreatorAddress;
+
+/// Longest hold reason, in characters.
+pub const MAX_HOLD_REASON_CHARS: usize = 500;
+
+/// The request body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HoldRequest {
+    /// The creator, `0x` + 40 hex digits.
+    pub creator: String,
+    /// Why (1..=500 characters).
+    pub reason: String,
+}
+
+/// A hold as the API shows it.
+#[derive(Debug, Serialize)]
+pub struct Hold {
+    /// Hold id.
+    pub id: i64,
+    /// The creator.
+    pub creator: String,
+    /// Why.
+    pub reason: String,
+    /// When it was placed.
+    pub created_at: chrono::DateTime<chrono::Utc>,
+    /// When it was released (null while active).
+    pub released_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+type HoldRow = (
+    i64,
+    String,
+    String,
+    chrono::DateTime<chrono::Utc>,
+    Option<chrono::DateTime<chrono::Utc>>,
+);
+
+fn hold(row: HoldRow) -> Hold {
+    Hold {
+        id: row.0,
+        creator: row.1,
+        reason: row.2,
+        created_at: row.3,
+        released_at: row.4,
+    }
+}
+
+/// `POST /v1/holds`.
+pub async fn create(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    match create_inner(&state, &headers, body).await {
+        Ok(r) => r,
+        Err(p) => p.into_response(),
+    }
+}
+
+async fn create_inner(state: &AppState, headers: &HeaderMap, body: Body) -> Result<Response, Problem> {
+    authorize(state, headers)?;
+    let (request, _) = read_json::<HoldRequest>(body).await?;
+    let creator =
+        CreatorAddress::parse(&request.creator).map_err(|e| Problem::invalid("creator", format!("creator {e}")))?;
+    let reason = request.reason.trim();
+    if reason.is_empty() || reason.chars().count() > MAX_HOLD_REASON_CHARS {
+        return Err(Problem::invalid(
+            "reason",
+            format!("reason must be 1..={MAX_HOLD_REASON_CHARS} characters"),
+        ));
+    }
+    if !super::creators::known(&state.pool, &creator)
+        .await
+        .map_err(Problem::unavailable)?
+    {
+        return Err(Problem::not_found("unknown-creator", format!("creator {creator} is unknown")).field("creator"));
+    }
+    let inserted: Result<HoldRow, sqlx::Error> = sqlx::query_as(
+        "INSERT INTO settlement.creator_holds (creator, reason) VALUES ($1, $2)
+         RETURNING id, creator, reason, created_at, released_at",
+    )
+    .bind(creator.as_str())
+    .bind(reason)
+    .fetch_one(&state.pool)
+    .await;
+    match inserted {
+        Ok(row) => Ok((StatusCode::CREATED, axum::Json(hold(row))).into_response()),
+        Err(err)
+            if err
+                .as_database_error()
+                .and_then(|e| e.code())
+                .is_some_and(|c| c == "23505") =>
+        {
+            let existing: Option<i64> = sqlx::query_scalar(
+                "SELECT id FROM settlement.creator_holds WHERE creator = $1 AND released_at IS NULL",
+            )
+            .bind(creator.as_str())
+            .fetch_optional(&state.pool)
+            .await
+            .map_err(Problem::unavailable)?;
+            Err(Problem::new(
+                StatusCode::CONFLICT,
+                "hold-exists",
+                "The creator already has an active hold",
+                format!(
+                    "creator {creator} already has active hold {}; release it first",
+                    existing.map_or_else(|| "?".to_string(), |id| id.to_string())
+                ),
+            )
+            .extra(serde_json::json!({ "existing_hold_id": existing })))
+        }
+        Err(err) => Err(Problem::unavailable(err)),
+    }
+}
+
+/// `POST /v1/holds/{id}/release`: releases the hold, and the creator's held
+/// items become eligible again (paid once, by their period's run, which a
+/// worker reopens).
+pub async fn release(State(state): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+    match release_inner(&state, &headers, &id).await {
+        Ok(r) => r,
+        Err(p) => p.into_response(),
+    }
+}
+
+async fn release_inner(state: &AppState, headers: &HeaderMap, id: &str) -> Result<Response, Problem> {
+    authorize(state, headers)?;
+    let id: i64 = id
+        .parse()
+        .map_err(|_| Problem::bad_request("invalid-id", "hold id must be an integer").field("id"))?;
+    let released = crate::settlement::release_hold(&state.pool, id)
+        .await
+        .map_err(Problem::unavailable)?;
+    match released {
+        crate::settlement::Released::Released(row) => Ok((StatusCode::OK, axum::Json(hold(row))).into_response()),
+        crate::settlement::Released::AlreadyReleased => Err(Problem::new(
+            StatusCode::CONFLICT,
+            "hold-already-released",
+            "The hold was already released",
+            format!("hold {id} was already released"),
+        )),
+        crate::settlement::Released::NotFound => Err(Problem::not_found("unknown-hold", format!("no hold {id}"))),
+    }
+}

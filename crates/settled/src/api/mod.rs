@@ -1,0 +1,153 @@
+//! `settled serve`: the HTTP API (payouts, holds, creators, health, OpenAPI).
+//!
+//! Owns parsing requests at the edge (addresses, amounts, keys) and mapping
+//! outcomes to HTTP. Every once-only rule is kept by the database: the
+//! conditional debit, the idempotency key's primary key, the partial unique
+//! index on active holds. Never: a check in memory, or check-then-write.
+
+pub mod creators;
+pub mod holds;
+pub mod openapi;
+pub mod payouts;
+pub mod problem;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use serde::de::DeserializeOwned;
+use settled_engine::idempotency::IdempotencyConfig;
+use sqlx::PgPool;
+
+pub use problem::Problem;
+
+/// Largest request body read, in bytes.
+pub const MAX_BODY_BYTES: usize = 16 * 1024;
+/// How often expired idempotency keys are pruned.
+pub const PRUNE_INTERVAL_SECS: u64 = 60;
+
+/// Shared state of the server.
+#[derive(Clone)]
+pub struct AppState {
+    /// The database.
+    pub pool: PgPool,
+    /// Bearer token required by mutating endpoints (None: they are refused).
+    pub api_token: Option<Arc<str>>,
+    /// Idempotency key retention and locking.
+    pub idempotency: IdempotencyConfig,
+}
+
+/// The API's routes.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/openapi.json", get(openapi::serve))
+        .route("/v1/payouts", post(payouts::create))
+        .route("/v1/payouts/{id}", get(payouts::show))
+        .route("/v1/creators/{address}", get(creators::show))
+        .route("/v1/holds", post(holds::create))
+        .route("/v1/holds/{id}/release", post(holds::release))
+        .fallback(|| async { Problem::not_found("no-such-route", "no such endpoint; see /openapi.json") })
+        .with_state(state)
+}
+
+/// Serves the API on `listener` until the task is dropped; prunes expired
+/// idempotency keys in the background.
+pub async fn serve(listener: tokio::net::TcpListener, state: AppState) -> anyhow::Result<()> {
+    let pool = state.pool.clone();
+    let pruner = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(PRUNE_INTERVAL_SECS));
+        loop {
+            tick.tick().await;
+            match settled_engine::idempotency::prune(&pool).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(pruned = n, "expired idempotency keys pruned"),
+                Err(err) => tracing::warn!(error = %err, "pruning idempotency keys failed"),
+            }
+        }
+    });
+    let served = axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown_signal())
+        .await;
+    pruner.abort();
+    Ok(served?)
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    if let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+        tokio::select! {
+            _ = term.recv() => {},
+            _ = int.recv() => {},
+        }
+    }
+}
+
+async fn healthz(State(state): State<AppState>) -> Response {
+    match sqlx::query_scalar::<_, i32>("SELECT 1").fetch_one(&state.pool).await {
+        Ok(_) => (StatusCode::OK, axum::Json(serde_json::json!({"status": "ok"}))).into_response(),
+        Err(err) => Problem::unavailable(err).into_response(),
+    }
+}
+
+/// Requires `Authorization: Bearer <token>` matching the configured token.
+pub fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), Problem> {
+    let Some(expected) = &state.api_token else {
+        return Err(Problem::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "Unauthorized",
+            "this server has no API token configured (set SETTLED_API_TOKEN); mutating endpoints are disabled",
+        ));
+    };
+    let given = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    // Compare without stopping at the first difference.
+    let same = given.len() == expected.len()
+        && given
+            .bytes()
+            .zip(expected.bytes())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0;
+    if same {
+        Ok(())
+    } else {
+        Err(Problem::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "Unauthorized",
+            "a valid `Authorization: Bearer <token>` header is required",
+        ))
+    }
+}
+
+/// Reads the body (at most [`MAX_BODY_BYTES`]) and parses it as JSON of `T`,
+/// naming the field at fault.
+pub async fn read_json<T: DeserializeOwned>(body: Body) -> Result<(T, Bytes), Problem> {
+    let bytes = axum::body::to_bytes(body, MAX_BODY_BYTES).await.map_err(|_| {
+        Problem::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body-too-large",
+            "Request body too large",
+            format!("the body must be at most {MAX_BODY_BYTES} bytes"),
+        )
+    })?;
+    let value = serde_json::from_slice::<T>(&bytes).map_err(|e| {
+        let message = e.to_string();
+        let mut problem = Problem::bad_request("malformed-json", format!("the body is not a valid request: {message}"));
+        // serde names the field in backticks: "unknown field `x`", "missing field `amount`".
+        if let Some(field) = message.split('`').nth(1) {
+            problem = problem.field(field.to_string());
+        }
+        problem
+    })?;
+    Ok((value, bytes))
+}

@@ -1,0 +1,240 @@
+//! `POST /v1/payouts` and `GET /v1/payouts/{id}`: withdrawals that never pay
+//! twice. The debit is one conditional update (`balance >= amount`) in the
+//! same transaction as the payout row and the stored idempotent response.
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use settled_engine::idempotency::{self, Begin, MAX_IDEMPOTENCY_KEY_CHARS};
+
+use super::problem::json_response;
+use super::{authorize, read_json, AppState, Problem};
+use crate::address::CreatorAddress;
+use crate::money::Amount;
+
+/// Idempotency scope of payouts.
+pub const PAYOUTS_SCOPE: &str = "payouts";
+
+/// The request body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PayoutRequest {
+    /// The creator, `0x` + 40 hex digits.
+    pub creator: String,
+    /// Base units as a decimal string (amounts exceed 2^53).
+    pub amount: String,
+}
+
+/// A payout as the API shows it.
+#[derive(Debug, Serialize)]
+pub struct Payout {
+    /// Payout id.
+    pub id: i64,
+    /// The creator (lower case).
+    pub creator: String,
+    /// Base units, decimal string.
+    pub amount: String,
+    /// `completed`.
+    pub status: String,
+    /// When it was made.
+    pub created_at: chrono::DateTime<chrono::Utc>,
+}
+
+fn idempotency_key(headers: &HeaderMap) -> Result<String, Problem> {
+    let missing = || {
+        Problem::bad_request("missing-idempotency-key", "the Idempotency-Key header is required")
+            .field("Idempotency-Key")
+    };
+    let key = headers.get("idempotency-key").ok_or_else(missing)?;
+    let key = key.to_str().map_err(|_| {
+        Problem::bad_request("invalid-idempotency-key", "Idempotency-Key must be visible ASCII")
+            .field("Idempotency-Key")
+    })?;
+    if key.is_empty() {
+        return Err(missing());
+    }
+    if key.chars().count() > MAX_IDEMPOTENCY_KEY_CHARS {
+        return Err(Problem::bad_request(
+            "invalid-idempotency-key",
+            format!("Idempotency-Key must be at most {MAX_IDEMPOTENCY_KEY_CHARS} characters"),
+        )
+        .field("Idempotency-Key"));
+    }
+    Ok(key.to_string())
+}
+
+/// Validates the request; returns the creator and amount.
+pub fn validate(request: &PayoutRequest) -> Result<(CreatorAddress, Amount), Problem> {
+    let creator =
+        CreatorAddress::parse(&request.creator).map_err(|e| Problem::invalid("creator", format!("creator {e}")))?;
+    let amount =
+        Amount::parse_decimal(&request.amount).map_err(|e| Problem::invalid("amount", format!("amount {e}")))?;
+    if amount == Amount::ZERO {
+        return Err(Problem::invalid("amount", "amount must be greater than zero"));
+    }
+    Ok((creator, amount))
+}
+
+/// `POST /v1/payouts`.
+pub async fn create(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    match create_inner(&state, &headers, body).await {
+        Ok(response) => response,
+        Err(problem) => problem.into_response(),
+    }
+}
+
+async fn create_inner(state: &AppState, headers: &HeaderMap, body: Body) -> Result<Response, Problem> {
+    authorize(state, headers)?;
+    let key = idempotency_key(headers)?;
+    let (request, _) = read_json::<PayoutRequest>(body).await?;
+    let (creator, amount) = validate(&request)?;
+    // The fingerprint is of the validated request, so formatting does not matter.
+    let canonical = format!("{{\"amount\":\"{amount}\",\"creator\":\"{creator}\"}}");
+    let fingerprint = idempotency::fingerprint("POST", "/v1/payouts", canonical.as_bytes());
+    let begun = idempotency::begin(&state.pool, PAYOUTS_SCOPE, &key, &fingerprint, &state.idempotency)
+        .await
+        .map_err(Problem::unavailable)?;
+    match begun {
+        Begin::Replay { status, body } => {
+            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
+            let content_type = if status.is_success() {
+                "application/json"
+            } else {
+                "application/problem+json"
+            };
+            let mut response = json_response(status, content_type, &body);
+            response
+                .headers_mut()
+                .insert("idempotent-replayed", HeaderValue::from_static("true"));
+            Ok(response)
+        }
+        Begin::InProgress => Err(Problem::new(
+            StatusCode::CONFLICT,
+            "request-in-progress",
+            "A request with this Idempotency-Key is in progress",
+            "the first request with this key has not finished; retry later to get its response",
+        )),
+        Begin::Mismatch => Err(Problem::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "idempotency-key-reused",
+            "Idempotency-Key reused with a different request",
+            "this Idempotency-Key was first used with a different request; use a new key for a new request",
+        )
+        .field("Idempotency-Key")),
+        Begin::New => match pay(state, &key, &fingerprint, &creator, amount).await {
+            Ok((status, body)) => {
+                let content_type = if status.is_success() {
+                    "application/json"
+                } else {
+                    "application/problem+json"
+                };
+                Ok(json_response(status, content_type, &body))
+            }
+            Err(err) => {
+                // Nothing committed: forget the key so a retry runs again.
+                let _ = idempotency::abandon(&state.pool, PAYOUTS_SCOPE, &key).await;
+                Err(Problem::unavailable(err))
+            }
+        },
+    }
+}
+
+/// The payout transaction: conditional debit, payout row, stored response.
+/// A refusal (unknown creator, insufficient funds) is a final answer too,
+/// stored under the key like a success.
+async fn pay(
+    state: &AppState,
+    key: &str,
+    fingerprint: &str,
+    creator: &CreatorAddress,
+    amount: Amount,
+) -> anyhow::Result<(StatusCode, serde_json::Value)> {
+    let mut tx = state.pool.begin().await?;
+    let debited: Option<String> = sqlx::query_scalar(
+        "UPDATE settlement.creator_balance
+         SET balance = balance - $2::numeric, updated_at = now()
+         WHERE creator = $1 AND balance >= $2::numeric
+         RETURNING balance::text",
+    )
+    .bind(creator.as_str())
+    .bind(amount.to_string())
+    .fetch_optional(&mut *tx)
+    .await?;
+    let (status, body) = match debited {
+        Some(_) => {
+            let payout: (i64, String, String, String, chrono::DateTime<chrono::Utc>) = sqlx::query_as(
+                "INSERT INTO settlement.payouts (creator, amount, idempotency_key, request_hash)
+                 VALUES ($1, $2::numeric, $3, $4)
+                 RETURNING id, creator, amount::text, status, created_at",
+            )
+            .bind(creator.as_str())
+            .bind(amount.to_string())
+            .bind(key)
+            .bind(fingerprint)
+            .fetch_one(&mut *tx)
+            .await?;
+            let payout = Payout {
+                id: payout.0,
+                creator: payout.1,
+                amount: payout.2,
+                status: payout.3,
+                created_at: payout.4,
+            };
+            (StatusCode::CREATED, serde_json::to_value(&payout)?)
+        }
+        None => {
+            let balance: Option<String> =
+                sqlx::query_scalar("SELECT balance::text FROM settlement.creator_balance WHERE creator = $1")
+                    .bind(creator.as_str())
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            let problem = match balance {
+                None => {
+                    Problem::not_found("unknown-creator", format!("creator {creator} has no balance")).field("creator")
+                }
+                Some(balance) => Problem::new(
+                    StatusCode::CONFLICT,
+                    "insufficient-funds",
+                    "Insufficient funds",
+                    format!("creator {creator} has a balance of {balance}, less than the {amount} requested"),
+                )
+                .field("amount")
+                .extra(serde_json::json!({ "balance": balance })),
+            };
+            (problem.status, problem.body())
+        }
+    };
+    idempotency::finish(&mut tx, PAYOUTS_SCOPE, key, status.as_u16(), &body).await?;
+    tx.commit().await?;
+    Ok((status, body))
+}
+
+/// `GET /v1/payouts/{id}`.
+pub async fn show(State(state): State<AppState>, Path(id): Path<String>) -> Response {
+    let Ok(id) = id.parse::<i64>() else {
+        return Problem::bad_request("invalid-id", "payout id must be an integer")
+            .field("id")
+            .into_response();
+    };
+    let row: Result<Option<(i64, String, String, String, chrono::DateTime<chrono::Utc>)>, _> =
+        sqlx::query_as("SELECT id, creator, amount::text, status, created_at FROM settlement.payouts WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&state.pool)
+            .await;
+    match row {
+        Ok(Some(p)) => {
+            let payout = Payout {
+                id: p.0,
+                creator: p.1,
+                amount: p.2,
+                status: p.3,
+                created_at: p.4,
+            };
+            (StatusCode::OK, axum::Json(payout)).into_response()
+        }
+        Ok(None) => Problem::not_found("unknown-payout", format!("no payout {id}")).into_response(),
+        Err(err) => Problem::unavailable(err).into_response(),
+    }
+}

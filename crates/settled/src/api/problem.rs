@@ -1,0 +1,113 @@
+//! Errors as `application/problem+json` (RFC 9457) with a stable `type`.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+
+/// A problem answer.
+#[derive(Debug, Clone)]
+pub struct Problem {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// Stable kind, the last part of `type` (e.g. `insufficient-funds`).
+    pub kind: &'static str,
+    /// Short summary of the kind.
+    pub title: &'static str,
+    /// What exactly went wrong.
+    pub detail: String,
+    /// The request field at fault, if any.
+    pub field: Option<String>,
+    /// Extra members (e.g. the existing hold's id).
+    pub extra: Option<serde_json::Value>,
+}
+
+impl Problem {
+    /// A problem.
+    pub fn new(status: StatusCode, kind: &'static str, title: &'static str, detail: impl Into<String>) -> Problem {
+        Problem {
+            status,
+            kind,
+            title,
+            detail: detail.into(),
+            field: None,
+            extra: None,
+        }
+    }
+
+    /// Names the field at fault.
+    pub fn field(mut self, field: impl Into<String>) -> Problem {
+        self.field = Some(field.into());
+        self
+    }
+
+    /// Adds members.
+    pub fn extra(mut self, extra: serde_json::Value) -> Problem {
+        self.extra = Some(extra);
+        self
+    }
+
+    /// The JSON body.
+    pub fn body(&self) -> serde_json::Value {
+        let mut body = serde_json::json!({
+            "type": format!("/problems/{}", self.kind),
+            "title": self.title,
+            "status": self.status.as_u16(),
+            "detail": self.detail,
+        });
+        if let Some(field) = &self.field {
+            body["field"] = serde_json::Value::from(field.clone());
+        }
+        if let Some(serde_json::Value::Object(extra)) = &self.extra {
+            for (k, v) in extra {
+                body[k] = v.clone();
+            }
+        }
+        body
+    }
+
+    /// 400: the request is malformed.
+    pub fn bad_request(kind: &'static str, detail: impl Into<String>) -> Problem {
+        Problem::new(StatusCode::BAD_REQUEST, kind, "Bad request", detail)
+    }
+
+    /// 422: a field's value is invalid.
+    pub fn invalid(field: &str, detail: impl Into<String>) -> Problem {
+        Problem::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid-field",
+            "A field is invalid",
+            detail,
+        )
+        .field(field)
+    }
+
+    /// 404.
+    pub fn not_found(kind: &'static str, detail: impl Into<String>) -> Problem {
+        Problem::new(StatusCode::NOT_FOUND, kind, "Not found", detail)
+    }
+
+    /// 503: the database is unreachable or failed.
+    pub fn unavailable(err: impl std::fmt::Display) -> Problem {
+        tracing::warn!(error = %err, "request failed on the database");
+        Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "database-unavailable",
+            "The database could not complete the request",
+            "the request had no effect; retry it (with the same Idempotency-Key, if any)",
+        )
+    }
+}
+
+/// Sends a JSON body with a content type.
+pub fn json_response(status: StatusCode, content_type: &'static str, body: &serde_json::Value) -> Response {
+    let mut response = (status, body.to_string()).into_response();
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        json_response(self.status, "application/problem+json", &self.body())
+    }
+}
