@@ -183,6 +183,16 @@ pub enum Command {
         #[arg(long, default_value_t = 24, value_parser = clap::value_parser!(u64).range(1..=24 * 90))]
         idempotency_retention_hours: u64,
     },
+    /// Named leases with fencing tokens (for scripts and operators).
+    ///
+    /// `acquire` takes a named lease for --ttl-ms on the database clock and
+    /// prints its fence (exit 1 while someone else holds it); with --hold-ms it
+    /// keeps it that long, then releases it. `release` gives it back if the
+    /// fence still holds (exit 1 when it was lost: a stale holder is refused).
+    Lease {
+        #[command(subcommand)]
+        action: LeaseAction,
+    },
     /// Put a period's failed items back to eligible (all, or one creator's).
     ///
     /// Their attempts so far stop counting toward --max-attempts; their
@@ -314,6 +324,35 @@ pub enum Command {
         /// Print the summary as JSON.
         #[arg(long)]
         json: bool,
+    },
+}
+
+/// `settled lease` actions.
+#[derive(Debug, Subcommand)]
+pub enum LeaseAction {
+    /// Acquire a lease; print `{"name", "holder", "fence"}`.
+    Acquire {
+        /// The lease's name.
+        #[arg(long)]
+        name: String,
+        /// Time to live in milliseconds.
+        #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..=86_400_000))]
+        ttl_ms: u64,
+        /// Who holds it (default: host:pid).
+        #[arg(long)]
+        holder: Option<String>,
+        /// Keep it this long, then release it, in milliseconds.
+        #[arg(long)]
+        hold_ms: Option<u64>,
+    },
+    /// Release a lease held with this fence.
+    Release {
+        /// The lease's name.
+        #[arg(long)]
+        name: String,
+        /// The fence it was acquired with.
+        #[arg(long)]
+        fence: i64,
     },
 }
 
@@ -596,6 +635,45 @@ async fn run_command(db: &Database, command: Command) -> anyhow::Result<ExitCode
             let creator = creator.map(|c| crate::address::CreatorAddress::parse(&c)).transpose()?;
             let n = settlement::retry_failed(pool, period, creator.as_ref()).await?;
             println!("{n} failed item(s) of {period} put back to eligible");
+        }
+        Command::Lease { action } => {
+            use settled_engine::named_lease::{release_fenced, Lease};
+            match action {
+                LeaseAction::Acquire {
+                    name,
+                    ttl_ms,
+                    holder,
+                    hold_ms,
+                } => {
+                    let holder = holder.unwrap_or_else(|| {
+                        let host = nix::unistd::gethostname()
+                            .ok()
+                            .and_then(|h| h.into_string().ok())
+                            .unwrap_or_default();
+                        format!("{host}:{}", std::process::id())
+                    });
+                    let Some(lease) = Lease::acquire(pool, &name, &holder, Duration::from_millis(ttl_ms)).await? else {
+                        eprintln!("lease {name:?} is held by someone else");
+                        return Ok(ExitCode::from(1));
+                    };
+                    println!("{}", serde_json::to_string(&lease)?);
+                    if let Some(ms) = hold_ms {
+                        tokio::time::sleep(Duration::from_millis(ms)).await;
+                        if !lease.release(pool).await? {
+                            eprintln!("lease {name:?} was lost before its release (fence {})", lease.fence);
+                            return Ok(ExitCode::from(1));
+                        }
+                    }
+                }
+                LeaseAction::Release { name, fence } => {
+                    if release_fenced(pool, &name, fence).await? {
+                        println!("lease {name:?} released");
+                    } else {
+                        eprintln!("lease {name:?} is not held with fence {fence}: refused");
+                        return Ok(ExitCode::from(1));
+                    }
+                }
+            }
         }
         Command::ProviderSim { .. } | Command::Chaos { .. } => {
             unreachable!("run without the default database")

@@ -1,0 +1,453 @@
+//! Once-only on the request side, with real servers: two `settled serve`
+//! processes on one database, hundreds of concurrent requests.
+
+mod common;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::{free_port, wait_bounded, Env};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use serde_json::{json, Value};
+
+const TOKEN: &str = "test-token";
+
+struct Server {
+    child: std::process::Child,
+    base: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn serve(env: &Env) -> Server {
+    let port = free_port();
+    let child = env
+        .cmd(&["serve", "--bind", &format!("127.0.0.1:{port}")])
+        .env("SETTLED_API_TOKEN", TOKEN)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    for _ in 0..200 {
+        if let Ok(r) = reqwest::get(format!("{base}/healthz")).await {
+            if r.status() == 200 {
+                return Server { child, base };
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("settled serve did not come up");
+}
+
+/// A period settled for `n` creators; returns the creators, richest first.
+async fn settled_env(n: &str) -> (Env, Vec<(String, String)>) {
+    let env = Env::new().await;
+    env.run_ok(&["seed", "--period", "2026-11-28", "--creators", n]);
+    env.run_ok(&["worker", "--period", "2026-11-28"]);
+    let rows: Vec<(String, String)> = sqlx::query_as(
+        "SELECT creator, balance::text FROM settlement.creator_balance WHERE balance > 0 ORDER BY balance DESC",
+    )
+    .fetch_all(&env.pool)
+    .await
+    .unwrap();
+    (env, rows)
+}
+
+async fn post(client: &reqwest::Client, url: &str, key: Option<&str>, body: &Value) -> (u16, Value, bool) {
+    let mut request = client.post(url).bearer_auth(TOKEN).json(body);
+    if let Some(key) = key {
+        request = request.header("Idempotency-Key", key);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    let replayed = response.headers().contains_key("idempotent-replayed");
+    let content_type = response.headers()["content-type"].to_str().unwrap().to_string();
+    let body: Value = response.json().await.unwrap();
+    if status >= 400 {
+        assert_eq!(content_type, "application/problem+json", "{body}");
+    }
+    (status, body, replayed)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_hundred_concurrent_requests_with_one_key_on_two_servers_pay_once() {
+    let (env, creators) = settled_env("20").await;
+    let (a, b) = (serve(&env).await, serve(&env).await);
+    let (creator, balance_before) = creators[0].clone();
+    let body = json!({ "creator": creator, "amount": "12345" });
+    let client = reqwest::Client::new();
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..200 {
+        let url = format!("{}/v1/payouts", if i % 2 == 0 { &a.base } else { &b.base });
+        let (client, body) = (client.clone(), body.clone());
+        tasks.spawn(async move { post(&client, &url, Some("same-key-1"), &body).await });
+    }
+    let mut created = Vec::new();
+    let mut in_progress = 0;
+    while let Some(r) = tasks.join_next().await {
+        let (status, body, _) = r.unwrap();
+        match status {
+            201 => created.push(body),
+            409 => {
+                assert_eq!(body["type"], "/problems/request-in-progress", "{body}");
+                in_progress += 1;
+            }
+            other => panic!("unexpected {other}: {body}"),
+        }
+    }
+    assert!(!created.is_empty());
+    assert!(
+        created.iter().all(|p| p == &created[0]),
+        "every 201 must be the stored response"
+    );
+    assert_eq!(created.len() + in_progress, 200);
+    assert_eq!(env.scalar_i64("SELECT count(*) FROM settlement.payouts").await, 1);
+    let balance_after = env
+        .scalar_text(&format!(
+            "SELECT balance::text FROM settlement.creator_balance WHERE creator = '{creator}'"
+        ))
+        .await;
+    let expected: u128 = balance_before.parse::<u128>().unwrap() - 12345;
+    assert_eq!(balance_after, expected.to_string(), "exactly one debit");
+
+    // The same key with another body is refused, on either server.
+    let (status, problem, _) = post(
+        &client,
+        &format!("{}/v1/payouts", b.base),
+        Some("same-key-1"),
+        &json!({ "creator": creator, "amount": "1" }),
+    )
+    .await;
+    assert_eq!(status, 422, "{problem}");
+    assert_eq!(problem["type"], "/problems/idempotency-key-reused");
+    // A replay after the fact is the stored response, marked as such.
+    let (status, again, replayed) = post(&client, &format!("{}/v1/payouts", a.base), Some("same-key-1"), &body).await;
+    assert_eq!((status, &again, replayed), (201, &created[0], true));
+    env.run_ok(&["verify", "--period", "2026-11-28"]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_payouts_with_different_keys_never_overdraw() {
+    let (env, creators) = settled_env("20").await;
+    let (a, b) = (serve(&env).await, serve(&env).await);
+    // Give one creator an exact balance of 700 for the test: 100 payouts of 7 fit.
+    let creator = creators[0].0.clone();
+    sqlx::query("UPDATE settlement.creator_balance SET balance = 700 WHERE creator = $1")
+        .bind(&creator)
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    let client = reqwest::Client::new();
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..200 {
+        let url = format!("{}/v1/payouts", if i % 2 == 0 { &a.base } else { &b.base });
+        let (client, creator) = (client.clone(), creator.clone());
+        tasks.spawn(async move {
+            post(
+                &client,
+                &url,
+                Some(&format!("key-{i}")),
+                &json!({ "creator": creator, "amount": "7" }),
+            )
+            .await
+        });
+    }
+    let (mut ok, mut refused) = (0, 0);
+    while let Some(r) = tasks.join_next().await {
+        let (status, body, _) = r.unwrap();
+        match status {
+            201 => ok += 1,
+            409 => {
+                assert_eq!(body["type"], "/problems/insufficient-funds", "{body}");
+                refused += 1;
+            }
+            other => panic!("unexpected {other}: {body}"),
+        }
+    }
+    assert_eq!((ok, refused), (100, 100));
+    let paid = env
+        .scalar_text(&format!(
+            "SELECT sum(amount)::text FROM settlement.payouts WHERE creator = '{creator}'"
+        ))
+        .await;
+    assert_eq!(paid, "700", "the sum paid equals the starting balance");
+    let balance = env
+        .scalar_text(&format!(
+            "SELECT balance::text FROM settlement.creator_balance WHERE creator = '{creator}'"
+        ))
+        .await;
+    assert_eq!(balance, "0");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fifty_concurrent_holds_leave_one_active_hold() {
+    let (env, creators) = settled_env("10").await;
+    let (a, b) = (serve(&env).await, serve(&env).await);
+    let creator = creators[0].0.clone();
+    let client = reqwest::Client::new();
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..50 {
+        let url = format!("{}/v1/holds", if i % 2 == 0 { &a.base } else { &b.base });
+        let (client, creator) = (client.clone(), creator.clone());
+        tasks.spawn(async move {
+            post(
+                &client,
+                &url,
+                None,
+                &json!({ "creator": creator, "reason": format!("admin {i}") }),
+            )
+            .await
+        });
+    }
+    let mut statuses = Vec::new();
+    let mut winner = None;
+    while let Some(r) = tasks.join_next().await {
+        let (status, body, _) = r.unwrap();
+        if status == 201 {
+            winner = Some(body["id"].as_i64().unwrap());
+        } else {
+            assert_eq!(body["type"], "/problems/hold-exists", "{body}");
+        }
+        statuses.push(status);
+    }
+    assert_eq!(statuses.iter().filter(|s| **s == 201).count(), 1);
+    assert_eq!(statuses.iter().filter(|s| **s == 409).count(), 49);
+    assert_eq!(
+        env.scalar_i64("SELECT count(*) FROM settlement.creator_holds WHERE released_at IS NULL")
+            .await,
+        1
+    );
+    // Released once; a second release is refused.
+    let url = format!("{}/v1/holds/{}/release", a.base, winner.unwrap());
+    assert_eq!(post(&client, &url, None, &json!({})).await.0, 200);
+    let (status, body, _) = post(&client, &url, None, &json!({})).await;
+    assert_eq!(
+        (status, body["type"].as_str()),
+        (409, Some("/problems/hold-already-released"))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_held_creator_is_not_paid_until_released_then_paid_once() {
+    let env = Env::new().await;
+    env.run_ok(&["seed", "--period", "2026-11-27", "--creators", "30"]);
+    env.run_ok(&["worker", "--period", "2026-11-27"]);
+    env.run_ok(&["seed", "--period", "2026-11-28", "--creators", "30"]);
+    let server = serve(&env).await;
+    let creator = env
+        .scalar_text(
+            "SELECT creator FROM settlement.token_trade_volume WHERE period = '2026-11-28' ORDER BY creator LIMIT 1",
+        )
+        .await;
+    let client = reqwest::Client::new();
+    let (status, hold, _) = post(
+        &client,
+        &format!("{}/v1/holds", server.base),
+        None,
+        &json!({ "creator": creator, "reason": "review" }),
+    )
+    .await;
+    assert_eq!(status, 201, "{hold}");
+    env.run_ok(&["worker", "--period", "2026-11-28"]);
+    let status_sql = format!(
+        "SELECT status FROM settlement.token_trade_volume WHERE period = '2026-11-28' AND creator = '{creator}'"
+    );
+    assert_eq!(env.scalar_text(&status_sql).await, "held");
+    assert_eq!(
+        env.scalar_text("SELECT state FROM settled_engine.runs WHERE period = '2026-11-28'")
+            .await,
+        "finished"
+    );
+    env.run_ok(&["verify", "--period", "2026-11-28"]);
+
+    let url = format!("{}/v1/holds/{}/release", server.base, hold["id"]);
+    assert_eq!(post(&client, &url, None, &json!({})).await.0, 200);
+    assert_eq!(
+        env.scalar_text("SELECT state FROM settled_engine.runs WHERE period = '2026-11-28'")
+            .await,
+        "running"
+    );
+    env.run_ok(&["worker", "--period", "2026-11-28"]);
+    assert_eq!(env.scalar_text(&status_sql).await, "settled");
+    let rows = env
+        .scalar_i64(&format!(
+            "SELECT count(*) FROM settlement.reward_ledger WHERE creator = '{creator}' AND period = '2026-11-28'"
+        ))
+        .await;
+    assert_eq!(rows, 1);
+    env.run_ok(&["verify", "--period", "2026-11-28"]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_requests_get_problems_that_name_the_field() {
+    let (env, creators) = settled_env("5").await;
+    let server = serve(&env).await;
+    let creator = creators[0].0.clone();
+    let client = reqwest::Client::new();
+    let url = format!("{}/v1/payouts", server.base);
+    let cases: Vec<(Option<&str>, Value, u16, &str)> = vec![
+        (Some("k"), json!({ "creator": creator, "amount": "abc" }), 422, "amount"),
+        (Some("k"), json!({ "creator": creator, "amount": "0" }), 422, "amount"),
+        (Some("k"), json!({ "creator": creator, "amount": "-5" }), 422, "amount"),
+        (
+            Some("k"),
+            json!({ "creator": creator, "amount": "1".repeat(80) }),
+            422,
+            "amount",
+        ),
+        (Some("k"), json!({ "creator": "0x123", "amount": "5" }), 422, "creator"),
+        (
+            Some("k"),
+            json!({ "creator": creator, "amount": "5", "note": "x" }),
+            400,
+            "note",
+        ),
+        (Some("k"), json!({ "creator": creator }), 400, "amount"),
+        (
+            None,
+            json!({ "creator": creator, "amount": "5" }),
+            400,
+            "Idempotency-Key",
+        ),
+    ];
+    for (key, body, status, field) in cases {
+        let (got, problem, _) = post(&client, &url, key, &body).await;
+        assert_eq!(
+            (got, problem["field"].as_str()),
+            (status, Some(field)),
+            "{body}: {problem}"
+        );
+    }
+    let long_key = "k".repeat(256);
+    let (got, problem, _) = post(
+        &client,
+        &url,
+        Some(&long_key),
+        &json!({ "creator": creator, "amount": "5" }),
+    )
+    .await;
+    assert_eq!((got, problem["field"].as_str()), (400, Some("Idempotency-Key")));
+    // Malformed JSON, no token, unknown creator.
+    let r = client
+        .post(&url)
+        .bearer_auth(TOKEN)
+        .header("Idempotency-Key", "m")
+        .body("{")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let r = client
+        .post(&url)
+        .header("Idempotency-Key", "n")
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    let unknown = "0x00000000000000000000000000000000000000ff";
+    let (got, problem, _) = post(&client, &url, Some("u"), &json!({ "creator": unknown, "amount": "5" })).await;
+    assert_eq!(
+        (got, problem["type"].as_str()),
+        (404, Some("/problems/unknown-creator"))
+    );
+    let r = client
+        .get(format!("{}/v1/creators/{unknown}", server.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let r = client
+        .get(format!("{}/v1/creators/nope", server.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let r = client
+        .get(format!("{}/v1/creators/{creator}", server.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let big = "x".repeat(20_000);
+    let r = client
+        .post(&url)
+        .bearer_auth(TOKEN)
+        .header("Idempotency-Key", "big")
+        .body(big)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 413);
+    let doc: Value = client
+        .get(format!("{}/openapi.json", server.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(doc["openapi"], "3.0.3");
+    assert_eq!(
+        env.scalar_i64("SELECT count(*) FROM settlement.payouts").await,
+        0,
+        "nothing half written"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_lease_holder_blocks_no_one_past_its_ttl_and_its_late_release_is_refused() {
+    let env = Env::new().await;
+    let mut holder = env
+        .cmd(&[
+            "lease",
+            "acquire",
+            "--name",
+            "nightly",
+            "--ttl-ms",
+            "1500",
+            "--hold-ms",
+            "60000",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let first: Value = {
+        use std::io::BufRead;
+        let mut line = String::new();
+        std::io::BufReader::new(holder.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        serde_json::from_str(&line).unwrap()
+    };
+    kill(Pid::from_raw(holder.id() as i32), Signal::SIGKILL).unwrap();
+    wait_bounded(&mut holder, 30);
+
+    // While its TTL runs, nobody else gets it.
+    let out = env.run(&["lease", "acquire", "--name", "nightly", "--ttl-ms", "5000"]);
+    assert_eq!(out.status.code(), Some(1));
+    // After the TTL, someone does, with a greater fence.
+    tokio::time::sleep(Duration::from_millis(1700)).await;
+    let second: Value =
+        serde_json::from_str(&env.run_ok(&["lease", "acquire", "--name", "nightly", "--ttl-ms", "5000"])).unwrap();
+    assert!(second["fence"].as_i64() > first["fence"].as_i64());
+    // The dead holder's late release carries its old fence and is refused.
+    let fence = first["fence"].to_string();
+    let out = env.run(&["lease", "release", "--name", "nightly", "--fence", &fence]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("refused"));
+    env.run_ok(&[
+        "lease",
+        "release",
+        "--name",
+        "nightly",
+        "--fence",
+        &second["fence"].to_string(),
+    ]);
+}
