@@ -71,6 +71,9 @@ async fn create_inner(state: &AppState, headers: &HeaderMap, body: Body) -> Resu
     let creator =
         CreatorAddress::parse(&request.creator).map_err(|e| Problem::invalid("creator", format!("creator {e}")))?;
     let reason = request.reason.trim();
+    if reason.contains('\0') {
+        return Err(Problem::invalid("reason", "reason must not contain NUL characters"));
+    }
     if reason.is_empty() || reason.chars().count() > MAX_HOLD_REASON_CHARS {
         return Err(Problem::invalid(
             "reason",

@@ -42,8 +42,16 @@ pub fn document() -> serde_json::Value {
                         "existing_hold_id": { "type": "integer", "nullable": true }
                     }
                 },
-                "Address": { "type": "string", "pattern": "^0x[0-9a-fA-F]{40}$" },
-                "Amount": { "type": "string", "pattern": "^[0-9]{1,78}$" },
+                "Address": {
+                    "type": "string",
+                    "pattern": "^0x([0-9a-f]{40}|[0-9A-F]{40})$",
+                    "description": "0x + 40 hex digits. Mixed case is also accepted when it is a valid EIP-55 checksum."
+                },
+                "Amount": {
+                    "type": "string",
+                    "pattern": "^0*[1-9][0-9]{0,76}$",
+                    "description": "Token base units, a decimal integer from 1 to 2^256 - 1 (78-digit values up to 2^256 - 1 are accepted too)."
+                },
                 "PayoutRequest": {
                     "type": "object",
                     "additionalProperties": false,
@@ -70,7 +78,7 @@ pub fn document() -> serde_json::Value {
                     "required": ["creator", "reason"],
                     "properties": {
                         "creator": { "$ref": "#/components/schemas/Address" },
-                        "reason": { "type": "string", "minLength": 1, "maxLength": 500 }
+                        "reason": { "type": "string", "minLength": 1, "maxLength": 500, "pattern": "^[^\\u0000]*\\S[^\\u0000]*$" }
                     }
                 },
                 "Hold": {
@@ -129,7 +137,7 @@ pub fn document() -> serde_json::Value {
                 "security": [{ "bearer": [] }],
                 "parameters": [{
                     "name": "Idempotency-Key", "in": "header", "required": true,
-                    "schema": { "type": "string", "minLength": 1, "maxLength": 255 }
+                    "schema": { "type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[!-~]([ -~]*[!-~])?$" }
                 }],
                 "requestBody": { "required": true, "content": { "application/json": { "schema": { "$ref": "#/components/schemas/PayoutRequest" } } } },
                 "responses": {
@@ -145,7 +153,7 @@ pub fn document() -> serde_json::Value {
             } },
             "/v1/payouts/{id}": { "get": {
                 "summary": "A payout",
-                "parameters": [{ "name": "id", "in": "path", "required": true, "schema": { "type": "string" } }],
+                "parameters": [{ "name": "id", "in": "path", "required": true, "schema": { "type": "integer", "format": "int64", "minimum": 1, "maximum": 9_223_372_036_854_775_807i64 } }],
                 "responses": {
                     "200": json("the payout", "Payout"),
                     "400": problem("the id is not an integer"),
@@ -155,7 +163,7 @@ pub fn document() -> serde_json::Value {
             } },
             "/v1/creators/{address}": { "get": {
                 "summary": "A creator's balance, holds and ledger entries",
-                "parameters": [{ "name": "address", "in": "path", "required": true, "schema": { "type": "string" } }],
+                "parameters": [{ "name": "address", "in": "path", "required": true, "schema": { "$ref": "#/components/schemas/Address" } }],
                 "responses": {
                     "200": json("the creator", "Creator"),
                     "400": problem("not an address"),
@@ -181,7 +189,7 @@ pub fn document() -> serde_json::Value {
             "/v1/holds/{id}/release": { "post": {
                 "summary": "Release a hold; the creator's held items are paid by their runs",
                 "security": [{ "bearer": [] }],
-                "parameters": [{ "name": "id", "in": "path", "required": true, "schema": { "type": "string" } }],
+                "parameters": [{ "name": "id", "in": "path", "required": true, "schema": { "type": "integer", "format": "int64", "minimum": 1, "maximum": 9_223_372_036_854_775_807i64 } }],
                 "responses": {
                     "200": json("the released hold", "Hold"),
                     "400": problem("the id is not an integer"),
