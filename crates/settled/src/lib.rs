@@ -12,6 +12,7 @@ pub mod cli;
 pub mod config;
 pub mod db;
 pub mod demo;
+pub mod import;
 pub mod money;
 pub mod period;
 pub mod progress;

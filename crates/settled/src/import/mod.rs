@@ -1,0 +1,413 @@
+//! `settled import`: streams a CSV or JSON Lines file of (period, creator,
+//! volume) into a staging table with PostgreSQL `COPY`, validates every line
+//! (naming the line, the field and the reason), and moves the valid rows in
+//! the same transaction. All or nothing by default; `--skip-invalid` imports
+//! the valid rows and writes the rejected ones, with reasons, to a file.
+//! Memory stays constant: lines are read one at a time (at most
+//! [`parse::MAX_LINE_BYTES`]) and duplicate detection happens in the database.
+
+pub mod parse;
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use sqlx::PgPool;
+
+use crate::period::Period;
+use crate::progress::Progress;
+use crate::settlement::JOB;
+pub use parse::{Columns, Format, MAX_LINE_BYTES};
+
+/// Errors printed on the terminal (all of them go to `--errors FILE`).
+pub const MAX_ERRORS_SHOWN: usize = 50;
+/// Bytes buffered before they are sent to `COPY`.
+pub const COPY_BATCH_BYTES: usize = 1 << 20;
+
+/// What to import.
+#[derive(Debug, Clone)]
+pub struct ImportOptions {
+    /// The file, or `-` for standard input.
+    pub path: PathBuf,
+    /// The format (default: from the extension, `.jsonl`/`.ndjson` or CSV).
+    pub format: Option<Format>,
+    /// The period of every row (the file may then omit it).
+    pub period: Option<Period>,
+    /// Import the valid rows, write the rejected ones here.
+    pub skip_invalid: Option<PathBuf>,
+    /// Write every error here (not only the first [`MAX_ERRORS_SHOWN`]).
+    pub errors_file: Option<PathBuf>,
+    /// Allow adding rows to a period that already has rows from another import.
+    pub append: bool,
+}
+
+/// What an import did.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct ImportOutcome {
+    /// Data lines read.
+    pub rows: u64,
+    /// Rows inserted now.
+    pub inserted: u64,
+    /// Rows that were already there, identical (re-import).
+    pub already_present: u64,
+    /// Rows rejected (only with `--skip-invalid`).
+    pub rejected: u64,
+    /// Errors found (every invalid line, duplicate or conflict).
+    pub errors: u64,
+    /// The first errors, for the terminal.
+    pub first_errors: Vec<String>,
+    /// True when the import was refused and nothing was written.
+    pub refused: bool,
+}
+
+struct ErrorSink {
+    shown: Vec<String>,
+    total: u64,
+    file: Option<std::io::BufWriter<File>>,
+    rejects: Option<std::io::BufWriter<File>>,
+}
+
+impl ErrorSink {
+    fn record(&mut self, line_no: u64, field: &str, reason: &str, content: Option<&str>) -> anyhow::Result<()> {
+        let message = format!("line {line_no}: {field}: {reason}");
+        self.total += 1;
+        if self.shown.len() < MAX_ERRORS_SHOWN {
+            self.shown.push(message.clone());
+        }
+        if let Some(f) = &mut self.file {
+            writeln!(f, "{message}")?;
+        }
+        if let (Some(r), Some(content)) = (&mut self.rejects, content) {
+            let quote = |s: &str| format!("\"{}\"", s.replace('"', "\"\""));
+            writeln!(r, "{line_no},{field},{},{}", quote(reason), quote(content))?;
+        }
+        Ok(())
+    }
+}
+
+/// Reads one line of at most `max` bytes into `buf` (without its `\n`).
+/// Returns None at the end, Some(false) for a line that was too long (the
+/// rest of it is skipped, never stored).
+fn read_bounded_line(reader: &mut impl BufRead, buf: &mut Vec<u8>, max: usize) -> std::io::Result<Option<bool>> {
+    buf.clear();
+    let mut too_long = false;
+    let mut read_any = false;
+    loop {
+        let available = reader.fill_buf()?;
+        if available.is_empty() {
+            return Ok(read_any.then_some(!too_long));
+        }
+        read_any = true;
+        let (chunk, found_newline) = match available.iter().position(|b| *b == b'\n') {
+            Some(i) => (&available[..i], Some(i)),
+            None => (available, None),
+        };
+        if !too_long {
+            if buf.len() + chunk.len() > max + 1 {
+                too_long = true;
+                buf.clear();
+            } else {
+                buf.extend_from_slice(chunk);
+            }
+        }
+        let used = found_newline.map_or(chunk.len(), |i| i + 1);
+        reader.consume(used);
+        if found_newline.is_some() {
+            if buf.last() == Some(&b'\r') {
+                buf.pop();
+            }
+            if buf.len() > max {
+                too_long = true;
+            }
+            return Ok(Some(!too_long));
+        }
+    }
+}
+
+/// The latest period a row may have: today anywhere on Earth (UTC+14).
+fn latest_period() -> Period {
+    Period::from_date((chrono::Utc::now() + chrono::Duration::hours(14)).date_naive())
+}
+
+/// Runs an import.
+pub async fn import(pool: &PgPool, opts: &ImportOptions) -> anyhow::Result<ImportOutcome> {
+    let from_stdin = opts.path.as_os_str() == "-";
+    let format = opts.format.unwrap_or_else(|| {
+        let ext = opts
+            .path
+            .extension()
+            .and_then(|e| e.to_str())
+            .unwrap_or("")
+            .to_ascii_lowercase();
+        if ext == "jsonl" || ext == "ndjson" {
+            Format::Jsonl
+        } else {
+            Format::Csv
+        }
+    });
+    let (input, size): (Box<dyn Read + Send>, Option<u64>) = if from_stdin {
+        (Box::new(std::io::stdin()), None)
+    } else {
+        let file = File::open(&opts.path).with_context(|| format!("opening {}", opts.path.display()))?;
+        let size = file.metadata().ok().map(|m| m.len());
+        (Box::new(file), size)
+    };
+    let create = |p: &Path| -> anyhow::Result<std::io::BufWriter<File>> {
+        Ok(std::io::BufWriter::new(
+            File::create(p).with_context(|| format!("creating {}", p.display()))?,
+        ))
+    };
+    let mut sink = ErrorSink {
+        shown: Vec::new(),
+        total: 0,
+        file: opts.errors_file.as_deref().map(create).transpose()?,
+        rejects: opts.skip_invalid.as_deref().map(create).transpose()?,
+    };
+    if let Some(r) = &mut sink.rejects {
+        writeln!(r, "line,field,reason,content")?;
+    }
+    let progress = Progress::new("import", size.unwrap_or(0));
+    let mut reader = BufReader::with_capacity(256 * 1024, CountingReader { inner: input, read: 0 });
+
+    let mut tx = pool.begin().await?;
+    sqlx::query(
+        "CREATE TEMP TABLE import_staging (
+             line_no bigint NOT NULL, period date NOT NULL, creator text NOT NULL, volume numeric(78,0) NOT NULL
+         ) ON COMMIT DROP",
+    )
+    .execute(&mut *tx)
+    .await?;
+    let mut copy = tx
+        .copy_in_raw("COPY import_staging (line_no, period, creator, volume) FROM STDIN")
+        .await?;
+    let latest = latest_period();
+    let mut outcome = ImportOutcome::default();
+    let mut buf = Vec::with_capacity(MAX_LINE_BYTES + 2);
+    let mut batch = String::with_capacity(COPY_BATCH_BYTES + MAX_LINE_BYTES);
+    let mut line_no = 0u64;
+    let mut columns: Option<Columns> = None;
+    let mut saw_header = false;
+    loop {
+        let Some(fits) = read_bounded_line(&mut reader, &mut buf, MAX_LINE_BYTES)? else {
+            break;
+        };
+        line_no += 1;
+        if line_no == 1 && buf.starts_with(b"\xEF\xBB\xBF") {
+            buf.drain(..3);
+        }
+        if !fits {
+            outcome.rows += 1;
+            sink.record(
+                line_no,
+                "line",
+                &format!("is longer than {MAX_LINE_BYTES} bytes"),
+                Some("(too long to repeat)"),
+            )?;
+            continue;
+        }
+        let Ok(line) = std::str::from_utf8(&buf) else {
+            outcome.rows += 1;
+            sink.record(line_no, "line", "is not valid UTF-8", Some("(not UTF-8)"))?;
+            continue;
+        };
+        if line.trim().is_empty() {
+            continue;
+        }
+        if format == Format::Csv && !saw_header && outcome.rows == 0 {
+            saw_header = true;
+            if let Some(header) = parse::csv_header(line) {
+                if header == Columns::CreatorVolume && opts.period.is_none() {
+                    anyhow::bail!("line {line_no}: the header has no period column: give the period with --period");
+                }
+                columns = Some(header);
+                continue;
+            }
+        }
+        outcome.rows += 1;
+        let parsed = match format {
+            Format::Csv => {
+                let cols = columns.unwrap_or(if opts.period.is_some() && line.split(',').count() == 2 {
+                    Columns::CreatorVolume
+                } else {
+                    Columns::PeriodCreatorVolume
+                });
+                parse::parse_csv(line, cols, opts.period, latest)
+            }
+            Format::Jsonl => parse::parse_jsonl(line, opts.period, latest),
+        };
+        match parsed {
+            Ok(row) => {
+                use std::fmt::Write as _;
+                let _ = writeln!(batch, "{line_no}\t{}\t{}\t{}", row.period, row.creator, row.volume);
+                if batch.len() >= COPY_BATCH_BYTES {
+                    copy.send(batch.as_bytes()).await?;
+                    batch.clear();
+                    progress.set(reader.get_ref().read);
+                }
+            }
+            Err(e) => sink.record(line_no, e.field, &e.reason, Some(line))?,
+        }
+    }
+    if !batch.is_empty() {
+        copy.send(batch.as_bytes()).await?;
+    }
+    copy.finish().await?;
+    progress.finish();
+    if line_no == 0 {
+        anyhow::bail!("the file is empty: nothing to import");
+    }
+    if outcome.rows == 0 {
+        anyhow::bail!("the file has no data rows (only a header or blank lines): nothing to import");
+    }
+
+    // Duplicates within the file: every later occurrence is an error.
+    let duplicates: Vec<(i64, String, chrono::NaiveDate, i64)> = sqlx::query_as(
+        "SELECT line_no, creator, period, first_line FROM (
+             SELECT line_no, creator, period,
+                    min(line_no) OVER (PARTITION BY period, creator) AS first_line
+             FROM import_staging) d
+         WHERE line_no <> first_line ORDER BY line_no",
+    )
+    .fetch_all(&mut *tx)
+    .await?;
+    for (line, creator, period, first) in &duplicates {
+        sink.record(
+            *line as u64,
+            "creator",
+            &format!("duplicate of line {first} for ({period}, {creator})"),
+            Some(creator),
+        )?;
+    }
+    // Rows already imported with another volume: refusing keeps re-imports exact.
+    let conflicts: Vec<(i64, String, chrono::NaiveDate, String, String)> = sqlx::query_as(
+        "SELECT s.line_no, s.creator, s.period, s.volume::text, t.volume::text
+         FROM import_staging s JOIN settlement.token_trade_volume t ON t.period = s.period AND t.creator = s.creator
+         WHERE t.volume <> s.volume ORDER BY s.line_no",
+    )
+    .fetch_all(&mut *tx)
+    .await?;
+    for (line, creator, period, new, old) in &conflicts {
+        sink.record(
+            *line as u64,
+            "volume",
+            &format!("({period}, {creator}) was already imported with volume {old}, not {new}"),
+            Some(creator),
+        )?;
+    }
+    outcome.errors = sink.total;
+    if sink.total > 0 && opts.skip_invalid.is_none() {
+        tx.rollback().await?;
+        outcome.first_errors = std::mem::take(&mut sink.shown);
+        outcome.refused = true;
+        flush(&mut sink)?;
+        return Ok(outcome);
+    }
+    if !duplicates.is_empty() || !conflicts.is_empty() {
+        let lines: Vec<i64> = duplicates
+            .iter()
+            .map(|d| d.0)
+            .chain(conflicts.iter().map(|c| c.0))
+            .collect();
+        sqlx::query("DELETE FROM import_staging WHERE line_no = ANY($1)")
+            .bind(&lines)
+            .execute(&mut *tx)
+            .await?;
+    }
+    outcome.rejected = sink.total;
+
+    // Periods: never one whose run has started; another import's period only with --append.
+    let periods: Vec<(chrono::NaiveDate, i64, i64)> = sqlx::query_as(
+        "SELECT s.period,
+                count(*) FILTER (WHERE t.creator IS NULL) AS new_rows,
+                (SELECT count(*) FROM settlement.token_trade_volume x WHERE x.period = s.period) AS existing
+         FROM import_staging s
+         LEFT JOIN settlement.token_trade_volume t ON t.period = s.period AND t.creator = s.creator
+         GROUP BY s.period ORDER BY s.period",
+    )
+    .fetch_all(&mut *tx)
+    .await?;
+    for (period, new_rows, existing) in &periods {
+        if *new_rows == 0 {
+            continue;
+        }
+        let run: Option<(i64, String)> =
+            sqlx::query_as("SELECT id, state FROM settled_engine.runs WHERE job = $1 AND period = $2")
+                .bind(JOB)
+                .bind(period.to_string())
+                .fetch_optional(&mut *tx)
+                .await?;
+        if let Some((id, state)) = run {
+            tx.rollback().await?;
+            anyhow::bail!(
+                "period {period} already has run {id} ({state}): its input can no longer change; nothing was imported"
+            );
+        }
+        if *existing > 0 && !opts.append {
+            tx.rollback().await?;
+            anyhow::bail!(
+                "period {period} already has {existing} rows from another import; use --append to add {new_rows} more; nothing was imported"
+            );
+        }
+    }
+    let inserted = sqlx::query(
+        "INSERT INTO settlement.token_trade_volume (period, creator, volume)
+         SELECT period, creator, volume FROM import_staging ORDER BY period, creator
+         ON CONFLICT (period, creator) DO NOTHING",
+    )
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    tx.commit().await?;
+    outcome.inserted = inserted;
+    outcome.already_present = outcome.rows - outcome.rejected - inserted;
+    outcome.first_errors = std::mem::take(&mut sink.shown);
+    flush(&mut sink)?;
+    if inserted > 0 {
+        let mut conn = pool.acquire().await?;
+        crate::settlement::queue().refresh_statistics(&mut conn).await?;
+    }
+    Ok(outcome)
+}
+
+fn flush(sink: &mut ErrorSink) -> anyhow::Result<()> {
+    if let Some(f) = &mut sink.file {
+        f.flush()?;
+    }
+    if let Some(r) = &mut sink.rejects {
+        r.flush()?;
+    }
+    Ok(())
+}
+
+/// Counts the bytes read, for progress.
+struct CountingReader<R> {
+    inner: R,
+    read: u64,
+}
+
+impl<R: Read> Read for CountingReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.read += n as u64;
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::read_bounded_line;
+
+    #[test]
+    fn bounded_lines() {
+        let data = b"short\r\nway too long line\nlast";
+        let mut reader = std::io::BufReader::with_capacity(4, &data[..]);
+        let mut buf = Vec::new();
+        assert_eq!(read_bounded_line(&mut reader, &mut buf, 8).unwrap(), Some(true));
+        assert_eq!(buf, b"short");
+        assert_eq!(read_bounded_line(&mut reader, &mut buf, 8).unwrap(), Some(false));
+        assert_eq!(read_bounded_line(&mut reader, &mut buf, 8).unwrap(), Some(true));
+        assert_eq!(buf, b"last");
+        assert_eq!(read_bounded_line(&mut reader, &mut buf, 8).unwrap(), None);
+    }
+}
