@@ -42,8 +42,26 @@ pub struct Cli {
     #[arg(long, env = "SETTLED_DATA_DIR", default_value = ".settled", global = true)]
     pub data_dir: PathBuf,
 
+    /// Connect with the least-privilege role each command needs (SET ROLE
+    /// settled_worker / settled_api / settled_readonly); the login role must be
+    /// a member. Commands that change input or schema keep the login role.
+    #[arg(long, env = "SETTLED_ROLE_PER_COMMAND", global = true)]
+    pub role_per_command: bool,
+
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// The least role a command needs.
+fn least_role(command: &Command) -> Option<&'static str> {
+    match command {
+        Command::Worker { .. } | Command::Run { .. } => Some("settled_worker"),
+        Command::Serve { .. } => Some("settled_api"),
+        Command::Status { .. } | Command::Verify { .. } | Command::Runs { .. } | Command::Workers { .. } => {
+            Some("settled_readonly")
+        }
+        _ => None,
+    }
 }
 
 /// The commands.
@@ -551,6 +569,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         url: cli.database_url.clone().filter(|u| !u.is_empty()),
         data_dir: cli.data_dir.clone(),
         max_connections: pool_size(&cli.command),
+        role: if cli.role_per_command {
+            least_role(&cli.command)
+        } else {
+            None
+        },
         application_name: match &cli.command {
             Command::Worker { .. } => "settled-worker".to_string(),
             _ => "settled".to_string(),

@@ -26,7 +26,13 @@ pub struct DbOptions {
     pub max_connections: u32,
     /// Shown in `pg_stat_activity.application_name` (e.g. `settled-worker`).
     pub application_name: String,
+    /// Least-privilege role to `SET ROLE` to on every connection (None: the
+    /// login role). With a role, migrations are checked, not applied.
+    pub role: Option<&'static str>,
 }
+
+/// The least-privilege roles the migrations create.
+pub const ROLES: [&str; 3] = ["settled_worker", "settled_api", "settled_readonly"];
 
 /// An open database: a pool, the URL other processes can use, and the
 /// private server when this process started it.
@@ -46,6 +52,7 @@ impl Database {
             data_dir: PathBuf::new(),
             max_connections,
             application_name: application_name.to_string(),
+            role: None,
         })
         .await
     }
@@ -63,14 +70,28 @@ impl Database {
             .application_name(&opts.application_name)
             .log_statements(tracing::log::LevelFilter::Trace)
             .log_slow_statements(tracing::log::LevelFilter::Debug, Duration::from_secs(5));
+        let role = opts.role;
+        debug_assert!(role.is_none_or(|r| ROLES.contains(&r)));
         let pool = PgPoolOptions::new()
+            .after_connect(move |conn, _| {
+                Box::pin(async move {
+                    if let Some(role) = role {
+                        // A constant from ROLES, never input.
+                        sqlx::query(&format!("SET ROLE {role}")).execute(conn).await?;
+                    }
+                    Ok(())
+                })
+            })
             .max_connections(opts.max_connections)
             .acquire_timeout(Duration::from_secs(POOL_ACQUIRE_TIMEOUT_SECS))
             .connect_with(connect)
             .await
             .with_context(|| format!("connecting to {}", redact_url(&url)))?;
         let db = Database { pool, url, server };
-        migrate(&db.pool).await?;
+        match role {
+            None => migrate(&db.pool).await?,
+            Some(role) => check_migrated(&db.pool, role).await?,
+        }
         Ok(db)
     }
 
@@ -146,6 +167,25 @@ pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
     let mut migrator = sqlx::migrate!("./migrations");
     migrator.set_ignore_missing(true);
     migrator.run(pool).await.context("applying the settlement migrations")?;
+    Ok(())
+}
+
+/// With a least-privilege role, migrations cannot run: require them applied.
+async fn check_migrated(pool: &PgPool, role: &str) -> anyhow::Result<()> {
+    let latest = sqlx::migrate!("./migrations")
+        .iter()
+        .map(|m| m.version)
+        .max()
+        .unwrap_or(0);
+    let applied: Option<i64> = sqlx::query_scalar("SELECT max(version) FROM public._sqlx_migrations WHERE success")
+        .fetch_one(pool)
+        .await
+        .with_context(|| format!("reading the applied migrations as role {role}"))?;
+    anyhow::ensure!(
+        applied.unwrap_or(0) >= latest,
+        "the database lacks migrations this version needs (applied {}, needs {latest}); run `settled migrate` with the owner role first",
+        applied.unwrap_or(0)
+    );
     Ok(())
 }
 

@@ -1,0 +1,100 @@
+//! Least privilege: a `settled_worker` login cannot delete or rewrite ledger
+//! rows, even with crafted SQL on its own connection, and every command runs
+//! with the least role it needs.
+
+mod common;
+
+use common::Env;
+use sqlx::{Connection, PgConnection};
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_login_cannot_delete_or_rewrite_the_ledger() {
+    let env = Env::new().await;
+    env.run_ok(&["seed", "--period", "2026-11-28", "--creators", "50"]);
+    env.run_ok(&["worker", "--period", "2026-11-28"]);
+    let login = format!("worker_login_{}", uuid::Uuid::new_v4().simple());
+    sqlx::query(&format!("CREATE ROLE {login} LOGIN IN ROLE settled_worker"))
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    // The same server and database, logged in as the worker.
+    let url = env.db.url.replacen("postgres@", &format!("{login}@"), 1);
+    let mut worker = PgConnection::connect(&url).await.expect("connect as the worker login");
+    let whoami: String = sqlx::query_scalar("SELECT current_user")
+        .fetch_one(&mut worker)
+        .await
+        .unwrap();
+    assert_eq!(whoami, login);
+
+    let crafted = [
+        "DELETE FROM settlement.reward_ledger",
+        "UPDATE settlement.reward_ledger SET amount = amount * 2",
+        "TRUNCATE settlement.reward_ledger CASCADE",
+        "ALTER TABLE settlement.reward_ledger DISABLE TRIGGER reward_ledger_append_only",
+        "DROP TRIGGER reward_ledger_append_only ON settlement.reward_ledger",
+        "SET session_replication_role = replica",
+        "SET ROLE postgres",
+        "DELETE FROM settlement.token_trade_volume",
+        "DELETE FROM settlement.creator_balance",
+        "DELETE FROM settled_engine.runs",
+        "UPDATE settlement.settlement_policy SET fee_bps = 10000",
+        "CREATE TABLE settlement.sneaky (x int)",
+        "GRANT settled_api TO CURRENT_USER",
+    ];
+    for sql in crafted {
+        let err = sqlx::query(sql).execute(&mut worker).await.expect_err(sql);
+        let code = err
+            .as_database_error()
+            .and_then(|e| e.code())
+            .map(|c| c.into_owned())
+            .unwrap_or_default();
+        assert!(
+            code == "42501" || code == "42809",
+            "{sql}: expected a privilege error, got {code}: {err}"
+        );
+    }
+    // What a worker must do, it can: read its items, claim them.
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM settlement.reward_ledger")
+        .fetch_one(&mut worker)
+        .await
+        .unwrap();
+    assert_eq!(n, 50);
+    worker.close().await.unwrap();
+    sqlx::query(&format!("DROP ROLE {login}"))
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    env.run_ok(&["verify", "--period", "2026-11-28"]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn commands_run_with_the_least_role_they_need() {
+    let env = Env::new().await;
+    env.run_ok(&["seed", "--period", "2026-11-28", "--creators", "300"]);
+    env.run_ok(&[
+        "--role-per-command",
+        "worker",
+        "--period",
+        "2026-11-28",
+        "--mode",
+        "leased",
+        "--lease-ttl-ms",
+        "2000",
+    ]);
+    env.run_ok(&["--role-per-command", "verify", "--period", "2026-11-28"]);
+    let out = env.run_ok(&["--role-per-command", "runs"]);
+    assert!(out.contains("finished"), "{out}");
+    // The readonly role really is read-only: a write through it fails.
+    let out = env.run(&["--role-per-command", "status", "--period", "2026-11-28"]);
+    assert!(out.status.success());
+    let mut conn = PgConnection::connect(&env.db.url).await.unwrap();
+    sqlx::query("SET ROLE settled_readonly")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let err = sqlx::query("UPDATE settlement.creator_balance SET balance = 0")
+        .execute(&mut conn)
+        .await
+        .unwrap_err();
+    assert_eq!(err.as_database_error().unwrap().code().unwrap(), "42501");
+}
