@@ -128,8 +128,22 @@ async fn valid_files_import_and_importing_them_again_changes_nothing() {
 
     let out = env.run_ok(&["import", &fixture("bom_crlf.csv")]);
     assert!(out.contains("2 imported"), "{out}");
-    let out = env.run_ok(&["import", &fixture("good.jsonl")]);
-    assert!(out.contains("2 imported"), "{out}");
+    // From standard input, with the format given.
+    let mut child = env
+        .cmd(&["import", "-", "--format", "jsonl"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(
+        child.stdin.as_mut().unwrap(),
+        &std::fs::read(fixture("good.jsonl")).unwrap(),
+    )
+    .unwrap();
+    drop(child.stdin.take());
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("2 imported"));
 
     // A different volume for an imported row is a conflict, not an overwrite.
     let dir = tempfile::tempdir().unwrap();
