@@ -382,20 +382,7 @@ impl WorkQueue {
         scope: &str,
         keys: &[String],
     ) -> Result<(), EngineError> {
-        let done = sqlx::query(&self.sql.mark_held_in_tx)
-            .bind(scope)
-            .bind(keys)
-            .execute(tx)
-            .await
-            .map_err(EngineError::db("marking items held"))?
-            .rows_affected();
-        if done != keys.len() as u64 {
-            return Err(EngineError::Invariant(format!(
-                "marked {done} of {} claimed items held; rolling the chunk back",
-                keys.len()
-            )));
-        }
-        Ok(())
+        mark_every_claimed(tx, &self.sql.mark_held_in_tx, scope, keys, "held").await
     }
 
     /// Leased mode: marks items `held` if their fence still holds.
@@ -589,20 +576,7 @@ impl WorkQueue {
         scope: &str,
         keys: &[String],
     ) -> Result<(), EngineError> {
-        let done = sqlx::query(&self.sql.mark_settled_in_tx)
-            .bind(scope)
-            .bind(keys)
-            .execute(tx)
-            .await
-            .map_err(EngineError::db("marking a chunk settled"))?
-            .rows_affected();
-        if done != keys.len() as u64 {
-            return Err(EngineError::Invariant(format!(
-                "marked {done} of {} claimed items settled; rolling the chunk back",
-                keys.len()
-            )));
-        }
-        Ok(())
+        mark_every_claimed(tx, &self.sql.mark_settled_in_tx, scope, keys, "settled").await
     }
 
     /// Refreshes the planner's statistics of the work table. A scope loaded
@@ -658,6 +632,31 @@ impl WorkQueue {
         }
         Ok(counts)
     }
+}
+
+/// Runs a status change on claimed items; anything but exactly one row per
+/// key means the claim did not hold, and the caller must roll back.
+async fn mark_every_claimed(
+    tx: &mut PgConnection,
+    sql: &str,
+    scope: &str,
+    keys: &[String],
+    status: &str,
+) -> Result<(), EngineError> {
+    let done = sqlx::query(sql)
+        .bind(scope)
+        .bind(keys)
+        .execute(tx)
+        .await
+        .map_err(EngineError::db("marking claimed items"))?
+        .rows_affected();
+    if done != keys.len() as u64 {
+        return Err(EngineError::Invariant(format!(
+            "marked {done} of {} claimed items {status}; rolling the chunk back",
+            keys.len()
+        )));
+    }
+    Ok(())
 }
 
 fn read_keyed(rows: &[sqlx::postgres::PgRow], context: &'static str) -> Result<Vec<(String, i32)>, EngineError> {
