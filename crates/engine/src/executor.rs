@@ -388,7 +388,7 @@ async fn isolate_failure<H: ChunkHandler>(
                 .fail_unclaimed(
                     &mut conn,
                     &chunk.scope,
-                    &[item.key.clone()],
+                    std::slice::from_ref(&item.key),
                     &err.to_string(),
                     err.is_permanent(),
                     &cfg.retry,

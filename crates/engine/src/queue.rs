@@ -346,7 +346,7 @@ impl WorkQueue {
         limit: u32,
         run_id: i64,
     ) -> Result<Vec<(String, i32)>, EngineError> {
-        debug_assert!(limit >= 1 && limit <= MAX_CHUNK_ITEMS);
+        debug_assert!((1..=MAX_CHUNK_ITEMS).contains(&limit));
         let rows = sqlx::query(&self.sql.claim_in_tx)
             .bind(scope)
             .bind(i64::from(limit))
@@ -440,7 +440,7 @@ impl WorkQueue {
         worker: Uuid,
         ttl: Duration,
     ) -> Result<Vec<(String, i32)>, EngineError> {
-        debug_assert!(limit >= 1 && limit <= MAX_CHUNK_ITEMS);
+        debug_assert!((1..=MAX_CHUNK_ITEMS).contains(&limit));
         let rows = sqlx::query(&self.sql.claim_leased)
             .bind(scope)
             .bind(i64::from(limit))

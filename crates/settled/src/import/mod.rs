@@ -188,10 +188,7 @@ pub async fn import(pool: &PgPool, opts: &ImportOptions) -> anyhow::Result<Impor
     let mut line_no = 0u64;
     let mut columns: Option<Columns> = None;
     let mut saw_header = false;
-    loop {
-        let Some(fits) = read_bounded_line(&mut reader, &mut buf, MAX_LINE_BYTES)? else {
-            break;
-        };
+    while let Some(fits) = read_bounded_line(&mut reader, &mut buf, MAX_LINE_BYTES)? {
         line_no += 1;
         if line_no == 1 && buf.starts_with(b"\xEF\xBB\xBF") {
             buf.drain(..3);
