@@ -48,6 +48,10 @@ pub struct Cli {
     #[arg(long, env = "SETTLED_ROLE_PER_COMMAND", global = true)]
     pub role_per_command: bool,
 
+    /// Log format on stderr: human, or json (one object per line).
+    #[arg(long, env = "SETTLED_LOG_FORMAT", value_enum, default_value_t = LogFormat::Human, global = true)]
+    pub log_format: LogFormat,
+
     #[command(subcommand)]
     pub command: Command,
 }
@@ -468,7 +472,7 @@ pub fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     let cli = Cli::parse();
-    init_logging();
+    init_logging(cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(err) => {
@@ -489,14 +493,28 @@ pub fn main() -> ExitCode {
     }
 }
 
-fn init_logging() {
+/// How log lines look.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable (colored on a terminal).
+    Human,
+    /// One JSON object per line, for log collectors.
+    Json,
+}
+
+fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("SETTLED_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn"));
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_target(false)
-        .init();
+        .with_target(false);
+    match format {
+        LogFormat::Human => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
 }
 
 fn pool_size(command: &Command) -> u32 {

@@ -15,6 +15,17 @@ pub const EMBEDDED_DATABASE: &str = "settled";
 /// How long to wait for a pooled connection before failing.
 pub const POOL_ACQUIRE_TIMEOUT_SECS: u64 = 30;
 
+/// How long to wait for a connection: `SETTLED_CONNECT_TIMEOUT_SECS`, else
+/// [`POOL_ACQUIRE_TIMEOUT_SECS`] (a database that is starting gets that long).
+fn acquire_timeout() -> Duration {
+    let secs = std::env::var("SETTLED_CONNECT_TIMEOUT_SECS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|s| (1..=600).contains(s))
+        .unwrap_or(POOL_ACQUIRE_TIMEOUT_SECS);
+    Duration::from_secs(secs)
+}
+
 /// Where to find or start the database.
 #[derive(Debug, Clone)]
 pub struct DbOptions {
@@ -83,7 +94,7 @@ impl Database {
                 })
             })
             .max_connections(opts.max_connections)
-            .acquire_timeout(Duration::from_secs(POOL_ACQUIRE_TIMEOUT_SECS))
+            .acquire_timeout(acquire_timeout())
             .connect_with(connect)
             .await
             .with_context(|| format!("connecting to {}", redact_url(&url)))?;

@@ -138,3 +138,45 @@ fn without_a_database_or_server_binaries_it_exits_2_with_one_line() {
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
     assert!(stderr.contains("apt-get install postgresql") && stderr.contains("DATABASE_URL"));
 }
+
+#[test]
+fn the_database_password_never_appears_in_errors_or_logs() {
+    let port = common::free_port();
+    let out = std::process::Command::new(common::SETTLED)
+        .args(["--log-format", "json", "status", "--period", "2026-11-01"])
+        .env(
+            "DATABASE_URL",
+            format!("postgres://app:topsecret@127.0.0.1:{port}/settled"),
+        )
+        .env("SETTLED_LOG", "trace")
+        .env("SETTLED_CONNECT_TIMEOUT_SECS", "2")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("topsecret"), "{stderr}");
+    assert!(stderr.contains("app:***@127.0.0.1"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn json_logs_are_one_object_per_line_and_name_the_run_and_period() {
+    let env = Env::new().await;
+    env.run_ok(&["seed", "--period", "2026-11-28", "--creators", "10"]);
+    let out = env
+        .cmd(&["--log-format", "json", "worker", "--period", "2026-11-28"])
+        .env("SETTLED_LOG", "info")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<serde_json::Value> = stderr
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let working = lines
+        .iter()
+        .find(|l| l["message"] == "working on run")
+        .expect("a 'working on run' line");
+    assert_eq!(working["period"], "2026-11-28");
+    assert!(working["run"].is_number());
+}
