@@ -1,0 +1,130 @@
+//! The once-only primitives under real concurrency: many connections race,
+//! the database decides.
+
+use std::time::Duration;
+
+use settled_engine::idempotency::{self, Begin, IdempotencyConfig};
+use settled_engine::named_lease::Lease;
+use settled_engine::once_token::OnceToken;
+use sqlx::postgres::PgPoolOptions;
+
+async fn pool() -> (settled_testkit::TestDb, sqlx::PgPool) {
+    let db = settled_testkit::TestDb::create().await.unwrap();
+    let pool = PgPoolOptions::new().max_connections(40).connect(&db.url).await.unwrap();
+    settled_engine::migrate::migrate(&pool).await.unwrap();
+    (db, pool)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fifty_racing_reservations_of_one_token_have_one_winner() {
+    let (_db, pool) = pool().await;
+    let token = OnceToken::issue(&pool, "confirm-withdrawal", "0xabc", Duration::from_secs(60))
+        .await
+        .unwrap();
+    let mut racers = tokio::task::JoinSet::new();
+    for _ in 0..50 {
+        let pool = pool.clone();
+        racers.spawn(async move { OnceToken::reserve(&pool, token, "confirm-withdrawal").await.unwrap() });
+    }
+    let mut winners = 0;
+    while let Some(won) = racers.join_next().await {
+        winners += usize::from(won.unwrap());
+    }
+    assert_eq!(winners, 1);
+    // Wrong purpose, or already reserved: refused. Released: reservable again. Completed: never again.
+    assert!(!OnceToken::reserve(&pool, token, "other-purpose").await.unwrap());
+    assert!(OnceToken::release(&pool, token).await.unwrap());
+    assert!(OnceToken::reserve(&pool, token, "confirm-withdrawal").await.unwrap());
+    assert!(OnceToken::complete(&pool, token).await.unwrap());
+    assert!(!OnceToken::release(&pool, token).await.unwrap());
+    assert!(!OnceToken::reserve(&pool, token, "confirm-withdrawal").await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_expired_token_cannot_be_reserved() {
+    let (_db, pool) = pool().await;
+    let token = OnceToken::issue(&pool, "p", "s", Duration::from_millis(200))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(!OnceToken::reserve(&pool, token, "p").await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_idempotency_key_begins_once_and_a_crashed_attempt_is_taken_over() {
+    let (_db, pool) = pool().await;
+    let cfg = IdempotencyConfig {
+        retention: Duration::from_secs(3600),
+        lock: Duration::from_millis(500),
+    };
+    let fp = idempotency::fingerprint("POST", "/x", b"{}");
+    let mut racers = tokio::task::JoinSet::new();
+    for _ in 0..40 {
+        let (pool, fp) = (pool.clone(), fp.clone());
+        racers.spawn(async move { idempotency::begin(&pool, "s", "k", &fp, &cfg).await.unwrap() });
+    }
+    let mut outcomes = Vec::new();
+    while let Some(o) = racers.join_next().await {
+        outcomes.push(o.unwrap());
+    }
+    assert_eq!(outcomes.iter().filter(|o| **o == Begin::New).count(), 1);
+    assert!(outcomes.iter().all(|o| matches!(o, Begin::New | Begin::InProgress)));
+    // The winner "crashes" without finishing; after the lock, a repeat takes over.
+    assert_eq!(
+        idempotency::begin(&pool, "s", "k", &fp, &cfg).await.unwrap(),
+        Begin::InProgress
+    );
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(
+        idempotency::begin(&pool, "s", "k", &fp, &cfg).await.unwrap(),
+        Begin::New
+    );
+    let mut tx = pool.begin().await.unwrap();
+    idempotency::finish(&mut tx, "s", "k", 201, &serde_json::json!({"id": 7}))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(
+        idempotency::begin(&pool, "s", "k", &fp, &cfg).await.unwrap(),
+        Begin::Replay {
+            status: 201,
+            body: serde_json::json!({"id": 7})
+        }
+    );
+    let other = idempotency::fingerprint("POST", "/x", b"{\"a\":1}");
+    assert_eq!(
+        idempotency::begin(&pool, "s", "k", &other, &cfg).await.unwrap(),
+        Begin::Mismatch
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn thirty_racing_acquisitions_of_one_lease_have_one_holder_and_fences_grow() {
+    let (_db, pool) = pool().await;
+    let mut racers = tokio::task::JoinSet::new();
+    for i in 0..30 {
+        let pool = pool.clone();
+        racers.spawn(async move {
+            Lease::acquire(&pool, "job", &format!("h{i}"), Duration::from_millis(400))
+                .await
+                .unwrap()
+        });
+    }
+    let mut held = Vec::new();
+    while let Some(l) = racers.join_next().await {
+        held.extend(l.unwrap());
+    }
+    assert_eq!(held.len(), 1);
+    let first = held.pop().unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Expired: the stale holder can neither renew nor release; the next one gets a greater fence.
+    assert!(!first.renew(&pool, Duration::from_secs(1)).await.unwrap());
+    let second = Lease::acquire(&pool, "job", "h-next", Duration::from_secs(5))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(second.fence > first.fence);
+    assert!(!first.release(&pool).await.unwrap());
+    assert!(second.renew(&pool, Duration::from_secs(5)).await.unwrap());
+    assert!(second.release(&pool).await.unwrap());
+}
