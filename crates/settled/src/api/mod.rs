@@ -7,6 +7,7 @@
 
 pub mod creators;
 pub mod holds;
+pub mod metrics;
 pub mod openapi;
 pub mod payouts;
 pub mod problem;
@@ -46,6 +47,8 @@ pub struct AppState {
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
+        .route("/readyz", get(metrics::ready))
+        .route("/metrics", get(metrics::serve))
         .route("/openapi.json", get(openapi::serve))
         .route("/v1/payouts", post(payouts::create))
         .route("/v1/payouts/{id}", get(payouts::show))
@@ -59,6 +62,7 @@ pub fn router(state: AppState) -> Router {
 /// Serves the API on `listener` until the task is dropped; prunes expired
 /// idempotency keys in the background.
 pub async fn serve(listener: tokio::net::TcpListener, state: AppState) -> anyhow::Result<()> {
+    metrics::handle();
     let pool = state.pool.clone();
     let pruner = tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(PRUNE_INTERVAL_SECS));

@@ -132,6 +132,21 @@ pub fn document() -> serde_json::Value {
                     "503": problem("the database is unreachable")
                 }
             } },
+            "/readyz": { "get": {
+                "summary": "Readiness: 200 once the database answers and is migrated",
+                "responses": {
+                    "200": { "description": "ready", "content": { "application/json": { "schema": {
+                        "type": "object", "required": ["status"], "properties": { "status": { "type": "string" } } } } } },
+                    "503": problem("not ready")
+                }
+            } },
+            "/metrics": { "get": {
+                "summary": "Prometheus metrics (text format), computed from the database's exact state",
+                "responses": {
+                    "200": { "description": "metrics", "content": { "text/plain": { "schema": { "type": "string" } } } },
+                    "503": problem("the database failed")
+                }
+            } },
             "/v1/payouts": { "post": {
                 "summary": "Withdraw from a creator's balance, exactly once per Idempotency-Key",
                 "security": [{ "bearer": [] }],
