@@ -352,6 +352,7 @@ async fn run_chaos(
     let drain_deadline = duration + Duration::from_secs(DRAIN_DEADLINE_SECS);
     let mut provider_reset_at: Option<Instant> = None;
     let mut conn = db.pool.acquire().await?.detach();
+    let bar = Progress::new("chaos", opts.creators);
     loop {
         let now = started.elapsed();
         // Faults due now.
@@ -379,7 +380,7 @@ async fn run_chaos(
             ) {
                 provider_reset_at = Some(Instant::now() + Duration::from_secs(3));
             }
-            eprintln!("chaos: {line}");
+            bar.println(&format!("chaos: {line}"));
             injected.push(line);
         }
         if provider_reset_at.is_some_and(|t| Instant::now() >= t) {
@@ -414,6 +415,7 @@ async fn run_chaos(
                 continue;
             }
         };
+        bar.set(opts.creators.saturating_sub(left.max(0) as u64));
         let mut running = 0;
         for slot in slots.iter_mut() {
             if let Some(child) = &mut slot.child {

@@ -67,6 +67,14 @@ impl Progress {
         }
     }
 
+    /// Prints a line above the bar (or on stderr without one).
+    pub fn println(&self, line: &str) {
+        match &self.bar {
+            Some(bar) if !bar.is_hidden() => bar.println(line),
+            _ => eprintln!("{line}"),
+        }
+    }
+
     /// Ends the display.
     pub fn finish(&self) {
         if let Some(bar) = &self.bar {

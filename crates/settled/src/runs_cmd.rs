@@ -77,7 +77,28 @@ pub async fn run(
             leases: Default::default(),
             retry: Default::default(),
         };
-        worker::run_worker(pool, &opts).await?;
+        // Progress from exact counts while the local workers drain the run.
+        let total: i64 = sqlx::query_scalar("SELECT count(*) FROM settlement.token_trade_volume WHERE period = $1")
+            .bind(period.date())
+            .fetch_one(pool)
+            .await?;
+        let ticker = {
+            let pool = pool.clone();
+            let scope = p.clone();
+            tokio::spawn(async move {
+                let bar = crate::progress::Progress::new("settle", total as u64);
+                loop {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    let Ok(mut conn) = pool.acquire().await else { continue };
+                    if let Ok(left) = queue().count_unfinished(&mut conn, &scope).await {
+                        bar.set((total - left).max(0) as u64);
+                    }
+                }
+            })
+        };
+        let drained = worker::run_worker(pool, &opts).await;
+        ticker.abort();
+        drained?;
         let run = runs::find(&mut *pool.acquire().await?, JOB, &p).await?;
         match run {
             Some(run) if run.state == RunState::Finished => {
