@@ -329,6 +329,7 @@ async fn settle_one_chunk<H: ChunkHandler>(
     let started = Instant::now();
     let claimed = queue.claim_chunk_in_tx(&mut tx, scope, cfg.chunk, run_id).await?;
     stats.claims.fetch_add(1, Ordering::Relaxed);
+    metrics::histogram!("settled_claim_duration_seconds", "mode" => "tx").record(started.elapsed().as_secs_f64());
     stats
         .claim_micros
         .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
@@ -338,7 +339,10 @@ async fn settle_one_chunk<H: ChunkHandler>(
         return Ok(step);
     }
     let chunk = Chunk::from_pairs(run_id, scope, claimed);
-    match handler.handle_chunk(&mut tx, &chunk).await {
+    let handling = Instant::now();
+    let handled = handler.handle_chunk(&mut tx, &chunk).await;
+    metrics::histogram!("settled_handler_duration_seconds", "mode" => "tx").record(handling.elapsed().as_secs_f64());
+    match handled {
         Ok(handled) => {
             let settled = mark_handled(&mut tx, queue, &chunk, &handled).await?;
             tx.commit().await.map_err(EngineError::db("committing a chunk"))?;

@@ -308,6 +308,7 @@ impl<H: LeasedHandler> LoopCtx<H> {
             )
             .await?;
         self.stats.claims.fetch_add(1, Ordering::Relaxed);
+        metrics::histogram!("settled_claim_duration_seconds", "mode" => "leased").record(sent.elapsed().as_secs_f64());
         self.stats
             .claim_micros
             .fetch_add(sent.elapsed().as_micros() as u64, Ordering::Relaxed);
@@ -354,7 +355,11 @@ impl<H: LeasedHandler> LoopCtx<H> {
                 abandoned.push(item.clone());
                 continue;
             }
-            match self.handler.work_item(&batch, chunk, item).await {
+            let working = Instant::now();
+            let worked = self.handler.work_item(&batch, chunk, item).await;
+            metrics::histogram!("settled_handler_duration_seconds", "mode" => "leased")
+                .record(working.elapsed().as_secs_f64());
+            match worked {
                 Ok(()) => done.push(item.clone()),
                 Err(err) => failed.push((item.clone(), err)),
             }

@@ -169,6 +169,10 @@ pub enum Command {
         /// Create runs missed while no worker was up, this many days back.
         #[arg(long, env = "SETTLED_CATCH_UP_DAYS", default_value_t = 3)]
         catch_up_days: u32,
+        /// Serve this worker's Prometheus metrics (claim and handler latency
+        /// histograms, its counters) at http://ADDR/metrics.
+        #[arg(long, env = "SETTLED_METRICS_BIND")]
+        metrics_bind: Option<std::net::SocketAddr>,
         /// Longest pause between two looks when idle, in milliseconds.
         #[arg(long, default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(100..=60_000))]
         max_poll_ms: u64,
@@ -638,6 +642,7 @@ async fn run_command(db: &Database, command: Command) -> anyhow::Result<ExitCode
             timezone,
             catch_up_days,
             max_poll_ms,
+            metrics_bind,
         } => {
             if engine.mode == Mode::Leased && engine.provider_url.is_none() {
                 tracing::warn!("leased mode without --provider-url: nothing is paid outside the database");
@@ -652,6 +657,7 @@ async fn run_command(db: &Database, command: Command) -> anyhow::Result<ExitCode
                 provider_timeout: Duration::from_millis(engine.provider_timeout_ms),
                 leases: engine.leases(),
                 retry: engine.retry(),
+                metrics_bind,
             };
             if period.is_none() {
                 let daemon = worker::DaemonOptions {

@@ -76,6 +76,7 @@ pub async fn run(
             provider_timeout: Duration::from_secs(2),
             leases: Default::default(),
             retry: Default::default(),
+            metrics_bind: None,
         };
         // Progress from exact counts while the local workers drain the run.
         let total: i64 = sqlx::query_scalar("SELECT count(*) FROM settlement.token_trade_volume WHERE period = $1")

@@ -52,6 +52,8 @@ pub struct WorkerOptions {
     pub leases: LeaseConfig,
     /// Attempts and backoff.
     pub retry: RetryPolicy,
+    /// Where to serve this worker's Prometheus metrics (None: nowhere).
+    pub metrics_bind: Option<std::net::SocketAddr>,
 }
 
 /// How a worker ended.
@@ -94,10 +96,20 @@ impl Worker {
         anyhow::ensure!(opts.work_ms <= MAX_WORK_MS, "--work-ms must be at most {MAX_WORK_MS}");
         let id = workers::register(pool, env!("CARGO_PKG_VERSION")).await?;
         let stats = Arc::new(DrainStats::default());
-        let background = vec![
+        let mut background = vec![
             tokio::spawn(heartbeat_loop(pool.clone(), id, stats.clone())),
             tokio::spawn(stop_on_signal(stats.clone())),
         ];
+        if let Some(addr) = opts.metrics_bind {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding the metrics address {addr}"))?;
+            tracing::info!(addr = %listener.local_addr()?, "worker metrics on /metrics");
+            background.push(tokio::spawn(crate::api::metrics::serve_worker_metrics(
+                listener,
+                stats.clone(),
+            )));
+        }
         Ok(Worker {
             pool: pool.clone(),
             id,

@@ -19,7 +19,14 @@ static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 /// Installs the process-wide Prometheus recorder (once).
 pub fn handle() -> &'static PrometheusHandle {
     HANDLE.get_or_init(|| {
-        let recorder = PrometheusBuilder::new().build_recorder();
+        let buckets = [
+            0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+        ];
+        let builder = PrometheusBuilder::new();
+        let recorder = builder
+            .set_buckets(&buckets)
+            .unwrap_or_else(|_| PrometheusBuilder::new())
+            .build_recorder();
         let handle = recorder.handle();
         // Only fails if another recorder was installed first; then we render an empty set.
         let _ = metrics::set_global_recorder(recorder);
@@ -110,5 +117,41 @@ pub async fn ready(State(state): State<AppState>) -> Response {
         )
         .into_response(),
         Err(err) => Problem::unavailable(err).into_response(),
+    }
+}
+
+/// Serves a worker's own metrics (claim and handler latency histograms, and
+/// its counters) on `listener` until the task is dropped.
+pub async fn serve_worker_metrics(
+    listener: tokio::net::TcpListener,
+    stats: std::sync::Arc<settled_engine::DrainStats>,
+) {
+    use std::sync::atomic::Ordering;
+    handle();
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let stats = stats.clone();
+            async move {
+                let counters = [
+                    ("settled_worker_claims_total", &stats.claims),
+                    ("settled_worker_chunks_total", &stats.chunks_committed),
+                    ("settled_worker_chunks_rolled_back_total", &stats.chunks_rolled_back),
+                    ("settled_worker_items_settled_total", &stats.items_settled),
+                    ("settled_worker_items_failed_total", &stats.items_failed),
+                    ("settled_worker_items_held_total", &stats.items_held),
+                    ("settled_worker_retries_total", &stats.items_retried),
+                    ("settled_worker_fence_rejections_total", &stats.fence_rejections),
+                    ("settled_worker_lease_rescues_total", &stats.leases_rescued),
+                ];
+                for (name, value) in counters {
+                    metrics::counter!(name).absolute(value.load(Ordering::Relaxed));
+                }
+                handle().render()
+            }
+        }),
+    );
+    if let Err(err) = axum::serve(listener, app).await {
+        tracing::warn!(error = %err, "worker metrics server stopped");
     }
 }

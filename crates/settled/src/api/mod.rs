@@ -6,6 +6,7 @@
 //! index on active holds. Never: a check in memory, or check-then-write.
 
 pub mod creators;
+pub mod dashboard;
 pub mod holds;
 pub mod metrics;
 pub mod openapi;
@@ -46,6 +47,12 @@ pub struct AppState {
 /// The API's routes.
 pub fn router(state: AppState) -> Router {
     Router::new()
+        .route("/", get(dashboard::runs))
+        .route("/runs/{id}", get(dashboard::run_report))
+        .route("/workers", get(dashboard::workers))
+        .route("/items", get(dashboard::items))
+        .route("/locks", get(dashboard::locks))
+        .route("/dashboard/retry", post(dashboard::retry))
         .route("/healthz", get(healthz))
         .route("/readyz", get(metrics::ready))
         .route("/metrics", get(metrics::serve))

@@ -1,0 +1,323 @@
+//! The dashboard: every page over HTTP, and a headless Chromium that watches
+//! a real run advance and sees a waiting backend in the lock view.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{free_port, Env};
+use sqlx::{Connection, PgConnection};
+
+struct Server {
+    child: std::process::Child,
+    base: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn serve(env: &Env) -> Server {
+    let port = free_port();
+    let child = env
+        .cmd(&["serve", "--bind", &format!("127.0.0.1:{port}")])
+        .env("SETTLED_API_TOKEN", "t0ken")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    for _ in 0..200 {
+        if reqwest::get(format!("{base}/healthz"))
+            .await
+            .is_ok_and(|r| r.status() == 200)
+        {
+            return Server { child, base };
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("settled serve did not come up");
+}
+
+async fn get(url: &str) -> (u16, String) {
+    let r = reqwest::get(url).await.unwrap();
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_page_answers_with_its_content() {
+    let env = Env::new().await;
+    env.run_ok(&["seed", "--period", "2026-11-28", "--creators", "30"]);
+    env.run_ok(&["worker", "--period", "2026-11-28"]);
+    let victim = env
+        .scalar_text("SELECT creator FROM settlement.token_trade_volume ORDER BY creator LIMIT 1")
+        .await;
+    sqlx::query(
+        "UPDATE settlement.token_trade_volume SET status = 'failed', last_error = 'provider <refused>' WHERE creator = $1",
+    )
+    .bind(&victim)
+    .execute(&env.pool)
+    .await
+    .unwrap();
+    let server = serve(&env).await;
+    let (status, runs) = get(&server.base).await;
+    assert_eq!(status, 200);
+    assert!(
+        runs.contains("2026-11-28") && runs.contains("finished") && runs.contains("data-done=\"30\""),
+        "{runs}"
+    );
+    let run_id = env.scalar_i64("SELECT id FROM settled_engine.runs").await;
+    let (status, report) = get(&format!("{}/runs/{run_id}", server.base)).await;
+    assert_eq!(status, 200);
+    assert!(
+        report.contains("verification") && report.contains("stored report"),
+        "{report}"
+    );
+    let (status, workers) = get(&format!("{}/workers", server.base)).await;
+    assert_eq!(status, 200);
+    assert!(workers.contains("stopped"), "{workers}");
+    let (status, failed) = get(&format!("{}/items?status=failed", server.base)).await;
+    assert_eq!(status, 200);
+    assert!(
+        failed.contains(&victim) && failed.contains("provider &lt;refused&gt;"),
+        "errors are shown, escaped"
+    );
+    let (status, held) = get(&format!("{}/items?status=held", server.base)).await;
+    assert_eq!((status, held.contains("No held items")), (200, true));
+    let (status, locks) = get(&format!("{}/locks", server.base)).await;
+    assert_eq!(status, 200);
+    assert!(locks.contains("data-waiting=\"0\""), "{locks}");
+    assert_eq!(get(&format!("{}/runs/999", server.base)).await.0, 404);
+
+    // Retry needs the token; with it, the item is eligible again and the run reopened.
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let form = [
+        ("period", "2026-11-28"),
+        ("creator", victim.as_str()),
+        ("token", "wrong"),
+    ];
+    let r = client
+        .post(format!("{}/dashboard/retry", server.base))
+        .form(&form)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    let form = [
+        ("period", "2026-11-28"),
+        ("creator", victim.as_str()),
+        ("token", "t0ken"),
+    ];
+    let r = client
+        .post(format!("{}/dashboard/retry", server.base))
+        .form(&form)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    let status = env
+        .scalar_text(&format!(
+            "SELECT status FROM settlement.token_trade_volume WHERE creator = '{victim}'"
+        ))
+        .await;
+    assert_eq!(status, "eligible");
+}
+
+/// Headless Chromium, as the Debian package installs it (CI installs it).
+fn chromium() -> Option<PathBuf> {
+    ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+}
+
+fn browse(browser: &PathBuf, profile: &std::path::Path, args: &[&str], url: &str) -> String {
+    let out = Command::new(browser)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--window-size=1280,800",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(args)
+        .arg(url)
+        .stderr(Stdio::null())
+        .output()
+        .expect("run chromium");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn first_done(dom: &str) -> u64 {
+    let start = dom.find("data-done=\"").expect("a progress bar") + "data-done=\"".len();
+    dom[start..].split('"').next().unwrap().parse().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_browser_sees_the_run_advance_and_a_waiting_backend_in_the_lock_view() {
+    let Some(browser) = chromium() else {
+        assert!(
+            std::env::var("CI").is_err(),
+            "CI must have chromium (.ci/run installs it)"
+        );
+        eprintln!("skipped: no chromium here (apt-get install chromium)");
+        return;
+    };
+    let shots = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/screenshots");
+    std::fs::create_dir_all(&shots).unwrap();
+    let profile = tempfile::tempdir().unwrap();
+    let env = Env::new().await;
+    env.run_ok(&["seed", "--period", "2026-11-28", "--creators", "20000"]);
+    let server = serve(&env).await;
+    let mut worker = env
+        .cmd(&[
+            "worker",
+            "--period",
+            "2026-11-28",
+            "--concurrency",
+            "1",
+            "--chunk",
+            "50",
+            "--work-ms",
+            "4",
+        ])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    common::wait_until(30, "the run to start paying", || async {
+        env.scalar_i64("SELECT count(*) FROM settlement.reward_ledger").await > 0
+    })
+    .await;
+    let first = first_done(&browse(&browser, profile.path(), &["--dump-dom"], &server.base));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let second = first_done(&browse(&browser, profile.path(), &["--dump-dom"], &server.base));
+    assert!(second > first, "the progress bar should advance: {first} then {second}");
+    let shot = shots.join("dashboard-runs.png");
+    browse(
+        &browser,
+        profile.path(),
+        &[&format!("--screenshot={}", shot.display())],
+        &server.base,
+    );
+    assert!(shot.exists());
+    let _ = worker.kill();
+    let _ = worker.wait();
+
+    // The three-connection scenario: A and B claim with SKIP LOCKED, C waits with FOR UPDATE.
+    let claim = "SELECT creator FROM settlement.token_trade_volume WHERE period = '2026-11-28' AND status = 'eligible'
+                 ORDER BY creator LIMIT 10 FOR NO KEY UPDATE SKIP LOCKED";
+    let mut a = PgConnection::connect(&env.db.url).await.unwrap();
+    let mut b = PgConnection::connect(&env.db.url).await.unwrap();
+    for conn in [&mut a, &mut b] {
+        sqlx::query("BEGIN").execute(&mut *conn).await.unwrap();
+        sqlx::query(claim).fetch_all(&mut *conn).await.unwrap();
+    }
+    let url = env.db.url.clone();
+    let waiter = tokio::spawn(async move {
+        let mut c = PgConnection::connect(&url).await.unwrap();
+        sqlx::query("BEGIN").execute(&mut c).await.unwrap();
+        let _ = sqlx::query(
+            "SELECT creator FROM settlement.token_trade_volume WHERE period = '2026-11-28' AND status = 'eligible'
+             ORDER BY creator LIMIT 10 FOR UPDATE",
+        )
+        .fetch_all(&mut c)
+        .await;
+    });
+    common::wait_until(30, "C to wait", || async {
+        env.scalar_i64("SELECT count(*) FROM pg_locks WHERE NOT granted").await > 0
+    })
+    .await;
+    let dom = browse(
+        &browser,
+        profile.path(),
+        &["--dump-dom"],
+        &format!("{}/locks", server.base),
+    );
+    assert!(
+        dom.contains("class=\"waiting\""),
+        "the lock view should list a waiting backend:\n{dom}"
+    );
+    assert!(!dom.contains("data-waiting=\"0\""), "{dom}");
+    let shot = shots.join("dashboard-locks.png");
+    browse(
+        &browser,
+        profile.path(),
+        &[&format!("--screenshot={}", shot.display())],
+        &format!("{}/locks", server.base),
+    );
+    sqlx::query("COMMIT").execute(&mut a).await.unwrap();
+    sqlx::query("COMMIT").execute(&mut b).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(30), waiter)
+        .await
+        .unwrap()
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_serves_its_claim_latency_histogram_and_counters() {
+    let env = Env::new().await;
+    env.run_ok(&["seed", "--period", "2026-11-28", "--creators", "3000"]);
+    let port = free_port();
+    let mut worker = env
+        .cmd(&[
+            "worker",
+            "--period",
+            "2026-11-28",
+            "--concurrency",
+            "1",
+            "--chunk",
+            "20",
+            "--work-ms",
+            "5",
+            "--metrics-bind",
+            &format!("127.0.0.1:{port}"),
+        ])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    common::wait_until(30, "the worker to settle a few chunks", || async {
+        env.scalar_i64("SELECT count(*) FROM settlement.reward_ledger").await >= 100
+    })
+    .await;
+    let text = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let _ = worker.kill();
+    let _ = worker.wait();
+    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).expect("Prometheus text");
+    let histogram = scrape
+        .samples
+        .iter()
+        .find(|s| s.metric == "settled_claim_duration_seconds")
+        .unwrap_or_else(|| panic!("no claim latency histogram in:\n{text}"));
+    match &histogram.value {
+        prometheus_parse::Value::Histogram(buckets) => assert!(buckets.iter().any(|b| b.count > 0.0), "{text}"),
+        other => panic!("expected a histogram, got {other:?}"),
+    }
+    assert!(text.contains("settled_handler_duration_seconds_bucket"), "{text}");
+    let settled = scrape
+        .samples
+        .iter()
+        .find(|s| s.metric == "settled_worker_items_settled_total")
+        .map(|s| match s.value {
+            prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Untyped(v) => v,
+            _ => 0.0,
+        })
+        .unwrap_or(0.0);
+    assert!(settled >= 20.0, "{text}");
+}
