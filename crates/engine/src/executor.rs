@@ -167,6 +167,8 @@ pub struct DrainStats {
     pub leases_released: AtomicU64,
     /// Claim statements run.
     pub claims: AtomicU64,
+    /// Items claimed (an item retried is claimed again).
+    pub items_claimed: AtomicU64,
     /// Total time spent in claim statements, in microseconds.
     pub claim_micros: AtomicU64,
     /// Set to stop claiming new chunks (the current ones finish).
@@ -338,6 +340,7 @@ async fn settle_one_chunk<H: ChunkHandler>(
         tx.rollback().await.map_err(EngineError::db("ending an empty claim"))?;
         return Ok(step);
     }
+    stats.items_claimed.fetch_add(claimed.len() as u64, Ordering::Relaxed);
     let chunk = Chunk::from_pairs(run_id, scope, claimed);
     let handling = Instant::now();
     let handled = handler.handle_chunk(&mut tx, &chunk).await;

@@ -316,6 +316,9 @@ impl<H: LeasedHandler> LoopCtx<H> {
             return idle_or_drained(&mut conn, &self.queue, self.run_id, &self.scope).await;
         }
         drop(conn);
+        self.stats
+            .items_claimed
+            .fetch_add(claimed.len() as u64, Ordering::Relaxed);
         let chunk = Chunk::from_pairs(self.run_id, &self.scope, claimed);
         self.keeper.add(&chunk.items, sent, Instant::now());
         let result = self.work_and_complete(&chunk).await;

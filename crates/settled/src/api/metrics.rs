@@ -135,6 +135,7 @@ pub async fn serve_worker_metrics(
             async move {
                 let counters = [
                     ("settled_worker_claims_total", &stats.claims),
+                    ("settled_worker_items_claimed_total", &stats.items_claimed),
                     ("settled_worker_chunks_total", &stats.chunks_committed),
                     ("settled_worker_chunks_rolled_back_total", &stats.chunks_rolled_back),
                     ("settled_worker_items_settled_total", &stats.items_settled),
