@@ -6,43 +6,15 @@ mod common;
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::{free_port, wait_bounded, Env};
+use common::{wait_bounded, Env, Server};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::{json, Value};
 
 const TOKEN: &str = "test-token";
 
-struct Server {
-    child: std::process::Child,
-    base: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 async fn serve(env: &Env) -> Server {
-    let port = free_port();
-    let child = env
-        .cmd(&["serve", "--bind", &format!("127.0.0.1:{port}")])
-        .env("SETTLED_API_TOKEN", TOKEN)
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let base = format!("http://127.0.0.1:{port}");
-    for _ in 0..200 {
-        if let Ok(r) = reqwest::get(format!("{base}/healthz")).await {
-            if r.status() == 200 {
-                return Server { child, base };
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("settled serve did not come up");
+    env.serve(TOKEN).await
 }
 
 /// A period settled for `n` creators; returns the creators, richest first.

@@ -7,40 +7,11 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{free_port, Env};
+use common::{free_port, Env, Server};
 use sqlx::{Connection, PgConnection};
 
-struct Server {
-    child: std::process::Child,
-    base: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 async fn serve(env: &Env) -> Server {
-    let port = free_port();
-    let child = env
-        .cmd(&["serve", "--bind", &format!("127.0.0.1:{port}")])
-        .env("SETTLED_API_TOKEN", "t0ken")
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let base = format!("http://127.0.0.1:{port}");
-    for _ in 0..200 {
-        if reqwest::get(format!("{base}/healthz"))
-            .await
-            .is_ok_and(|r| r.status() == 200)
-        {
-            return Server { child, base };
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("settled serve did not come up");
+    env.serve("t0ken").await
 }
 
 async fn get(url: &str) -> (u16, String) {

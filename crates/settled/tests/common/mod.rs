@@ -169,3 +169,44 @@ pub fn wait_bounded(child: &mut std::process::Child, secs: u64) -> std::process:
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
+
+/// A `settled serve` process on a free port; killed on drop.
+pub struct Server {
+    pub child: std::process::Child,
+    pub base: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Env {
+    /// Starts `settled serve` on this test's database with API token `token`,
+    /// and waits until /healthz answers.
+    pub async fn serve(&self, token: &str) -> Server {
+        let port = free_port();
+        let child = self
+            .cmd(&["serve", "--bind", &format!("127.0.0.1:{port}")])
+            .env("SETTLED_API_TOKEN", token)
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let server = Server {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+        };
+        for _ in 0..200 {
+            if reqwest::get(format!("{}/healthz", server.base))
+                .await
+                .is_ok_and(|r| r.status() == 200)
+            {
+                return server;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        panic!("settled serve did not come up");
+    }
+}
