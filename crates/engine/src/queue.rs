@@ -414,18 +414,17 @@ impl WorkQueue {
         permanent: bool,
         policy: &RetryPolicy,
     ) -> Result<FailOutcome, EngineError> {
-        let statuses: Vec<String> = sqlx::query_scalar(&self.sql.fail_unclaimed)
-            .bind(scope)
-            .bind(keys)
-            .bind(error)
-            .bind(permanent)
-            .bind(policy.max_attempts)
-            .bind(policy.backoff_base_ms as i64)
-            .bind(policy.backoff_cap_ms as i64)
-            .fetch_all(conn)
-            .await
-            .map_err(EngineError::db("recording a failed attempt"))?;
-        Ok(FailOutcome::count(&statuses))
+        record_failure(
+            conn,
+            &self.sql.fail_unclaimed,
+            scope,
+            keys,
+            None,
+            error,
+            permanent,
+            policy,
+        )
+        .await
     }
 
     /// Leased mode: claims up to `limit` items and commits their leases
@@ -506,19 +505,17 @@ impl WorkQueue {
         policy: &RetryPolicy,
     ) -> Result<FailOutcome, EngineError> {
         let (keys, fences): (Vec<String>, Vec<i32>) = items.iter().cloned().unzip();
-        let statuses: Vec<String> = sqlx::query_scalar(&self.sql.fail_fenced)
-            .bind(scope)
-            .bind(keys)
-            .bind(error)
-            .bind(permanent)
-            .bind(policy.max_attempts)
-            .bind(policy.backoff_base_ms as i64)
-            .bind(policy.backoff_cap_ms as i64)
-            .bind(fences)
-            .fetch_all(conn)
-            .await
-            .map_err(EngineError::db("recording a failed leased attempt"))?;
-        Ok(FailOutcome::count(&statuses))
+        record_failure(
+            conn,
+            &self.sql.fail_fenced,
+            scope,
+            &keys,
+            Some(fences),
+            error,
+            permanent,
+            policy,
+        )
+        .await
     }
 
     /// Gives back leases `worker` holds (all of them, or only `keys`):
@@ -632,6 +629,37 @@ impl WorkQueue {
         }
         Ok(counts)
     }
+}
+
+/// Runs one of the two failure statements (they share parameters $1..$7;
+/// the fenced one adds the fences as $8) and counts what it decided.
+#[allow(clippy::too_many_arguments)]
+async fn record_failure(
+    conn: &mut PgConnection,
+    sql: &str,
+    scope: &str,
+    keys: &[String],
+    fences: Option<Vec<i32>>,
+    error: &str,
+    permanent: bool,
+    policy: &RetryPolicy,
+) -> Result<FailOutcome, EngineError> {
+    let mut query = sqlx::query_scalar(sql)
+        .bind(scope)
+        .bind(keys)
+        .bind(error)
+        .bind(permanent)
+        .bind(policy.max_attempts)
+        .bind(policy.backoff_base_ms as i64)
+        .bind(policy.backoff_cap_ms as i64);
+    if let Some(fences) = fences {
+        query = query.bind(fences);
+    }
+    let statuses: Vec<String> = query
+        .fetch_all(conn)
+        .await
+        .map_err(EngineError::db("recording a failed attempt"))?;
+    Ok(FailOutcome::count(&statuses))
 }
 
 /// Runs a status change on claimed items; anything but exactly one row per
