@@ -1,7 +1,7 @@
 -- One chunk of the in-transaction settlement, statement for statement what
 -- `settled worker` sends (crates/engine/src/queue.rs and
--- crates/settled/src/settlement.rs): claim with SKIP LOCKED, pay, mark
--- settled, commit. Variables: :period (date), :run (run id), :chunk.
+-- crates/settled/src/settlement.rs): claim with SKIP LOCKED, look up holds,
+-- pay, mark settled, commit. Variables: :period (date), :run (run id), :chunk.
 BEGIN;
 SELECT coalesce(array_agg(key), '{}') AS keys FROM (
     SELECT t.creator::text AS key, t.attempt + 1 AS fence
@@ -12,6 +12,7 @@ SELECT coalesce(array_agg(key), '{}') AS keys FROM (
       AND EXISTS (SELECT 1 FROM settled_engine.runs r WHERE r.id = :run AND r.state = 'running')
     LIMIT :chunk
     FOR NO KEY UPDATE OF t SKIP LOCKED) claimed \gset
+SELECT creator FROM settlement.creator_holds WHERE released_at IS NULL AND creator = ANY(CAST(:keys AS text[]));
 WITH credited AS (
     INSERT INTO settlement.reward_ledger (period, creator, amount, run_id, attempt)
     SELECT v.period, v.creator, div(v.volume * p.fee_bps, 10000), :run, v.attempt + 1
