@@ -180,3 +180,34 @@ async fn json_logs_are_one_object_per_line_and_name_the_run_and_period() {
     assert_eq!(working["period"], "2026-11-28");
     assert!(working["run"].is_number());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_policy_change_racing_a_run_start_never_splits_a_period_between_two_fees() {
+    let env = Env::new().await;
+    for day in 1..=8 {
+        let period = format!("2026-11-{day:02}");
+        env.run_ok(&["seed", "--period", &period, "--creators", "300", "--fee-bps", "100"]);
+        // Start the run and change the fee at the same moment, from two processes.
+        let mut worker = env
+            .cmd(&["worker", "--period", &period, "--chunk", "10"])
+            .spawn()
+            .unwrap();
+        let mut policy = env
+            .cmd(&["policy", "--period", &period, "--fee-bps", "900"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        assert!(common::wait_bounded(&mut worker, 120).success());
+        let policy_won = common::wait_bounded(&mut policy, 120).success();
+        // Whichever won, every creator was paid at the one fee in force: verify
+        // checks each amount against the final policy.
+        env.run_ok(&["verify", "--period", &period]);
+        let fee: i32 = sqlx::query_scalar("SELECT fee_bps FROM settlement.settlement_policy WHERE period = $1::date")
+            .bind(&period)
+            .fetch_one(&env.pool)
+            .await
+            .unwrap();
+        assert_eq!(fee, if policy_won { 900 } else { 100 });
+    }
+}
