@@ -328,6 +328,89 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Measure claiming strategies, the SQL floors and peer job queues.
+    ///
+    /// Each case settles the same seeded period on a fresh database (on
+    /// DATABASE_URL's server, or a private one started for the run) with W
+    /// `settled bench-worker` processes, started and connected before the
+    /// clock starts. Records creators/s, scaling efficiency, claim latency
+    /// p50/p99, sessions waiting on locks (sampled from pg_stat_activity),
+    /// transactions per item and verify's result (a case that fails verify is
+    /// reported as failed). Floors: the same SQL under pgbench, and one
+    /// set-based transaction. Peers: the scripts under --peers-dir. Prints a
+    /// markdown table; --out DIR also writes results.json, results.md and
+    /// SVG/PNG plots. Exit 1 if any case failed.
+    Bench {
+        /// Small and fast, for CI smoke runs: 5,000 creators (400 with work),
+        /// workers 1,4, no peers unless --peers is given.
+        #[arg(long)]
+        quick: bool,
+        /// Creators per case without simulated work [default: 50000; quick: 5000].
+        #[arg(long)]
+        creators: Option<u64>,
+        /// Creators per case with simulated work [default: 3000; quick: 400].
+        #[arg(long)]
+        work_creators: Option<u64>,
+        /// Worker counts, comma separated [default: 1,2,4,8,16; quick: 1,4].
+        #[arg(long, value_delimiter = ',')]
+        workers: Option<Vec<u32>>,
+        /// Simulated per-item work in ms, one set of cases per value.
+        #[arg(long, value_delimiter = ',', default_values_t = vec![0u64, 5])]
+        work_ms: Vec<u64>,
+        /// Strategies, comma separated [default: all].
+        #[arg(long, value_enum, value_delimiter = ',')]
+        strategies: Option<Vec<crate::bench::Strategy>>,
+        /// Items per claim without simulated work.
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=10000))]
+        chunk: u32,
+        /// Items per claim with simulated work (small, so every worker gets some).
+        #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=10000))]
+        work_chunk: u32,
+        /// Redis for the redis-lock strategy (skipped when none answers).
+        #[arg(long, env = "SETTLED_BENCH_REDIS_URL", default_value = "redis://127.0.0.1:6379")]
+        redis_url: String,
+        /// Peer job queues to measure, comma separated, or `none`
+        /// [default: graphile-worker,pg-boss,pgqueuer,apalis; quick: none].
+        #[arg(long, value_delimiter = ',')]
+        peers: Option<Vec<String>>,
+        /// Directory of the peer scripts.
+        #[arg(long, default_value = "bench/peers")]
+        peers_dir: PathBuf,
+        /// Skip the pgbench and set-based floors.
+        #[arg(long)]
+        no_floors: bool,
+        /// Claim loops of the one worker process whose peak memory is measured (0: skip).
+        #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(0..=256))]
+        memory_concurrency: u32,
+        /// Write results.json, results.md and plots (SVG, PNG) here.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Print the report as JSON instead of markdown.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One worker of a `settled bench` case (started by `settled bench`).
+    #[command(hide = true)]
+    BenchWorker {
+        #[arg(long, value_enum)]
+        strategy: crate::bench::Strategy,
+        #[arg(long)]
+        period: Period,
+        #[arg(long)]
+        run: i64,
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=10000))]
+        chunk: u32,
+        #[arg(long, default_value_t = 0)]
+        work_ms: u64,
+        #[arg(long, default_value_t = 0)]
+        index: u32,
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
+        concurrency: u32,
+        #[arg(long, default_value = "redis://127.0.0.1:6379")]
+        redis_url: String,
+        #[arg(long, default_value = "settled-bench:lock")]
+        lock_key: String,
+    },
     /// Show exact counts by status and amounts paid for a period.
     Status {
         /// The period (YYYY-MM-DD).
@@ -564,6 +647,94 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         } else {
             ExitCode::from(1)
         });
+    }
+    if let Command::BenchWorker {
+        strategy,
+        period,
+        run,
+        chunk,
+        work_ms,
+        index,
+        concurrency,
+        redis_url,
+        lock_key,
+    } = cli.command
+    {
+        let url = cli
+            .database_url
+            .clone()
+            .filter(|u| !u.is_empty())
+            .context("bench-worker needs DATABASE_URL (settled bench sets it)")?;
+        let args = crate::bench::child::ChildArgs {
+            strategy,
+            period,
+            run_id: run,
+            chunk,
+            work_ms,
+            index,
+            concurrency,
+            redis_url,
+            lock_key,
+        };
+        crate::bench::bench_worker(&url, args).await?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if let Command::Bench {
+        quick,
+        creators,
+        work_creators,
+        workers,
+        work_ms,
+        strategies,
+        chunk,
+        work_chunk,
+        redis_url,
+        peers,
+        peers_dir,
+        no_floors,
+        memory_concurrency,
+        out,
+        json,
+    } = cli.command
+    {
+        let default_peers = if quick {
+            Vec::new()
+        } else {
+            crate::bench::DEFAULT_PEERS.iter().map(|p| p.to_string()).collect()
+        };
+        let peers = match peers {
+            Some(list) if list.iter().any(|p| p == "none") => Vec::new(),
+            Some(list) => list,
+            None => default_peers,
+        };
+        let opts = crate::bench::BenchOptions {
+            creators: creators.unwrap_or(if quick { 5_000 } else { 50_000 }),
+            work_creators: work_creators.unwrap_or(if quick { 400 } else { 3_000 }),
+            workers: workers.unwrap_or_else(|| if quick { vec![1, 4] } else { vec![1, 2, 4, 8, 16] }),
+            work_ms,
+            strategies: strategies.unwrap_or_else(|| crate::bench::Strategy::ALL.to_vec()),
+            chunk,
+            work_chunk,
+            redis_url,
+            peers,
+            peers_dir,
+            floors: !no_floors,
+            memory_concurrency,
+            out,
+            database_url: cli.database_url.clone().filter(|u| !u.is_empty()),
+            command: std::iter::once("settled".to_string())
+                .chain(std::env::args().skip(1))
+                .collect::<Vec<_>>()
+                .join(" "),
+        };
+        let report = crate::bench::bench(&opts).await?;
+        if json {
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        } else {
+            print!("{}", crate::bench::markdown(&report));
+        }
+        let all_ok = report.cases.iter().all(|c| c.ok());
+        return Ok(if all_ok { ExitCode::SUCCESS } else { ExitCode::from(1) });
     }
     if let Command::ProviderSim {
         port,
@@ -805,7 +976,7 @@ async fn run_command(db: &Database, command: Command) -> anyhow::Result<ExitCode
                 }
             }
         }
-        Command::ProviderSim { .. } | Command::Chaos { .. } => {
+        Command::ProviderSim { .. } | Command::Chaos { .. } | Command::Bench { .. } | Command::BenchWorker { .. } => {
             unreachable!("run without the default database")
         }
         Command::Serve {

@@ -7,6 +7,7 @@
 
 pub mod address;
 pub mod api;
+pub mod bench;
 pub mod chaos;
 pub mod cli;
 pub mod config;

@@ -1,0 +1,338 @@
+//! One benchmark worker process (`settled bench-worker`, hidden): connects,
+//! says `ready`, waits for `go` on stdin, settles with its strategy, and
+//! prints one JSON line with what it measured.
+//!
+//! The SKIP LOCKED strategies and the two global locks run the product's own
+//! path (`worker::run_worker`, the same code as `settled worker`); only
+//! `for-update` and `offset` have claim loops of their own, because their
+//! claim statements are exactly what the product refuses to send.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use settled_engine::{Chunk, ChunkHandler, ClaimedItem, LeaseConfig, RetryPolicy};
+use sqlx::PgPool;
+
+use super::Strategy;
+use crate::period::Period;
+use crate::settlement::{self, SettleRewards};
+use crate::worker::{self, Mode, WorkerOptions, WorkerOutcome};
+
+/// The advisory lock key every `advisory-lock` worker takes.
+pub const ADVISORY_LOCK_KEY: i64 = 0x5e77_1ed;
+/// The Redis lock's expiry: longer than any benchmark case, so it never
+/// lapses while held (a real deployment would also have to renew it).
+pub const REDIS_LOCK_PX_MS: u64 = 3_600_000;
+/// Pause between two tries of a taken Redis lock.
+pub const REDIS_RETRY_MS: u64 = 10;
+/// Largest claim latency recorded, in microseconds (longer ones are clamped).
+pub const MAX_LATENCY_US: u64 = 600_000_000;
+
+/// What one worker process is told to do.
+#[derive(Debug, Clone)]
+pub struct ChildArgs {
+    pub strategy: Strategy,
+    pub period: Period,
+    pub run_id: i64,
+    pub chunk: u32,
+    pub work_ms: u64,
+    /// This worker's index among the case's workers (0-based).
+    pub index: u32,
+    pub concurrency: u32,
+    pub redis_url: String,
+    /// The Redis key of this case's lock.
+    pub lock_key: String,
+}
+
+/// What one worker process measured.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct ChildReport {
+    /// Items this process settled.
+    pub settled: u64,
+    /// Claim statements sent.
+    pub claims: u64,
+    /// Claim latencies in microseconds, as (value, count) pairs of an HDR histogram.
+    pub latency_us: Vec<(u64, u64)>,
+    /// Peak resident set size of this process (VmHWM), KiB.
+    pub peak_rss_kib: u64,
+    /// Time spent waiting for a global lock (redis-lock, advisory-lock), ms.
+    pub lock_wait_ms: f64,
+    /// Rows the claims locked (offset: the skipped rows too).
+    pub rows_locked: u64,
+    /// Claims that returned fewer rows than asked while work remained.
+    pub short_claims: u64,
+    /// Offset claims that found nothing at their offset and fell back to 0.
+    pub offset_fallbacks: u64,
+}
+
+/// A claim-latency histogram in microseconds.
+pub type Latency = Arc<Mutex<hdrhistogram::Histogram<u64>>>;
+
+/// A new latency histogram (1 µs .. 10 min, 3 significant digits).
+pub fn new_latency() -> Latency {
+    Arc::new(Mutex::new(
+        hdrhistogram::Histogram::new_with_bounds(1, MAX_LATENCY_US, 3).expect("valid histogram bounds"),
+    ))
+}
+
+fn record(latency: &Latency, elapsed: Duration) {
+    let us = (elapsed.as_micros() as u64).clamp(1, MAX_LATENCY_US);
+    latency.lock().expect("latency lock").saturating_record(us);
+}
+
+/// Feeds the engine's `settled_claim_duration_seconds` into a histogram:
+/// the product's own claim timing, without changing the product.
+struct ClaimRecorder {
+    latency: Latency,
+}
+
+struct ClaimHistogram(Latency);
+
+impl metrics::HistogramFn for ClaimHistogram {
+    fn record(&self, value: f64) {
+        record(&self.0, Duration::from_secs_f64(value.max(0.0)));
+    }
+}
+
+impl metrics::Recorder for ClaimRecorder {
+    fn describe_counter(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
+    fn describe_gauge(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
+    fn describe_histogram(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
+    fn register_counter(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
+        metrics::Counter::noop()
+    }
+    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        metrics::Gauge::noop()
+    }
+    fn register_histogram(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Histogram {
+        if key.name() == "settled_claim_duration_seconds" {
+            metrics::Histogram::from_arc(Arc::new(ClaimHistogram(self.latency.clone())))
+        } else {
+            metrics::Histogram::noop()
+        }
+    }
+}
+
+/// Peak resident set size of this process, KiB (0 where /proc is missing).
+pub fn peak_rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Runs one benchmark worker against `url`.
+pub async fn run_child(url: &str, args: ChildArgs) -> anyhow::Result<ChildReport> {
+    let latency = new_latency();
+    metrics::set_global_recorder(ClaimRecorder {
+        latency: latency.clone(),
+    })
+    .map_err(|_| anyhow::anyhow!("a metrics recorder is already installed"))?;
+    let db = crate::db::Database::open_url(url, args.concurrency + 4, "settled-bench-worker").await?;
+    let pool = db.pool.clone();
+    let mut redis = None;
+    if args.strategy == Strategy::RedisLock {
+        let client = redis::Client::open(args.redis_url.as_str()).context("the Redis URL")?;
+        redis = Some(
+            client
+                .get_multiplexed_async_connection()
+                .await
+                .context("connecting to Redis")?,
+        );
+    }
+    // Everyone connected: wait for the starting signal, so the clock measures
+    // settling, not process start-up.
+    println!("ready");
+    let line = tokio::task::spawn_blocking(|| {
+        let mut line = String::new();
+        std::io::stdin().read_line(&mut line).map(|_| line)
+    })
+    .await??;
+    anyhow::ensure!(line.trim() == "go", "expected `go` on stdin, got {:?}", line.trim());
+
+    let mut report = ChildReport::default();
+    match args.strategy {
+        Strategy::SkipLockedChunk => report.settled = engine_drain(&pool, &args, Mode::Tx, args.chunk).await?,
+        Strategy::SkipLockedItem => report.settled = engine_drain(&pool, &args, Mode::Tx, 1).await?,
+        Strategy::SkipLockedLeased => report.settled = engine_drain(&pool, &args, Mode::Leased, args.chunk).await?,
+        Strategy::AdvisoryLock => {
+            let mut conn = pool.acquire().await?;
+            let waiting = Instant::now();
+            sqlx::query("SELECT pg_advisory_lock($1)")
+                .bind(ADVISORY_LOCK_KEY)
+                .execute(&mut *conn)
+                .await?;
+            report.lock_wait_ms = waiting.elapsed().as_secs_f64() * 1e3;
+            report.settled = engine_drain(&pool, &args, Mode::Tx, args.chunk).await?;
+            sqlx::query("SELECT pg_advisory_unlock($1)")
+                .bind(ADVISORY_LOCK_KEY)
+                .execute(&mut *conn)
+                .await?;
+        }
+        Strategy::RedisLock => {
+            let mut con = redis.expect("connected above");
+            let token = uuid::Uuid::new_v4().to_string();
+            let waiting = Instant::now();
+            loop {
+                let taken: Option<String> = redis::cmd("SET")
+                    .arg(&args.lock_key)
+                    .arg(&token)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(REDIS_LOCK_PX_MS)
+                    .query_async(&mut con)
+                    .await
+                    .context("SET NX PX on Redis")?;
+                if taken.is_some() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(REDIS_RETRY_MS)).await;
+            }
+            report.lock_wait_ms = waiting.elapsed().as_secs_f64() * 1e3;
+            let drained = engine_drain(&pool, &args, Mode::Tx, args.chunk).await;
+            // Release only our own lock (compare and delete, atomically).
+            let released: i64 = redis::Script::new(
+                "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end",
+            )
+            .key(&args.lock_key)
+            .arg(&token)
+            .invoke_async(&mut con)
+            .await
+            .context("releasing the Redis lock")?;
+            anyhow::ensure!(released == 1, "the Redis lock was no longer ours at release");
+            report.settled = drained?;
+        }
+        Strategy::ForUpdate | Strategy::Offset => own_loop(&pool, &args, &latency, &mut report).await?,
+    }
+    report.claims = latency.lock().expect("latency lock").len();
+    report.latency_us = latency
+        .lock()
+        .expect("latency lock")
+        .iter_recorded()
+        .map(|v| (v.value_iterated_to(), v.count_at_value()))
+        .collect();
+    db.close().await?;
+    report.peak_rss_kib = peak_rss_kib();
+    Ok(report)
+}
+
+/// The product's path: what `settled worker --period P` does.
+async fn engine_drain(pool: &PgPool, args: &ChildArgs, mode: Mode, chunk: u32) -> anyhow::Result<u64> {
+    let opts = WorkerOptions {
+        period: Some(args.period),
+        concurrency: args.concurrency,
+        chunk,
+        work_ms: args.work_ms,
+        mode,
+        provider_url: None,
+        provider_timeout: Duration::from_secs(10),
+        leases: LeaseConfig::default(),
+        retry: RetryPolicy::default(),
+        metrics_bind: None,
+    };
+    match worker::run_worker(pool, &opts).await? {
+        WorkerOutcome::Drained { settled, .. } => Ok(settled),
+        WorkerOutcome::RunNotRunning(..) => Ok(0),
+        other => anyhow::bail!("the worker ended unexpectedly: {other:?}"),
+    }
+}
+
+/// `for-update`: the engine's claim without SKIP LOCKED. Every worker asks
+/// for the same first eligible rows and waits for whoever holds them.
+const FOR_UPDATE_CLAIM: &str = "
+SELECT t.creator AS key, t.attempt + 1 AS fence
+FROM settlement.token_trade_volume t
+WHERE t.period = $1::date
+  AND t.status = 'eligible'
+  AND (t.not_before IS NULL OR t.not_before <= now())
+  AND EXISTS (SELECT 1 FROM settled_engine.runs r WHERE r.id = $3 AND r.state = 'running')
+LIMIT $2
+FOR UPDATE OF t";
+
+/// `offset`: worker k pages from row k x chunk in key order. FOR UPDATE locks
+/// every row the OFFSET walks over, not only the rows returned.
+const OFFSET_CLAIM: &str = "
+SELECT t.creator AS key, t.attempt + 1 AS fence
+FROM settlement.token_trade_volume t
+WHERE t.period = $1::date
+  AND t.status = 'eligible'
+  AND (t.not_before IS NULL OR t.not_before <= now())
+  AND EXISTS (SELECT 1 FROM settled_engine.runs r WHERE r.id = $3 AND r.state = 'running')
+ORDER BY t.creator
+OFFSET $4 LIMIT $2
+FOR UPDATE OF t";
+
+/// Claim, pay (the product's handler: holds lookup, ledger and balances) and
+/// mark settled in one transaction, with the strategy's claim statement.
+async fn own_loop(pool: &PgPool, args: &ChildArgs, latency: &Latency, report: &mut ChildReport) -> anyhow::Result<()> {
+    let handler = SettleRewards {
+        work_per_item: Duration::from_millis(args.work_ms),
+    };
+    let queue = settlement::queue();
+    let scope = args.period.to_string();
+    let offset_mode = args.strategy == Strategy::Offset;
+    let mut offset = if offset_mode {
+        i64::from(args.index) * i64::from(args.chunk)
+    } else {
+        0
+    };
+    loop {
+        let mut tx = pool.begin().await?;
+        let started = Instant::now();
+        let query = if offset_mode {
+            sqlx::query_as::<_, (String, i32)>(OFFSET_CLAIM)
+                .bind(&scope)
+                .bind(i64::from(args.chunk))
+                .bind(args.run_id)
+                .bind(offset)
+        } else {
+            sqlx::query_as::<_, (String, i32)>(FOR_UPDATE_CLAIM)
+                .bind(&scope)
+                .bind(i64::from(args.chunk))
+                .bind(args.run_id)
+        };
+        let claimed = query.fetch_all(&mut *tx).await.context("claiming")?;
+        record(latency, started.elapsed());
+        if claimed.is_empty() {
+            tx.rollback().await?;
+            if offset > 0 {
+                offset = 0;
+                report.offset_fallbacks += 1;
+                continue;
+            }
+            let mut conn = pool.acquire().await?;
+            if queue.count_unfinished(&mut conn, &scope).await? == 0 {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        }
+        let n = claimed.len() as u64;
+        report.rows_locked += n + offset as u64;
+        if n < u64::from(args.chunk) {
+            report.short_claims += 1;
+        }
+        let chunk = Chunk {
+            run_id: args.run_id,
+            scope: scope.clone(),
+            items: claimed
+                .into_iter()
+                .map(|(key, fence)| ClaimedItem { key, fence })
+                .collect(),
+        };
+        let handled = handler
+            .handle_chunk(&mut tx, &chunk)
+            .await
+            .map_err(|e| anyhow::anyhow!("paying a chunk: {e}"))?;
+        anyhow::ensure!(handled.held.is_empty(), "the benchmark has no holds");
+        queue.mark_settled_in_tx(&mut tx, &scope, &chunk.keys()).await?;
+        tx.commit().await?;
+        report.settled += n;
+    }
+}

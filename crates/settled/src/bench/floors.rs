@@ -1,0 +1,172 @@
+//! The floors: the product's own claim-and-settle SQL driven by pgbench at
+//! the same concurrency (the floor of this approach), and one set-based
+//! transaction that settles the whole period (the floor of any approach).
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context;
+use sqlx::{Connection, PgConnection};
+
+use super::{finish_case, prepare_case, scratch_file, transactions, wait_disconnected, CaseResult, Ctx};
+
+/// The pgbench script: statement for statement one chunk of `settled worker`.
+pub const SETTLE_CHUNK_SQL: &str = include_str!("../../../../bench/pgbench/settle_chunk.sql");
+
+/// pgbench next to the server binaries, else on PATH.
+pub fn pgbench_program() -> Option<PathBuf> {
+    if let Ok(bin) = settled_testkit::find_binaries() {
+        let p = bin.program("pgbench");
+        if p.is_file() {
+            return Some(p);
+        }
+    }
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join("pgbench"))
+            .find(|p| p.is_file())
+    })
+}
+
+/// pgbench with `settle_chunk.sql`, `workers` clients, until the period is settled.
+pub async fn pgbench_case(ctx: &Ctx, pgbench: &PathBuf, workers: u32, creators: u64, chunk: u32) -> CaseResult {
+    let mut case = CaseResult::new("pgbench", "pgbench", workers, 0, creators);
+    case.chunk = Some(chunk);
+    if let Err(err) = measure_pgbench(ctx, pgbench, workers, creators, chunk, &mut case).await {
+        case.error = Some(format!("{err:#}"));
+    }
+    case
+}
+
+async fn measure_pgbench(
+    ctx: &Ctx,
+    pgbench: &PathBuf,
+    workers: u32,
+    creators: u64,
+    chunk: u32,
+    case: &mut CaseResult,
+) -> anyhow::Result<()> {
+    let script = scratch_file(&ctx.scratch, "settle_chunk.sql", SETTLE_CHUNK_SQL)?;
+    let db = prepare_case(ctx, creators).await?;
+    let measured = async {
+        // Enough transactions for every item, plus slack for the empty claims
+        // at the end (as bench/pgbench/compare.sh).
+        let per_client = (creators / u64::from(chunk) + u64::from(workers)) / u64::from(workers) + 2;
+        let mut admin = PgConnection::connect(&ctx.admin_url).await?;
+        let before = transactions(&mut admin, &db.name).await?;
+        let started = Instant::now();
+        let out = tokio::process::Command::new(pgbench)
+            .args(["-n", "-M", "prepared"])
+            .args(["-c", &workers.to_string()])
+            .args(["-j", &workers.min(2).to_string()])
+            .args(["-t", &per_client.to_string()])
+            .arg("-f")
+            .arg(&script)
+            .args(["-D", &format!("period={}", db.period)])
+            .args(["-D", &format!("run={}", db.run_id)])
+            .args(["-D", &format!("chunk={chunk}")])
+            .arg(&db.url)
+            .output()
+            .await
+            .context("running pgbench")?;
+        let elapsed = started.elapsed();
+        anyhow::ensure!(
+            out.status.success(),
+            "pgbench failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or_default()
+        );
+        wait_disconnected(&mut admin, &db.name).await?;
+        let after = transactions(&mut admin, &db.name).await?;
+        admin.close().await?;
+        let mut conn = PgConnection::connect(&db.url).await?;
+        let left: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM settlement.token_trade_volume WHERE period = $1 AND status <> 'settled'",
+        )
+        .bind(db.period.date())
+        .fetch_one(&mut conn)
+        .await?;
+        anyhow::ensure!(left == 0, "pgbench left {left} items unsettled");
+        sqlx::query("UPDATE settled_engine.runs SET state = 'finished', finished_at = now() WHERE id = $1")
+            .bind(db.run_id)
+            .execute(&mut conn)
+            .await?;
+        conn.close().await?;
+        case.record_time(elapsed);
+        case.transactions_per_item = Some((after - before) as f64 / creators as f64);
+        anyhow::Ok(())
+    }
+    .await;
+    let verified = finish_case(ctx, &db).await;
+    measured?;
+    case.set_verify(verified?);
+    Ok(())
+}
+
+/// One transaction: every ledger row, every balance, every status.
+const SET_BASED_SQL: [&str; 2] = [
+    "WITH credited AS (
+         INSERT INTO settlement.reward_ledger (period, creator, amount, run_id, attempt)
+         SELECT v.period, v.creator, div(v.volume * p.fee_bps, 10000), $2, v.attempt + 1
+         FROM settlement.token_trade_volume v
+         JOIN settlement.settlement_policy p ON p.period = v.period
+         WHERE v.period = $1 AND v.status = 'eligible'
+         ORDER BY v.creator
+         RETURNING creator, amount
+     )
+     INSERT INTO settlement.creator_balance AS b (creator, balance)
+     SELECT creator, amount FROM credited ORDER BY creator
+     ON CONFLICT (creator) DO UPDATE
+     SET balance = b.balance + EXCLUDED.balance, updated_at = now()",
+    "UPDATE settlement.token_trade_volume
+     SET status = 'settled', attempt = attempt + 1, lease_owner = NULL, lease_until = NULL,
+         last_error = NULL, not_before = NULL, updated_at = now()
+     WHERE period = $1 AND status = 'eligible'",
+];
+
+/// The whole period in one transaction on one connection.
+pub async fn set_based_case(ctx: &Ctx, creators: u64) -> CaseResult {
+    let mut case = CaseResult::new("set-based", "set-based", 1, 0, creators);
+    if let Err(err) = measure_set_based(ctx, creators, &mut case).await {
+        case.error = Some(format!("{err:#}"));
+    }
+    case
+}
+
+async fn measure_set_based(ctx: &Ctx, creators: u64, case: &mut CaseResult) -> anyhow::Result<()> {
+    let db = prepare_case(ctx, creators).await?;
+    let measured = async {
+        let mut conn = PgConnection::connect(&db.url).await?;
+        let started = Instant::now();
+        let mut tx = conn.begin().await?;
+        let credited = sqlx::query(SET_BASED_SQL[0])
+            .bind(db.period.date())
+            .bind(db.run_id)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        let marked = sqlx::query(SET_BASED_SQL[1])
+            .bind(db.period.date())
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        anyhow::ensure!(
+            credited == creators && marked == creators,
+            "set-based settled {marked} and credited {credited} of {creators}"
+        );
+        tx.commit().await?;
+        case.record_time(started.elapsed());
+        case.transactions_per_item = Some(1.0 / creators as f64);
+        sqlx::query("UPDATE settled_engine.runs SET state = 'finished', finished_at = now() WHERE id = $1")
+            .bind(db.run_id)
+            .execute(&mut conn)
+            .await?;
+        conn.close().await?;
+        anyhow::Ok(())
+    }
+    .await;
+    let verified = finish_case(ctx, &db).await;
+    measured?;
+    case.set_verify(verified?);
+    Ok(())
+}
