@@ -376,6 +376,10 @@ pub enum Command {
         /// Directory of the peer scripts.
         #[arg(long, default_value = "bench/peers")]
         peers_dir: PathBuf,
+        /// Seconds a peer case may run; a peer still busy then is reported
+        /// with the rate of what it settled (marked partial).
+        #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+        peer_time_limit: u64,
         /// Skip the pgbench and set-based floors.
         #[arg(long)]
         no_floors: bool,
@@ -691,6 +695,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         redis_url,
         peers,
         peers_dir,
+        peer_time_limit,
         no_floors,
         memory_concurrency,
         out,
@@ -718,6 +723,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             redis_url,
             peers,
             peers_dir,
+            peer_time_limit,
             floors: !no_floors,
             memory_concurrency,
             out,

@@ -116,6 +116,8 @@ pub struct BenchOptions {
     pub peers: Vec<String>,
     /// Where the peer scripts live.
     pub peers_dir: PathBuf,
+    /// Longest a peer case may run; then its rate is of what it settled.
+    pub peer_time_limit: u64,
     /// Measure the pgbench and set-based floors.
     pub floors: bool,
     /// Claim loops of the one worker process whose memory is measured (0: skip).
@@ -370,7 +372,10 @@ async fn prepare_case(ctx: &Ctx, creators: u64) -> anyhow::Result<CaseDb> {
         .await?;
     drop(conn);
     let starter = settled_engine::workers::register(&db.pool, env!("CARGO_PKG_VERSION")).await?;
-    let run_id = crate::settlement::start_or_join_run(&db.pool, period, starter).await?.run.id;
+    let run_id = crate::settlement::start_or_join_run(&db.pool, period, starter)
+        .await?
+        .run
+        .id;
     db.close().await?;
     Ok(CaseDb {
         name,
@@ -481,7 +486,10 @@ async fn start_child(ctx: &Ctx, spec: &CaseSpec, db: &CaseDb, index: u32) -> any
         .args(["--redis-url", &ctx.opts.redis_url])
         .args(["--lock-key", &format!("settled-bench:{}", db.name)])
         .env("DATABASE_URL", &db.url)
-        .env("SETTLED_LOG", std::env::var("SETTLED_LOG").unwrap_or_else(|_| "error".into()))
+        .env(
+            "SETTLED_LOG",
+            std::env::var("SETTLED_LOG").unwrap_or_else(|_| "error".into()),
+        )
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -494,12 +502,22 @@ async fn start_child(ctx: &Ctx, spec: &CaseSpec, db: &CaseDb, index: u32) -> any
     tokio::time::timeout(Duration::from_secs(READY_TIMEOUT_SECS), stdout.read_line(&mut line))
         .await
         .context("a bench worker did not get ready in time")??;
-    anyhow::ensure!(line.trim() == "ready", "a bench worker did not start: {:?}", line.trim());
+    anyhow::ensure!(
+        line.trim() == "ready",
+        "a bench worker did not start: {:?}",
+        line.trim()
+    );
     Ok(ReadyChild { child, stdin, stdout })
 }
 
 async fn run_strategy_case(ctx: &Ctx, spec: &CaseSpec) -> CaseResult {
-    let mut case = CaseResult::new("strategy", spec.strategy.name(), spec.workers, spec.work_ms, spec.creators);
+    let mut case = CaseResult::new(
+        "strategy",
+        spec.strategy.name(),
+        spec.workers,
+        spec.work_ms,
+        spec.creators,
+    );
     case.chunk = Some(spec.chunk);
     case.concurrency = spec.concurrency;
     if let Err(err) = measure_strategy(ctx, spec, &mut case).await {

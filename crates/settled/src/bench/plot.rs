@@ -168,6 +168,9 @@ fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &BenchReport, metri
             .y_label_formatter(&|y| {
                 if log {
                     let v = 10f64.powf(*y);
+                    // Two significant digits: 79,433 reads as 79,000.
+                    let scale = 10f64.powi(v.log10().floor() as i32 - 1);
+                    let v = (v / scale).round() * scale;
                     if v >= 10.0 {
                         thousands(v)
                     } else {

@@ -129,6 +129,20 @@ impl CaseResult {
         }
     }
 
+    /// ` (partial: k of N settled in the time limit)` for a peer stopped by the limit.
+    pub fn partial_note(&self) -> String {
+        match self.extra.get("settled").and_then(|v| v.as_u64()) {
+            Some(settled) if self.extra.contains_key("partial") => {
+                format!(
+                    " (partial: {} of {} settled in the time limit)",
+                    thousands(settled as f64),
+                    thousands(self.creators as f64)
+                )
+            }
+            _ => String::new(),
+        }
+    }
+
     /// One line for the log.
     pub fn summary(&self) -> String {
         let what = format!(
@@ -147,11 +161,14 @@ impl CaseResult {
         match (&self.error, self.creators_per_second) {
             (Some(err), _) => format!("{what}: FAILED: {err}"),
             (None, Some(rate)) => format!(
-                "{what}: {} creators/s in {:.2} s, claim p50 {} p99 {} ms, verify {}{}",
+                "{what}: {} creators/s in {:.2} s{}{}, verify {}{}",
                 thousands(rate),
                 self.seconds.unwrap_or_default(),
-                opt(self.claim_p50_ms, 2),
-                opt(self.claim_p99_ms, 2),
+                self.partial_note(),
+                match (self.claim_p50_ms, self.claim_p99_ms) {
+                    (Some(p50), Some(p99)) => format!(", claim p50 {p50:.2} p99 {p99:.2} ms"),
+                    _ => String::new(),
+                },
                 if self.verified { "ok" } else { "FAILED" },
                 self.peak_rss_mib
                     .map(|m| format!(", peak RSS {m:.1} MiB"))
@@ -240,10 +257,20 @@ pub fn targets(cases: &[CaseResult], opts: &BenchOptions) -> Vec<Target> {
     let work = opts.work_ms.iter().copied().filter(|&m| m > 0).max();
     let leased = work.and_then(|m| find(cases, "strategy", "skip-locked-leased", max_w, m));
     out.push(Target {
-        target: format!("skip-locked-leased scaling efficiency at W={max_w}, work {} ms: 0.85 or more", work.unwrap_or(0)),
+        target: format!(
+            "skip-locked-leased scaling efficiency at W={max_w}, work {} ms: 0.85 or more",
+            work.unwrap_or(0)
+        ),
         figure: leased.and_then(|c| c.efficiency),
         detail: leased
-            .and_then(|c| c.efficiency.map(|e| format!("{e:.3} ({} creators/s)", thousands(c.creators_per_second.unwrap_or_default()))))
+            .and_then(|c| {
+                c.efficiency.map(|e| {
+                    format!(
+                        "{e:.3} ({} creators/s)",
+                        thousands(c.creators_per_second.unwrap_or_default())
+                    )
+                })
+            })
             .unwrap_or_else(|| "not measured".into()),
         met: leased.and_then(|c| c.efficiency).map(|e| e >= 0.85),
     });
@@ -260,7 +287,9 @@ pub fn targets(cases: &[CaseResult], opts: &BenchOptions) -> Vec<Target> {
                 work.unwrap_or(0)
             ),
             figure: ratio,
-            detail: ratio.map(|r| format!("{r:.3}")).unwrap_or_else(|| "not measured".into()),
+            detail: ratio
+                .map(|r| format!("{r:.3}"))
+                .unwrap_or_else(|| "not measured".into()),
             met: ratio.map(|r| r <= 1.2),
         });
     }
@@ -413,7 +442,10 @@ pub fn markdown(r: &BenchReport) -> String {
         .collect();
     if !floors.is_empty() {
         let _ = writeln!(md, "\n### Floors (work 0 ms)\n");
-        let _ = writeln!(md, "| floor | W | creators/s | skip-locked-chunk at the same W | ratio | tx per item | verify |");
+        let _ = writeln!(
+            md,
+            "| floor | W | creators/s | skip-locked-chunk at the same W | ratio | tx per item | verify |"
+        );
         let _ = writeln!(md, "|---|---|---|---|---|---|---|");
         for c in floors {
             let ours = find(&r.cases, "strategy", "skip-locked-chunk", c.workers, 0).and_then(CaseResult::rate);
@@ -424,7 +456,9 @@ pub fn markdown(r: &BenchReport) -> String {
                 c.workers,
                 c.rate().map(thousands).unwrap_or_else(|| fail(c)),
                 ours.map(thousands).unwrap_or_else(|| "-".into()),
-                ours.zip(c.rate()).map(|(a, b)| format!("{:.3}", a / b)).unwrap_or_else(|| "-".into()),
+                ours.zip(c.rate())
+                    .map(|(a, b)| format!("{:.3}", a / b))
+                    .unwrap_or_else(|| "-".into()),
                 opt(c.transactions_per_item, 3),
                 if c.verified { "ok" } else { "FAILED" }
             );
@@ -446,14 +480,18 @@ pub fn markdown(r: &BenchReport) -> String {
                 c.name,
                 c.config.as_deref().unwrap_or("-"),
                 c.workers,
-                c.rate().map(thousands).unwrap_or_else(|| fail(c)),
+                c.rate()
+                    .map(|r| format!("{}{}", thousands(r), c.partial_note()))
+                    .unwrap_or_else(|| fail(c)),
                 c.extra
                     .get("enqueue_seconds")
                     .and_then(|v| v.as_f64())
                     .map(|v| format!("{v:.2}"))
                     .unwrap_or_else(|| "-".into()),
                 opt(c.seconds, 2),
-                ours.zip(c.rate()).map(|(a, b)| format!("{:.1}x", a / b)).unwrap_or_else(|| "-".into()),
+                ours.zip(c.rate())
+                    .map(|(a, b)| format!("{:.1}x", a / b))
+                    .unwrap_or_else(|| "-".into()),
                 if c.verified { "ok" } else { "FAILED" }
             );
         }
