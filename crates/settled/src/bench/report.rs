@@ -579,3 +579,116 @@ pub fn write(r: &BenchReport, dir: &Path) -> anyhow::Result<()> {
         .with_context(|| format!("writing {}", dir.join("results.md").display()))?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn case(kind: &str, name: &str, workers: u32, work_ms: u64, rate: f64) -> CaseResult {
+        let mut c = CaseResult::new(kind, name, workers, work_ms, 1000);
+        c.creators_per_second = Some(rate);
+        c.seconds = Some(1000.0 / rate);
+        c.verified = true;
+        c
+    }
+
+    fn opts() -> BenchOptions {
+        BenchOptions {
+            creators: 1000,
+            work_creators: 100,
+            workers: vec![1, 4],
+            work_ms: vec![0, 5],
+            strategies: super::super::Strategy::ALL.to_vec(),
+            chunk: 1000,
+            work_chunk: 10,
+            redis_url: String::new(),
+            peers: vec![],
+            peers_dir: "bench/peers".into(),
+            peer_time_limit: 60,
+            floors: true,
+            memory_concurrency: 16,
+            out: None,
+            database_url: None,
+            command: "settled bench".into(),
+        }
+    }
+
+    #[test]
+    fn efficiency_is_relative_to_one_worker_of_the_same_series() {
+        let mut cases = vec![
+            case("strategy", "skip-locked-leased", 1, 5, 100.0),
+            case("strategy", "skip-locked-leased", 4, 5, 360.0),
+            case("strategy", "redis-lock", 1, 5, 100.0),
+            case("strategy", "redis-lock", 4, 5, 101.0),
+            case("strategy", "redis-lock", 4, 0, 900.0),
+        ];
+        fill_efficiency(&mut cases);
+        assert_eq!(cases[1].efficiency, Some(0.9));
+        assert!((cases[3].efficiency.unwrap() - 0.2525).abs() < 1e-9);
+        // No W=1 case at work 0: no efficiency rather than a wrong one.
+        assert_eq!(cases[4].efficiency, None);
+    }
+
+    #[test]
+    fn a_case_that_fails_verify_is_failed_not_fast() {
+        let mut c = case("strategy", "offset", 4, 0, 1e9);
+        c.set_verify(crate::verify::VerifyReport {
+            period: "2026-11-28".into(),
+            ok: false,
+            ledger_total: "0".into(),
+            expected_total: "1".into(),
+            checks: vec![],
+        });
+        assert!(!c.ok());
+        assert_eq!(c.rate(), None);
+        assert!(c.error.as_deref().unwrap().starts_with("verify failed"));
+        let report = BenchReport {
+            started_at: String::new(),
+            finished_at: String::new(),
+            settled_version: String::new(),
+            server_version: String::new(),
+            server: String::new(),
+            cpus: 2,
+            options: opts(),
+            cases: vec![c],
+            targets: vec![],
+            skipped: vec![],
+        };
+        let md = markdown(&report);
+        assert!(md.contains("| offset | 4 | FAILED |"), "{md}");
+        assert!(md.contains("### Failed cases"), "{md}");
+    }
+
+    #[test]
+    fn targets_use_the_worst_worker_count_and_say_when_unmeasured() {
+        let mut cases = vec![
+            case("strategy", "skip-locked-chunk", 1, 0, 950.0),
+            case("strategy", "skip-locked-chunk", 4, 0, 1700.0),
+            case("pgbench", "pgbench", 1, 0, 1000.0),
+            case("pgbench", "pgbench", 4, 0, 2000.0),
+            case("set-based", "set-based", 1, 0, 2000.0),
+            case("strategy", "skip-locked-leased", 1, 5, 100.0),
+            case("strategy", "skip-locked-leased", 4, 5, 380.0),
+            case("strategy", "advisory-lock", 1, 5, 100.0),
+            case("strategy", "advisory-lock", 4, 5, 130.0),
+        ];
+        fill_efficiency(&mut cases);
+        let t = targets(&cases, &opts());
+        assert_eq!(t[0].figure, Some(0.85));
+        assert_eq!(t[0].met, Some(false));
+        assert_eq!(t[1].figure, Some(0.95));
+        assert_eq!(t[1].met, Some(true));
+        assert_eq!(t[2].met, None, "redis-lock was not measured");
+        assert_eq!(t[3].met, Some(false), "advisory-lock at 1.3x");
+        assert_eq!(t[4].met, None, "no peers");
+        assert_eq!(t[5].figure, Some(0.85));
+        assert_eq!(t[6].met, None, "no memory case");
+    }
+
+    #[test]
+    fn thousands_groups_digits() {
+        assert_eq!(thousands(0.4), "0");
+        assert_eq!(thousands(999.6), "1,000");
+        assert_eq!(thousands(1_234_567.0), "1,234,567");
+    }
+}
