@@ -564,7 +564,15 @@ pub fn main() -> ExitCode {
     }
     let cli = Cli::parse();
     init_logging(cli.log_format);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    // A worker's claim loops mostly wait on the database: one thread is
+    // enough, and more only compete with PostgreSQL for the same cores.
+    let single_threaded = matches!(cli.command, Command::Worker { .. } | Command::BenchWorker { .. });
+    let built = if single_threaded {
+        tokio::runtime::Builder::new_current_thread().enable_all().build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread().enable_all().build()
+    };
+    let runtime = match built {
         Ok(rt) => rt,
         Err(err) => {
             eprintln!("error: starting the async runtime: {err}");

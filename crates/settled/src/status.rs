@@ -36,6 +36,12 @@ pub async fn period_status(conn: &mut PgConnection, period: Period) -> anyhow::R
     result
 }
 
+/// Reads a period's status inside the caller's transaction (which should be
+/// REPEATABLE READ for one snapshot).
+pub async fn period_status_in_tx(conn: &mut PgConnection, period: Period) -> anyhow::Result<PeriodStatus> {
+    read(conn, period).await
+}
+
 async fn read(conn: &mut PgConnection, period: Period) -> anyhow::Result<PeriodStatus> {
     let p = period.to_string();
     let counts = queue().count_by_status(conn, &p).await?;

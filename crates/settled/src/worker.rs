@@ -388,12 +388,43 @@ async fn start_due_runs(
 }
 
 /// Marks the run finished when no item is left to do; only one worker wins.
+///
+/// Workers that drain at the same moment queue on the run's row lock, so
+/// the final report (exact counts and sums over the period) is computed once,
+/// by the one that finishes; the others then find the run finished. The lock
+/// blocks instead of skipping: a worker whose last chunk committed while
+/// another was checking must still get its own look, or nobody might finish.
 pub async fn finish_if_drained(pool: &PgPool, run_id: i64, period: Period, worker: Uuid) -> anyhow::Result<bool> {
     let mut conn = pool.acquire().await?;
-    if queue().count_unfinished(&mut conn, &period.to_string()).await? > 0 {
+    let scope = period.to_string();
+    if queue().count_unfinished(&mut conn, &scope).await? > 0 {
         return Ok(false);
     }
-    let status = crate::status::period_status(&mut conn, period).await?;
+    drop(conn);
+    // One snapshot for the checks and the report. Its first statement waits
+    // for any other finisher; if that one finished the run meanwhile, the lock
+    // fails with a serialization error: the run is finished, by someone else.
+    let mut tx = pool.begin().await?;
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        .execute(&mut *tx)
+        .await?;
+    let locked = sqlx::query_scalar("SELECT state FROM settled_engine.runs WHERE id = $1 FOR NO KEY UPDATE")
+        .bind(run_id)
+        .fetch_optional(&mut *tx)
+        .await;
+    let state: Option<String> = match locked {
+        Ok(state) => state,
+        Err(err) if err.as_database_error().and_then(|e| e.code()).as_deref() == Some("40001") => {
+            tx.rollback().await?;
+            return Ok(false);
+        }
+        Err(err) => return Err(err.into()),
+    };
+    if state.as_deref() != Some(RunState::Running.as_str()) || queue().count_unfinished(&mut tx, &scope).await? > 0 {
+        tx.rollback().await?;
+        return Ok(false);
+    }
+    let status = crate::status::period_status_in_tx(&mut tx, period).await?;
     let counts: serde_json::Map<String, serde_json::Value> = status
         .counts
         .iter()
@@ -405,7 +436,8 @@ pub async fn finish_if_drained(pool: &PgPool, run_id: i64, period: Period, worke
         "paid": status.settled_amount,
         "expected": status.expected_amount,
     });
-    let finished = runs::finish(&mut conn, run_id, worker, &report).await?;
+    let finished = runs::finish(&mut tx, run_id, worker, &report).await?;
+    tx.commit().await?;
     if finished {
         tracing::info!(run = run_id, %period, report = %report, "run finished");
     }
