@@ -331,7 +331,8 @@ pub enum Command {
     /// Measure claiming strategies, the SQL floors and peer job queues.
     ///
     /// Each case settles the same seeded period on a fresh database (on
-    /// DATABASE_URL's server, or a private one started for the run) with W
+    /// DATABASE_URL's server, or on a private throwaway server, fsync on,
+    /// started in a temporary directory for the run; --data-dir is not used) with W
     /// `settled bench-worker` processes, started and connected before the
     /// clock starts. Records creators/s, scaling efficiency, claim latency
     /// p50/p99, sessions waiting on locks (sampled from pg_stat_activity),

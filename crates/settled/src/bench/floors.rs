@@ -54,6 +54,7 @@ async fn measure_pgbench(
         let per_client = (creators / u64::from(chunk) + u64::from(workers)) / u64::from(workers) + 2;
         let mut admin = PgConnection::connect(&ctx.admin_url).await?;
         let before = transactions(&mut admin, &db.name).await?;
+        let cpu_before = super::client_cpu();
         let started = Instant::now();
         let out = tokio::process::Command::new(pgbench)
             .args(["-n", "-M", "prepared"])
@@ -70,6 +71,7 @@ async fn measure_pgbench(
             .await
             .context("running pgbench")?;
         let elapsed = started.elapsed();
+        case.client_cpu_seconds = Some(super::client_cpu() - cpu_before);
         anyhow::ensure!(
             out.status.success(),
             "pgbench failed ({}): {}",

@@ -402,6 +402,18 @@ async fn finish_case(ctx: &Ctx, db: &CaseDb) -> anyhow::Result<crate::verify::Ve
     verified
 }
 
+/// CPU seconds (user + system) of this process's children that have ended
+/// and been waited for, their own children included.
+pub(super) fn client_cpu() -> f64 {
+    use nix::sys::resource::{getrusage, UsageWho};
+    getrusage(UsageWho::RUSAGE_CHILDREN)
+        .map(|u| {
+            let (user, system) = (u.user_time(), u.system_time());
+            user.tv_sec() as f64 + user.tv_usec() as f64 / 1e6 + system.tv_sec() as f64 + system.tv_usec() as f64 / 1e6
+        })
+        .unwrap_or(0.0)
+}
+
 /// Transactions committed and rolled back in database `name` so far.
 async fn transactions(admin: &mut PgConnection, name: &str) -> anyhow::Result<i64> {
     Ok(sqlx::query_scalar(
@@ -529,6 +541,7 @@ async fn run_strategy_case(ctx: &Ctx, spec: &CaseSpec) -> CaseResult {
 async fn measure_strategy(ctx: &Ctx, spec: &CaseSpec, case: &mut CaseResult) -> anyhow::Result<()> {
     let db = prepare_case(ctx, spec.creators).await?;
     let measured = async {
+        let cpu_before = client_cpu();
         let mut children = Vec::new();
         for index in 0..spec.workers {
             children.push(start_child(ctx, spec, &db, index).await?);
@@ -570,6 +583,7 @@ async fn measure_strategy(ctx: &Ctx, spec: &CaseSpec, case: &mut CaseResult) -> 
             }
         }
         let elapsed = last_exit - started;
+        case.client_cpu_seconds = Some(client_cpu() - cpu_before);
         stop.store(true, Ordering::Relaxed);
         let locks = sampler.await??;
         if let Some(err) = first_error {

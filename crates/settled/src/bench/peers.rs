@@ -76,6 +76,7 @@ async fn measure(
     let dir = peer_dir(ctx, peer)?;
     let db = prepare_case(ctx, creators).await?;
     let measured = async {
+        let cpu_before = super::client_cpu();
         let out = tokio::time::timeout(
             Duration::from_secs(RUN_TIMEOUT_SECS),
             tokio::process::Command::new(dir.join("run"))
@@ -103,6 +104,8 @@ async fn measure(
                 .collect::<Vec<_>>()
                 .join(" | ")
         );
+        // Includes the peer's schema set-up, which is outside its clock.
+        case.client_cpu_seconds = Some(super::client_cpu() - cpu_before);
         let stdout = String::from_utf8_lossy(&out.stdout);
         let last = stdout.lines().last().unwrap_or_default();
         let run: PeerRun = serde_json::from_str(last).with_context(|| format!("the peer's report: {last:?}"))?;

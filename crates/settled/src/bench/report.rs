@@ -55,6 +55,9 @@ pub struct CaseResult {
     pub verified: bool,
     /// Peak resident set size of the largest worker process, MiB.
     pub peak_rss_mib: Option<f64>,
+    /// CPU seconds (user + system) used by the case's client processes
+    /// (bench workers, pgbench, or the peer); PostgreSQL's own is not included.
+    pub client_cpu_seconds: Option<f64>,
     /// Why the case failed.
     pub error: Option<String>,
     /// Strategy-specific figures.
@@ -86,6 +89,7 @@ impl CaseResult {
             transactions_per_item: None,
             verified: false,
             peak_rss_mib: None,
+            client_cpu_seconds: None,
             error: None,
             extra: serde_json::Map::new(),
         }
@@ -428,9 +432,9 @@ pub fn markdown(r: &BenchReport) -> String {
         let _ = writeln!(md, "\n### Strategies, work {work} ms per item\n");
         let _ = writeln!(
             md,
-            "| strategy | W | creators/s | efficiency | claim p50 ms | claim p99 ms | claims | waiting on locks (avg / max / share of samples) | tx per item | verify | peak RSS MiB |"
+            "| strategy | W | creators/s | efficiency | claim p50 ms | claim p99 ms | claims | waiting on locks (avg / max / share of samples) | tx per item | client CPU s | verify | peak RSS MiB |"
         );
-        let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|");
+        let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|");
         for c in r.cases.iter().filter(|c| c.kind == "strategy" && c.work_ms == work) {
             row(&mut md, c);
         }
@@ -444,14 +448,14 @@ pub fn markdown(r: &BenchReport) -> String {
         let _ = writeln!(md, "\n### Floors (work 0 ms)\n");
         let _ = writeln!(
             md,
-            "| floor | W | creators/s | skip-locked-chunk at the same W | ratio | tx per item | verify |"
+            "| floor | W | creators/s | skip-locked-chunk at the same W | ratio | tx per item | client CPU s | verify |"
         );
-        let _ = writeln!(md, "|---|---|---|---|---|---|---|");
+        let _ = writeln!(md, "|---|---|---|---|---|---|---|---|");
         for c in floors {
             let ours = find(&r.cases, "strategy", "skip-locked-chunk", c.workers, 0).and_then(CaseResult::rate);
             let _ = writeln!(
                 md,
-                "| {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} |",
                 c.name,
                 c.workers,
                 c.rate().map(thousands).unwrap_or_else(|| fail(c)),
@@ -460,6 +464,7 @@ pub fn markdown(r: &BenchReport) -> String {
                     .map(|(a, b)| format!("{:.3}", a / b))
                     .unwrap_or_else(|| "-".into()),
                 opt(c.transactions_per_item, 3),
+                opt(c.client_cpu_seconds, 2),
                 if c.verified { "ok" } else { "FAILED" }
             );
         }
@@ -551,7 +556,7 @@ fn fail(c: &CaseResult) -> String {
 fn row(md: &mut String, c: &CaseResult) {
     let _ = writeln!(
         md,
-        "| {} | {} | {} | {} | {} | {} | {} | {} / {} / {} | {} | {} | {} |",
+        "| {} | {} | {} | {} | {} | {} | {} | {} / {} / {} | {} | {} | {} | {} |",
         c.name,
         c.workers,
         c.rate().map(thousands).unwrap_or_else(|| fail(c)),
@@ -565,6 +570,7 @@ fn row(md: &mut String, c: &CaseResult) {
             .map(|s| format!("{:.0}%", s * 100.0))
             .unwrap_or_else(|| "-".into()),
         opt(c.transactions_per_item, 3),
+        opt(c.client_cpu_seconds, 2),
         if c.verified { "ok" } else { "FAILED" },
         opt(c.peak_rss_mib, 1)
     );
