@@ -393,6 +393,10 @@ pub enum Command {
         /// Print the report as JSON instead of markdown.
         #[arg(long)]
         json: bool,
+        /// Measure nothing: redraw results.md and the plots into --out from
+        /// an earlier run's results.json.
+        #[arg(long, value_name = "RESULTS_JSON", requires = "out")]
+        replot: Option<PathBuf>,
     },
     /// One worker of a `settled bench` case (started by `settled bench`).
     #[command(hide = true)]
@@ -709,8 +713,17 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         memory_concurrency,
         out,
         json,
+        replot,
     } = cli.command
     {
+        if let (Some(results), Some(out)) = (&replot, &out) {
+            let report = crate::bench::replot(results, out)?;
+            eprintln!("bench: redrew results.md and plots in {} from {}", out.display(), results.display());
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
         let default_peers = if quick {
             Vec::new()
         } else {

@@ -47,7 +47,9 @@ pub const DEFAULT_PEERS: [&str; 4] = ["graphile-worker", "pg-boss", "pgqueuer", 
 pub const BENCH_SEED: u64 = 1;
 
 /// How workers split (or fail to split) the work.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, clap::ValueEnum, serde::Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum Strategy {
     /// A Redis `SET NX PX` lock around each worker's whole batch loop.
@@ -93,7 +95,7 @@ impl Strategy {
 }
 
 /// What `settled bench` measures.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct BenchOptions {
     /// Creators per case without simulated work.
     pub creators: u64,
@@ -117,6 +119,7 @@ pub struct BenchOptions {
     /// Where the peer scripts live.
     pub peers_dir: PathBuf,
     /// Longest a peer case may run; then its rate is of what it settled.
+    #[serde(default)]
     pub peer_time_limit: u64,
     /// Measure the pgbench and set-based floors.
     pub floors: bool,
@@ -646,6 +649,17 @@ async fn measure_strategy(ctx: &Ctx, spec: &CaseSpec, case: &mut CaseResult) -> 
     measured?;
     case.set_verify(verified?);
     Ok(())
+}
+
+/// Redraws results.md and the plots in `out` from an earlier results.json;
+/// measures nothing.
+pub fn replot(results: &Path, out: &Path) -> anyhow::Result<BenchReport> {
+    let text = std::fs::read_to_string(results).with_context(|| format!("reading {}", results.display()))?;
+    let report: BenchReport =
+        serde_json::from_str(&text).with_context(|| format!("{} is not a settled bench report", results.display()))?;
+    report::write(&report, out)?;
+    plot::write_plots(&report, out)?;
+    Ok(report)
 }
 
 /// Runs `settled bench-worker` (a hidden command): one worker of a case.

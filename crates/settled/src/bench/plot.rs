@@ -75,10 +75,16 @@ fn value(c: &CaseResult, metric: Metric) -> Option<f64> {
 fn series(r: &BenchReport, metric: Metric, work_ms: u64) -> Vec<Series> {
     let mut names: Vec<(String, String, Option<String>)> = Vec::new();
     for c in &r.cases {
+        // Peers appear with their tuned settings only (their defaults are in
+        // the tables): a peer stuck at a few jobs per second would squash
+        // every other line.
         let wanted = c.work_ms == work_ms
             && match metric {
-                Metric::Throughput => matches!(c.kind.as_str(), "strategy" | "pgbench" | "peer"),
-                Metric::Efficiency => matches!(c.kind.as_str(), "strategy" | "pgbench" | "peer"),
+                Metric::Throughput => {
+                    matches!(c.kind.as_str(), "strategy" | "pgbench")
+                        || (c.kind == "peer" && c.config.as_deref() == Some("tuned"))
+                }
+                Metric::Efficiency => matches!(c.kind.as_str(), "strategy" | "pgbench"),
                 Metric::LatencyP99 => c.kind == "strategy",
             };
         let key = (c.kind.clone(), c.name.clone(), c.config.clone());
@@ -146,7 +152,10 @@ fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &BenchReport, metri
         } else {
             (0.0, hi.max(1.0) * 1.1)
         };
-        let mut chart = ChartBuilder::on(panel)
+        // The legend gets its own strip on the right, so it never hides a line.
+        let (width, _) = panel.dim_in_pixel();
+        let (plot_area, legend_area) = panel.split_horizontally(width * 7 / 10);
+        let mut chart = ChartBuilder::on(&plot_area)
             .caption(format!("work {work_ms} ms per item"), ("sans-serif", 20))
             .margin(12)
             .x_label_area_size(40)
@@ -185,29 +194,26 @@ fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &BenchReport, metri
             .map_err(e)?;
         for (i, (label, points)) in lines.into_iter().enumerate() {
             let color = Palette99::pick(i).to_rgba();
-            let dashed = label.contains("floor") || label.contains('(');
+            let thin = label.contains("floor") || label.contains('(');
             let style = ShapeStyle {
                 color,
                 filled: true,
-                stroke_width: if dashed { 1 } else { 2 },
+                stroke_width: if thin { 1 } else { 2 },
             };
             chart
                 .draw_series(LineSeries::new(points.clone(), style))
-                .map_err(e)?
-                .label(label)
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], style));
+                .map_err(e)?;
             chart
                 .draw_series(points.into_iter().map(|p| Circle::new(p, 3, style)))
                 .map_err(e)?;
+            let y = 60 + 20 * i as i32;
+            legend_area
+                .draw(&PathElement::new(vec![(4, y), (26, y)], style.stroke_width(3)))
+                .map_err(e)?;
+            legend_area
+                .draw(&Text::new(label, (32, y - 7), ("sans-serif", 14)))
+                .map_err(e)?;
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .label_font(("sans-serif", 13))
-            .draw()
-            .map_err(e)?;
     }
     root.present().map_err(e)?;
     Ok(())

@@ -11,7 +11,7 @@ use anyhow::Context;
 use super::BenchOptions;
 
 /// One measured case.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct CaseResult {
     /// `strategy`, `pgbench`, `set-based`, `peer` or `memory`.
     pub kind: String,
@@ -57,6 +57,7 @@ pub struct CaseResult {
     pub peak_rss_mib: Option<f64>,
     /// CPU seconds (user + system) used by the case's client processes
     /// (bench workers, pgbench, or the peer); PostgreSQL's own is not included.
+    #[serde(default)]
     pub client_cpu_seconds: Option<f64>,
     /// Why the case failed.
     pub error: Option<String>,
@@ -184,7 +185,7 @@ impl CaseResult {
 }
 
 /// A target of the issue, and the figure measured for it.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Target {
     /// What is asked.
     pub target: String,
@@ -197,7 +198,7 @@ pub struct Target {
 }
 
 /// The whole run.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct BenchReport {
     pub started_at: String,
     pub finished_at: String,
