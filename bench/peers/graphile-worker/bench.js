@@ -1,23 +1,9 @@
 // graphile-worker doing settled's per-creator work (see ../README.md).
 // defaults: concurrentJobs = W, everything else as shipped.
 // tuned: also localQueue (batch fetch of 100 jobs) and a 100 ms poll interval.
-const fs = require("fs");
-const path = require("path");
 const { run, makeWorkerUtils } = require("graphile-worker");
 const version = require("graphile-worker/package.json").version;
-
-const env = (k) => {
-  const v = process.env[k];
-  if (!v) throw new Error(`${k} is not set`);
-  return v;
-};
-const url = env("BENCH_DATABASE_URL");
-const period = env("BENCH_PERIOD");
-const runId = env("BENCH_RUN_ID");
-const workers = Number(env("BENCH_WORKERS"));
-const tuned = env("BENCH_CONFIG") === "tuned";
-const limitSeconds = Number(env("BENCH_TIME_LIMIT_SECONDS"));
-const SETTLE = fs.readFileSync(path.join(__dirname, "..", "settle_one.sql"), "utf8");
+const { url, period, runId, workers, tuned, SETTLE, COUNT_LEFT, waitSettled, report } = require("../common");
 
 async function main() {
   const utils = await makeWorkerUtils({ connectionString: url });
@@ -25,10 +11,7 @@ async function main() {
   const creators = await utils.withPgClient(async (c) =>
     (await c.query("SELECT creator FROM settlement.token_trade_volume WHERE period = $1 ORDER BY creator", [period])).rows.map((r) => r.creator),
   );
-  const left = async () =>
-    utils.withPgClient(async (c) =>
-      Number((await c.query("SELECT count(*) AS n FROM settlement.token_trade_volume WHERE period = $1 AND status <> 'settled'", [period])).rows[0].n),
-    );
+  const left = async () => utils.withPgClient(async (c) => Number((await c.query(COUNT_LEFT, [period])).rows[0].n));
 
   const started = process.hrtime.bigint();
   for (let i = 0; i < creators.length; i += 5000) {
@@ -50,25 +33,14 @@ async function main() {
       },
     },
   });
-  // Until every item is settled, or the time limit (then the rate is of what got done).
-  let remaining = await left();
-  while (remaining > 0 && Number(process.hrtime.bigint() - started) / 1e9 < limitSeconds) {
-    await new Promise((r) => setTimeout(r, 20));
-    remaining = await left();
-  }
+  const remaining = await waitSettled(left, started);
   const drained = process.hrtime.bigint();
   await runner.stop();
   await utils.release();
   const settings = tuned
     ? `concurrentJobs ${workers}, localQueue.size 100, pollInterval 100 ms, addJobs in batches of 5000`
     : `concurrentJobs ${workers}, defaults otherwise, addJobs in batches of 5000`;
-  console.log(JSON.stringify({
-    enqueue_seconds: Number(enqueued - started) / 1e9,
-    drain_seconds: Number(drained - enqueued) / 1e9,
-    settled: creators.length - remaining,
-    version,
-    settings,
-  }));
+  report({ started, enqueued, drained, creators: creators.length, remaining, version, settings });
 }
 
 main().catch((e) => {

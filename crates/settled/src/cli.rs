@@ -401,24 +401,8 @@ pub enum Command {
     /// One worker of a `settled bench` case (started by `settled bench`).
     #[command(hide = true)]
     BenchWorker {
-        #[arg(long, value_enum)]
-        strategy: crate::bench::Strategy,
-        #[arg(long)]
-        period: Period,
-        #[arg(long)]
-        run: i64,
-        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=10000))]
-        chunk: u32,
-        #[arg(long, default_value_t = 0)]
-        work_ms: u64,
-        #[arg(long, default_value_t = 0)]
-        index: u32,
-        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
-        concurrency: u32,
-        #[arg(long, default_value = "redis://127.0.0.1:6379")]
-        redis_url: String,
-        #[arg(long, default_value = "settled-bench:lock")]
-        lock_key: String,
+        #[command(flatten)]
+        args: crate::bench::child::ChildArgs,
     },
     /// Show exact counts by status and amounts paid for a period.
     Status {
@@ -665,34 +649,12 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             ExitCode::from(1)
         });
     }
-    if let Command::BenchWorker {
-        strategy,
-        period,
-        run,
-        chunk,
-        work_ms,
-        index,
-        concurrency,
-        redis_url,
-        lock_key,
-    } = cli.command
-    {
+    if let Command::BenchWorker { args } = cli.command {
         let url = cli
             .database_url
             .clone()
             .filter(|u| !u.is_empty())
             .context("bench-worker needs DATABASE_URL (settled bench sets it)")?;
-        let args = crate::bench::child::ChildArgs {
-            strategy,
-            period,
-            run_id: run,
-            chunk,
-            work_ms,
-            index,
-            concurrency,
-            redis_url,
-            lock_key,
-        };
         crate::bench::bench_worker(&url, args).await?;
         return Ok(ExitCode::SUCCESS);
     }
@@ -718,7 +680,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     {
         if let (Some(results), Some(out)) = (&replot, &out) {
             let report = crate::bench::replot(results, out)?;
-            eprintln!("bench: redrew results.md and plots in {} from {}", out.display(), results.display());
+            eprintln!(
+                "bench: redrew results.md and plots in {} from {}",
+                out.display(),
+                results.display()
+            );
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             }

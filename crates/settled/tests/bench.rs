@@ -116,6 +116,18 @@ async fn bench_measures_every_strategy_and_verifies_each_case() {
     }
     let md = std::fs::read_to_string(out.path().join("results.md")).unwrap();
     assert!(md.contains("| skip-locked-chunk | 2 |"), "{md}");
+    // The plots and the markdown can be redrawn from the JSON alone.
+    let again = tempfile::tempdir().unwrap();
+    let results = out.path().join("results.json");
+    env.run_ok(&[
+        "bench",
+        "--replot",
+        results.to_str().unwrap(),
+        "--out",
+        again.path().to_str().unwrap(),
+    ]);
+    assert_eq!(std::fs::read_to_string(again.path().join("results.md")).unwrap(), md);
+    assert!(again.path().join("throughput.png").exists());
     // Nothing of the bench's own databases is left on the server.
     let left = env
         .scalar_i64("SELECT count(*) FROM pg_database WHERE datname LIKE 'settled_bench_%'")

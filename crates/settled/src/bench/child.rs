@@ -29,19 +29,29 @@ pub const REDIS_RETRY_MS: u64 = 10;
 /// Largest claim latency recorded, in microseconds (longer ones are clamped).
 pub const MAX_LATENCY_US: u64 = 600_000_000;
 
-/// What one worker process is told to do.
-#[derive(Debug, Clone)]
+/// What one worker process is told to do (the flags of the hidden
+/// `settled bench-worker`, which `settled bench` passes).
+#[derive(Debug, Clone, clap::Args)]
 pub struct ChildArgs {
+    #[arg(long, value_enum)]
     pub strategy: Strategy,
+    #[arg(long)]
     pub period: Period,
+    #[arg(long = "run")]
     pub run_id: i64,
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=10000))]
     pub chunk: u32,
+    #[arg(long, default_value_t = 0)]
     pub work_ms: u64,
     /// This worker's index among the case's workers (0-based).
+    #[arg(long, default_value_t = 0)]
     pub index: u32,
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub concurrency: u32,
+    #[arg(long, default_value = "redis://127.0.0.1:6379")]
     pub redis_url: String,
     /// The Redis key of this case's lock.
+    #[arg(long, default_value = "settled-bench:lock")]
     pub lock_key: String,
 }
 
@@ -243,30 +253,29 @@ async fn engine_drain(pool: &PgPool, args: &ChildArgs, mode: Mode, chunk: u32) -
     }
 }
 
+/// The engine's claim statement up to its locking clause; the two
+/// strategies below differ only in what follows.
+macro_rules! claim_without_skip_locked {
+    ($tail:literal) => {
+        concat!(
+            "SELECT t.creator AS key, t.attempt + 1 AS fence
+             FROM settlement.token_trade_volume t
+             WHERE t.period = $1::date
+               AND t.status = 'eligible'
+               AND (t.not_before IS NULL OR t.not_before <= now())
+               AND EXISTS (SELECT 1 FROM settled_engine.runs r WHERE r.id = $3 AND r.state = 'running') ",
+            $tail
+        )
+    };
+}
+
 /// `for-update`: the engine's claim without SKIP LOCKED. Every worker asks
 /// for the same first eligible rows and waits for whoever holds them.
-const FOR_UPDATE_CLAIM: &str = "
-SELECT t.creator AS key, t.attempt + 1 AS fence
-FROM settlement.token_trade_volume t
-WHERE t.period = $1::date
-  AND t.status = 'eligible'
-  AND (t.not_before IS NULL OR t.not_before <= now())
-  AND EXISTS (SELECT 1 FROM settled_engine.runs r WHERE r.id = $3 AND r.state = 'running')
-LIMIT $2
-FOR UPDATE OF t";
+const FOR_UPDATE_CLAIM: &str = claim_without_skip_locked!("LIMIT $2 FOR UPDATE OF t");
 
 /// `offset`: worker k pages from row k x chunk in key order. FOR UPDATE locks
 /// every row the OFFSET walks over, not only the rows returned.
-const OFFSET_CLAIM: &str = "
-SELECT t.creator AS key, t.attempt + 1 AS fence
-FROM settlement.token_trade_volume t
-WHERE t.period = $1::date
-  AND t.status = 'eligible'
-  AND (t.not_before IS NULL OR t.not_before <= now())
-  AND EXISTS (SELECT 1 FROM settled_engine.runs r WHERE r.id = $3 AND r.state = 'running')
-ORDER BY t.creator
-OFFSET $4 LIMIT $2
-FOR UPDATE OF t";
+const OFFSET_CLAIM: &str = claim_without_skip_locked!("ORDER BY t.creator OFFSET $4 LIMIT $2 FOR UPDATE OF t");
 
 /// Claim, pay (the product's handler: holds lookup, ledger and balances) and
 /// mark settled in one transaction, with the strategy's claim statement.

@@ -8,7 +8,7 @@ use std::time::Instant;
 use anyhow::Context;
 use sqlx::{Connection, PgConnection};
 
-use super::{finish_case, prepare_case, scratch_file, transactions, wait_disconnected, CaseResult, Ctx};
+use super::{conclude, prepare_case, scratch_file, transactions, wait_disconnected, CaseResult, Ctx};
 
 /// The pgbench script: statement for statement one chunk of `settled worker`.
 pub const SETTLE_CHUNK_SQL: &str = include_str!("../../../../bench/pgbench/settle_chunk.sql");
@@ -99,10 +99,7 @@ async fn measure_pgbench(
         anyhow::Ok(())
     }
     .await;
-    let verified = finish_case(ctx, &db).await;
-    measured?;
-    case.set_verify(verified?);
-    Ok(())
+    conclude(ctx, &db, measured, case).await
 }
 
 /// One transaction: every ledger row, every balance, every status.
@@ -167,8 +164,5 @@ async fn measure_set_based(ctx: &Ctx, creators: u64, case: &mut CaseResult) -> a
         anyhow::Ok(())
     }
     .await;
-    let verified = finish_case(ctx, &db).await;
-    measured?;
-    case.set_verify(verified?);
-    Ok(())
+    conclude(ctx, &db, measured, case).await
 }

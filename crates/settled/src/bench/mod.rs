@@ -417,6 +417,15 @@ pub(super) fn client_cpu() -> f64 {
         .unwrap_or(0.0)
 }
 
+/// Ends a case: verifies its period and drops its database (whatever the
+/// measurement's outcome), then records the verification.
+async fn conclude(ctx: &Ctx, db: &CaseDb, measured: anyhow::Result<()>, case: &mut CaseResult) -> anyhow::Result<()> {
+    let verified = finish_case(ctx, db).await;
+    measured?;
+    case.set_verify(verified?);
+    Ok(())
+}
+
 /// Transactions committed and rolled back in database `name` so far.
 async fn transactions(admin: &mut PgConnection, name: &str) -> anyhow::Result<i64> {
     Ok(sqlx::query_scalar(
@@ -645,10 +654,7 @@ async fn measure_strategy(ctx: &Ctx, spec: &CaseSpec, case: &mut CaseResult) -> 
         anyhow::Ok(())
     }
     .await;
-    let verified = finish_case(ctx, &db).await;
-    measured?;
-    case.set_verify(verified?);
-    Ok(())
+    conclude(ctx, &db, measured, case).await
 }
 
 /// Redraws results.md and the plots in `out` from an earlier results.json;

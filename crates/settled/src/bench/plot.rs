@@ -200,9 +200,7 @@ fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &BenchReport, metri
                 filled: true,
                 stroke_width: if thin { 1 } else { 2 },
             };
-            chart
-                .draw_series(LineSeries::new(points.clone(), style))
-                .map_err(e)?;
+            chart.draw_series(LineSeries::new(points.clone(), style)).map_err(e)?;
             chart
                 .draw_series(points.into_iter().map(|p| Circle::new(p, 3, style)))
                 .map_err(e)?;
