@@ -39,6 +39,9 @@ pub const MAX_BENCH_WORKERS: u32 = 64;
 pub const MAX_BENCH_CREATORS: u64 = 10_000_000;
 /// How often the sampler reads `pg_stat_activity`.
 pub const SAMPLE_EVERY_MS: u64 = 10;
+/// Longest a strategy case may run before its workers are killed and the
+/// case is reported as failed.
+pub const CASE_TIMEOUT_SECS: u64 = 3_600;
 /// How long a worker process may take to connect and say `ready`.
 pub const READY_TIMEOUT_SECS: u64 = 60;
 /// The peers measured by default (directories of `--peers-dir`).
@@ -583,14 +586,25 @@ async fn measure_strategy(ctx: &Ctx, spec: &CaseSpec, case: &mut CaseResult) -> 
         let mut reports = Vec::new();
         let mut last_exit = started;
         let mut first_error = None;
-        for w in waits {
-            match w.await? {
-                Ok((report, ended)) => {
-                    last_exit = last_exit.max(ended);
-                    reports.push(report);
-                }
-                Err(err) => {
-                    first_error.get_or_insert(err);
+        let deadline = tokio::time::Instant::from_std(started) + Duration::from_secs(CASE_TIMEOUT_SECS);
+        for i in 0..waits.len() {
+            match tokio::time::timeout_at(deadline, &mut waits[i]).await {
+                Ok(joined) => match joined? {
+                    Ok((report, ended)) => {
+                        last_exit = last_exit.max(ended);
+                        reports.push(report);
+                    }
+                    Err(err) => {
+                        first_error.get_or_insert(err);
+                    }
+                },
+                Err(_) => {
+                    // Dropping the aborted tasks kills their processes.
+                    for w in &waits {
+                        w.abort();
+                    }
+                    stop.store(true, Ordering::Relaxed);
+                    anyhow::bail!("the case did not finish within {CASE_TIMEOUT_SECS} s; its workers were killed");
                 }
             }
         }
