@@ -215,3 +215,50 @@ async fn cancel_stops_claims_and_gives_back_leases_then_run_resumes() {
     );
     tokio::time::sleep(Duration::from_millis(1)).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn workers_draining_at_once_finish_the_run_once_with_one_report() {
+    let env = Env::new().await;
+    env.run_ok(&["seed", "--period", "2026-11-28", "--creators", "2000"]);
+    env.run_ok(&["worker", "--period", "2026-11-28", "--chunk", "500"]);
+    // Everything is settled; put the run back to running, as if its last
+    // chunks had just committed on every worker at the same moment.
+    sqlx::query(
+        "UPDATE settled_engine.runs SET state = 'running', finished_at = NULL, finished_by = NULL, report = NULL",
+    )
+    .execute(&env.pool)
+    .await
+    .unwrap();
+    let run_id = env.scalar_i64("SELECT id FROM settled_engine.runs").await;
+    let period = settled::period::Period::parse("2026-11-28").unwrap();
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(40)
+        .connect(&env.db.url)
+        .await
+        .unwrap();
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(16));
+    let finishers: Vec<_> = (0..16)
+        .map(|_| {
+            let (pool, barrier) = (pool.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                settled::worker::finish_if_drained(&pool, run_id, period, uuid::Uuid::new_v4()).await
+            })
+        })
+        .collect();
+    let mut finished = 0;
+    for f in finishers {
+        // Waiting on the run row, then finding it finished, is not an error.
+        if f.await.unwrap().expect("a finisher failed") {
+            finished += 1;
+        }
+    }
+    assert_eq!(finished, 1, "exactly one worker finishes the run");
+    let (state, items, settled): (String, i64, i64) = sqlx::query_as(
+        "SELECT state, (report->>'items')::int8, (report->'counts'->>'settled')::int8 FROM settled_engine.runs",
+    )
+    .fetch_one(&env.pool)
+    .await
+    .unwrap();
+    assert_eq!((state.as_str(), items, settled), ("finished", 2000, 2000));
+}

@@ -79,11 +79,14 @@ pub struct ChildReport {
 /// A claim-latency histogram in microseconds.
 pub type Latency = Arc<Mutex<hdrhistogram::Histogram<u64>>>;
 
-/// A new latency histogram (1 µs .. 10 min, 3 significant digits).
+/// A claim-latency histogram in microseconds (1 µs .. 10 min, 3 significant digits).
+pub fn new_histogram() -> hdrhistogram::Histogram<u64> {
+    hdrhistogram::Histogram::new_with_bounds(1, MAX_LATENCY_US, 3).expect("valid histogram bounds")
+}
+
+/// A new shared latency histogram.
 pub fn new_latency() -> Latency {
-    Arc::new(Mutex::new(
-        hdrhistogram::Histogram::new_with_bounds(1, MAX_LATENCY_US, 3).expect("valid histogram bounds"),
-    ))
+    Arc::new(Mutex::new(new_histogram()))
 }
 
 fn record(latency: &Latency, elapsed: Duration) {

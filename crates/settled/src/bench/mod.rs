@@ -620,18 +620,15 @@ async fn measure_strategy(ctx: &Ctx, spec: &CaseSpec, case: &mut CaseResult) -> 
         admin.close().await?;
         case.record_time(elapsed);
         case.transactions_per_item = Some((after - before) as f64 / spec.creators as f64);
-        let latency = child::new_latency();
-        {
-            let mut h = latency.lock().expect("latency lock");
-            for r in &reports {
-                for &(value, count) in &r.latency_us {
-                    h.record_n(value, count)?;
-                }
+        let mut latency = child::new_histogram();
+        for r in &reports {
+            for &(value, count) in &r.latency_us {
+                latency.record_n(value, count)?;
             }
-            case.claims = Some(h.len());
-            case.claim_p50_ms = Some(h.value_at_quantile(0.5) as f64 / 1e3);
-            case.claim_p99_ms = Some(h.value_at_quantile(0.99) as f64 / 1e3);
         }
+        case.claims = Some(latency.len());
+        case.claim_p50_ms = Some(latency.value_at_quantile(0.5) as f64 / 1e3);
+        case.claim_p99_ms = Some(latency.value_at_quantile(0.99) as f64 / 1e3);
         case.lock_waiting_avg = Some(locks.waiting_sum as f64 / locks.samples.max(1) as f64);
         case.lock_waiting_max = Some(locks.waiting_max);
         case.lock_wait_share = Some(locks.samples_with_waiters as f64 / locks.samples.max(1) as f64);
