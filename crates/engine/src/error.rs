@@ -25,16 +25,37 @@ pub enum EngineError {
     },
     /// Another run of the same job is still running.
     #[error(
-        "job {job:?} already has a running run (id {run_id}, period {period}); it must finish or be cancelled first"
+        "job {job:?} already has a running run (id {run_id}, scope {scope}); it must finish or be cancelled first"
     )]
     OtherRunActive {
         /// The job.
         job: String,
         /// The running run's id.
         run_id: i64,
-        /// The running run's period.
-        period: String,
+        /// The running run's scope.
+        scope: String,
     },
+    /// The application refused to start a run of this scope (its hook said why).
+    #[error("cannot start the run of {job:?} for {scope}: {reason}")]
+    StartRefused {
+        /// The job.
+        job: String,
+        /// The scope.
+        scope: String,
+        /// Why, in the application's words.
+        reason: String,
+    },
+    /// The work table lacks what the engine's statements need.
+    #[error("work table {table} cannot serve as a queue; it lacks: {}", missing.join("; "))]
+    WorkTable {
+        /// The table.
+        table: String,
+        /// Each missing column or index, named.
+        missing: Vec<String>,
+    },
+    /// A configuration value outside its allowed range.
+    #[error("{0}")]
+    Config(String),
     /// A run id that does not exist.
     #[error("run {0} does not exist")]
     NoSuchRun(i64),
@@ -124,4 +145,10 @@ impl EngineError {
             _ => false,
         }
     }
+}
+
+/// True when `err` is a unique violation (SQLSTATE 23505) of `constraint`.
+pub fn is_unique_violation(err: &sqlx::Error, constraint: &str) -> bool {
+    err.as_database_error()
+        .is_some_and(|e| e.code().as_deref() == Some("23505") && e.constraint() == Some(constraint))
 }

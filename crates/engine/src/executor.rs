@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use sqlx::{PgConnection, PgPool};
 
-use crate::queue::{RetryPolicy, MAX_CHUNK_ITEMS};
-use crate::{EngineError, HandlerError, WorkQueue};
+use crate::queue::{Failure, RetryPolicy, MAX_CHUNK_ITEMS};
+use crate::{EngineError, Fence, HandlerError, WorkQueue};
 
 /// Largest number of claim loops one process may run.
 pub const MAX_CONCURRENCY: u32 = 256;
@@ -28,8 +28,8 @@ pub const MAX_RETRY_BACKOFF_MS: u64 = 2_000;
 pub struct ClaimedItem {
     /// The item's key, as text.
     pub key: String,
-    /// The attempt number this claim represents (the item's fence).
-    pub fence: i32,
+    /// The attempt number this claim represents: record it with the effect.
+    pub fence: Fence,
 }
 
 /// The items one claim took, all of one run and scope.
@@ -49,6 +49,11 @@ impl Chunk {
         self.items.iter().map(|i| i.key.clone()).collect()
     }
 
+    /// The items' fences, in claim order (bind them beside [`Chunk::keys`]).
+    pub fn fences(&self) -> Vec<i32> {
+        self.items.iter().map(|i| i.fence.get()).collect()
+    }
+
     /// The same chunk with other items.
     pub fn with_items(&self, items: Vec<ClaimedItem>) -> Chunk {
         Chunk {
@@ -58,14 +63,11 @@ impl Chunk {
         }
     }
 
-    pub(crate) fn from_pairs(run_id: i64, scope: &str, pairs: Vec<(String, i32)>) -> Chunk {
+    pub(crate) fn new(run_id: i64, scope: &str, items: Vec<ClaimedItem>) -> Chunk {
         Chunk {
             run_id,
             scope: scope.to_string(),
-            items: pairs
-                .into_iter()
-                .map(|(key, fence)| ClaimedItem { key, fence })
-                .collect(),
+            items,
         }
     }
 }
@@ -177,13 +179,13 @@ pub struct DrainStats {
 
 pub(crate) fn check_config(cfg: &DrainConfig) -> Result<(), EngineError> {
     if cfg.chunk == 0 || cfg.chunk > MAX_CHUNK_ITEMS {
-        return Err(EngineError::Invariant(format!(
+        return Err(EngineError::Config(format!(
             "chunk must be 1..={MAX_CHUNK_ITEMS}, got {}",
             cfg.chunk
         )));
     }
     if cfg.concurrency == 0 || cfg.concurrency > MAX_CONCURRENCY {
-        return Err(EngineError::Invariant(format!(
+        return Err(EngineError::Config(format!(
             "concurrency must be 1..={MAX_CONCURRENCY}, got {}",
             cfg.concurrency
         )));
@@ -284,7 +286,7 @@ where
                 } else {
                     failures += 1;
                 }
-                tracing::warn!(run = run_id, period = scope, transient, failures, error = %err, "chunk rolled back");
+                tracing::warn!(run = run_id, scope, transient, failures, error = %err, "chunk rolled back");
                 if failures >= cfg.max_consecutive_failures {
                     return Err(EngineError::TooManyFailures {
                         attempts: failures,
@@ -331,7 +333,7 @@ async fn settle_one_chunk<H: ChunkHandler>(
     let started = Instant::now();
     let claimed = queue.claim_chunk_in_tx(&mut tx, scope, cfg.chunk, run_id).await?;
     stats.claims.fetch_add(1, Ordering::Relaxed);
-    metrics::histogram!("settled_claim_duration_seconds", "mode" => "tx").record(started.elapsed().as_secs_f64());
+    metrics::histogram!(crate::telemetry::CLAIM_DURATION, "mode" => "tx").record(started.elapsed().as_secs_f64());
     stats
         .claim_micros
         .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
@@ -341,10 +343,10 @@ async fn settle_one_chunk<H: ChunkHandler>(
         return Ok(step);
     }
     stats.items_claimed.fetch_add(claimed.len() as u64, Ordering::Relaxed);
-    let chunk = Chunk::from_pairs(run_id, scope, claimed);
+    let chunk = Chunk::new(run_id, scope, claimed);
     let handling = Instant::now();
     let handled = handler.handle_chunk(&mut tx, &chunk).await;
-    metrics::histogram!("settled_handler_duration_seconds", "mode" => "tx").record(handling.elapsed().as_secs_f64());
+    metrics::histogram!(crate::telemetry::HANDLER_DURATION, "mode" => "tx").record(handling.elapsed().as_secs_f64());
     match handled {
         Ok(handled) => {
             let settled = mark_handled(&mut tx, queue, &chunk, &handled).await?;
@@ -396,15 +398,17 @@ async fn isolate_failure<H: ChunkHandler>(
                     &mut conn,
                     &chunk.scope,
                     std::slice::from_ref(&item.key),
-                    &err.to_string(),
-                    err.is_permanent(),
+                    Failure {
+                        error: &err.to_string(),
+                        permanent: err.is_permanent(),
+                    },
                     &cfg.retry,
                 )
                 .await?;
             stats.items_failed.fetch_add(outcome.failed, Ordering::Relaxed);
             stats.items_retried.fetch_add(outcome.retried, Ordering::Relaxed);
             tracing::warn!(
-                run = chunk.run_id, period = %chunk.scope, item = %item.key, attempt = item.fence,
+                run = chunk.run_id, scope = %chunk.scope, item = %item.key, attempt = item.fence.get(),
                 failed = outcome.failed == 1, error = %err, "item failed"
             );
             continue;
@@ -419,7 +423,7 @@ async fn isolate_failure<H: ChunkHandler>(
                 tx.rollback().await.map_err(EngineError::db("ending an empty retry"))?;
                 continue;
             }
-            let part = Chunk::from_pairs(chunk.run_id, &chunk.scope, locked);
+            let part = Chunk::new(chunk.run_id, &chunk.scope, locked);
             match handler.handle_chunk(&mut tx, &part).await {
                 Ok(handled) => {
                     let settled = mark_handled(&mut tx, queue, &part, &handled).await?;

@@ -18,6 +18,7 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use crate::executor::{check_config, idle_or_drained, join_loops, run_loop, Step};
+use crate::queue::Failure;
 use crate::{Chunk, ClaimedItem, DrainConfig, DrainStats, EngineError, HandlerError, WorkQueue};
 
 /// Shortest lease allowed.
@@ -90,7 +91,7 @@ impl Default for LeaseConfig {
 pub struct LeaseKeeper {
     worker: Uuid,
     ttl: Duration,
-    held: Mutex<HashMap<(String, i32), Held>>,
+    held: Mutex<HashMap<ClaimedItem, Held>>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -118,21 +119,21 @@ impl LeaseKeeper {
                 committed_by,
                 valid_until: claim_sent + self.ttl,
             };
-            held.insert((item.key.clone(), item.fence), lease);
+            held.insert(item.clone(), lease);
         }
     }
 
     fn remove(&self, items: &[ClaimedItem]) {
         let mut held = self.held.lock().expect("lease map");
         for item in items {
-            held.remove(&(item.key.clone(), item.fence));
+            held.remove(item);
         }
     }
 
     /// True while the item's lease is known to be valid.
     pub fn is_held(&self, item: &ClaimedItem) -> bool {
         let held = self.held.lock().expect("lease map");
-        held.get(&(item.key.clone(), item.fence))
+        held.get(item)
             .is_some_and(|lease| Instant::now() < lease.valid_until)
     }
 
@@ -150,7 +151,7 @@ impl LeaseKeeper {
     /// the deadlines of those the database still shows as ours and drops
     /// the others (rescued: lost).
     pub async fn renew(&self, pool: &PgPool, queue: &WorkQueue) -> Result<usize, EngineError> {
-        let held: Vec<(String, i32)> = self.held.lock().expect("lease map").keys().cloned().collect();
+        let held: Vec<ClaimedItem> = self.held.lock().expect("lease map").keys().cloned().collect();
         if held.is_empty() {
             return Ok(0);
         }
@@ -160,7 +161,7 @@ impl LeaseKeeper {
             .await
             .map_err(EngineError::db("acquiring a connection"))?;
         let still_ours = queue.renew_leases(&mut conn, self.worker, self.ttl, &held).await?;
-        let still_ours: std::collections::HashSet<(String, i32)> = still_ours.into_iter().collect();
+        let still_ours: std::collections::HashSet<ClaimedItem> = still_ours.into_iter().collect();
         let mut held = self.held.lock().expect("lease map");
         let mut lost = 0;
         for (key, lease) in held.iter_mut() {
@@ -212,7 +213,7 @@ pub async fn drain_leased<H: LeasedHandler>(
     check_config(cfg)?;
     let ttl_ms = leases.ttl.as_millis() as u64;
     if !(MIN_LEASE_TTL_MS..=MAX_LEASE_TTL_MS).contains(&ttl_ms) {
-        return Err(EngineError::Invariant(format!(
+        return Err(EngineError::Config(format!(
             "lease ttl must be {MIN_LEASE_TTL_MS}..={MAX_LEASE_TTL_MS} ms, got {ttl_ms}"
         )));
     }
@@ -308,7 +309,7 @@ impl<H: LeasedHandler> LoopCtx<H> {
             )
             .await?;
         self.stats.claims.fetch_add(1, Ordering::Relaxed);
-        metrics::histogram!("settled_claim_duration_seconds", "mode" => "leased").record(sent.elapsed().as_secs_f64());
+        metrics::histogram!(crate::telemetry::CLAIM_DURATION, "mode" => "leased").record(sent.elapsed().as_secs_f64());
         self.stats
             .claim_micros
             .fetch_add(sent.elapsed().as_micros() as u64, Ordering::Relaxed);
@@ -319,7 +320,7 @@ impl<H: LeasedHandler> LoopCtx<H> {
         self.stats
             .items_claimed
             .fetch_add(claimed.len() as u64, Ordering::Relaxed);
-        let chunk = Chunk::from_pairs(self.run_id, &self.scope, claimed);
+        let chunk = Chunk::new(self.run_id, &self.scope, claimed);
         self.keeper.add(&chunk.items, sent, Instant::now());
         let result = self.work_and_complete(&chunk).await;
         self.keeper.remove(&chunk.items);
@@ -336,12 +337,7 @@ impl<H: LeasedHandler> LoopCtx<H> {
         };
         let held = self.handler.held(&batch);
         if !held.is_empty() {
-            let pairs: Vec<(String, i32)> = chunk
-                .items
-                .iter()
-                .filter(|i| held.contains(&i.key))
-                .map(|i| (i.key.clone(), i.fence))
-                .collect();
+            let pairs: Vec<ClaimedItem> = chunk.items.iter().filter(|i| held.contains(&i.key)).cloned().collect();
             let mut conn = self
                 .pool
                 .acquire()
@@ -360,7 +356,7 @@ impl<H: LeasedHandler> LoopCtx<H> {
             }
             let working = Instant::now();
             let worked = self.handler.work_item(&batch, chunk, item).await;
-            metrics::histogram!("settled_handler_duration_seconds", "mode" => "leased")
+            metrics::histogram!(crate::telemetry::HANDLER_DURATION, "mode" => "leased")
                 .record(working.elapsed().as_secs_f64());
             match worked {
                 Ok(()) => done.push(item.clone()),
@@ -393,7 +389,7 @@ impl<H: LeasedHandler> LoopCtx<H> {
                 self.stats.leases_released.fetch_add(released, Ordering::Relaxed);
             }
             tracing::warn!(
-                run = self.run_id, period = %self.scope, abandoned = abandoned.len(),
+                run = self.run_id, scope = %self.scope, abandoned = abandoned.len(),
                 "items abandoned: lease lost or shutting down"
             );
         }
@@ -440,8 +436,7 @@ impl<H: LeasedHandler> LoopCtx<H> {
             .begin()
             .await
             .map_err(EngineError::db("beginning a transaction"))?;
-        let pairs: Vec<(String, i32)> = part.items.iter().map(|i| (i.key.clone(), i.fence)).collect();
-        let accepted = self.queue.complete_fenced(&mut tx, &part.scope, &pairs).await?;
+        let accepted = self.queue.complete_fenced(&mut tx, &part.scope, &part.items).await?;
         let accepted: std::collections::HashSet<String> = accepted.into_iter().collect();
         let (kept, rejected): (Vec<ClaimedItem>, Vec<ClaimedItem>) =
             part.items.iter().cloned().partition(|i| accepted.contains(&i.key));
@@ -460,7 +455,7 @@ impl<H: LeasedHandler> LoopCtx<H> {
                 .fetch_add(rejected.len() as u64, Ordering::Relaxed);
             for item in &rejected {
                 tracing::warn!(
-                    run = self.run_id, period = %part.scope, item = %item.key, attempt = item.fence,
+                    run = self.run_id, scope = %part.scope, item = %item.key, attempt = item.fence.get(),
                     "completion refused by the fence: the lease was lost, another attempt owns the item"
                 );
             }
@@ -474,7 +469,7 @@ impl<H: LeasedHandler> LoopCtx<H> {
         items: &[&ClaimedItem],
         err: &HandlerError,
     ) -> Result<(), EngineError> {
-        let pairs: Vec<(String, i32)> = items.iter().map(|i| (i.key.clone(), i.fence)).collect();
+        let pairs: Vec<ClaimedItem> = items.iter().map(|i| (*i).clone()).collect();
         let mut conn = self
             .pool
             .acquire()
@@ -486,8 +481,10 @@ impl<H: LeasedHandler> LoopCtx<H> {
                 &mut conn,
                 &chunk.scope,
                 &pairs,
-                &err.to_string(),
-                err.is_permanent(),
+                Failure {
+                    error: &err.to_string(),
+                    permanent: err.is_permanent(),
+                },
                 &self.cfg.retry,
             )
             .await?;
@@ -495,7 +492,7 @@ impl<H: LeasedHandler> LoopCtx<H> {
         self.stats.items_retried.fetch_add(outcome.retried, Ordering::Relaxed);
         for item in items {
             tracing::warn!(
-                run = self.run_id, period = %chunk.scope, item = %item.key, attempt = item.fence,
+                run = self.run_id, scope = %chunk.scope, item = %item.key, attempt = item.fence.get(),
                 permanent = err.is_permanent(), error = %err, "item attempt failed"
             );
         }

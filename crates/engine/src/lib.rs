@@ -3,36 +3,46 @@
 //! Workers split the rows of a *work table* with `FOR NO KEY UPDATE SKIP
 //! LOCKED`, so no worker waits for another, and every effect is guarded by the
 //! database itself: a row lock held for the whole transaction (in-transaction
-//! mode), status re-checks in conditional updates, and unique constraints in
-//! the application's own tables.
+//! mode), a fence carried from claim to completion (leased mode), status
+//! re-checks in conditional updates, and unique constraints.
 //!
-//! The engine owns: claiming chunks of items, marking them done, counting what
-//! is left, runs (one per job and period), and the worker registry. It never
-//! knows what an item *means*: the application's [`ChunkHandler`] does the work.
+//! An application declares a [`Job`] (a [`WorkQueue`] over its table, and
+//! [`RunHooks`]) and a handler ([`ChunkHandler`] or [`LeasedHandler`]); the
+//! engine owns the rest of the lifecycle: runs (one per job and scope),
+//! draining, finishing (one finisher), cancel, resume, retry, releasing held
+//! items, reopening, the rescuer, the scheduling [`daemon`], and the worker
+//! registry. The application writes no SQL against the engine's tables.
 //!
 //! A work table needs a scope column (what one run covers, e.g. a date), a
-//! single key column (unique within a scope), and the columns listed in
-//! [`queue::REQUIRED_COLUMNS`]. See `examples/email_digest.rs` for a job that
-//! is not settlement.
+//! single key column (unique within a scope), the columns in
+//! [`queue::REQUIRED_COLUMNS`] and the indexes in [`queue::REQUIRED_INDEXES`];
+//! [`Job::check_work_table`] names whatever is missing. See
+//! `examples/email_digest.rs` for a job that is not settlement.
 
+pub mod daemon;
 pub mod error;
 pub mod executor;
-pub mod idempotency;
+pub mod fence;
+pub mod job;
 pub mod leased;
 pub mod migrate;
-pub mod named_lease;
-pub mod once_token;
+pub mod once;
 pub mod queue;
 pub mod rescuer;
 pub mod runs;
 pub mod schedule;
 pub mod status;
+pub mod telemetry;
 pub mod workers;
 
+pub use daemon::DaemonConfig;
 pub use error::{EngineError, HandlerError};
 pub use executor::{drain_in_transactions, Chunk, ChunkHandler, ClaimedItem, DrainConfig, DrainStats, Handled};
+pub use fence::Fence;
+pub use job::{ByMode, Cancelled, Drainer, InTransaction, Job, Leased, NoHooks, RunHooks, WorkOutcome};
 pub use leased::{drain_leased, LeaseConfig, LeaseKeeper, LeasedHandler};
 pub use queue::{FailOutcome, QueueSpec, RetryPolicy, WorkQueue};
 pub use runs::{Run, RunState};
 pub use schedule::Schedule;
 pub use status::ItemStatus;
+pub use workers::Worker;

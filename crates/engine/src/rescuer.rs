@@ -21,7 +21,7 @@ pub async fn rescue_expired_leases(
     policy: &RetryPolicy,
 ) -> Result<Option<FailOutcome>, EngineError> {
     let mut tx = pool.begin().await.map_err(EngineError::db("beginning a rescue"))?;
-    let ours: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock(hashtext('settled-rescuer'), hashtext($1))")
+    let ours: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock(hashtext('work-queue-rescuer'), hashtext($1))")
         .bind(queue.job())
         .fetch_one(&mut *tx)
         .await
@@ -58,12 +58,12 @@ pub async fn keep_rescuing(
                     .fetch_add(outcome.retried + outcome.failed, Ordering::Relaxed);
                 stats.items_failed.fetch_add(outcome.failed, Ordering::Relaxed);
                 tracing::warn!(
-                    period = %scope, retried = outcome.retried, failed = outcome.failed,
+                    scope = %scope, retried = outcome.retried, failed = outcome.failed,
                     "rescued expired leases"
                 );
             }
             Ok(_) => {}
-            Err(err) => tracing::warn!(period = %scope, error = %err, "rescue failed"),
+            Err(err) => tracing::warn!(scope = %scope, error = %err, "rescue failed"),
         }
     }
 }

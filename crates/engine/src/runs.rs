@@ -1,6 +1,9 @@
-//! Runs: one execution of a job for one period, at most one per (job,
-//! period) and at most one running per job. The database decides, through a
-//! unique constraint and a partial unique index, never a lock held by a process.
+//! Runs: one execution of a job for one scope, at most one per (job, scope)
+//! and at most one running per job. The database decides, through a unique
+//! constraint and a partial unique index, never a lock held by a process.
+//!
+//! These are the statements on `settled_engine.runs`; the lifecycle that
+//! combines them (start, finish, cancel, reopen) is [`crate::job`].
 
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
@@ -47,11 +50,11 @@ pub struct Run {
     pub id: i64,
     /// Job name.
     pub job: String,
-    /// Period (scope value) as text.
-    pub period: String,
+    /// The scope value (what the run covers) as text.
+    pub scope: String,
     /// State.
     pub state: RunState,
-    /// The worker whose insert created the run.
+    /// The worker whose insert created the run (None: an operator).
     pub started_by: Option<Uuid>,
     /// When it was created (database clock).
     pub started_at: DateTime<Utc>,
@@ -61,91 +64,109 @@ pub struct Run {
     pub report: Option<serde_json::Value>,
 }
 
-type RunRow = (
-    i64,
-    String,
-    String,
-    String,
-    Option<Uuid>,
-    DateTime<Utc>,
-    Option<DateTime<Utc>>,
-    Option<serde_json::Value>,
-);
-
-const RUN_COLUMNS: &str = "id, job, period, state, started_by, started_at, finished_at, report";
-
-fn run_from_row(row: RunRow) -> Result<Run, EngineError> {
-    Ok(Run {
-        id: row.0,
-        job: row.1,
-        period: row.2,
-        state: RunState::parse(&row.3)?,
-        started_by: row.4,
-        started_at: row.5,
-        finished_at: row.6,
-        report: row.7,
-    })
+#[derive(sqlx::FromRow)]
+struct RunRow {
+    id: i64,
+    job: String,
+    scope: String,
+    state: String,
+    started_by: Option<Uuid>,
+    started_at: DateTime<Utc>,
+    finished_at: Option<DateTime<Utc>>,
+    report: Option<serde_json::Value>,
 }
+
+impl TryFrom<RunRow> for Run {
+    type Error = EngineError;
+
+    fn try_from(row: RunRow) -> Result<Run, EngineError> {
+        Ok(Run {
+            id: row.id,
+            job: row.job,
+            scope: row.scope,
+            state: RunState::parse(&row.state)?,
+            started_by: row.started_by.filter(|u| !u.is_nil()),
+            started_at: row.started_at,
+            finished_at: row.finished_at,
+            report: row.report,
+        })
+    }
+}
+
+const RUN_COLUMNS: &str = "id, job, scope, state, started_by, started_at, finished_at, report";
 
 /// The result of [`start_or_join`].
 #[derive(Debug, Clone)]
 pub struct Joined {
-    /// The run for (job, period).
+    /// The run for (job, scope).
     pub run: Run,
     /// True when this call's insert created it (the caller is the starter).
     pub started: bool,
 }
 
-/// Creates the run for (job, period), or joins the one that exists. Exactly
+/// Creates the run for (job, scope), or joins the one that exists. Exactly
 /// one concurrent caller gets `started = true`. Fails with
-/// [`EngineError::OtherRunActive`] when another period of the job is running.
-pub async fn start_or_join(
+/// [`EngineError::OtherRunActive`] when another scope of the job is running.
+pub(crate) async fn start_or_join(
     conn: &mut PgConnection,
     job: &str,
-    period: &str,
-    worker: Uuid,
+    scope: &str,
+    starter: Option<Uuid>,
 ) -> Result<Joined, EngineError> {
     let inserted: Option<RunRow> = sqlx::query_as(&format!(
-        "INSERT INTO settled_engine.runs (job, period, started_by) VALUES ($1, $2, $3)
+        "INSERT INTO settled_engine.runs (job, scope, started_by) VALUES ($1, $2, $3)
          ON CONFLICT DO NOTHING RETURNING {RUN_COLUMNS}"
     ))
-    .bind(job)
-    .bind(period)
-    .bind(worker)
+    .bind(job) // $1
+    .bind(scope) // $2
+    .bind(starter) // $3
     .fetch_optional(&mut *conn)
     .await
     .map_err(EngineError::db("creating a run"))?;
     if let Some(row) = inserted {
         return Ok(Joined {
-            run: run_from_row(row)?,
+            run: row.try_into()?,
             started: true,
         });
     }
-    if let Some(run) = find(conn, job, period).await? {
+    if let Some(run) = find(conn, job, scope).await? {
         return Ok(Joined { run, started: false });
     }
     match running(conn, job).await? {
         Some(other) => Err(EngineError::OtherRunActive {
             job: job.to_string(),
             run_id: other.id,
-            period: other.period,
+            scope: other.scope,
         }),
         // The other run finished between our insert and our look: try again once.
-        None => Box::pin(start_or_join(conn, job, period, worker)).await,
+        None => Box::pin(start_or_join(conn, job, scope, starter)).await,
     }
 }
 
-/// The run for (job, period), if any.
-pub async fn find(conn: &mut PgConnection, job: &str, period: &str) -> Result<Option<Run>, EngineError> {
+/// The run for (job, scope), if any.
+pub async fn find(conn: &mut PgConnection, job: &str, scope: &str) -> Result<Option<Run>, EngineError> {
     let row: Option<RunRow> = sqlx::query_as(&format!(
-        "SELECT {RUN_COLUMNS} FROM settled_engine.runs WHERE job = $1 AND period = $2"
+        "SELECT {RUN_COLUMNS} FROM settled_engine.runs WHERE job = $1 AND scope = $2"
     ))
-    .bind(job)
-    .bind(period)
+    .bind(job) // $1
+    .bind(scope) // $2
     .fetch_optional(conn)
     .await
     .map_err(EngineError::db("reading a run"))?;
-    row.map(run_from_row).transpose()
+    row.map(Run::try_from).transpose()
+}
+
+/// Run `id` of `job`, if any.
+pub async fn get(conn: &mut PgConnection, job: &str, id: i64) -> Result<Option<Run>, EngineError> {
+    let row: Option<RunRow> = sqlx::query_as(&format!(
+        "SELECT {RUN_COLUMNS} FROM settled_engine.runs WHERE id = $1 AND job = $2"
+    ))
+    .bind(id) // $1
+    .bind(job) // $2
+    .fetch_optional(conn)
+    .await
+    .map_err(EngineError::db("reading a run"))?;
+    row.map(Run::try_from).transpose()
 }
 
 /// The running run of a job, if any.
@@ -153,11 +174,11 @@ pub async fn running(conn: &mut PgConnection, job: &str) -> Result<Option<Run>, 
     let row: Option<RunRow> = sqlx::query_as(&format!(
         "SELECT {RUN_COLUMNS} FROM settled_engine.runs WHERE job = $1 AND state = 'running'"
     ))
-    .bind(job)
+    .bind(job) // $1
     .fetch_optional(conn)
     .await
     .map_err(EngineError::db("reading the running run"))?;
-    row.map(run_from_row).transpose()
+    row.map(Run::try_from).transpose()
 }
 
 /// All runs of a job, newest first, at most `limit`.
@@ -165,17 +186,57 @@ pub async fn list(conn: &mut PgConnection, job: &str, limit: i64) -> Result<Vec<
     let rows: Vec<RunRow> = sqlx::query_as(&format!(
         "SELECT {RUN_COLUMNS} FROM settled_engine.runs WHERE job = $1 ORDER BY id DESC LIMIT $2"
     ))
-    .bind(job)
-    .bind(limit)
+    .bind(job) // $1
+    .bind(limit) // $2
     .fetch_all(conn)
     .await
     .map_err(EngineError::db("listing runs"))?;
-    rows.into_iter().map(run_from_row).collect()
+    rows.into_iter().map(Run::try_from).collect()
+}
+
+/// Runs of a job by state, exact.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, sqlx::FromRow)]
+pub struct RunCounts {
+    /// Running now (0 or 1).
+    pub running: i64,
+    /// Finished.
+    pub finished: i64,
+    /// Cancelled.
+    pub cancelled: i64,
+}
+
+/// How many runs of `job` are in each state.
+pub async fn count_by_state(conn: &mut PgConnection, job: &str) -> Result<RunCounts, EngineError> {
+    sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE state = 'running') AS running,
+                count(*) FILTER (WHERE state = 'finished') AS finished,
+                count(*) FILTER (WHERE state = 'cancelled') AS cancelled
+         FROM settled_engine.runs WHERE job = $1",
+    )
+    .bind(job) // $1
+    .fetch_one(conn)
+    .await
+    .map_err(EngineError::db("counting runs"))
+}
+
+/// Locks run `id` for the finisher and returns its state. `Ok(None)` when
+/// another transaction changed the row after this REPEATABLE READ snapshot
+/// began (SQLSTATE 40001): someone else finished it.
+pub(crate) async fn lock_for_finish(conn: &mut PgConnection, id: i64) -> Result<Option<Option<String>>, EngineError> {
+    let locked = sqlx::query_scalar("SELECT state FROM settled_engine.runs WHERE id = $1 FOR NO KEY UPDATE")
+        .bind(id) // $1
+        .fetch_optional(conn)
+        .await;
+    match locked {
+        Ok(state) => Ok(Some(state)),
+        Err(err) if err.as_database_error().and_then(|e| e.code()).as_deref() == Some("40001") => Ok(None),
+        Err(err) => Err(EngineError::db("locking the run to finish it")(err)),
+    }
 }
 
 /// Marks a running run finished and stores its report. Only one caller
 /// succeeds (`true`); the others find it already finished.
-pub async fn finish(
+pub(crate) async fn finish(
     conn: &mut PgConnection,
     run_id: i64,
     worker: Uuid,
@@ -186,9 +247,9 @@ pub async fn finish(
          SET state = 'finished', finished_at = now(), finished_by = $2, report = $3
          WHERE id = $1 AND state = 'running'",
     )
-    .bind(run_id)
-    .bind(worker)
-    .bind(report)
+    .bind(run_id) // $1
+    .bind(worker) // $2
+    .bind(report) // $3
     .execute(conn)
     .await
     .map_err(EngineError::db("finishing a run"))?
@@ -199,21 +260,20 @@ pub async fn finish(
 /// True while run `run_id` is running.
 pub async fn is_running(conn: &mut PgConnection, run_id: i64) -> Result<bool, EngineError> {
     sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM settled_engine.runs WHERE id = $1 AND state = 'running')")
-        .bind(run_id)
+        .bind(run_id) // $1
         .fetch_one(conn)
         .await
         .map_err(EngineError::db("reading a run's state"))
 }
 
-/// Cancels the running run of (job, period): workers claim nothing more for
-/// it. Returns false when it was not running.
-pub async fn cancel(conn: &mut PgConnection, job: &str, period: &str) -> Result<bool, EngineError> {
+/// Cancels the running run of (job, scope). Returns false when it was not running.
+pub(crate) async fn cancel(conn: &mut PgConnection, job: &str, scope: &str) -> Result<bool, EngineError> {
     let done = sqlx::query(
         "UPDATE settled_engine.runs SET state = 'cancelled', finished_at = now()
-         WHERE job = $1 AND period = $2 AND state = 'running'",
+         WHERE job = $1 AND scope = $2 AND state = 'running'",
     )
-    .bind(job)
-    .bind(period)
+    .bind(job) // $1
+    .bind(scope) // $2
     .execute(conn)
     .await
     .map_err(EngineError::db("cancelling a run"))?
@@ -221,37 +281,39 @@ pub async fn cancel(conn: &mut PgConnection, job: &str, period: &str) -> Result<
     Ok(done == 1)
 }
 
-/// Sets a cancelled (or finished) run of (job, period) running again.
+/// Sets the run of (job, scope) running again if it is in one of `from`.
 /// Fails with [`EngineError::OtherRunActive`] while another run of the job runs.
-pub async fn reopen(conn: &mut PgConnection, job: &str, period: &str) -> Result<bool, EngineError> {
+pub(crate) async fn reopen(
+    conn: &mut PgConnection,
+    job: &str,
+    scope: &str,
+    from: &[RunState],
+) -> Result<bool, EngineError> {
+    let from: Vec<&str> = from.iter().map(|s| s.as_str()).collect();
     let done = sqlx::query(
         "UPDATE settled_engine.runs SET state = 'running', finished_at = NULL, finished_by = NULL
-         WHERE job = $1 AND period = $2 AND state <> 'running'",
+         WHERE job = $1 AND scope = $2 AND state = ANY($3)",
     )
-    .bind(job)
-    .bind(period)
+    .bind(job) // $1
+    .bind(scope) // $2
+    .bind(&from) // $3
     .execute(&mut *conn)
     .await;
     match done {
         Ok(done) => Ok(done.rows_affected() == 1),
-        Err(err)
-            if err
-                .as_database_error()
-                .and_then(|e| e.code())
-                .is_some_and(|c| c == "23505") =>
-        {
+        Err(err) if crate::error::is_unique_violation(&err, "runs_one_running_per_job") => {
             let other = running(conn, job).await?;
             Err(EngineError::OtherRunActive {
                 job: job.to_string(),
                 run_id: other.as_ref().map_or(0, |r| r.id),
-                period: other.map_or_else(|| "?".into(), |r| r.period),
+                scope: other.map_or_else(|| "?".into(), |r| r.scope),
             })
         }
         Err(err) => Err(EngineError::db("reopening a run")(err)),
     }
 }
 
-/// The channel on which run changes are announced (payload: `job period state`).
+/// The channel on which run changes are announced (payload: `job scope state`).
 pub const RUNS_CHANNEL: &str = "settled_engine_runs";
 /// The channel on which items that became eligible again are announced (payload: job).
 pub const ITEMS_CHANNEL: &str = "settled_engine_items";
@@ -259,8 +321,8 @@ pub const ITEMS_CHANNEL: &str = "settled_engine_items";
 /// Announces that items of `job` became eligible again (rescued, released, retried).
 pub async fn notify_items_eligible(conn: &mut PgConnection, job: &str) -> Result<(), EngineError> {
     sqlx::query("SELECT pg_notify($1, $2)")
-        .bind(ITEMS_CHANNEL)
-        .bind(job)
+        .bind(ITEMS_CHANNEL) // $1
+        .bind(job) // $2
         .execute(conn)
         .await
         .map_err(EngineError::db("notifying workers"))?;

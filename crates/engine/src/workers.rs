@@ -1,15 +1,105 @@
 //! The worker registry (`settled_engine.workers`): who is working, from which
-//! host and process, and when it was last heard from (database clock).
+//! host and process, and when it was last heard from (database clock). A
+//! [`Worker`] registers itself, beats every [`WORKER_HEARTBEAT_SECS`] with
+//! its counters, marks silent workers dead, and records its stop.
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
 
 use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::{DrainStats, EngineError};
 
+/// Seconds between a worker's heartbeats.
+pub const WORKER_HEARTBEAT_SECS: u64 = 5;
+
+/// A registered worker process: its id, its counters, its heartbeat.
+#[derive(Debug)]
+pub struct Worker {
+    pool: PgPool,
+    id: Uuid,
+    stats: Arc<DrainStats>,
+    heartbeat: tokio::task::JoinHandle<()>,
+}
+
+impl Worker {
+    /// Registers this process and starts its heartbeat.
+    pub async fn register(pool: &PgPool, version: &str) -> Result<Worker, EngineError> {
+        let id = register(pool, version).await?;
+        let stats = Arc::new(DrainStats::default());
+        let heartbeat = tokio::spawn(heartbeat_loop(pool.clone(), id, stats.clone()));
+        Ok(Worker {
+            pool: pool.clone(),
+            id,
+            stats,
+            heartbeat,
+        })
+    }
+
+    /// The worker's id.
+    pub fn id(&self) -> Uuid {
+        self.id
+    }
+
+    /// Its counters (shared with its drains and its metrics).
+    pub fn stats(&self) -> &Arc<DrainStats> {
+        &self.stats
+    }
+
+    /// Asks its drains to stop claiming; the work in flight finishes.
+    pub fn request_stop(&self) {
+        self.stats.stop.store(true, Ordering::Relaxed);
+    }
+
+    /// True once a stop was requested.
+    pub fn stop_requested(&self) -> bool {
+        self.stats.stop.load(Ordering::Relaxed)
+    }
+
+    /// Stops the heartbeat and records the stop with the final counters.
+    pub async fn deregister(self) {
+        self.heartbeat.abort();
+        if let Err(err) = stopped(&self.pool, self.id, &self.stats).await {
+            tracing::warn!(error = %err, "could not record the worker's stop");
+        }
+        let s = &self.stats;
+        tracing::info!(
+            worker = %self.id,
+            settled = s.items_settled.load(Ordering::Relaxed),
+            failed = s.items_failed.load(Ordering::Relaxed),
+            retried = s.items_retried.load(Ordering::Relaxed),
+            fence_rejections = s.fence_rejections.load(Ordering::Relaxed),
+            leases_rescued = s.leases_rescued.load(Ordering::Relaxed),
+            leases_released = s.leases_released.load(Ordering::Relaxed),
+            "worker stopped"
+        );
+    }
+}
+
+async fn heartbeat_loop(pool: PgPool, worker: Uuid, stats: Arc<DrainStats>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(WORKER_HEARTBEAT_SECS));
+    let mut beats = 0u64;
+    loop {
+        tick.tick().await;
+        if let Err(err) = heartbeat(&pool, worker, &stats).await {
+            tracing::warn!(error = %err, "worker heartbeat failed");
+        }
+        beats += 1;
+        if beats % 12 == 1 {
+            match mark_dead_and_prune(&pool).await {
+                Ok((0, 0)) => {}
+                Ok((dead, pruned)) => tracing::info!(dead, pruned, "worker registry: marked dead, pruned"),
+                // A least-privilege worker may not delete: pruning is left to others.
+                Err(err) => tracing::debug!(error = %err, "worker registry upkeep failed"),
+            }
+        }
+    }
+}
+
 /// Registers this process as a worker and returns its id.
-pub async fn register(pool: &PgPool, version: &str) -> Result<Uuid, EngineError> {
+async fn register(pool: &PgPool, version: &str) -> Result<Uuid, EngineError> {
     let id = Uuid::new_v4();
     let host = nix::unistd::gethostname()
         .ok()
@@ -174,4 +264,33 @@ pub async fn list(
             leases_held: r.11,
         })
         .collect())
+}
+
+/// Sums over the registry, for metrics.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, sqlx::FromRow)]
+pub struct WorkerTotals {
+    /// Completions refused by the fence, all workers.
+    pub fence_rejections: i64,
+    /// Expired leases rescued, all workers.
+    pub leases_rescued: i64,
+    /// Workers with a heartbeat within [`WORKER_DEAD_AFTER_SECS`].
+    pub alive: i64,
+    /// Seconds since the oldest heartbeat of a worker not stopped (0: none).
+    pub oldest_heartbeat_age_secs: f64,
+}
+
+/// Reads [`WorkerTotals`].
+pub async fn totals(pool: &PgPool) -> Result<WorkerTotals, EngineError> {
+    sqlx::query_as(
+        "SELECT coalesce(sum(fence_rejections), 0)::bigint AS fence_rejections,
+                coalesce(sum(leases_rescued), 0)::bigint AS leases_rescued,
+                count(*) FILTER (WHERE stopped_at IS NULL AND heartbeat_at > now() - make_interval(secs => $1)) AS alive,
+                coalesce(extract(epoch FROM now() - min(heartbeat_at) FILTER (WHERE stopped_at IS NULL)), 0)::float8
+                    AS oldest_heartbeat_age_secs
+         FROM settled_engine.workers",
+    )
+    .bind(WORKER_DEAD_AFTER_SECS as f64) // $1
+    .fetch_one(pool)
+    .await
+    .map_err(EngineError::db("summing the worker registry"))
 }

@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
-use settled_engine::idempotency::{self, Begin, IdempotencyConfig};
-use settled_engine::named_lease::Lease;
-use settled_engine::once_token::OnceToken;
+use settled_engine::once::idempotency::{self, Begin, IdempotencyConfig};
+use settled_engine::once::named_lease::Lease;
+use settled_engine::once::token::OnceToken;
 use sqlx::postgres::PgPoolOptions;
 
 async fn pool() -> (settled_testkit::TestDb, sqlx::PgPool) {

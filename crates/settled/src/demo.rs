@@ -155,7 +155,7 @@ pub async fn demo(pool: &PgPool, url: &str, opts: &DemoOptions) -> anyhow::Resul
 async fn choose_period(pool: &PgPool) -> anyhow::Result<Period> {
     let mut conn = pool.acquire().await?;
     if let Some(run) = runs::running(&mut conn, JOB).await? {
-        return Period::parse(&run.period).map_err(anyhow::Error::msg);
+        return Period::parse(&run.scope).map_err(anyhow::Error::msg);
     }
     let date: chrono::NaiveDate =
         sqlx::query_scalar("SELECT coalesce(min(period) - 1, current_date - 1) FROM settlement.token_trade_volume")

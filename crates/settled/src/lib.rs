@@ -2,14 +2,18 @@
 //! with any number of worker processes on any number of servers.
 //!
 //! The money path reads top to bottom in three files:
-//! `settled_engine::queue` (claim with SKIP LOCKED), [`settlement`] (pay a
-//! chunk), `settled_engine::executor` (mark settled, commit).
+//! `settled_engine::queue::claim` (claim with SKIP LOCKED, hand out fences),
+//! [`settlement`] (pay a chunk with those fences), `settled_engine::executor`
+//! (mark settled, commit).
+//!
+//! This crate is only the product: settlement, its commands ([`cmd`]), the
+//! HTTP API and dashboard ([`api`]). The lab (benchmarks, chaos, the
+//! provider simulator) is the `settled-lab` crate; the binary that offers
+//! both is `settled-cli`.
 
 pub mod address;
 pub mod api;
-pub mod bench;
-pub mod chaos;
-pub mod cli;
+pub mod cmd;
 pub mod config;
 pub mod db;
 pub mod demo;
@@ -18,10 +22,9 @@ pub mod money;
 pub mod period;
 pub mod progress;
 pub mod provider;
-pub mod provider_sim;
-pub mod runs_cmd;
 pub mod seed;
 pub mod settlement;
 pub mod status;
 pub mod verify;
 pub mod worker;
+pub mod worker_metrics;

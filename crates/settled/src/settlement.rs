@@ -1,34 +1,38 @@
-//! The settlement job on the engine: its work table, the handler that pays a
-//! chunk (ledger rows and balance credits in one set-based statement), and
-//! starting a period's run.
+//! The settlement job on the engine: its work table, its run hooks (a run
+//! needs the period's policy, held FOR SHARE while the run starts; the
+//! report is the period's exact status), and the handlers that pay a chunk
+//! (ledger rows and balance credits in one set-based statement).
 //!
-//! The money path, top to bottom: `settled_engine::queue` claims a chunk with
-//! SKIP LOCKED, [`SettleRewards::handle_chunk`] pays it on the same
-//! transaction, the engine marks it settled and commits.
+//! The money path, top to bottom: `settled_engine::queue::claim` claims a
+//! chunk with SKIP LOCKED and hands out each item's fence,
+//! [`SettleRewards::handle_chunk`] pays it on the same transaction with
+//! those fences, and `settled_engine::executor` marks it settled and commits.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
-use anyhow::Context;
 use settled_engine::{
-    runs, Chunk, ChunkHandler, ClaimedItem, Handled, HandlerError, LeasedHandler, QueueSpec, WorkQueue,
+    Chunk, ChunkHandler, ClaimedItem, EngineError, Handled, HandlerError, Job, LeasedHandler, QueueSpec, RunHooks,
+    WorkQueue,
 };
 use sqlx::{PgConnection, PgPool};
-use uuid::Uuid;
 
 use crate::address::CreatorAddress;
 use crate::money::{Amount, FeeBps};
 use crate::period::Period;
 use crate::provider::{payout_key, PayoutProvider, ProviderError};
 
-/// The job's name in `settled_engine.runs`.
+/// The job's name in the engine's runs.
 pub const JOB: &str = "creator-rewards";
 /// The fee applied when a period is seeded without one.
 pub const DEFAULT_FEE_BPS: u32 = 250;
+/// The constraint name the policy-freeze trigger raises its refusal with.
+pub const POLICY_FROZEN: &str = "settlement_policy_frozen_after_run";
 
-/// The settlement work table as an engine queue.
-pub fn queue() -> Arc<WorkQueue> {
-    Arc::new(
-        WorkQueue::new(QueueSpec {
+/// The settlement job: its work table and its hooks.
+pub fn job() -> &'static Job<Settlement> {
+    static JOB_DECL: OnceLock<Job<Settlement>> = OnceLock::new();
+    JOB_DECL.get_or_init(|| {
+        let queue = WorkQueue::new(QueueSpec {
             job: JOB.into(),
             table: "settlement.token_trade_volume".into(),
             scope_column: "period".into(),
@@ -36,24 +40,76 @@ pub fn queue() -> Arc<WorkQueue> {
             key_column: "creator".into(),
             key_type: "text".into(),
         })
-        .expect("the settlement queue spec is valid"),
-    )
+        .expect("the settlement queue spec is valid");
+        Job::new(queue, Settlement)
+    })
 }
 
-/// Pays a chunk: one ledger row per creator at the period's fee, and the same
-/// amount credited to the creator's balance, in one statement. `$4` is added
-/// to the item's attempt to record the paying attempt: 1 in-transaction (the
-/// attempt is raised when the chunk is marked settled), 0 leased (raised at
-/// the claim). The ledger's
-/// primary key refuses a second payment; balances are credited in creator
-/// order so two chunks touching the same creators never deadlock.
+/// The settlement work table as an engine queue.
+pub fn queue() -> Arc<WorkQueue> {
+    job().queue().clone()
+}
+
+/// Settlement's hooks into the engine's run lifecycle.
+#[derive(Debug, Clone, Copy)]
+pub struct Settlement;
+
+impl RunHooks for Settlement {
+    /// A run needs the period's policy; the policy row is held FOR SHARE
+    /// while the run is inserted, so a concurrent policy change either lands
+    /// before the run or is refused by the freeze trigger.
+    async fn before_start(&self, tx: &mut PgConnection, scope: &str) -> Result<(), EngineError> {
+        let period = Period::parse(scope).map_err(EngineError::Config)?;
+        let fee: Option<i32> =
+            sqlx::query_scalar("SELECT fee_bps FROM settlement.settlement_policy WHERE period = $1 FOR SHARE")
+                .bind(period.date()) // $1
+                .fetch_optional(tx)
+                .await
+                .map_err(EngineError::db("reading the period's policy"))?;
+        match fee {
+            Some(_) => Ok(()),
+            None => Err(EngineError::StartRefused {
+                job: JOB.into(),
+                scope: scope.into(),
+                reason: format!(
+                    "period {period} has no settlement policy: set one with `settled policy --period {period} --fee-bps B`"
+                ),
+            }),
+        }
+    }
+
+    async fn report(&self, tx: &mut PgConnection, _queue: &WorkQueue, scope: &str) -> Result<serde_json::Value, EngineError> {
+        let period = Period::parse(scope).map_err(EngineError::Config)?;
+        let status = crate::status::period_status_in_tx(tx, period)
+            .await
+            .map_err(|e| EngineError::Invariant(format!("computing the report of {period}: {e:#}")))?;
+        Ok(serde_json::json!({
+            "items": status.total,
+            "counts": status.counts.to_json(),
+            "paid": status.settled_amount,
+            "expected": status.expected_amount,
+        }))
+    }
+
+    /// A due time at 05:00 settles the day before.
+    fn scope_for_due(&self, local_date: chrono::NaiveDate) -> String {
+        Period::from_date(local_date - chrono::Duration::days(1)).to_string()
+    }
+}
+
+/// Pays a chunk: one ledger row per creator at the period's fee, recorded
+/// with the fence the engine gave the claim, and the same amount credited
+/// to the creator's balance, in one statement. $1 period, $2 creators,
+/// $3 run, $4 fences (beside the creators). The ledger's primary key
+/// refuses a second payment; balances are credited in creator order so two
+/// chunks touching the same creators never deadlock.
 pub const PAY_CHUNK_SQL: &str = "
 WITH credited AS (
     INSERT INTO settlement.reward_ledger (period, creator, amount, run_id, attempt)
-    SELECT v.period, v.creator, div(v.volume * p.fee_bps, 10000), $3, v.attempt + $4
-    FROM settlement.token_trade_volume v
+    SELECT v.period, v.creator, settlement.reward(v.volume, p.fee_bps), $3, f.fence
+    FROM unnest($2::text[], $4::integer[]) AS f(creator, fence)
+    JOIN settlement.token_trade_volume v ON v.period = $1::date AND v.creator = f.creator
     JOIN settlement.settlement_policy p ON p.period = v.period
-    WHERE v.period = $1::date AND v.creator = ANY($2)
     ORDER BY v.creator
     RETURNING creator, amount
 )
@@ -63,47 +119,40 @@ ON CONFLICT (creator) DO UPDATE
 SET balance = b.balance + EXCLUDED.balance, updated_at = now()";
 
 /// The settlement handler for in-transaction mode.
-#[derive(Debug, Clone)]
-pub struct SettleRewards {
-    /// Simulated work per item, spent inside the transaction after the
-    /// chunk's writes (benchmarks and crash tests; zero in production).
-    pub work_per_item: std::time::Duration,
-}
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SettleRewards;
 
 impl ChunkHandler for SettleRewards {
     async fn handle_chunk(&self, tx: &mut PgConnection, chunk: &Chunk) -> Result<Handled, HandlerError> {
         let held = held_creators(&mut *tx, chunk).await?;
         let to_pay = chunk.with_items(chunk.items.iter().filter(|i| !held.contains(&i.key)).cloned().collect());
         if !to_pay.items.is_empty() {
-            pay_chunk(tx, &to_pay, 1).await?;
-        }
-        // Simulated work after the writes and before the commit: the widest
-        // window for a crash to leave something half written (it must not).
-        if !self.work_per_item.is_zero() {
-            tokio::time::sleep(self.work_per_item * chunk.items.len() as u32).await;
+            pay_chunk(tx, &to_pay).await?;
         }
         Ok(Handled { held })
     }
 }
 
+/// The chunk's creators with an active hold ($1: the chunk's creators).
+pub const HELD_CREATORS_SQL: &str =
+    "SELECT creator FROM settlement.creator_holds WHERE released_at IS NULL AND creator = ANY($1)";
+
 /// The chunk's creators with an active hold: not paid now.
 async fn held_creators<'e, E: sqlx::PgExecutor<'e>>(conn: E, chunk: &Chunk) -> Result<Vec<String>, HandlerError> {
-    Ok(sqlx::query_scalar(
-        "SELECT creator FROM settlement.creator_holds WHERE released_at IS NULL AND creator = ANY($1)",
-    )
-    .bind(chunk.keys())
+    Ok(sqlx::query_scalar(HELD_CREATORS_SQL)
+    .bind(chunk.keys()) // $1
     .fetch_all(conn)
     .await?)
 }
 
 /// Writes a chunk's ledger rows and balance credits; refuses (so the caller
 /// rolls back) unless every creator of the chunk was credited exactly once.
-async fn pay_chunk(tx: &mut PgConnection, chunk: &Chunk, attempt_offset: i32) -> Result<(), HandlerError> {
+async fn pay_chunk(tx: &mut PgConnection, chunk: &Chunk) -> Result<(), HandlerError> {
     let credited = sqlx::query(PAY_CHUNK_SQL)
-        .bind(&chunk.scope)
-        .bind(chunk.keys())
-        .bind(chunk.run_id)
-        .bind(attempt_offset)
+        .bind(&chunk.scope) // $1
+        .bind(chunk.keys()) // $2
+        .bind(chunk.run_id) // $3
+        .bind(chunk.fences()) // $4
         .execute(&mut *tx)
         .await?
         .rows_affected();
@@ -121,17 +170,22 @@ async fn pay_chunk(tx: &mut PgConnection, chunk: &Chunk, attempt_offset: i32) ->
 /// provider (idempotency key from period and creator) outside any
 /// transaction; the ledger rows and balance credits of the items whose fence
 /// still holds are written at completion.
+#[derive(Debug, Clone)]
 pub struct SettleWithProvider<P> {
-    /// The provider; None pays nothing outside (simulated work only).
-    pub provider: Option<P>,
-    /// Simulated work per item outside the transaction.
-    pub work_per_item: std::time::Duration,
+    /// The provider.
+    pub provider: P,
 }
 
 /// What leased settlement loads for a chunk.
 pub struct LeasedBatch {
     amounts: std::collections::HashMap<String, Amount>,
     held: Vec<String>,
+}
+
+#[derive(sqlx::FromRow)]
+struct RewardRow {
+    creator: String,
+    reward: String,
 }
 
 impl<P: PayoutProvider> LeasedHandler for SettleWithProvider<P> {
@@ -143,39 +197,33 @@ impl<P: PayoutProvider> LeasedHandler for SettleWithProvider<P> {
 
     async fn prepare(&self, pool: &PgPool, chunk: &Chunk) -> Result<Self::Batch, HandlerError> {
         let held = held_creators(pool, chunk).await?;
-        let rows: Vec<(String, String)> = sqlx::query_as(
-            "SELECT v.creator, div(v.volume * p.fee_bps, 10000)::text
+        let rows: Vec<RewardRow> = sqlx::query_as(
+            "SELECT v.creator, settlement.reward(v.volume, p.fee_bps)::text AS reward
              FROM settlement.token_trade_volume v
              JOIN settlement.settlement_policy p ON p.period = v.period
              WHERE v.period = $1::date AND v.creator = ANY($2)",
         )
-        .bind(&chunk.scope)
-        .bind(chunk.keys())
+        .bind(&chunk.scope) // $1
+        .bind(chunk.keys()) // $2
         .fetch_all(pool)
         .await?;
         let amounts = rows
             .into_iter()
-            .map(|(creator, amount)| {
-                Amount::parse_decimal(&amount)
-                    .map(|a| (creator, a))
-                    .map_err(|e| HandlerError::Permanent(format!("reward {amount:?} is not an amount: {e}")))
+            .map(|row| {
+                Amount::parse_decimal(&row.reward)
+                    .map(|a| (row.creator, a))
+                    .map_err(|e| HandlerError::Permanent(format!("reward {:?} is not an amount: {e}", row.reward)))
             })
             .collect::<Result<_, _>>()?;
         Ok(LeasedBatch { amounts, held })
     }
 
     async fn work_item(&self, batch: &Self::Batch, chunk: &Chunk, item: &ClaimedItem) -> Result<(), HandlerError> {
-        if !self.work_per_item.is_zero() {
-            tokio::time::sleep(self.work_per_item).await;
-        }
-        let Some(provider) = &self.provider else {
-            return Ok(());
-        };
         let amount = *batch.amounts.get(&item.key).ok_or_else(|| {
             HandlerError::Permanent(format!("creator {} has no reward for {}", item.key, chunk.scope))
         })?;
         let period = Period::parse(&chunk.scope).map_err(HandlerError::Permanent)?;
-        match provider.pay(&payout_key(period, &item.key), &item.key, amount).await {
+        match self.provider.pay(&payout_key(period, &item.key), &item.key, amount).await {
             Ok(_) => Ok(()),
             Err(ProviderError::Transient(e)) => Err(HandlerError::Transient(e)),
             Err(ProviderError::Refused(e)) => Err(HandlerError::Permanent(e)),
@@ -183,7 +231,7 @@ impl<P: PayoutProvider> LeasedHandler for SettleWithProvider<P> {
     }
 
     async fn commit(&self, tx: &mut PgConnection, chunk: &Chunk) -> Result<(), HandlerError> {
-        pay_chunk(tx, chunk, 0).await
+        pay_chunk(tx, chunk).await
     }
 }
 
@@ -194,12 +242,12 @@ pub async fn set_policy(pool: &PgPool, period: Period, fee: FeeBps) -> anyhow::R
         "INSERT INTO settlement.settlement_policy (period, fee_bps) VALUES ($1, $2)
          ON CONFLICT (period) DO UPDATE SET fee_bps = EXCLUDED.fee_bps, updated_at = now()",
     )
-    .bind(period.date())
-    .bind(i32::from(fee.get()))
+    .bind(period.date()) // $1
+    .bind(i32::from(fee.get())) // $2
     .execute(pool)
     .await
-    .map_err(|e| match e.as_database_error().map(|d| d.message().to_string()) {
-        Some(msg) if msg.contains("frozen") => anyhow::anyhow!("{msg}"),
+    .map_err(|e| match e.as_database_error() {
+        Some(db) if db.constraint() == Some(POLICY_FROZEN) => anyhow::anyhow!("{}", db.message()),
         _ => anyhow::Error::new(e).context(format!("setting the policy of {period}")),
     })?;
     Ok(())
@@ -208,95 +256,41 @@ pub async fn set_policy(pool: &PgPool, period: Period, fee: FeeBps) -> anyhow::R
 /// The period's fee, if a policy exists.
 pub async fn policy(conn: &mut PgConnection, period: Period) -> anyhow::Result<Option<FeeBps>> {
     let bps: Option<i32> = sqlx::query_scalar("SELECT fee_bps FROM settlement.settlement_policy WHERE period = $1")
-        .bind(period.date())
+        .bind(period.date()) // $1
         .fetch_optional(conn)
         .await?;
     bps.map(|b| FeeBps::new(b as u32).map_err(anyhow::Error::msg))
         .transpose()
 }
 
-/// Creates or joins the run for `period`. Refuses a period without a policy.
-/// The policy row is held FOR SHARE while the run is inserted, so a
-/// concurrent policy change either lands before the run or is refused.
-pub async fn start_or_join_run(pool: &PgPool, period: Period, worker: Uuid) -> anyhow::Result<runs::Joined> {
-    let mut tx = pool.begin().await?;
-    let has_policy: Option<i32> =
-        sqlx::query_scalar("SELECT fee_bps FROM settlement.settlement_policy WHERE period = $1 FOR SHARE")
-            .bind(period.date())
-            .fetch_optional(&mut *tx)
-            .await?;
-    if has_policy.is_none() {
-        // An existing run (say, from before a restore) may still be joined.
-        if let Some(run) = runs::find(&mut tx, JOB, &period.to_string()).await? {
-            tx.commit().await?;
-            return Ok(runs::Joined { run, started: false });
-        }
-        anyhow::bail!(
-            "period {period} has no settlement policy: set one with `settled policy --period {period} --fee-bps B` before starting its run"
-        );
-    }
-    let joined = runs::start_or_join(&mut tx, JOB, &period.to_string(), worker)
-        .await
-        .with_context(|| format!("starting the run for {period}"))?;
-    tx.commit().await?;
-    Ok(joined)
+/// Puts failed items of `period` back to `eligible` (all, or one creator's)
+/// and reopens its finished run; see [`Job::retry_failed`].
+pub async fn retry_failed(pool: &PgPool, period: Period, creator: Option<&CreatorAddress>) -> anyhow::Result<u64> {
+    Ok(job()
+        .retry_failed(pool, &period.to_string(), creator.map(CreatorAddress::as_str))
+        .await?)
 }
 
-/// Puts failed items of `period` back to `eligible` (all, or one creator's).
-/// Their attempts so far stop counting toward the attempt limit
-/// (`attempt_base`), while `attempt` itself, the fence, never goes down.
-pub async fn retry_failed(pool: &PgPool, period: Period, creator: Option<&CreatorAddress>) -> anyhow::Result<u64> {
-    let mut tx = pool.begin().await?;
-    let retried = sqlx::query(
-        "UPDATE settlement.token_trade_volume
-         SET status = 'eligible', attempt_base = attempt, not_before = NULL, updated_at = now()
-         WHERE period = $1 AND status = 'failed' AND ($2::text IS NULL OR creator = $2)",
-    )
-    .bind(period.date())
-    .bind(creator.map(|c| c.as_str().to_string()))
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    if retried > 0 {
-        // A finished run is reopened so workers settle what came back.
-        let reopened = sqlx::query(
-            "UPDATE settled_engine.runs SET state = 'running', finished_at = NULL, finished_by = NULL
-             WHERE job = $1 AND period = $2 AND state = 'finished'",
-        )
-        .bind(JOB)
-        .bind(period.to_string())
-        .execute(&mut *tx)
-        .await;
-        if let Err(err) = reopened {
-            if err
-                .as_database_error()
-                .and_then(|e| e.code())
-                .is_some_and(|c| c == "23505")
-            {
-                anyhow::bail!(
-                    "cannot reopen the run of {period} while another run of {JOB} is running; retry after it finishes"
-                );
-            }
-            return Err(err.into());
-        }
-    }
-    tx.commit().await?;
-    Ok(retried)
+/// A hold as stored.
+#[derive(Debug, Clone, serde::Serialize, sqlx::FromRow)]
+pub struct Hold {
+    /// Hold id.
+    pub id: i64,
+    /// The held creator.
+    pub creator: String,
+    /// Why.
+    pub reason: String,
+    /// When it was placed.
+    pub created_at: chrono::DateTime<chrono::Utc>,
+    /// When it was released (None while active).
+    pub released_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// The result of releasing a hold.
 #[derive(Debug)]
 pub enum Released {
-    /// Released now: (id, creator, reason, created_at, released_at).
-    Released(
-        (
-            i64,
-            String,
-            String,
-            chrono::DateTime<chrono::Utc>,
-            Option<chrono::DateTime<chrono::Utc>>,
-        ),
-    ),
+    /// Released now.
+    Released(Hold),
     /// It had been released before.
     AlreadyReleased,
     /// No such hold.
@@ -308,23 +302,17 @@ pub enum Released {
 /// finished runs are reopened so workers pay them (once: the ledger's key).
 pub async fn release_hold(pool: &PgPool, id: i64) -> anyhow::Result<Released> {
     let mut tx = pool.begin().await?;
-    let row: Option<(
-        i64,
-        String,
-        String,
-        chrono::DateTime<chrono::Utc>,
-        Option<chrono::DateTime<chrono::Utc>>,
-    )> = sqlx::query_as(
+    let hold: Option<Hold> = sqlx::query_as(
         "UPDATE settlement.creator_holds SET released_at = now()
-             WHERE id = $1 AND released_at IS NULL
-             RETURNING id, creator, reason, created_at, released_at",
+         WHERE id = $1 AND released_at IS NULL
+         RETURNING id, creator, reason, created_at, released_at",
     )
-    .bind(id)
+    .bind(id) // $1
     .fetch_optional(&mut *tx)
     .await?;
-    let Some(row) = row else {
+    let Some(hold) = hold else {
         let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM settlement.creator_holds WHERE id = $1)")
-            .bind(id)
+            .bind(id) // $1
             .fetch_one(&mut *tx)
             .await?;
         return Ok(if exists {
@@ -333,45 +321,8 @@ pub async fn release_hold(pool: &PgPool, id: i64) -> anyhow::Result<Released> {
             Released::NotFound
         });
     };
-    let periods: Vec<chrono::NaiveDate> = sqlx::query_scalar(
-        "UPDATE settlement.token_trade_volume SET status = 'eligible', not_before = NULL, updated_at = now()
-         WHERE creator = $1 AND status = 'held' RETURNING period",
-    )
-    .bind(&row.1)
-    .fetch_all(&mut *tx)
-    .await?;
+    let periods = job().release_held(&mut tx, &hold.creator).await?;
     tx.commit().await?;
-    reopen_runs_with_work(pool, &periods).await;
-    Ok(Released::Released(row))
-}
-
-/// Reopens finished runs of these periods (best effort: while another run of
-/// the job is running, the worker daemons reopen them later).
-pub async fn reopen_runs_with_work(pool: &PgPool, periods: &[chrono::NaiveDate]) {
-    let mut periods = periods.to_vec();
-    periods.sort();
-    periods.dedup();
-    for period in periods {
-        let Ok(mut conn) = pool.acquire().await else { return };
-        match runs::reopen(&mut conn, JOB, &period.to_string()).await {
-            Ok(true) => tracing::info!(%period, "run reopened: items became eligible again"),
-            Ok(false) => {}
-            Err(err) => tracing::info!(%period, error = %err, "run not reopened yet"),
-        }
-    }
-}
-
-/// The oldest finished run that has eligible items again (a released hold,
-/// a retry while another run ran), if any.
-pub async fn finished_run_with_work(pool: &PgPool) -> anyhow::Result<Option<chrono::NaiveDate>> {
-    Ok(sqlx::query_scalar(
-        "SELECT r.period::date FROM settled_engine.runs r
-         WHERE r.job = $1 AND r.state = 'finished'
-           AND EXISTS (SELECT 1 FROM settlement.token_trade_volume v
-                       WHERE v.period = r.period::date AND v.status = 'eligible')
-         ORDER BY r.period LIMIT 1",
-    )
-    .bind(JOB)
-    .fetch_optional(pool)
-    .await?)
+    job().reopen_runs_with_work(pool, &periods).await;
+    Ok(Released::Released(hold))
 }

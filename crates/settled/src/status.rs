@@ -1,7 +1,8 @@
 //! `settled status`: exact counts by status and amounts for a period, read
 //! from committed state (never SKIP LOCKED, which would hide claimed rows).
 
-use settled_engine::{runs, ItemStatus, Run};
+use settled_engine::queue::StatusCounts;
+use settled_engine::{runs, Run};
 use sqlx::PgConnection;
 
 use crate::period::Period;
@@ -14,8 +15,8 @@ pub struct PeriodStatus {
     pub period: String,
     /// Its run, if one exists.
     pub run: Option<Run>,
-    /// Items by status (every status, zero included).
-    pub counts: Vec<(ItemStatus, i64)>,
+    /// Items by status (every status, zero included), counted by the engine.
+    pub counts: StatusCounts,
     /// All items of the period.
     pub total: i64,
     /// Items in a final status (settled, failed or held).
@@ -45,16 +46,16 @@ pub async fn period_status_in_tx(conn: &mut PgConnection, period: Period) -> any
 async fn read(conn: &mut PgConnection, period: Period) -> anyhow::Result<PeriodStatus> {
     let p = period.to_string();
     let counts = queue().count_by_status(conn, &p).await?;
-    let total = counts.iter().map(|(_, n)| n).sum();
-    let done = counts.iter().filter(|(s, _)| s.is_final()).map(|(_, n)| n).sum();
+    let total = counts.total();
+    let done = counts.counts.iter().filter(|(s, _)| s.is_final()).map(|(_, n)| n).sum();
     let run = runs::find(conn, JOB, &p).await?;
     let (settled_amount, expected_amount): (String, String) = sqlx::query_as(
         "SELECT coalesce((SELECT sum(amount) FROM settlement.reward_ledger WHERE period = $1::date), 0)::text,
-                coalesce((SELECT sum(div(v.volume * p.fee_bps, 10000))
+                coalesce((SELECT sum(settlement.reward(v.volume, p.fee_bps))
                           FROM settlement.token_trade_volume v JOIN settlement.settlement_policy p USING (period)
                           WHERE v.period = $1::date), 0)::text",
     )
-    .bind(&p)
+    .bind(&p) // $1
     .fetch_one(&mut *conn)
     .await?;
     Ok(PeriodStatus {
@@ -84,7 +85,7 @@ impl PeriodStatus {
             "period {}: {run}, {} of {} items done ({percent}%)\n",
             self.period, self.done, self.total
         );
-        for (status, n) in &self.counts {
+        for (status, n) in &self.counts.counts {
             out.push_str(&format!("  {:<10} {n}\n", status.as_str()));
         }
         out.push_str(&format!(

@@ -99,29 +99,29 @@ const CHECKS: &[CheckSql] = &[
         name: "amounts_follow_policy",
         description: "each ledger amount equals floor(volume * fee_bps / 10000)",
         offenders:
-            "SELECT l.creator || ' was paid ' || l.amount || ', policy gives ' || div(v.volume * p.fee_bps, 10000)
+            "SELECT l.creator || ' was paid ' || l.amount || ', policy gives ' || settlement.reward(v.volume, p.fee_bps)
                     FROM settlement.reward_ledger l
                     JOIN settlement.token_trade_volume v ON v.period = l.period AND v.creator = l.creator
                     JOIN settlement.settlement_policy p ON p.period = l.period
-                    WHERE l.period = $1::date AND l.amount <> div(v.volume * p.fee_bps, 10000)
+                    WHERE l.period = $1::date AND l.amount <> settlement.reward(v.volume, p.fee_bps)
                     ORDER BY l.creator LIMIT $2",
         count: "SELECT count(*) FROM settlement.reward_ledger l
                 JOIN settlement.token_trade_volume v ON v.period = l.period AND v.creator = l.creator
                 JOIN settlement.settlement_policy p ON p.period = l.period
-                WHERE l.period = $1::date AND l.amount <> div(v.volume * p.fee_bps, 10000)",
+                WHERE l.period = $1::date AND l.amount <> settlement.reward(v.volume, p.fee_bps)",
     },
     CheckSql {
         name: "ledger_total_equals_expected",
         description: "the period's ledger total equals the policy applied to every settled item",
         offenders: "SELECT 'ledger total ' || coalesce(l.total, 0) || ' <> expected ' || coalesce(e.total, 0)
                     FROM (SELECT sum(amount) AS total FROM settlement.reward_ledger WHERE period = $1::date) l,
-                         (SELECT sum(div(v.volume * p.fee_bps, 10000)) AS total
+                         (SELECT sum(settlement.reward(v.volume, p.fee_bps)) AS total
                           FROM settlement.token_trade_volume v JOIN settlement.settlement_policy p USING (period)
                           WHERE v.period = $1::date AND v.status = 'settled') e
                     WHERE coalesce(l.total, 0) <> coalesce(e.total, 0) LIMIT $2",
         count: "SELECT count(*)
                 FROM (SELECT sum(amount) AS total FROM settlement.reward_ledger WHERE period = $1::date) l,
-                     (SELECT sum(div(v.volume * p.fee_bps, 10000)) AS total
+                     (SELECT sum(settlement.reward(v.volume, p.fee_bps)) AS total
                       FROM settlement.token_trade_volume v JOIN settlement.settlement_policy p USING (period)
                       WHERE v.period = $1::date AND v.status = 'settled') e
                 WHERE coalesce(l.total, 0) <> coalesce(e.total, 0)",
@@ -182,7 +182,7 @@ async fn run_checks(conn: &mut PgConnection, period: Period) -> anyhow::Result<V
     }
     let (ledger_total, expected_total): (String, String) = sqlx::query_as(
         "SELECT coalesce((SELECT sum(amount) FROM settlement.reward_ledger WHERE period = $1::date), 0)::text,
-                coalesce((SELECT sum(div(v.volume * p.fee_bps, 10000))
+                coalesce((SELECT sum(settlement.reward(v.volume, p.fee_bps))
                           FROM settlement.token_trade_volume v JOIN settlement.settlement_policy p USING (period)
                           WHERE v.period = $1::date AND v.status = 'settled'), 0)::text",
     )

@@ -12,7 +12,6 @@ use serde::Deserialize;
 
 use super::{AppState, Problem};
 use crate::period::Period;
-use crate::settlement::JOB;
 
 /// Seconds between refreshes of live pages.
 pub const REFRESH_SECS: u32 = 2;
@@ -56,18 +55,10 @@ th{{background:#f3f3f3}} .bar{{width:260px;height:14px;background:#eee;display:i
     response
 }
 
-fn db_error(err: sqlx::Error) -> Response {
+fn db_error(err: impl std::fmt::Display) -> Response {
     Problem::unavailable(err).into_response()
 }
 
-type RunRow = (
-    i64,
-    String,
-    String,
-    Option<uuid::Uuid>,
-    chrono::DateTime<chrono::Utc>,
-    Option<chrono::DateTime<chrono::Utc>>,
-);
 
 /// Exact counts of a period: (total, done, settled, failed, held, paid).
 async fn period_counts(pool: &sqlx::PgPool, period: &str) -> Result<(i64, i64, i64, i64, i64, String), sqlx::Error> {
@@ -139,15 +130,7 @@ fn progress_bar(done: i64, total: i64) -> String {
 /// `GET /`: runs with progress, amounts, throughput and ETA.
 pub async fn runs(State(state): State<AppState>) -> Response {
     let pool = &state.pool;
-    let runs: Vec<RunRow> = match sqlx::query_as(
-        "SELECT id, period, state, started_by, started_at, finished_at FROM settled_engine.runs
-         WHERE job = $1 ORDER BY id DESC LIMIT $2",
-    )
-    .bind(JOB)
-    .bind(RUNS_SHOWN)
-    .fetch_all(pool)
-    .await
-    {
+    let runs = match crate::settlement::job().list_runs(pool, RUNS_SHOWN).await {
         Ok(r) => r,
         Err(e) => return db_error(e),
     };
@@ -156,7 +139,15 @@ pub async fn runs(State(state): State<AppState>) -> Response {
          <th>progress</th><th>settled / failed / held</th><th>paid (base units)</th><th>ETA</th></tr>",
     );
     let mut live_chart = String::new();
-    for (id, period, run_state, starter, started, finished) in &runs {
+    for run in &runs {
+        let (id, period, run_state, starter, started, finished) = (
+            run.id,
+            &run.scope,
+            run.state.as_str(),
+            run.started_by,
+            run.started_at,
+            run.finished_at,
+        );
         let (total, done, settled, failed, held, paid) = match period_counts(pool, period).await {
             Ok(c) => c,
             Err(e) => return db_error(e),
@@ -177,7 +168,6 @@ pub async fn runs(State(state): State<AppState>) -> Response {
             "-".into()
         };
         let starter = starter
-            .filter(|u| !u.is_nil())
             .map(|u| u.simple().to_string()[..8].to_string())
             .unwrap_or_else(|| "operator".into());
         let _ = write!(
@@ -206,16 +196,10 @@ pub async fn run_report(State(state): State<AppState>, Path(id): Path<String>) -
         return Problem::bad_request("invalid-id", "run id must be an integer").into_response();
     };
     let pool = &state.pool;
-    let run: Option<(String, String, Option<serde_json::Value>)> =
-        match sqlx::query_as("SELECT period, state, report FROM settled_engine.runs WHERE id = $1 AND job = $2")
-            .bind(id)
-            .bind(JOB)
-            .fetch_optional(pool)
-            .await
-        {
-            Ok(r) => r,
-            Err(e) => return db_error(e),
-        };
+    let run = match crate::settlement::job().get_run(pool, id).await {
+        Ok(r) => r.map(|r| (r.scope, r.state.as_str().to_string(), r.report)),
+        Err(e) => return db_error(e),
+    };
     let Some((period, run_state, report)) = run else {
         return Problem::not_found("unknown-run", format!("no run {id}")).into_response();
     };

@@ -6,7 +6,7 @@ use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 use super::{authorize, read_json, AppState, Problem};
 use crate::address::CreatorAddress;
@@ -24,38 +24,7 @@ pub struct HoldRequest {
     pub reason: String,
 }
 
-/// A hold as the API shows it.
-#[derive(Debug, Serialize)]
-pub struct Hold {
-    /// Hold id.
-    pub id: i64,
-    /// The creator.
-    pub creator: String,
-    /// Why.
-    pub reason: String,
-    /// When it was placed.
-    pub created_at: chrono::DateTime<chrono::Utc>,
-    /// When it was released (null while active).
-    pub released_at: Option<chrono::DateTime<chrono::Utc>>,
-}
-
-type HoldRow = (
-    i64,
-    String,
-    String,
-    chrono::DateTime<chrono::Utc>,
-    Option<chrono::DateTime<chrono::Utc>>,
-);
-
-fn hold(row: HoldRow) -> Hold {
-    Hold {
-        id: row.0,
-        creator: row.1,
-        reason: row.2,
-        created_at: row.3,
-        released_at: row.4,
-    }
-}
+pub use crate::settlement::Hold;
 
 /// `POST /v1/holds`.
 pub async fn create(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
@@ -86,7 +55,7 @@ async fn create_inner(state: &AppState, headers: &HeaderMap, body: Body) -> Resu
     {
         return Err(Problem::not_found("unknown-creator", format!("creator {creator} is unknown")).field("creator"));
     }
-    let inserted: Result<HoldRow, sqlx::Error> = sqlx::query_as(
+    let inserted: Result<Hold, sqlx::Error> = sqlx::query_as(
         "INSERT INTO settlement.creator_holds (creator, reason) VALUES ($1, $2)
          RETURNING id, creator, reason, created_at, released_at",
     )
@@ -95,7 +64,7 @@ async fn create_inner(state: &AppState, headers: &HeaderMap, body: Body) -> Resu
     .fetch_one(&state.pool)
     .await;
     match inserted {
-        Ok(row) => Ok((StatusCode::CREATED, axum::Json(hold(row))).into_response()),
+        Ok(row) => Ok((StatusCode::CREATED, axum::Json(row)).into_response()),
         Err(err)
             if err
                 .as_database_error()
@@ -143,7 +112,7 @@ async fn release_inner(state: &AppState, headers: &HeaderMap, id: &str) -> Resul
         .await
         .map_err(Problem::unavailable)?;
     match released {
-        crate::settlement::Released::Released(row) => Ok((StatusCode::OK, axum::Json(hold(row))).into_response()),
+        crate::settlement::Released::Released(row) => Ok((StatusCode::OK, axum::Json(row)).into_response()),
         crate::settlement::Released::AlreadyReleased => Err(Problem::new(
             StatusCode::CONFLICT,
             "hold-already-released",

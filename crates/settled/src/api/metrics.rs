@@ -1,7 +1,7 @@
 //! `GET /metrics` (Prometheus text format) and `GET /readyz`.
 //!
-//! Worker processes keep their own counters in `settled_engine.workers`; the
-//! API server turns the database's exact state into metrics at scrape time,
+//! Worker processes keep their own counters in the engine's worker
+//! registry; the API server turns the database's exact state into metrics at scrape time,
 //! so every server reports the same numbers and nothing is lost when a
 //! process dies. Names follow Prometheus conventions (`_total`, base units).
 
@@ -34,54 +34,59 @@ pub fn handle() -> &'static PrometheusHandle {
     })
 }
 
-type Snapshot = (i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, f64);
+/// The database's exact state at scrape time.
+struct Snapshot {
+    items: settled_engine::queue::StatusCounts,
+    runs: settled_engine::runs::RunCounts,
+    workers: settled_engine::workers::WorkerTotals,
+    payouts: i64,
+    ledger_entries: i64,
+}
+
+async fn snapshot(state: &AppState) -> anyhow::Result<Snapshot> {
+    let job = crate::settlement::job();
+    let mut conn = state.pool.acquire().await?;
+    let items = job.queue().count_all_by_status(&mut conn).await?;
+    let runs = settled_engine::runs::count_by_state(&mut conn, job.name()).await?;
+    let workers = settled_engine::workers::totals(&state.pool).await?;
+    let (payouts, ledger_entries): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM settlement.payouts), (SELECT count(*) FROM settlement.reward_ledger)",
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(Snapshot {
+        items,
+        runs,
+        workers,
+        payouts,
+        ledger_entries,
+    })
+}
 
 /// `GET /metrics`.
 pub async fn serve(State(state): State<AppState>) -> Response {
-    let snapshot: Result<Snapshot, sqlx::Error> = sqlx::query_as(
-        "SELECT
-            (SELECT count(*) FROM settlement.token_trade_volume WHERE status = 'eligible'),
-            (SELECT count(*) FROM settlement.token_trade_volume WHERE status = 'processing'),
-            (SELECT count(*) FROM settlement.token_trade_volume WHERE status = 'settled'),
-            (SELECT count(*) FROM settlement.token_trade_volume WHERE status = 'failed'),
-            (SELECT count(*) FROM settlement.token_trade_volume WHERE status = 'held'),
-            (SELECT count(*) FROM settled_engine.runs WHERE state = 'running'),
-            (SELECT count(*) FROM settled_engine.runs WHERE state = 'finished'),
-            (SELECT count(*) FROM settled_engine.runs WHERE state = 'cancelled'),
-            (SELECT coalesce(sum(fence_rejections), 0)::bigint FROM settled_engine.workers),
-            (SELECT coalesce(sum(leases_rescued), 0)::bigint FROM settled_engine.workers),
-            (SELECT count(*) FROM settled_engine.workers
-              WHERE stopped_at IS NULL AND heartbeat_at > now() - interval '60 seconds'),
-            (SELECT count(*) FROM settlement.payouts),
-            (SELECT count(*) FROM settlement.reward_ledger),
-            (SELECT coalesce(extract(epoch FROM now() - max(heartbeat_at)), 0)::float8 FROM settled_engine.workers
-              WHERE stopped_at IS NULL)",
-    )
-    .fetch_one(&state.pool)
-    .await;
-    let s = match snapshot {
+    let s = match snapshot(&state).await {
         Ok(s) => s,
         Err(err) => return Problem::unavailable(err).into_response(),
     };
-    for (status, n) in [
-        ("eligible", s.0),
-        ("processing", s.1),
-        ("settled", s.2),
-        ("failed", s.3),
-        ("held", s.4),
-    ] {
-        metrics::gauge!("settled_items", "status" => status).set(n as f64);
+    for (status, n) in &s.items.counts {
+        metrics::gauge!("settled_items", "status" => status.as_str()).set(*n as f64);
     }
-    metrics::counter!("settled_items_settled_total").absolute(s.2 as u64);
-    metrics::counter!("settled_ledger_entries_total").absolute(s.12 as u64);
-    for (run_state, n) in [("running", s.5), ("finished", s.6), ("cancelled", s.7)] {
+    let settled = s.items.get(settled_engine::ItemStatus::Settled);
+    metrics::counter!("settled_items_settled_total").absolute(settled as u64);
+    metrics::counter!("settled_ledger_entries_total").absolute(s.ledger_entries as u64);
+    for (run_state, n) in [
+        ("running", s.runs.running),
+        ("finished", s.runs.finished),
+        ("cancelled", s.runs.cancelled),
+    ] {
         metrics::gauge!("settled_runs", "state" => run_state).set(n as f64);
     }
-    metrics::counter!("settled_fence_rejections_total").absolute(s.8 as u64);
-    metrics::counter!("settled_lease_rescues_total").absolute(s.9 as u64);
-    metrics::gauge!("settled_workers_alive").set(s.10 as f64);
-    metrics::gauge!("settled_worker_heartbeat_age_seconds").set(s.13);
-    metrics::counter!("settled_payouts_total").absolute(s.11 as u64);
+    metrics::counter!("settled_fence_rejections_total").absolute(s.workers.fence_rejections as u64);
+    metrics::counter!("settled_lease_rescues_total").absolute(s.workers.leases_rescued as u64);
+    metrics::gauge!("settled_workers_alive").set(s.workers.alive as f64);
+    metrics::gauge!("settled_worker_heartbeat_age_seconds").set(s.workers.oldest_heartbeat_age_secs);
+    metrics::counter!("settled_payouts_total").absolute(s.payouts as u64);
     let idle = state.pool.num_idle() as f64;
     metrics::gauge!("settled_db_pool_connections", "state" => "idle").set(idle);
     metrics::gauge!("settled_db_pool_connections", "state" => "in_use").set(f64::from(state.pool.size()) - idle);
@@ -120,39 +125,3 @@ pub async fn ready(State(state): State<AppState>) -> Response {
     }
 }
 
-/// Serves a worker's own metrics (claim and handler latency histograms, and
-/// its counters) on `listener` until the task is dropped.
-pub async fn serve_worker_metrics(
-    listener: tokio::net::TcpListener,
-    stats: std::sync::Arc<settled_engine::DrainStats>,
-) {
-    use std::sync::atomic::Ordering;
-    handle();
-    let app = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move || {
-            let stats = stats.clone();
-            async move {
-                let counters = [
-                    ("settled_worker_claims_total", &stats.claims),
-                    ("settled_worker_items_claimed_total", &stats.items_claimed),
-                    ("settled_worker_chunks_total", &stats.chunks_committed),
-                    ("settled_worker_chunks_rolled_back_total", &stats.chunks_rolled_back),
-                    ("settled_worker_items_settled_total", &stats.items_settled),
-                    ("settled_worker_items_failed_total", &stats.items_failed),
-                    ("settled_worker_items_held_total", &stats.items_held),
-                    ("settled_worker_retries_total", &stats.items_retried),
-                    ("settled_worker_fence_rejections_total", &stats.fence_rejections),
-                    ("settled_worker_lease_rescues_total", &stats.leases_rescued),
-                ];
-                for (name, value) in counters {
-                    metrics::counter!(name).absolute(value.load(Ordering::Relaxed));
-                }
-                handle().render()
-            }
-        }),
-    );
-    if let Err(err) = axum::serve(listener, app).await {
-        tracing::warn!(error = %err, "worker metrics server stopped");
-    }
-}

@@ -23,7 +23,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use serde::de::DeserializeOwned;
-use settled_engine::idempotency::IdempotencyConfig;
+use settled_engine::once::idempotency::IdempotencyConfig;
 use sqlx::PgPool;
 
 pub use problem::Problem;
@@ -75,7 +75,7 @@ pub async fn serve(listener: tokio::net::TcpListener, state: AppState) -> anyhow
         let mut tick = tokio::time::interval(Duration::from_secs(PRUNE_INTERVAL_SECS));
         loop {
             tick.tick().await;
-            match settled_engine::idempotency::prune(&pool).await {
+            match settled_engine::once::idempotency::prune(&pool).await {
                 Ok(0) => {}
                 Ok(n) => tracing::info!(pruned = n, "expired idempotency keys pruned"),
                 Err(err) => tracing::warn!(error = %err, "pruning idempotency keys failed"),

@@ -7,7 +7,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
-use settled_engine::idempotency::{self, Begin, MAX_IDEMPOTENCY_KEY_CHARS};
+use settled_engine::once::idempotency::{self, Begin, MAX_IDEMPOTENCY_KEY_CHARS};
 
 use super::problem::json_response;
 use super::{authorize, read_json, AppState, Problem};

@@ -328,13 +328,9 @@ pub async fn import(pool: &PgPool, opts: &ImportOptions) -> anyhow::Result<Impor
         if *new_rows == 0 {
             continue;
         }
-        let run: Option<(i64, String)> =
-            sqlx::query_as("SELECT id, state FROM settled_engine.runs WHERE job = $1 AND period = $2")
-                .bind(JOB)
-                .bind(period.to_string())
-                .fetch_optional(&mut *tx)
-                .await?;
-        if let Some((id, state)) = run {
+        let run = settled_engine::runs::find(&mut tx, JOB, &period.to_string()).await?;
+        if let Some(settled_engine::Run { id, state, .. }) = run {
+            let state = state.as_str();
             tx.rollback().await?;
             anyhow::bail!(
                 "period {period} already has run {id} ({state}): its input can no longer change; nothing was imported"

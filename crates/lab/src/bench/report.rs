@@ -104,7 +104,7 @@ impl CaseResult {
     }
 
     /// Records verify's result; a failed verify makes the case failed.
-    pub fn set_verify(&mut self, report: crate::verify::VerifyReport) {
+    pub fn set_verify(&mut self, report: settled::verify::VerifyReport) {
         self.verified = report.ok;
         if !report.ok {
             let failed: Vec<&str> = report.checks.iter().filter(|c| !c.ok).map(|c| c.name).collect();
@@ -639,7 +639,7 @@ mod tests {
     #[test]
     fn a_case_that_fails_verify_is_failed_not_fast() {
         let mut c = case("strategy", "offset", 4, 0, 1e9);
-        c.set_verify(crate::verify::VerifyReport {
+        c.set_verify(settled::verify::VerifyReport {
             period: "2026-11-28".into(),
             ok: false,
             ledger_total: "0".into(),

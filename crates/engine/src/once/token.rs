@@ -5,7 +5,7 @@
 //! ```no_run
 //! # async fn demo(pool: sqlx::PgPool) -> Result<(), settled_engine::EngineError> {
 //! use std::time::Duration;
-//! use settled_engine::once_token::OnceToken;
+//! use settled_engine::once::token::OnceToken;
 //!
 //! let token = OnceToken::issue(&pool, "withdrawal-confirmation", "0xabc...", Duration::from_secs(600)).await?;
 //! // Two requests race with the same token: exactly one reserves it.

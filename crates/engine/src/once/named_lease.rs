@@ -7,7 +7,7 @@
 //! ```no_run
 //! # async fn demo(pool: sqlx::PgPool) -> Result<(), settled_engine::EngineError> {
 //! use std::time::Duration;
-//! use settled_engine::named_lease::Lease;
+//! use settled_engine::once::named_lease::Lease;
 //!
 //! if let Some(lease) = Lease::acquire(&pool, "nightly-export", "host-a:1234", Duration::from_secs(30)).await? {
 //!     // ... work, renewing before the TTL passes ...

@@ -176,9 +176,9 @@ async fn the_database_formula_equals_the_rust_formula_over_the_whole_range() {
         .current();
     let volumes: Vec<String> = cases.iter().map(|(v, _)| v.to_string()).collect();
     let fees: Vec<i32> = cases.iter().map(|(_, f)| i32::from(*f)).collect();
-    // The ledger's exact statement shape: div(volume * fee_bps, 10000) on NUMERIC(78,0).
+    // The one SQL formula every statement calls, on NUMERIC(78,0).
     let rewards: Vec<String> = sqlx::query_scalar(
-        "SELECT div(v::numeric(78,0) * f, 10000)::text
+        "SELECT settlement.reward(v::numeric(78,0), f)::text
          FROM unnest($1::text[], $2::int[]) WITH ORDINALITY AS x(v, f, n) ORDER BY n",
     )
     .bind(&volumes)

@@ -17,8 +17,8 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
-use crate::money::Amount;
-use crate::provider::{Payment, PaymentRequest};
+use settled::money::Amount;
+use settled::provider::{Payment, PaymentRequest};
 
 /// Largest request body the simulator reads.
 pub const MAX_SIM_BODY_BYTES: usize = 16 * 1024;

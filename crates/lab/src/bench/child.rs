@@ -11,13 +11,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use settled_engine::{Chunk, ChunkHandler, ClaimedItem, LeaseConfig, RetryPolicy};
+use settled_engine::{Chunk, ChunkHandler, ClaimedItem, Fence, LeaseConfig, RetryPolicy, WorkOutcome};
 use sqlx::PgPool;
 
 use super::Strategy;
-use crate::period::Period;
-use crate::settlement::{self, SettleRewards};
-use crate::worker::{self, Mode, WorkerOptions, WorkerOutcome};
+use settled::period::Period;
+use settled::settlement::{self, SettleRewards};
+use settled::worker::{self, Mode, WorkerOptions, WorkerOutcome};
 
 /// The advisory lock key every `advisory-lock` worker takes.
 pub const ADVISORY_LOCK_KEY: i64 = 0x5e77_1ed;
@@ -147,7 +147,7 @@ pub async fn run_child(url: &str, args: ChildArgs) -> anyhow::Result<ChildReport
         latency: latency.clone(),
     })
     .map_err(|_| anyhow::anyhow!("a metrics recorder is already installed"))?;
-    let db = crate::db::Database::open_url(url, args.concurrency + 4, "settled-bench-worker").await?;
+    let db = settled::db::Database::open_url(url, args.concurrency + 4, "settled-bench-worker").await?;
     let pool = db.pool.clone();
     let mut redis = None;
     if args.strategy == Strategy::RedisLock {
@@ -235,57 +235,62 @@ pub async fn run_child(url: &str, args: ChildArgs) -> anyhow::Result<ChildReport
     Ok(report)
 }
 
-/// The product's path: what `settled worker --period P` does.
+/// The product's path: what `settled worker --period P` does, with the
+/// lab's simulated work around the real handler.
 async fn engine_drain(pool: &PgPool, args: &ChildArgs, mode: Mode, chunk: u32) -> anyhow::Result<u64> {
     let opts = WorkerOptions {
         period: Some(args.period),
         concurrency: args.concurrency,
         chunk,
-        work_ms: args.work_ms,
-        mode,
-        provider_url: None,
-        provider_timeout: Duration::from_secs(10),
-        leases: LeaseConfig::default(),
         retry: RetryPolicy::default(),
         metrics_bind: None,
     };
-    match worker::run_worker(pool, &opts).await? {
-        WorkerOutcome::Drained { settled, .. } => Ok(settled),
-        WorkerOutcome::RunNotRunning(..) => Ok(0),
+    let drainer = crate::simulate::drainer(
+        mode,
+        None,
+        Duration::from_secs(10),
+        LeaseConfig::default(),
+        Duration::from_millis(args.work_ms),
+    )?;
+    match worker::run_worker(pool, &opts, &drainer).await? {
+        WorkerOutcome::Worked(WorkOutcome::Drained { settled, .. }) => Ok(settled),
+        WorkerOutcome::Worked(WorkOutcome::RunNotRunning(..)) => Ok(0),
         other => anyhow::bail!("the worker ended unexpectedly: {other:?}"),
     }
 }
 
-/// The engine's claim statement up to its locking clause; the two
-/// strategies below differ only in what follows.
-macro_rules! claim_without_skip_locked {
-    ($tail:literal) => {
-        concat!(
-            "SELECT t.creator AS key, t.attempt + 1 AS fence
-             FROM settlement.token_trade_volume t
-             WHERE t.period = $1::date
-               AND t.status = 'eligible'
-               AND (t.not_before IS NULL OR t.not_before <= now())
-               AND EXISTS (SELECT 1 FROM settled_engine.runs r WHERE r.id = $3 AND r.state = 'running') ",
-            $tail
-        )
-    };
+/// The engine's own claim statement with its locking clause replaced: the
+/// two strategies below send exactly what the engine sends, less SKIP LOCKED.
+fn claim_without_skip_locked(tail: &str) -> String {
+    let engine = settlement::queue().claim_in_tx_sql().to_string();
+    let head = engine
+        .split("LIMIT $2")
+        .next()
+        .expect("the engine's claim has a LIMIT")
+        .to_string();
+    format!("{head}{tail}")
 }
 
-/// `for-update`: the engine's claim without SKIP LOCKED. Every worker asks
-/// for the same first eligible rows and waits for whoever holds them.
-const FOR_UPDATE_CLAIM: &str = claim_without_skip_locked!("LIMIT $2 FOR UPDATE OF t");
+/// `for-update`: every worker asks for the same first eligible rows and
+/// waits for whoever holds them.
+fn for_update_claim() -> String {
+    claim_without_skip_locked("LIMIT $2 FOR UPDATE OF t")
+}
 
 /// `offset`: worker k pages from row k x chunk in key order. FOR UPDATE locks
 /// every row the OFFSET walks over, not only the rows returned.
-const OFFSET_CLAIM: &str = claim_without_skip_locked!("ORDER BY t.creator OFFSET $4 LIMIT $2 FOR UPDATE OF t");
+fn offset_claim() -> String {
+    claim_without_skip_locked("ORDER BY t.creator OFFSET $4 LIMIT $2 FOR UPDATE OF t")
+}
 
 /// Claim, pay (the product's handler: holds lookup, ledger and balances) and
 /// mark settled in one transaction, with the strategy's claim statement.
 async fn own_loop(pool: &PgPool, args: &ChildArgs, latency: &Latency, report: &mut ChildReport) -> anyhow::Result<()> {
-    let handler = SettleRewards {
-        work_per_item: Duration::from_millis(args.work_ms),
+    let handler = crate::simulate::SimulatedWork {
+        inner: SettleRewards,
+        per_item: Duration::from_millis(args.work_ms),
     };
+    let (offset_sql, for_update_sql) = (offset_claim(), for_update_claim());
     let queue = settlement::queue();
     let scope = args.period.to_string();
     let offset_mode = args.strategy == Strategy::Offset;
@@ -298,13 +303,13 @@ async fn own_loop(pool: &PgPool, args: &ChildArgs, latency: &Latency, report: &m
         let mut tx = pool.begin().await?;
         let started = Instant::now();
         let query = if offset_mode {
-            sqlx::query_as::<_, (String, i32)>(OFFSET_CLAIM)
+            sqlx::query_as::<_, (String, Fence)>(&offset_sql)
                 .bind(&scope)
                 .bind(i64::from(args.chunk))
                 .bind(args.run_id)
                 .bind(offset)
         } else {
-            sqlx::query_as::<_, (String, i32)>(FOR_UPDATE_CLAIM)
+            sqlx::query_as::<_, (String, Fence)>(&for_update_sql)
                 .bind(&scope)
                 .bind(i64::from(args.chunk))
                 .bind(args.run_id)
@@ -333,10 +338,7 @@ async fn own_loop(pool: &PgPool, args: &ChildArgs, latency: &Latency, report: &m
         let chunk = Chunk {
             run_id: args.run_id,
             scope: scope.clone(),
-            items: claimed
-                .into_iter()
-                .map(|(key, fence)| ClaimedItem { key, fence })
-                .collect(),
+            items: claimed.into_iter().map(|(key, fence)| ClaimedItem { key, fence }).collect(),
         };
         let handled = handler
             .handle_chunk(&mut tx, &chunk)

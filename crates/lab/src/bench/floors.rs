@@ -10,8 +10,39 @@ use sqlx::{Connection, PgConnection};
 
 use super::{conclude, prepare_case, scratch_file, transactions, wait_disconnected, CaseResult, Ctx};
 
-/// The pgbench script: statement for statement one chunk of `settled worker`.
-pub const SETTLE_CHUNK_SQL: &str = include_str!("../../../../bench/pgbench/settle_chunk.sql");
+/// Where the committed copy of the pgbench script lives (for
+/// `bench/pgbench/compare.sh`); a test fails when it differs from
+/// [`settle_chunk_script`].
+#[cfg(test)]
+const COMMITTED_SCRIPT: &str = include_str!("../../../../bench/pgbench/settle_chunk.sql");
+
+/// The pgbench script, built from the product's own statements (the
+/// engine's claim and completion, settlement's holds lookup and payment),
+/// so it is, statement for statement, one chunk of `settled worker` and
+/// cannot drift from it. Variables: :period, :run, :chunk.
+pub fn settle_chunk_script() -> String {
+    let queue = settled::settlement::queue();
+    let bind = |sql: &str, names: &[&str]| {
+        let mut out = sql.trim().to_string();
+        for (i, name) in names.iter().enumerate().rev() {
+            out = out.replace(&format!("${}", i + 1), &format!(":{name}"));
+        }
+        out
+    };
+    let claim = bind(queue.claim_in_tx_sql(), &["period", "chunk", "run"]);
+    let holds = bind(settled::settlement::HELD_CREATORS_SQL, &["keys"]);
+    let pay = bind(settled::settlement::PAY_CHUNK_SQL, &["period", "keys", "run", "fences"]);
+    let mark = bind(queue.mark_settled_in_tx_sql(), &["period", "keys"]);
+    format!(
+        "-- One chunk of the in-transaction settlement, generated from the product's own\n\
+         -- statements (settled-engine's queue, settled's settlement): claim with SKIP LOCKED,\n\
+         -- look up holds, pay with the claim's fences, mark settled, commit.\n\
+         -- Variables: :period (date), :run (run id), :chunk. Do not edit: a test compares it.\n\
+         BEGIN;\n\
+         SELECT coalesce(array_agg(key), '{{}}') AS keys, coalesce(array_agg(fence), '{{}}') AS fences FROM (\n{claim}) claimed \\gset\n\
+         {holds};\n{pay};\n{mark};\nCOMMIT;\n"
+    )
+}
 
 /// pgbench next to the server binaries, else on PATH.
 pub fn pgbench_program() -> Option<PathBuf> {
@@ -28,7 +59,7 @@ pub fn pgbench_program() -> Option<PathBuf> {
     })
 }
 
-/// pgbench with `settle_chunk.sql`, `workers` clients, until the period is settled.
+/// pgbench with [`settle_chunk_script`], `workers` clients, until the period is settled.
 pub async fn pgbench_case(ctx: &Ctx, pgbench: &PathBuf, workers: u32, creators: u64, chunk: u32) -> CaseResult {
     let mut case = CaseResult::new("pgbench", "pgbench", workers, 0, creators);
     case.chunk = Some(chunk);
@@ -46,7 +77,7 @@ async fn measure_pgbench(
     chunk: u32,
     case: &mut CaseResult,
 ) -> anyhow::Result<()> {
-    let script = scratch_file(&ctx.scratch, "settle_chunk.sql", SETTLE_CHUNK_SQL)?;
+    let script = scratch_file(&ctx.scratch, "settle_chunk.sql", &settle_chunk_script())?;
     let db = prepare_case(ctx, creators).await?;
     let measured = async {
         // Enough transactions for every item, plus slack for the empty claims
@@ -89,11 +120,8 @@ async fn measure_pgbench(
         .fetch_one(&mut conn)
         .await?;
         anyhow::ensure!(left == 0, "pgbench left {left} items unsettled");
-        sqlx::query("UPDATE settled_engine.runs SET state = 'finished', finished_at = now() WHERE id = $1")
-            .bind(db.run_id)
-            .execute(&mut conn)
-            .await?;
         conn.close().await?;
+        finish_run(&db).await?;
         case.record_time(elapsed);
         case.transactions_per_item = Some((after - before) as f64 / creators as f64);
         anyhow::Ok(())
@@ -106,7 +134,7 @@ async fn measure_pgbench(
 const SET_BASED_SQL: [&str; 2] = [
     "WITH credited AS (
          INSERT INTO settlement.reward_ledger (period, creator, amount, run_id, attempt)
-         SELECT v.period, v.creator, div(v.volume * p.fee_bps, 10000), $2, v.attempt + 1
+         SELECT v.period, v.creator, settlement.reward(v.volume, p.fee_bps), $2, v.attempt + 1
          FROM settlement.token_trade_volume v
          JOIN settlement.settlement_policy p ON p.period = v.period
          WHERE v.period = $1 AND v.status = 'eligible'
@@ -156,13 +184,43 @@ async fn measure_set_based(ctx: &Ctx, creators: u64, case: &mut CaseResult) -> a
         tx.commit().await?;
         case.record_time(started.elapsed());
         case.transactions_per_item = Some(1.0 / creators as f64);
-        sqlx::query("UPDATE settled_engine.runs SET state = 'finished', finished_at = now() WHERE id = $1")
-            .bind(db.run_id)
-            .execute(&mut conn)
-            .await?;
         conn.close().await?;
+        finish_run(&db).await?;
         anyhow::Ok(())
     }
     .await;
     conclude(ctx, &db, measured, case).await
+}
+
+/// Finishes the case's drained run through the engine, as a worker would.
+async fn finish_run(db: &super::CaseDb) -> anyhow::Result<()> {
+    let pool = sqlx::PgPool::connect(&db.url).await?;
+    let finished = settled::settlement::job()
+        .finish_if_drained(&pool, db.run_id, &db.period.to_string(), uuid::Uuid::nil())
+        .await;
+    pool.close().await;
+    anyhow::ensure!(finished?, "the floor's run did not finish");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_committed_pgbench_script_is_the_products_statements() {
+        assert_eq!(
+            COMMITTED_SCRIPT,
+            settle_chunk_script(),
+            "bench/pgbench/settle_chunk.sql differs from the product's statements; \
+             regenerate it: cargo test -p settled-lab -- --ignored write_pgbench_script"
+        );
+    }
+
+    #[test]
+    #[ignore = "writes bench/pgbench/settle_chunk.sql"]
+    fn write_pgbench_script() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../bench/pgbench/settle_chunk.sql");
+        std::fs::write(path, settle_chunk_script()).unwrap();
+    }
 }

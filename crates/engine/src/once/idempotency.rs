@@ -13,7 +13,7 @@
 //! ```no_run
 //! # async fn demo(pool: sqlx::PgPool) -> Result<(), settled_engine::EngineError> {
 //! use std::time::Duration;
-//! use settled_engine::idempotency::{begin, fingerprint, Begin, IdempotencyConfig};
+//! use settled_engine::once::idempotency::{begin, fingerprint, Begin, IdempotencyConfig};
 //!
 //! let cfg = IdempotencyConfig::default();
 //! let fp = fingerprint("POST", "/v1/payouts", br#"{"amount":"5"}"#);
@@ -21,7 +21,7 @@
 //!     Begin::New => {
 //!         let mut tx = pool.begin().await.unwrap();
 //!         // ... the request's effects on `tx` ...
-//!         settled_engine::idempotency::finish(&mut tx, "payouts", "key-123", 201, &serde_json::json!({"id": 1})).await?;
+//!         settled_engine::once::idempotency::finish(&mut tx, "payouts", "key-123", 201, &serde_json::json!({"id": 1})).await?;
 //!         tx.commit().await.unwrap();
 //!     }
 //!     Begin::Replay { status, body } => { /* answer `status` with `body` */ }

@@ -30,8 +30,8 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 
 pub use report::{markdown, BenchReport, CaseResult, Target};
 
-use crate::period::Period;
-use crate::progress::Progress;
+use settled::period::Period;
+use settled::progress::Progress;
 
 /// Largest worker count of one case.
 pub const MAX_BENCH_WORKERS: u32 = 64;
@@ -147,9 +147,9 @@ pub async fn bench(opts: &BenchOptions) -> anyhow::Result<BenchReport> {
     );
     anyhow::ensure!(!opts.work_ms.is_empty(), "--work-ms: give at least one value");
     anyhow::ensure!(
-        opts.work_ms.iter().all(|m| *m <= crate::worker::MAX_WORK_MS),
+        opts.work_ms.iter().all(|m| *m <= crate::simulate::MAX_WORK_MS),
         "--work-ms: each value must be at most {}",
-        crate::worker::MAX_WORK_MS
+        crate::simulate::MAX_WORK_MS
     );
     for (flag, n) in [("--creators", opts.creators), ("--work-creators", opts.work_creators)] {
         anyhow::ensure!(
@@ -205,7 +205,7 @@ async fn run_all(ctx: &Ctx) -> anyhow::Result<BenchReport> {
     let started_at = chrono::Utc::now();
     let mut admin = PgConnection::connect(&ctx.admin_url)
         .await
-        .with_context(|| format!("connecting to {}", crate::db::redact_url(&ctx.admin_url)))?;
+        .with_context(|| format!("connecting to {}", settled::db::redact_url(&ctx.admin_url)))?;
     let server_version: String = sqlx::query_scalar("SELECT version()").fetch_one(&mut admin).await?;
     admin.close().await?;
     let mut skipped = Vec::new();
@@ -311,7 +311,7 @@ async fn run_all(ctx: &Ctx) -> anyhow::Result<BenchReport> {
         settled_version: env!("CARGO_PKG_VERSION").to_string(),
         server_version,
         server: match &opts.database_url {
-            Some(url) => crate::db::redact_url(url),
+            Some(url) => settled::db::redact_url(url),
             None => "private PostgreSQL started by settled bench (fsync on)".into(),
         },
         cpus: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
@@ -369,16 +369,16 @@ async fn prepare_case(ctx: &Ctx, creators: u64) -> anyhow::Result<CaseDb> {
         .with_context(|| format!("creating database {name}"))?;
     admin.close().await?;
     let url = settled_testkit::with_database(&ctx.admin_url, &name);
-    let db = crate::db::Database::open_url(&url, 4, "settled-bench").await?;
+    let db = settled::db::Database::open_url(&url, 4, "settled-bench").await?;
     let period = bench_period();
-    crate::seed::seed(&db.pool, period, creators, BENCH_SEED, None, &Progress::hidden()).await?;
+    settled::seed::seed(&db.pool, period, creators, BENCH_SEED, None, &Progress::hidden()).await?;
     let mut conn = db.pool.acquire().await?;
     sqlx::query("ANALYZE settlement.token_trade_volume")
         .execute(&mut *conn)
         .await?;
     drop(conn);
-    let starter = settled_engine::workers::register(&db.pool, env!("CARGO_PKG_VERSION")).await?;
-    let run_id = crate::settlement::start_or_join_run(&db.pool, period, starter)
+    let run_id = settled::settlement::job()
+        .start_or_join(&db.pool, &period.to_string(), None)
         .await?
         .run
         .id;
@@ -392,10 +392,10 @@ async fn prepare_case(ctx: &Ctx, creators: u64) -> anyhow::Result<CaseDb> {
 }
 
 /// Verifies the case's period and drops its database.
-async fn finish_case(ctx: &Ctx, db: &CaseDb) -> anyhow::Result<crate::verify::VerifyReport> {
+async fn finish_case(ctx: &Ctx, db: &CaseDb) -> anyhow::Result<settled::verify::VerifyReport> {
     let verified = async {
         let mut conn = PgConnection::connect(&db.url).await?;
-        let report = crate::verify::verify(&mut conn, db.period).await?;
+        let report = settled::verify::verify(&mut conn, db.period).await?;
         conn.close().await?;
         anyhow::Ok(report)
     }

@@ -16,15 +16,15 @@ use rand_chacha::ChaCha8Rng;
 use settled_testkit::{LocalOptions, LocalPostgres};
 use sqlx::{Connection, PgConnection};
 
-use crate::db::Database;
-use crate::money::FeeBps;
-use crate::period::Period;
-use crate::progress::Progress;
-use crate::provider::HttpProvider;
+use settled::db::Database;
+use settled::money::FeeBps;
+use settled::period::Period;
+use settled::progress::Progress;
+use settled::provider::HttpProvider;
 use crate::provider_sim::Faults;
-use crate::settlement::queue;
-use crate::worker::Mode;
-use crate::{seed, verify};
+use settled::settlement::queue;
+use settled::worker::Mode;
+use settled::{seed, verify};
 
 /// Largest number of worker processes a chaos run starts.
 pub const MAX_CHAOS_WORKERS: u32 = 32;
@@ -158,7 +158,7 @@ impl Harness {
         self.spawned += 1;
         let log = std::fs::File::create(self.log_dir.join(format!("worker-{}.log", self.spawned)))?;
         let mut cmd = tokio::process::Command::new(&self.exe);
-        cmd.args(["worker", "--period", &self.period.to_string()])
+        cmd.args(["lab-worker", "--period", &self.period.to_string()])
             .args(["--concurrency", &self.opts.concurrency.to_string()])
             .args(["--chunk", &self.opts.chunk.to_string()])
             .args(["--work-ms", &self.work_ms.to_string()])

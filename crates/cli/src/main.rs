@@ -1,0 +1,82 @@
+//! The `settled` binary: parses the command line into one struct per
+//! command and dispatches each, one line apiece, to its own file
+//! (`settled::cmd::*` for the product, `settled_lab::cmd::*` for the lab).
+
+use clap::{Parser, Subcommand};
+use settled::cmd::{self, on_database, Global, Runnable};
+use settled_lab::cmd as lab;
+
+/// Settle creators' rewards exactly once, on any number of servers.
+///
+/// Workers split a period's creators with `SELECT ... FOR NO KEY UPDATE SKIP
+/// LOCKED`; the database (row locks, conditional updates, unique keys) makes
+/// sure nobody is paid twice. With DATABASE_URL unset, a private PostgreSQL is
+/// started from the installed server binaries in --data-dir.
+///
+/// Exit codes: 0 success; 1 the command ran and found a problem; 2 it could not
+/// start (bad usage, or no database and no PostgreSQL binaries).
+#[derive(Debug, Parser)]
+#[command(name = "settled", version, propagate_version = true)]
+struct Cli {
+    #[command(flatten)]
+    global: Global,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    Migrate(cmd::migrate::Args),
+    Seed(cmd::seed::Args),
+    Import(cmd::import::Args),
+    Policy(cmd::policy::Args),
+    Worker(cmd::worker::Args),
+    Run(cmd::run::Args),
+    Runs(cmd::runs::Args),
+    Workers(cmd::workers::Args),
+    Serve(cmd::serve::Args),
+    Lease(cmd::lease::Args),
+    Retry(cmd::retry::Args),
+    Status(cmd::status::Args),
+    Verify(cmd::verify::Args),
+    Demo(cmd::demo::Args),
+    // The lab.
+    ProviderSim(lab::provider_sim::Args),
+    Chaos(lab::chaos::Args),
+    Bench(lab::bench::Args),
+    #[command(hide = true)]
+    BenchWorker(lab::bench_worker::Args),
+    #[command(hide = true)]
+    LabWorker(lab::lab_worker::Args),
+}
+
+fn dispatch(command: Command) -> Box<dyn Runnable> {
+    match command {
+        Command::Migrate(args) => on_database(args),
+        Command::Seed(args) => on_database(args),
+        Command::Import(args) => on_database(args),
+        Command::Policy(args) => on_database(args),
+        Command::Worker(args) => on_database(args),
+        Command::Run(args) => on_database(args),
+        Command::Runs(args) => on_database(args),
+        Command::Workers(args) => on_database(args),
+        Command::Serve(args) => on_database(args),
+        Command::Lease(args) => on_database(args),
+        Command::Retry(args) => on_database(args),
+        Command::Status(args) => on_database(args),
+        Command::Verify(args) => on_database(args),
+        Command::Demo(args) => on_database(args),
+        Command::ProviderSim(args) => Box::new(args),
+        Command::Chaos(args) => Box::new(args),
+        Command::Bench(args) => Box::new(args),
+        Command::BenchWorker(args) => Box::new(args),
+        Command::LabWorker(args) => on_database(args),
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    cmd::execute(|| {
+        let cli = Cli::parse();
+        (cli.global, dispatch(cli.command))
+    })
+}

@@ -1,0 +1,158 @@
+//! The scheduling daemon: every server runs the same loop, and the database
+//! decides who starts what.
+//!
+//! At each due time of the job's [`Schedule`] the scope that due time covers
+//! ([`RunHooks::scope_for_due`]) gets its run: exactly one daemon's insert
+//! creates it, the others join. Runs missed while no daemon was up are
+//! created oldest first (catch-up), one running run per job at a time. A
+//! finished run whose items became eligible again is reopened. Idle daemons
+//! sleep until the next due time, a notification (LISTEN), or the next poll,
+//! whichever comes first: a lost notification costs one poll, never a run.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+
+use crate::job::{Drainer, Job, RunHooks};
+use crate::runs::{ITEMS_CHANNEL, RUNS_CHANNEL};
+use crate::schedule::MAX_CATCH_UP_DAYS;
+use crate::{DrainConfig, EngineError, Schedule, Worker};
+
+/// Shortest pause between two looks when idle.
+pub const MIN_POLL_MS: u64 = 250;
+
+/// How a daemon runs.
+#[derive(Debug, Clone)]
+pub struct DaemonConfig {
+    /// When runs are due.
+    pub schedule: Schedule,
+    /// How many days back missed runs are created (catch-up), at most
+    /// [`MAX_CATCH_UP_DAYS`].
+    pub catch_up_days: u32,
+    /// Longest pause between two looks when idle (notifications wake it sooner).
+    pub max_poll: Duration,
+}
+
+/// Runs the daemon until `worker`'s stop is requested.
+pub async fn run<H: RunHooks, D: Drainer>(
+    job: &Job<H>,
+    pool: &PgPool,
+    drainer: &D,
+    cfg: &DrainConfig,
+    worker: &Worker,
+    daemon: &DaemonConfig,
+) -> Result<(), EngineError> {
+    if daemon.catch_up_days > MAX_CATCH_UP_DAYS {
+        return Err(EngineError::Config(format!(
+            "catch-up days must be at most {MAX_CATCH_UP_DAYS}, got {}",
+            daemon.catch_up_days
+        )));
+    }
+    let mut listener = sqlx::postgres::PgListener::connect_with(pool)
+        .await
+        .map_err(EngineError::db("connecting the daemon's listener"))?;
+    listener
+        .listen_all([RUNS_CHANNEL, ITEMS_CHANNEL])
+        .await
+        .map_err(EngineError::db("listening for run changes"))?;
+    tracing::info!(
+        job = job.name(), worker = %worker.id(), schedule = daemon.schedule.expression(),
+        tz = %daemon.schedule.tz(), catch_up_days = daemon.catch_up_days, "daemon started"
+    );
+    let mut warned = HashSet::new();
+    let mut poll = Duration::from_millis(MIN_POLL_MS);
+    while !worker.stop_requested() {
+        if let Err(err) = job.reopen_oldest_with_work(pool).await {
+            tracing::warn!(error = %err, "could not look for reopened work");
+        }
+        if let Err(err) = start_due_runs(job, pool, worker, daemon, &mut warned).await {
+            tracing::warn!(error = %err, "could not start due runs");
+        }
+        if let Some(run) = job.running_run(pool).await? {
+            match job.work(pool, &run.scope, drainer, cfg, worker).await {
+                Ok(outcome) => tracing::info!(?outcome, "run worked"),
+                Err(err) => {
+                    tracing::warn!(error = %err, "working on the run failed; retrying");
+                    tokio::time::sleep(poll).await;
+                }
+            }
+            poll = Duration::from_millis(MIN_POLL_MS);
+            continue;
+        }
+        let now = database_now(pool).await?;
+        let until_due = daemon
+            .schedule
+            .next_after(now)
+            .and_then(|t| (t - now).to_std().ok())
+            .unwrap_or(daemon.max_poll);
+        let wait = poll.min(until_due + Duration::from_millis(50));
+        tokio::select! {
+            notification = listener.recv() => {
+                if let Ok(n) = notification {
+                    tracing::debug!(channel = n.channel(), payload = n.payload(), "woken by notification");
+                }
+                poll = Duration::from_millis(MIN_POLL_MS);
+            }
+            _ = tokio::time::sleep(wait) => {
+                poll = (poll * 2).min(daemon.max_poll);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Creates the runs the schedule made due in the catch-up window, oldest
+/// first. A scope whose run exists (in any state) is left alone; a scope
+/// without items, or one the hooks refuse, is skipped with one warning
+/// (it starts once it is ready); an older running run goes first.
+async fn start_due_runs<H: RunHooks>(
+    job: &Job<H>,
+    pool: &PgPool,
+    worker: &Worker,
+    daemon: &DaemonConfig,
+    warned: &mut HashSet<String>,
+) -> Result<(), EngineError> {
+    let now = database_now(pool).await?;
+    let from = now - chrono::Duration::days(i64::from(daemon.catch_up_days.max(1)));
+    for (fired_at, local_date) in daemon.schedule.fire_times(from, now) {
+        let scope = job.hooks().scope_for_due(local_date);
+        if job.find_run(pool, &scope).await?.is_some() {
+            continue;
+        }
+        let has_items = {
+            let mut conn = pool.acquire().await.map_err(EngineError::db("acquiring a connection"))?;
+            job.queue().has_items(&mut conn, &scope).await?
+        };
+        if !has_items {
+            if warned.insert(scope.clone()) {
+                tracing::warn!(scope, %fired_at, "due, but not started: the scope has no items yet (it starts once it has)");
+            }
+            continue;
+        }
+        match job.start_or_join(pool, &scope, Some(worker.id())).await {
+            Ok(joined) if joined.started => {
+                let catch_up = now - fired_at > chrono::Duration::minutes(1);
+                tracing::info!(run = joined.run.id, scope, %fired_at, catch_up, "started the run");
+            }
+            Ok(_) => {}
+            Err(EngineError::StartRefused { reason, .. }) => {
+                if warned.insert(scope.clone()) {
+                    tracing::warn!(scope, %fired_at, reason, "due, but not started (it starts once the reason is gone)");
+                }
+            }
+            // One running run per job: the rest wait their turn, oldest first.
+            Err(EngineError::OtherRunActive { .. }) => break,
+            Err(err) => return Err(err),
+        }
+    }
+    Ok(())
+}
+
+async fn database_now(pool: &PgPool) -> Result<DateTime<Utc>, EngineError> {
+    sqlx::query_scalar("SELECT now()")
+        .fetch_one(pool)
+        .await
+        .map_err(EngineError::db("reading the database clock"))
+}

@@ -1,0 +1,460 @@
+//! A job and its lifecycle: the named operations an application calls
+//! instead of writing SQL against the engine's tables.
+//!
+//! A [`Job`] is a work table ([`WorkQueue`]) plus the application's
+//! [`RunHooks`]: what a run start must check (and lock), what the final
+//! report says, and which scope a due time of the schedule covers. The job
+//! owns start-or-join, the one-finisher protocol, cancel, resume, retry,
+//! releasing held items and reopening runs that have work again; the
+//! daemon ([`crate::daemon`]) and the workers ([`Job::work`]) are built
+//! from these. Every operation keeps its guarantee in the database: a unique
+//! key, a conditional update, a row lock, never a check in memory.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use chrono::NaiveDate;
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+use crate::runs::{self, Joined, Run, RunState};
+use crate::{DrainConfig, EngineError, WorkQueue, Worker};
+
+/// What an application adds to the engine's lifecycle of its runs.
+pub trait RunHooks: Send + Sync + 'static {
+    /// Runs in the transaction that creates a run, before the insert. Lock
+    /// the rows the run depends on (`FOR SHARE`) so they cannot change under
+    /// it, and refuse with [`EngineError::StartRefused`] when it must not
+    /// start. An existing run is joined without calling this.
+    fn before_start<'a>(
+        &'a self,
+        tx: &'a mut PgConnection,
+        scope: &'a str,
+    ) -> impl Future<Output = Result<(), EngineError>> + Send + 'a {
+        let _ = (tx, scope);
+        async { Ok(()) }
+    }
+
+    /// The run's final report, computed once, by the finisher, in one
+    /// REPEATABLE READ snapshot that also saw nothing left to do.
+    fn report<'a>(
+        &'a self,
+        tx: &'a mut PgConnection,
+        queue: &'a WorkQueue,
+        scope: &'a str,
+    ) -> impl Future<Output = Result<serde_json::Value, EngineError>> + Send + 'a {
+        async move {
+            let counts = queue.count_by_status(tx, scope).await?;
+            Ok(serde_json::json!({ "items": counts.total(), "counts": counts.to_json() }))
+        }
+    }
+
+    /// The scope a due time of the schedule covers, from the local date it
+    /// fired on (a daily batch at 05:00 covers the day before).
+    fn scope_for_due(&self, local_date: NaiveDate) -> String {
+        local_date.to_string()
+    }
+}
+
+/// Hooks that add nothing: any scope may start, the report is the counts.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoHooks;
+
+impl RunHooks for NoHooks {}
+
+/// A job: its work table and its hooks.
+#[derive(Debug)]
+pub struct Job<H = NoHooks> {
+    queue: Arc<WorkQueue>,
+    hooks: H,
+}
+
+impl<H> Clone for Job<H>
+where
+    H: Clone,
+{
+    fn clone(&self) -> Self {
+        Job {
+            queue: self.queue.clone(),
+            hooks: self.hooks.clone(),
+        }
+    }
+}
+
+/// What [`Job::cancel`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cancelled {
+    /// The run was running and is cancelled now; this many leases were given back.
+    Now {
+        /// Leased items returned to `eligible` (attempt kept: their old
+        /// holders are refused by the fence).
+        released: u64,
+    },
+    /// There was no running run for the scope.
+    NotRunning(Option<RunState>),
+}
+
+/// How one worker's turn at a scope ended (see [`Job::work`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WorkOutcome {
+    /// The run was already finished or cancelled.
+    RunNotRunning(i64, RunState),
+    /// Nothing was left; `finished` says whether this worker marked the run finished.
+    Drained {
+        /// The run.
+        run_id: i64,
+        /// Items this worker settled in this turn.
+        settled: u64,
+        /// True for the one worker that finished the run.
+        finished: bool,
+    },
+    /// Stopped on request before the run drained.
+    Stopped {
+        /// The run.
+        run_id: i64,
+        /// Items this worker settled in this turn.
+        settled: u64,
+    },
+}
+
+impl<H: RunHooks> Job<H> {
+    /// A job over `queue` with the application's `hooks`.
+    pub fn new(queue: WorkQueue, hooks: H) -> Job<H> {
+        Job {
+            queue: Arc::new(queue),
+            hooks,
+        }
+    }
+
+    /// The job's name.
+    pub fn name(&self) -> &str {
+        self.queue.job()
+    }
+
+    /// The work table.
+    pub fn queue(&self) -> &Arc<WorkQueue> {
+        &self.queue
+    }
+
+    /// The application's hooks.
+    pub fn hooks(&self) -> &H {
+        &self.hooks
+    }
+
+    /// Checks the work table against what the engine needs; the error
+    /// names every missing column and index.
+    pub async fn check_work_table(&self, pool: &PgPool) -> Result<(), EngineError> {
+        let mut conn = acquire(pool).await?;
+        self.queue.check_table(&mut conn).await
+    }
+
+    /// Creates the run of `scope` or joins the one that exists: exactly one
+    /// concurrent caller's insert creates it (`started`). A new run first
+    /// passes [`RunHooks::before_start`] in the same transaction. The
+    /// starter refreshes the work table's planner statistics (best effort).
+    pub async fn start_or_join(&self, pool: &PgPool, scope: &str, starter: Option<Uuid>) -> Result<Joined, EngineError> {
+        let mut tx = pool.begin().await.map_err(EngineError::db("beginning a run start"))?;
+        if let Some(run) = runs::find(&mut tx, self.name(), scope).await? {
+            tx.rollback().await.map_err(EngineError::db("ending a run join"))?;
+            return Ok(Joined { run, started: false });
+        }
+        self.hooks.before_start(&mut tx, scope).await?;
+        let joined = runs::start_or_join(&mut tx, self.name(), scope, starter).await?;
+        tx.commit().await.map_err(EngineError::db("committing a run start"))?;
+        if joined.started {
+            // Input loaded moments ago may be unknown to the planner; a role
+            // that does not own the table cannot analyze, and autovacuum will.
+            let mut conn = acquire(pool).await?;
+            if let Err(err) = self.queue.refresh_statistics(&mut conn).await {
+                tracing::warn!(job = self.name(), error = %err, "could not refresh the work table's statistics");
+            }
+        }
+        Ok(joined)
+    }
+
+    /// Marks run `run_id` finished when nothing of `scope` is left to do;
+    /// exactly one caller wins (`true`) and stores the report.
+    ///
+    /// Workers that drain at the same moment queue on the run's row lock,
+    /// so the report is computed once, by the finisher; the others then fail
+    /// the lock with a serialization error (REPEATABLE READ) and know it is
+    /// finished. The lock blocks instead of skipping: a worker whose last
+    /// chunk committed while another was checking must still get its own
+    /// look, or nobody might finish.
+    pub async fn finish_if_drained(&self, pool: &PgPool, run_id: i64, scope: &str, worker: Uuid) -> Result<bool, EngineError> {
+        if self.queue.count_unfinished(&mut *acquire(pool).await?, scope).await? > 0 {
+            return Ok(false);
+        }
+        let mut tx = pool.begin().await.map_err(EngineError::db("beginning a finish"))?;
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            .execute(&mut *tx)
+            .await
+            .map_err(EngineError::db("beginning a finish"))?;
+        let still_running = match runs::lock_for_finish(&mut tx, run_id).await? {
+            None => false,
+            Some(state) => state.as_deref() == Some(RunState::Running.as_str()),
+        };
+        if !still_running || self.queue.count_unfinished(&mut tx, scope).await? > 0 {
+            tx.rollback().await.map_err(EngineError::db("ending a finish"))?;
+            return Ok(false);
+        }
+        let report = self.hooks.report(&mut tx, &self.queue, scope).await?;
+        let finished = runs::finish(&mut tx, run_id, worker, &report).await?;
+        tx.commit().await.map_err(EngineError::db("committing a finish"))?;
+        if finished {
+            tracing::info!(job = self.name(), run = run_id, scope, report = %report, "run finished");
+        }
+        Ok(finished)
+    }
+
+    /// Cancels the running run of `scope` and gives back every lease of the
+    /// scope, in one transaction: workers claim nothing more for it, and a
+    /// worker still busy with a released item is refused by the fence.
+    pub async fn cancel(&self, pool: &PgPool, scope: &str) -> Result<Cancelled, EngineError> {
+        let mut tx = pool.begin().await.map_err(EngineError::db("beginning a cancel"))?;
+        if !runs::cancel(&mut tx, self.name(), scope).await? {
+            let state = runs::find(&mut tx, self.name(), scope).await?.map(|r| r.state);
+            tx.rollback().await.map_err(EngineError::db("ending a cancel"))?;
+            return Ok(Cancelled::NotRunning(state));
+        }
+        let released = self.queue.release_scope(&mut tx, scope).await?;
+        tx.commit().await.map_err(EngineError::db("committing a cancel"))?;
+        tracing::info!(job = self.name(), scope, released, "run cancelled");
+        Ok(Cancelled::Now { released })
+    }
+
+    /// Sets a cancelled run of `scope` running again. False when it was not
+    /// cancelled; [`EngineError::OtherRunActive`] while another run runs.
+    pub async fn resume(&self, pool: &PgPool, scope: &str) -> Result<bool, EngineError> {
+        runs::reopen(&mut *acquire(pool).await?, self.name(), scope, &[RunState::Cancelled]).await
+    }
+
+    /// Puts failed items of `scope` (all, or the one with `key`) back to
+    /// `eligible` and reopens the scope's finished run, in one transaction.
+    /// Their attempts so far stop counting toward the attempt limit, while
+    /// the attempt itself (the fence) never goes down.
+    pub async fn retry_failed(&self, pool: &PgPool, scope: &str, key: Option<&str>) -> Result<u64, EngineError> {
+        let mut tx = pool.begin().await.map_err(EngineError::db("beginning a retry"))?;
+        let retried = self.queue.retry_failed(&mut tx, scope, key).await?;
+        if retried > 0 {
+            runs::reopen(&mut tx, self.name(), scope, &[RunState::Finished]).await?;
+            runs::notify_items_eligible(&mut tx, self.name()).await?;
+        }
+        tx.commit().await.map_err(EngineError::db("committing a retry"))?;
+        Ok(retried)
+    }
+
+    /// Makes every held item of `key` eligible again, on the caller's
+    /// transaction (so it commits with the application's own release).
+    /// Returns the scopes that got work back: pass them to
+    /// [`Job::reopen_runs_with_work`] after the commit.
+    pub async fn release_held(&self, tx: &mut PgConnection, key: &str) -> Result<Vec<String>, EngineError> {
+        let scopes = self.queue.release_held(&mut *tx, key).await?;
+        if !scopes.is_empty() {
+            runs::notify_items_eligible(tx, self.name()).await?;
+        }
+        Ok(scopes)
+    }
+
+    /// Reopens the finished runs of these scopes (best effort: while another
+    /// run of the job is running, the daemons reopen them later).
+    pub async fn reopen_runs_with_work(&self, pool: &PgPool, scopes: &[String]) {
+        let mut scopes = scopes.to_vec();
+        scopes.sort();
+        scopes.dedup();
+        for scope in scopes {
+            let Ok(mut conn) = acquire(pool).await else { return };
+            match runs::reopen(&mut conn, self.name(), &scope, &[RunState::Finished]).await {
+                Ok(true) => tracing::info!(job = self.name(), scope, "run reopened: items became eligible again"),
+                Ok(false) => {}
+                Err(err) => tracing::info!(job = self.name(), scope, error = %err, "run not reopened yet"),
+            }
+        }
+    }
+
+    /// Reopens the oldest finished run that has eligible items again (a
+    /// release or a retry while another run ran). Returns its scope.
+    pub async fn reopen_oldest_with_work(&self, pool: &PgPool) -> Result<Option<String>, EngineError> {
+        let scope = self.queue.finished_scope_with_work(&mut *acquire(pool).await?).await?;
+        if let Some(scope) = &scope {
+            self.reopen_runs_with_work(pool, std::slice::from_ref(scope)).await;
+        }
+        Ok(scope)
+    }
+
+    /// The run of `scope`, if any.
+    pub async fn find_run(&self, pool: &PgPool, scope: &str) -> Result<Option<Run>, EngineError> {
+        runs::find(&mut *acquire(pool).await?, self.name(), scope).await
+    }
+
+    /// Run `id` of this job, if any.
+    pub async fn get_run(&self, pool: &PgPool, id: i64) -> Result<Option<Run>, EngineError> {
+        runs::get(&mut *acquire(pool).await?, self.name(), id).await
+    }
+
+    /// The job's running run, if any.
+    pub async fn running_run(&self, pool: &PgPool) -> Result<Option<Run>, EngineError> {
+        runs::running(&mut *acquire(pool).await?, self.name()).await
+    }
+
+    /// The job's runs, newest first.
+    pub async fn list_runs(&self, pool: &PgPool, limit: i64) -> Result<Vec<Run>, EngineError> {
+        runs::list(&mut *acquire(pool).await?, self.name(), limit).await
+    }
+
+    /// One worker's turn at `scope`: joins (or starts) its run, drains it
+    /// with `drainer`, and finishes it when nothing is left.
+    pub async fn work<D: Drainer>(
+        &self,
+        pool: &PgPool,
+        scope: &str,
+        drainer: &D,
+        cfg: &DrainConfig,
+        worker: &Worker,
+    ) -> Result<WorkOutcome, EngineError> {
+        let joined = self.start_or_join(pool, scope, Some(worker.id())).await?;
+        let run = joined.run;
+        if run.state != RunState::Running {
+            tracing::info!(run = run.id, scope, state = run.state.as_str(), "run is not running; nothing to do");
+            return Ok(WorkOutcome::RunNotRunning(run.id, run.state));
+        }
+        tracing::info!(run = run.id, scope, worker = %worker.id(), starter = joined.started, mode = drainer.mode(), "working on run");
+        let stats = worker.stats();
+        let settled_before = stats.items_settled.load(std::sync::atomic::Ordering::Relaxed);
+        drainer
+            .drain(pool, self.queue.clone(), run.id, scope, worker.id(), cfg, stats.clone())
+            .await?;
+        let settled = stats.items_settled.load(std::sync::atomic::Ordering::Relaxed) - settled_before;
+        if worker.stop_requested() {
+            tracing::info!(run = run.id, scope, settled, "stopped on request");
+            return Ok(WorkOutcome::Stopped { run_id: run.id, settled });
+        }
+        let finished = self.finish_if_drained(pool, run.id, scope, worker.id()).await?;
+        Ok(WorkOutcome::Drained {
+            run_id: run.id,
+            settled,
+            finished,
+        })
+    }
+}
+
+/// How a worker drains a run: in transactions ([`InTransaction`]) or with
+/// leases ([`Leased`]).
+pub trait Drainer: Send + Sync {
+    /// The mode's name, for logs.
+    fn mode(&self) -> &'static str;
+
+    /// Drains `scope` of run `run_id` until nothing is left, the run stops
+    /// running, or `stats.stop` is set.
+    #[allow(clippy::too_many_arguments)]
+    fn drain<'a>(
+        &'a self,
+        pool: &'a PgPool,
+        queue: Arc<WorkQueue>,
+        run_id: i64,
+        scope: &'a str,
+        worker: Uuid,
+        cfg: &'a DrainConfig,
+        stats: Arc<crate::DrainStats>,
+    ) -> impl Future<Output = Result<(), EngineError>> + Send + 'a;
+}
+
+/// In-transaction mode around a [`crate::ChunkHandler`].
+#[derive(Debug)]
+pub struct InTransaction<H>(pub Arc<H>);
+
+impl<H: crate::ChunkHandler> Drainer for InTransaction<H> {
+    fn mode(&self) -> &'static str {
+        "tx"
+    }
+
+    async fn drain(
+        &self,
+        pool: &PgPool,
+        queue: Arc<WorkQueue>,
+        run_id: i64,
+        scope: &str,
+        _worker: Uuid,
+        cfg: &DrainConfig,
+        stats: Arc<crate::DrainStats>,
+    ) -> Result<(), EngineError> {
+        crate::drain_in_transactions(pool, queue, run_id, scope, self.0.clone(), cfg, stats).await
+    }
+}
+
+/// Leased mode around a [`crate::LeasedHandler`].
+#[derive(Debug)]
+pub struct Leased<H> {
+    /// The handler.
+    pub handler: Arc<H>,
+    /// Lease timings.
+    pub leases: crate::LeaseConfig,
+}
+
+impl<H: crate::LeasedHandler> Drainer for Leased<H> {
+    fn mode(&self) -> &'static str {
+        "leased"
+    }
+
+    async fn drain(
+        &self,
+        pool: &PgPool,
+        queue: Arc<WorkQueue>,
+        run_id: i64,
+        scope: &str,
+        worker: Uuid,
+        cfg: &DrainConfig,
+        stats: Arc<crate::DrainStats>,
+    ) -> Result<(), EngineError> {
+        crate::drain_leased(
+            pool,
+            queue,
+            run_id,
+            scope,
+            worker,
+            self.handler.clone(),
+            cfg,
+            self.leases,
+            stats,
+        )
+        .await
+    }
+}
+
+async fn acquire(pool: &PgPool) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>, EngineError> {
+    pool.acquire().await.map_err(EngineError::db("acquiring a connection"))
+}
+
+/// One of the two modes, chosen at run time (a `--mode` flag).
+#[derive(Debug)]
+pub enum ByMode<T, L> {
+    /// In-transaction mode.
+    InTransaction(InTransaction<T>),
+    /// Leased mode.
+    Leased(Leased<L>),
+}
+
+impl<T: crate::ChunkHandler, L: crate::LeasedHandler> Drainer for ByMode<T, L> {
+    fn mode(&self) -> &'static str {
+        match self {
+            ByMode::InTransaction(d) => d.mode(),
+            ByMode::Leased(d) => d.mode(),
+        }
+    }
+
+    async fn drain(
+        &self,
+        pool: &PgPool,
+        queue: Arc<WorkQueue>,
+        run_id: i64,
+        scope: &str,
+        worker: Uuid,
+        cfg: &DrainConfig,
+        stats: Arc<crate::DrainStats>,
+    ) -> Result<(), EngineError> {
+        match self {
+            ByMode::InTransaction(d) => d.drain(pool, queue, run_id, scope, worker, cfg, stats).await,
+            ByMode::Leased(d) => d.drain(pool, queue, run_id, scope, worker, cfg, stats).await,
+        }
+    }
+}

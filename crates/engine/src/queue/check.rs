@@ -1,0 +1,123 @@
+//! What a work table must have, checked against the catalog when a job
+//! starts, so a missing column or index is one clear error at start instead
+//! of a failed statement (or a full scan per claim) at 05:00.
+
+use sqlx::PgConnection;
+
+use super::WorkQueue;
+use crate::EngineError;
+
+/// Columns a work table must have besides its scope and key columns.
+pub const REQUIRED_COLUMNS: &[(&str, &str)] = &[
+    ("status", "text: one of eligible, processing, settled, failed, held"),
+    ("attempt", "integer NOT NULL DEFAULT 0: the fence, raised by every claim"),
+    (
+        "attempt_base",
+        "integer NOT NULL DEFAULT 0: attempts before the last operator retry (not counted toward the limit)",
+    ),
+    ("lease_owner", "uuid: the worker holding a lease"),
+    ("lease_until", "timestamptz: when the lease expires (database clock)"),
+    ("not_before", "timestamptz: do not claim before (retry backoff)"),
+    ("last_error", "text: why the last attempt failed"),
+    ("updated_at", "timestamptz: last change"),
+];
+
+/// Indexes a work table needs: a unique index on (scope, key), and two
+/// partial indexes so claims and progress counts read only what is left.
+pub const REQUIRED_INDEXES: &[&str] = &[
+    "UNIQUE (scope, key), e.g. the primary key",
+    "(scope, key) WHERE status = 'eligible'",
+    "(scope, lease_until) WHERE status = 'processing'",
+];
+
+#[derive(sqlx::FromRow)]
+struct IndexRow {
+    unique: bool,
+    columns: Vec<String>,
+    predicate: Option<String>,
+}
+
+const COLUMNS_SQL: &str = "SELECT a.attname::text FROM pg_attribute a
+     WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped";
+
+const INDEXES_SQL: &str = "SELECT i.indisunique AS unique,
+            array(SELECT a.attname::text FROM unnest(i.indkey) WITH ORDINALITY k(attnum, ord)
+                  JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+                  ORDER BY k.ord) AS columns,
+            pg_get_expr(i.indpred, i.indrelid) AS predicate
+     FROM pg_index i WHERE i.indrelid = to_regclass($1)";
+
+impl WorkQueue {
+    /// Checks the work table against [`REQUIRED_COLUMNS`] and
+    /// [`REQUIRED_INDEXES`]; the error names everything missing.
+    pub async fn check_table(&self, conn: &mut PgConnection) -> Result<(), EngineError> {
+        let table = &self.spec.table;
+        let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+            .bind(table)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(EngineError::db("looking up the work table"))?;
+        if !exists {
+            return Err(EngineError::WorkTable {
+                table: table.clone(),
+                missing: vec!["the table itself (no such table)".into()],
+            });
+        }
+        let columns: Vec<String> = sqlx::query_scalar(COLUMNS_SQL)
+            .bind(table)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(EngineError::db("reading the work table's columns"))?;
+        let indexes: Vec<IndexRow> = sqlx::query_as(INDEXES_SQL)
+            .bind(table)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(EngineError::db("reading the work table's indexes"))?;
+        let missing = self.missing(&columns, &indexes);
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(EngineError::WorkTable {
+                table: table.clone(),
+                missing,
+            })
+        }
+    }
+
+    fn missing(&self, columns: &[String], indexes: &[IndexRow]) -> Vec<String> {
+        let (scope, key) = (&self.spec.scope_column, &self.spec.key_column);
+        let mut missing: Vec<String> = [scope.as_str(), key.as_str()]
+            .into_iter()
+            .chain(REQUIRED_COLUMNS.iter().map(|(name, _)| *name))
+            .filter(|name| !columns.iter().any(|c| c == name))
+            .map(|name| match REQUIRED_COLUMNS.iter().find(|(n, _)| *n == name) {
+                Some((_, what)) => format!("column {name} ({what})"),
+                None => format!("column {name}"),
+            })
+            .collect();
+        let leads_with = |i: &IndexRow, first: &str, second: &str| {
+            i.columns.first().map(String::as_str) == Some(first) && i.columns.get(1).map(String::as_str) == Some(second)
+        };
+        let partial_on = |i: &IndexRow, status: &str| {
+            i.predicate
+                .as_deref()
+                .is_some_and(|p| p.replace(' ', "").contains(&format!("status='{status}'")))
+        };
+        if !indexes
+            .iter()
+            .any(|i| i.unique && i.predicate.is_none() && i.columns == [scope.clone(), key.clone()])
+        {
+            missing.push(format!("a unique index on ({scope}, {key})"));
+        }
+        if !indexes.iter().any(|i| leads_with(i, scope, key) && partial_on(i, "eligible")) {
+            missing.push(format!("an index on ({scope}, {key}) WHERE status = 'eligible'"));
+        }
+        if !indexes
+            .iter()
+            .any(|i| leads_with(i, scope, "lease_until") && partial_on(i, "processing"))
+        {
+            missing.push(format!("an index on ({scope}, lease_until) WHERE status = 'processing'"));
+        }
+        missing
+    }
+}

@@ -1,0 +1,147 @@
+//! Claiming: the statements that take items for a worker, never waiting for
+//! another worker (`FOR NO KEY UPDATE SKIP LOCKED`), and return each item's
+//! fence.
+
+use std::time::Duration;
+
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use super::{KeyFence, Names, WorkQueue, MAX_CHUNK_ITEMS};
+use crate::{ClaimedItem, EngineError};
+
+#[derive(Debug, Clone)]
+pub(super) struct Sql {
+    in_tx: String,
+    keys_in_tx: String,
+    leased: String,
+}
+
+impl Sql {
+    pub(super) fn render(n: &Names) -> Sql {
+        let Names {
+            table,
+            scope,
+            scope_type,
+            key,
+            key_type,
+        } = n;
+        Sql {
+            // In-transaction mode: the row locks are the claim, held until
+            // commit; the status is re-checked when the items are marked.
+            // Locking rows straight from the SELECT (no `key IN (subquery)`)
+            // locks exactly the rows returned, never more. The fence is the
+            // attempt the commit will write.
+            in_tx: format!(
+                "SELECT t.{key}::text AS key, t.attempt + 1 AS fence
+                 FROM {table} t
+                 WHERE t.{scope} = CAST($1 AS {scope_type})
+                   AND t.status = 'eligible'
+                   AND (t.not_before IS NULL OR t.not_before <= now())
+                   AND EXISTS (SELECT 1 FROM settled_engine.runs r WHERE r.id = $3 AND r.state = 'running')
+                 LIMIT $2
+                 FOR NO KEY UPDATE OF t SKIP LOCKED"
+            ),
+            // Re-locks chosen keys (retrying halves of a failed chunk).
+            keys_in_tx: format!(
+                "SELECT t.{key}::text AS key, t.attempt + 1 AS fence
+                 FROM {table} t
+                 WHERE t.{scope} = CAST($1 AS {scope_type})
+                   AND t.{key} = ANY(CAST($2 AS {key_type}[]))
+                   AND t.status = 'eligible'
+                 FOR NO KEY UPDATE OF t SKIP LOCKED"
+            ),
+            // Leased mode: a short transaction of its own claims and commits
+            // the lease; the CTE is joined back on the key and the status
+            // re-checked.
+            leased: format!(
+                "WITH picked AS (
+                     SELECT t.{scope} AS scope, t.{key} AS key
+                     FROM {table} t
+                     WHERE t.{scope} = CAST($1 AS {scope_type})
+                       AND t.status = 'eligible'
+                       AND (t.not_before IS NULL OR t.not_before <= now())
+                       AND EXISTS (SELECT 1 FROM settled_engine.runs r WHERE r.id = $3 AND r.state = 'running')
+                     LIMIT $2
+                     FOR NO KEY UPDATE OF t SKIP LOCKED)
+                 UPDATE {table} t
+                 SET status = 'processing', attempt = t.attempt + 1, lease_owner = $4,
+                     lease_until = now() + $5 * interval '1 millisecond', updated_at = now()
+                 FROM picked
+                 WHERE t.{scope} = picked.scope AND t.{key} = picked.key AND t.status = 'eligible'
+                 RETURNING t.{key}::text AS key, t.attempt AS fence"
+            ),
+        }
+    }
+}
+
+impl WorkQueue {
+    /// The in-transaction claim's text (for tools that must send exactly
+    /// the engine's statement, such as a pgbench script check).
+    pub fn claim_in_tx_sql(&self) -> &str {
+        &self.sql.claim.in_tx
+    }
+
+    /// Locks up to `limit` eligible items of `scope` for the current
+    /// transaction, skipping rows other transactions hold. Returns nothing
+    /// when run `run_id` is not running.
+    pub async fn claim_chunk_in_tx(
+        &self,
+        tx: &mut PgConnection,
+        scope: &str,
+        limit: u32,
+        run_id: i64,
+    ) -> Result<Vec<ClaimedItem>, EngineError> {
+        debug_assert!((1..=MAX_CHUNK_ITEMS).contains(&limit));
+        let rows: Vec<KeyFence> = sqlx::query_as(&self.sql.claim.in_tx)
+            .bind(scope) // $1
+            .bind(i64::from(limit)) // $2
+            .bind(run_id) // $3
+            .fetch_all(tx)
+            .await
+            .map_err(EngineError::db("claiming a chunk"))?;
+        Ok(rows.into_iter().map(ClaimedItem::from).collect())
+    }
+
+    /// Re-locks the still-eligible items among `keys` in the current
+    /// transaction (skipping any another transaction holds).
+    pub async fn lock_keys_in_tx(
+        &self,
+        tx: &mut PgConnection,
+        scope: &str,
+        keys: &[String],
+    ) -> Result<Vec<ClaimedItem>, EngineError> {
+        let rows: Vec<KeyFence> = sqlx::query_as(&self.sql.claim.keys_in_tx)
+            .bind(scope) // $1
+            .bind(keys) // $2
+            .fetch_all(tx)
+            .await
+            .map_err(EngineError::db("re-locking items"))?;
+        Ok(rows.into_iter().map(ClaimedItem::from).collect())
+    }
+
+    /// Leased mode: claims up to `limit` items and commits their leases
+    /// (`processing`, owner, expiry `now() + ttl` on the database clock,
+    /// `attempt + 1`). Returns each item's key and fence.
+    pub async fn claim_leased(
+        &self,
+        conn: &mut PgConnection,
+        scope: &str,
+        limit: u32,
+        run_id: i64,
+        worker: Uuid,
+        ttl: Duration,
+    ) -> Result<Vec<ClaimedItem>, EngineError> {
+        debug_assert!((1..=MAX_CHUNK_ITEMS).contains(&limit));
+        let rows: Vec<KeyFence> = sqlx::query_as(&self.sql.claim.leased)
+            .bind(scope) // $1
+            .bind(i64::from(limit)) // $2
+            .bind(run_id) // $3
+            .bind(worker) // $4
+            .bind(ttl.as_millis() as i64) // $5
+            .fetch_all(conn)
+            .await
+            .map_err(EngineError::db("claiming a leased chunk"))?;
+        Ok(rows.into_iter().map(ClaimedItem::from).collect())
+    }
+}

@@ -1,0 +1,166 @@
+//! Counting: exact counts from committed state, never through SKIP LOCKED
+//! (which hides the rows others hold). This is the one place item statuses
+//! are counted; reports, progress and the finisher all read it.
+
+use sqlx::PgConnection;
+
+use super::{Names, WorkQueue};
+use crate::{EngineError, ItemStatus};
+
+#[derive(Debug, Clone)]
+pub(super) struct Sql {
+    unfinished: String,
+    by_status: String,
+    all_by_status: String,
+    has_items: String,
+    analyze: String,
+}
+
+/// Exact counts of a scope's items, one per status.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(transparent)]
+pub struct StatusCounts {
+    /// (status, items), every status present, in [`ItemStatus::ALL`] order.
+    pub counts: Vec<(ItemStatus, i64)>,
+}
+
+impl StatusCounts {
+    /// Items with this status.
+    pub fn get(&self, status: ItemStatus) -> i64 {
+        self.counts.iter().find(|(s, _)| *s == status).map_or(0, |(_, n)| *n)
+    }
+
+    /// All items of the scope.
+    pub fn total(&self) -> i64 {
+        self.counts.iter().map(|(_, n)| n).sum()
+    }
+
+    /// Items still to do (eligible or processing).
+    pub fn unfinished(&self) -> i64 {
+        self.get(ItemStatus::Eligible) + self.get(ItemStatus::Processing)
+    }
+
+    /// The counts as a JSON object keyed by status.
+    pub fn to_json(&self) -> serde_json::Value {
+        self.counts
+            .iter()
+            .map(|(s, n)| (s.as_str().to_string(), serde_json::Value::from(*n)))
+            .collect::<serde_json::Map<_, _>>()
+            .into()
+    }
+}
+
+#[derive(sqlx::FromRow)]
+struct StatusRow {
+    status: String,
+    items: i64,
+}
+
+impl Sql {
+    pub(super) fn render(n: &Names) -> Sql {
+        let Names {
+            table,
+            scope,
+            scope_type,
+            ..
+        } = n;
+        Sql {
+            // Two counts, each answered from its partial index (eligible,
+            // processing), so polling progress stays cheap on a large scope.
+            unfinished: format!(
+                "SELECT (SELECT count(*) FROM {table} WHERE {scope} = CAST($1 AS {scope_type}) AND status = 'eligible')
+                      + (SELECT count(*) FROM {table} WHERE {scope} = CAST($1 AS {scope_type}) AND status = 'processing')"
+            ),
+            by_status: format!(
+                "SELECT status, count(*) AS items FROM {table}
+                 WHERE {scope} = CAST($1 AS {scope_type}) GROUP BY status"
+            ),
+            all_by_status: format!("SELECT status, count(*) AS items FROM {table} GROUP BY status"),
+            has_items: format!("SELECT EXISTS (SELECT 1 FROM {table} WHERE {scope} = CAST($1 AS {scope_type}))"),
+            analyze: format!("ANALYZE {table}"),
+        }
+    }
+}
+
+/// True when the planner's statistics of `table` miss more than 10% of its
+/// rows (or it was never analyzed).
+const STALE_STATISTICS_SQL: &str = "SELECT coalesce(n_mod_since_analyze > greatest(1000, n_live_tup / 10), true)
+     FROM pg_stat_user_tables WHERE relid = to_regclass($1)";
+
+impl WorkQueue {
+    /// Exact count of items of `scope` still to do (eligible or processing),
+    /// from committed state: never SKIP LOCKED, which would hide rows.
+    pub async fn count_unfinished(&self, conn: &mut PgConnection, scope: &str) -> Result<i64, EngineError> {
+        sqlx::query_scalar(&self.sql.count.unfinished)
+            .bind(scope) // $1
+            .fetch_one(conn)
+            .await
+            .map_err(EngineError::db("counting unfinished items"))
+    }
+
+    /// Exact counts by status for `scope` (every status present, zero if none).
+    pub async fn count_by_status(&self, conn: &mut PgConnection, scope: &str) -> Result<StatusCounts, EngineError> {
+        let rows: Vec<StatusRow> = sqlx::query_as(&self.sql.count.by_status)
+            .bind(scope) // $1
+            .fetch_all(conn)
+            .await
+            .map_err(EngineError::db("counting items by status"))?;
+        StatusCounts::from_rows(rows)
+    }
+
+    /// Exact counts by status over every scope of the table.
+    pub async fn count_all_by_status(&self, conn: &mut PgConnection) -> Result<StatusCounts, EngineError> {
+        let rows: Vec<StatusRow> = sqlx::query_as(&self.sql.count.all_by_status)
+            .fetch_all(conn)
+            .await
+            .map_err(EngineError::db("counting items by status"))?;
+        StatusCounts::from_rows(rows)
+    }
+}
+
+impl StatusCounts {
+    fn from_rows(rows: Vec<StatusRow>) -> Result<StatusCounts, EngineError> {
+        let mut counts: Vec<(ItemStatus, i64)> = ItemStatus::ALL.iter().map(|s| (*s, 0)).collect();
+        for row in rows {
+            let parsed = ItemStatus::parse(&row.status)
+                .ok_or_else(|| EngineError::Invariant(format!("unknown item status {:?}", row.status)))?;
+            if let Some(slot) = counts.iter_mut().find(|(s, _)| *s == parsed) {
+                slot.1 = row.items;
+            }
+        }
+        Ok(StatusCounts { counts })
+    }
+}
+
+impl WorkQueue {
+    /// True when `scope` has at least one item.
+    pub async fn has_items(&self, conn: &mut PgConnection, scope: &str) -> Result<bool, EngineError> {
+        sqlx::query_scalar(&self.sql.count.has_items)
+            .bind(scope) // $1
+            .fetch_one(conn)
+            .await
+            .map_err(EngineError::db("looking for a scope's items"))
+    }
+
+    /// Refreshes the planner's statistics of the work table. A scope loaded
+    /// just before its run (and not yet seen by autovacuum) otherwise looks
+    /// empty to the planner, which then scans the whole scope per statement
+    /// instead of looking items up by key. Needs ownership of the table.
+    /// Skipped (returning false) while the statistics are fresh: fewer than
+    /// 10% of the rows changed since the last analyze.
+    pub async fn refresh_statistics(&self, conn: &mut PgConnection) -> Result<bool, EngineError> {
+        let stale: Option<bool> = sqlx::query_scalar(STALE_STATISTICS_SQL)
+            .bind(&self.spec.table) // $1
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(EngineError::db("reading the work table's statistics"))?;
+        if stale == Some(false) {
+            return Ok(false);
+        }
+        sqlx::query(&self.sql.count.analyze)
+            .execute(conn)
+            .await
+            .map_err(EngineError::db("analyzing the work table"))?;
+        Ok(true)
+    }
+}

@@ -1,0 +1,108 @@
+//! Leases: renewing what a worker holds, and giving leases back (a worker
+//! stopping, a run cancelled) with the attempt kept, so the fence still
+//! refuses the old holder.
+
+use std::time::Duration;
+
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use super::{keys_and_fences, KeyFence, Names, WorkQueue};
+use crate::{ClaimedItem, EngineError};
+
+#[derive(Debug, Clone)]
+pub(super) struct Sql {
+    renew: String,
+    release_own: String,
+    release_scope: String,
+}
+
+impl Sql {
+    pub(super) fn render(n: &Names) -> Sql {
+        let Names {
+            table,
+            scope,
+            scope_type,
+            key,
+            key_type,
+        } = n;
+        Sql {
+            // One statement per worker per heartbeat, for the leases it knows
+            // it holds. A lease whose claim committed but whose answer was
+            // lost (the connection dropped) is not renewed: it expires and is
+            // rescued.
+            renew: format!(
+                "UPDATE {table} t
+                 SET lease_until = now() + $2 * interval '1 millisecond'
+                 FROM unnest(CAST($3 AS {key_type}[]), CAST($4 AS integer[])) AS f(key, fence)
+                 WHERE t.{key} = f.key AND t.attempt = f.fence
+                   AND t.status = 'processing' AND t.lease_owner = $1
+                 RETURNING t.{key}::text AS key, t.attempt AS fence"
+            ),
+            // Graceful shutdown: give back what a worker holds, attempt kept.
+            release_own: format!(
+                "UPDATE {table}
+                 SET status = 'eligible', lease_owner = NULL, lease_until = NULL, updated_at = now()
+                 WHERE status = 'processing' AND lease_owner = $1
+                   AND ($2::{key_type}[] IS NULL OR {key} = ANY($2::{key_type}[]))"
+            ),
+            // Cancelling a run: every lease of the scope is given back.
+            release_scope: format!(
+                "UPDATE {table}
+                 SET status = 'eligible', lease_owner = NULL, lease_until = NULL, updated_at = now()
+                 WHERE {scope} = CAST($1 AS {scope_type}) AND status = 'processing'"
+            ),
+        }
+    }
+}
+
+impl WorkQueue {
+    /// Extends the leases `worker` holds on these items to `now() + ttl`, in
+    /// one statement. Returns the items it still holds.
+    pub async fn renew_leases(
+        &self,
+        conn: &mut PgConnection,
+        worker: Uuid,
+        ttl: Duration,
+        held: &[ClaimedItem],
+    ) -> Result<Vec<ClaimedItem>, EngineError> {
+        let (keys, fences) = keys_and_fences(held);
+        let rows: Vec<KeyFence> = sqlx::query_as(&self.sql.lease.renew)
+            .bind(worker) // $1
+            .bind(ttl.as_millis() as i64) // $2
+            .bind(keys) // $3
+            .bind(fences) // $4
+            .fetch_all(conn)
+            .await
+            .map_err(EngineError::db("renewing leases"))?;
+        Ok(rows.into_iter().map(ClaimedItem::from).collect())
+    }
+
+    /// Gives back leases `worker` holds (all of them, or only `keys`):
+    /// eligible again at once, attempt kept.
+    pub async fn release_leases(
+        &self,
+        conn: &mut PgConnection,
+        worker: Uuid,
+        keys: Option<&[String]>,
+    ) -> Result<u64, EngineError> {
+        Ok(sqlx::query(&self.sql.lease.release_own)
+            .bind(worker) // $1
+            .bind(keys) // $2
+            .execute(conn)
+            .await
+            .map_err(EngineError::db("releasing leases"))?
+            .rows_affected())
+    }
+
+    /// Gives back every lease of `scope` (a cancelled run): eligible again,
+    /// attempt kept. A worker still working on one is refused at completion.
+    pub(crate) async fn release_scope(&self, conn: &mut PgConnection, scope: &str) -> Result<u64, EngineError> {
+        Ok(sqlx::query(&self.sql.lease.release_scope)
+            .bind(scope) // $1
+            .execute(conn)
+            .await
+            .map_err(EngineError::db("releasing a scope's leases"))?
+            .rows_affected())
+    }
+}

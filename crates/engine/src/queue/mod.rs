@@ -1,0 +1,188 @@
+//! A work table: its spec, and the statements that claim, complete, fail,
+//! release and count its items.
+//!
+//! Each operation's statement text sits in the file of its operation, beside
+//! the function that binds and runs it: `claim.rs`, `complete.rs`,
+//! `fail.rs`, `lease.rs`, `count.rs`, `manage.rs`. Statements are rendered
+//! once, when the [`WorkQueue`] is built, from identifiers [`QueueSpec`]
+//! validated; values are always bound parameters. `check.rs` proves at start
+//! that the table has what the statements need.
+
+mod check;
+mod claim;
+mod complete;
+mod count;
+mod fail;
+mod lease;
+mod manage;
+
+pub use check::{REQUIRED_COLUMNS, REQUIRED_INDEXES};
+pub use count::StatusCounts;
+pub use fail::{FailOutcome, Failure, RetryPolicy, DEFAULT_MAX_ATTEMPTS};
+
+use crate::{ClaimedItem, EngineError, Fence};
+
+/// Largest chunk one claim may take.
+pub const MAX_CHUNK_ITEMS: u32 = 10_000;
+
+/// Describes a work table. All fields are SQL identifiers (or type names),
+/// validated by [`WorkQueue::new`].
+#[derive(Debug, Clone)]
+pub struct QueueSpec {
+    /// The job's name, as stored in `settled_engine.runs.job`.
+    pub job: String,
+    /// The work table, `schema.table` or `table`.
+    pub table: String,
+    /// The column that one run covers (e.g. `period`, `week`).
+    pub scope_column: String,
+    /// Its SQL type (e.g. `date`).
+    pub scope_type: String,
+    /// The column that identifies an item within a scope (e.g. `creator`).
+    pub key_column: String,
+    /// Its SQL type (e.g. `text`).
+    pub key_type: String,
+}
+
+/// A validated work table with its rendered statements.
+#[derive(Debug, Clone)]
+pub struct WorkQueue {
+    spec: QueueSpec,
+    sql: Statements,
+}
+
+/// The validated identifiers statements are rendered from.
+struct Names<'a> {
+    table: &'a str,
+    scope: &'a str,
+    scope_type: &'a str,
+    key: &'a str,
+    key_type: &'a str,
+}
+
+/// Every statement of a queue, rendered once.
+#[derive(Debug, Clone)]
+struct Statements {
+    claim: claim::Sql,
+    complete: complete::Sql,
+    fail: fail::Sql,
+    lease: lease::Sql,
+    count: count::Sql,
+    manage: manage::Sql,
+}
+
+fn check_identifier(field: &'static str, value: &str, allow_schema: bool) -> Result<(), EngineError> {
+    let part_ok = |p: &str| {
+        !p.is_empty()
+            && p.len() <= 63
+            && p.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+            && p.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+    };
+    let parts: Vec<&str> = value.split('.').collect();
+    let ok = match parts.as_slice() {
+        [one] => part_ok(one),
+        [schema, name] if allow_schema => part_ok(schema) && part_ok(name),
+        _ => false,
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(EngineError::InvalidIdentifier {
+            field,
+            value: value.to_string(),
+        })
+    }
+}
+
+impl WorkQueue {
+    /// Validates the spec and renders the queue's statements.
+    pub fn new(spec: QueueSpec) -> Result<WorkQueue, EngineError> {
+        check_identifier("table", &spec.table, true)?;
+        check_identifier("scope_column", &spec.scope_column, false)?;
+        check_identifier("scope_type", &spec.scope_type, false)?;
+        check_identifier("key_column", &spec.key_column, false)?;
+        check_identifier("key_type", &spec.key_type, false)?;
+        if spec.job.is_empty() || spec.job.len() > 100 {
+            return Err(EngineError::InvalidIdentifier {
+                field: "job",
+                value: spec.job.clone(),
+            });
+        }
+        let names = Names {
+            table: &spec.table,
+            scope: &spec.scope_column,
+            scope_type: &spec.scope_type,
+            key: &spec.key_column,
+            key_type: &spec.key_type,
+        };
+        let sql = Statements {
+            claim: claim::Sql::render(&names),
+            complete: complete::Sql::render(&names),
+            fail: fail::Sql::render(&names),
+            lease: lease::Sql::render(&names),
+            count: count::Sql::render(&names),
+            manage: manage::Sql::render(&names),
+        };
+        Ok(WorkQueue { spec, sql })
+    }
+
+    /// The spec this queue was built from.
+    pub fn spec(&self) -> &QueueSpec {
+        &self.spec
+    }
+
+    /// The job's name.
+    pub fn job(&self) -> &str {
+        &self.spec.job
+    }
+}
+
+/// A claimed (key, fence) row as the claim statements return it.
+#[derive(sqlx::FromRow)]
+struct KeyFence {
+    key: String,
+    fence: Fence,
+}
+
+impl From<KeyFence> for ClaimedItem {
+    fn from(row: KeyFence) -> ClaimedItem {
+        ClaimedItem {
+            key: row.key,
+            fence: row.fence,
+        }
+    }
+}
+
+/// Splits items into the two arrays the fenced statements bind.
+fn keys_and_fences(items: &[ClaimedItem]) -> (Vec<String>, Vec<i32>) {
+    items.iter().map(|i| (i.key.clone(), i.fence.get())).unzip()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> QueueSpec {
+        QueueSpec {
+            job: "j".into(),
+            table: "s.t".into(),
+            scope_column: "period".into(),
+            scope_type: "date".into(),
+            key_column: "k".into(),
+            key_type: "text".into(),
+        }
+    }
+
+    #[test]
+    fn rejects_identifiers_that_are_not_plain_names() {
+        for bad in ["t; drop table x", "T", "a.b.c", "", "1t", "t\"", "a b"] {
+            let mut s = spec();
+            s.table = bad.into();
+            assert!(WorkQueue::new(s).is_err(), "{bad:?} accepted");
+        }
+        let mut s = spec();
+        s.key_type = "text[]".into();
+        assert!(WorkQueue::new(s).is_err());
+        assert!(WorkQueue::new(spec()).is_ok());
+    }
+}

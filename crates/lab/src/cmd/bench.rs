@@ -1,0 +1,144 @@
+//! `settled bench`.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::process::ExitCode;
+
+use settled::cmd::{exit_code, Global, Outcome, Runnable};
+
+use crate::bench::{BenchOptions, Strategy, DEFAULT_PEERS};
+
+/// Measure claiming strategies, the SQL floors and peer job queues.
+///
+/// Each case settles the same seeded period on a fresh database (on
+/// DATABASE_URL's server, or on a private throwaway server, fsync on,
+/// started in a temporary directory for the run; --data-dir is not used) with W
+/// `settled bench-worker` processes, started and connected before the
+/// clock starts. Records creators/s, scaling efficiency, claim latency
+/// p50/p99, sessions waiting on locks (sampled from pg_stat_activity),
+/// transactions per item and verify's result (a case that fails verify is
+/// reported as failed). Floors: the product's own statements under pgbench,
+/// and one set-based transaction. Peers: the scripts under --peers-dir.
+/// Prints a markdown table; --out DIR also writes results.json, results.md
+/// and SVG/PNG plots. Exit 1 if any case failed.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Small and fast, for CI smoke runs: 5,000 creators (400 with work),
+    /// workers 1,4, no peers unless --peers is given.
+    #[arg(long)]
+    quick: bool,
+    /// Creators per case without simulated work [default: 50000; quick: 5000].
+    #[arg(long)]
+    creators: Option<u64>,
+    /// Creators per case with simulated work [default: 3000; quick: 400].
+    #[arg(long)]
+    work_creators: Option<u64>,
+    /// Worker counts, comma separated [default: 1,2,4,8,16; quick: 1,4].
+    #[arg(long, value_delimiter = ',')]
+    workers: Option<Vec<u32>>,
+    /// Simulated per-item work in ms, one set of cases per value.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![0u64, 5])]
+    work_ms: Vec<u64>,
+    /// Strategies, comma separated [default: all].
+    #[arg(long, value_enum, value_delimiter = ',')]
+    strategies: Option<Vec<Strategy>>,
+    /// Items per claim without simulated work.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=10000))]
+    chunk: u32,
+    /// Items per claim with simulated work (small, so every worker gets some).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=10000))]
+    work_chunk: u32,
+    /// Redis for the redis-lock strategy (skipped when none answers).
+    #[arg(long, env = "SETTLED_BENCH_REDIS_URL", default_value = "redis://127.0.0.1:6379")]
+    redis_url: String,
+    /// Peer job queues to measure, comma separated, or `none`
+    /// [default: graphile-worker,pg-boss,pgqueuer,apalis; quick: none].
+    #[arg(long, value_delimiter = ',')]
+    peers: Option<Vec<String>>,
+    /// Directory of the peer scripts.
+    #[arg(long, default_value = "bench/peers")]
+    peers_dir: PathBuf,
+    /// Seconds a peer case may run; a peer still busy then is reported
+    /// with the rate of what it settled (marked partial).
+    #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    peer_time_limit: u64,
+    /// Skip the pgbench and set-based floors.
+    #[arg(long)]
+    no_floors: bool,
+    /// Claim loops of the one worker process whose peak memory is measured (0: skip).
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(0..=256))]
+    memory_concurrency: u32,
+    /// Write results.json, results.md and plots (SVG, PNG) here.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Print the report as JSON instead of markdown.
+    #[arg(long)]
+    json: bool,
+    /// Measure nothing: redraw results.md and the plots into --out from
+    /// an earlier run's results.json.
+    #[arg(long, value_name = "RESULTS_JSON", requires = "out")]
+    replot: Option<PathBuf>,
+}
+
+impl Args {
+    fn options(self, global: &Global) -> BenchOptions {
+        let quick = self.quick;
+        let peers = match self.peers {
+            Some(list) if list.iter().any(|p| p == "none") => Vec::new(),
+            Some(list) => list,
+            None if quick => Vec::new(),
+            None => DEFAULT_PEERS.iter().map(|p| p.to_string()).collect(),
+        };
+        BenchOptions {
+            creators: self.creators.unwrap_or(if quick { 5_000 } else { 50_000 }),
+            work_creators: self.work_creators.unwrap_or(if quick { 400 } else { 3_000 }),
+            workers: self
+                .workers
+                .unwrap_or_else(|| if quick { vec![1, 4] } else { vec![1, 2, 4, 8, 16] }),
+            work_ms: self.work_ms,
+            strategies: self.strategies.unwrap_or_else(|| Strategy::ALL.to_vec()),
+            chunk: self.chunk,
+            work_chunk: self.work_chunk,
+            redis_url: self.redis_url,
+            peers,
+            peers_dir: self.peers_dir,
+            peer_time_limit: self.peer_time_limit,
+            floors: !self.no_floors,
+            memory_concurrency: self.memory_concurrency,
+            out: self.out,
+            database_url: global.database_url(),
+            command: std::iter::once("settled".to_string())
+                .chain(std::env::args().skip(1))
+                .collect::<Vec<_>>()
+                .join(" "),
+        }
+    }
+}
+
+impl Runnable for Args {
+    fn run(self: Box<Self>, global: Global) -> Pin<Box<dyn Future<Output = Outcome>>> {
+        Box::pin(async move {
+            if let (Some(results), Some(out)) = (&self.replot, &self.out) {
+                let report = crate::bench::replot(results, out)?;
+                eprintln!(
+                    "bench: redrew results.md and plots in {} from {}",
+                    out.display(),
+                    results.display()
+                );
+                if self.json {
+                    println!("{}", serde_json::to_string_pretty(&report)?);
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
+            let json = self.json;
+            let report = crate::bench::bench(&self.options(&global)).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", crate::bench::markdown(&report));
+            }
+            Ok(exit_code(report.cases.iter().all(|c| c.ok())))
+        })
+    }
+}

@@ -1,0 +1,9 @@
+//! The lab's commands, one file each, offered by the same `settled` binary
+//! beside the product's: `bench`, `bench-worker`, `chaos`, `provider-sim`,
+//! and `lab-worker` (the product's worker with the lab's simulated work).
+
+pub mod bench;
+pub mod bench_worker;
+pub mod chaos;
+pub mod lab_worker;
+pub mod provider_sim;

@@ -1,0 +1,18 @@
+//! settled-lab: what measures and attacks the product, kept out of it.
+//!
+//! The benchmark (`bench/`: strategies as worker processes, the SQL floors,
+//! peer job queues, the report and its plots), the chaos harness
+//! (`chaos.rs`), the payment provider simulator (`provider_sim.rs`), and
+//! the layers the lab puts around the product's real handlers
+//! (`simulate.rs`). Its commands (`cmd/`) are offered by the same `settled`
+//! binary; nothing here is reachable from `settled worker`.
+//!
+//! One deliberate exception to "the product's statements only": the
+//! benchmark's `for-update` and `offset` strategies send the engine's claim
+//! with its locking clause replaced, to measure what SKIP LOCKED avoids.
+
+pub mod bench;
+pub mod chaos;
+pub mod cmd;
+pub mod provider_sim;
+pub mod simulate;

@@ -1,0 +1,123 @@
+//! What the lab puts around the product's real handlers: simulated
+//! per-item work, and a provider that pays nothing outside. Layers, never
+//! modes of the production handlers: `settled worker` cannot reach them.
+
+use std::time::Duration;
+
+use settled::money::Amount;
+use settled::provider::{HttpProvider, Payment, PayoutProvider, ProviderError};
+use settled::settlement::{SettleRewards, SettleWithProvider};
+use settled::worker::Mode;
+use settled_engine::{
+    ByMode, Chunk, ChunkHandler, ClaimedItem, Handled, HandlerError, InTransaction, LeaseConfig, Leased, LeasedHandler,
+};
+use sqlx::{PgConnection, PgPool};
+use std::sync::Arc;
+
+/// Largest simulated per-item work, in milliseconds.
+pub const MAX_WORK_MS: u64 = 60_000;
+
+/// A handler with simulated work per item: in-transaction, after the
+/// chunk's writes and before the commit (the widest window for a crash to
+/// leave something half written: it must not); leased, before each item's
+/// real work, outside any transaction.
+#[derive(Debug, Clone)]
+pub struct SimulatedWork<H> {
+    /// The real handler.
+    pub inner: H,
+    /// Work per item.
+    pub per_item: Duration,
+}
+
+impl<H: ChunkHandler> ChunkHandler for SimulatedWork<H> {
+    async fn handle_chunk(&self, tx: &mut PgConnection, chunk: &Chunk) -> Result<Handled, HandlerError> {
+        let handled = self.inner.handle_chunk(tx, chunk).await?;
+        if !self.per_item.is_zero() {
+            tokio::time::sleep(self.per_item * chunk.items.len() as u32).await;
+        }
+        Ok(handled)
+    }
+}
+
+impl<H: LeasedHandler> LeasedHandler for SimulatedWork<H> {
+    type Batch = H::Batch;
+
+    async fn prepare(&self, pool: &PgPool, chunk: &Chunk) -> Result<Self::Batch, HandlerError> {
+        self.inner.prepare(pool, chunk).await
+    }
+
+    fn held(&self, batch: &Self::Batch) -> Vec<String> {
+        self.inner.held(batch)
+    }
+
+    async fn work_item(&self, batch: &Self::Batch, chunk: &Chunk, item: &ClaimedItem) -> Result<(), HandlerError> {
+        if !self.per_item.is_zero() {
+            tokio::time::sleep(self.per_item).await;
+        }
+        self.inner.work_item(batch, chunk, item).await
+    }
+
+    async fn commit(&self, tx: &mut PgConnection, chunk: &Chunk) -> Result<(), HandlerError> {
+        self.inner.commit(tx, chunk).await
+    }
+}
+
+/// The lab's payment provider: a real one over HTTP, or none (leased mode
+/// that pays nothing outside the database, to measure the engine alone).
+#[derive(Debug, Clone)]
+pub enum LabProvider {
+    /// A provider over HTTP (the simulator, in chaos runs).
+    Http(HttpProvider),
+    /// Nothing outside: every payment "succeeds" at once.
+    Nothing,
+}
+
+impl PayoutProvider for LabProvider {
+    async fn pay(&self, key: &str, creator: &str, amount: Amount) -> Result<Payment, ProviderError> {
+        match self {
+            LabProvider::Http(http) => http.pay(key, creator, amount).await,
+            LabProvider::Nothing => Ok(Payment {
+                id: 0,
+                idempotency_key: key.to_string(),
+                creator: creator.to_string(),
+                amount: amount.to_string(),
+            }),
+        }
+    }
+}
+
+/// The lab's drainer: the product's handlers inside [`SimulatedWork`].
+pub type LabDrainer = ByMode<SimulatedWork<SettleRewards>, SimulatedWork<SettleWithProvider<LabProvider>>>;
+
+/// Builds the lab's drainer; leased mode without `provider_url` pays nothing outside.
+pub fn drainer(
+    mode: Mode,
+    provider_url: Option<&str>,
+    provider_timeout: Duration,
+    leases: LeaseConfig,
+    per_item: Duration,
+) -> anyhow::Result<LabDrainer> {
+    anyhow::ensure!(
+        per_item <= Duration::from_millis(MAX_WORK_MS),
+        "--work-ms must be at most {MAX_WORK_MS}"
+    );
+    Ok(match mode {
+        Mode::Tx => ByMode::InTransaction(InTransaction(Arc::new(SimulatedWork {
+            inner: SettleRewards,
+            per_item,
+        }))),
+        Mode::Leased => {
+            let provider = match provider_url {
+                Some(url) => LabProvider::Http(HttpProvider::new(url, provider_timeout)?),
+                None => LabProvider::Nothing,
+            };
+            ByMode::Leased(Leased {
+                handler: Arc::new(SimulatedWork {
+                    inner: SettleWithProvider { provider },
+                    per_item,
+                }),
+                leases,
+            })
+        }
+    })
+}

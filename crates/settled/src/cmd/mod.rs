@@ -1,0 +1,196 @@
+//! The product's commands, one file each: an `Args` struct (what clap
+//! parses, with the command's help) and its `run`. The binary's `main.rs`
+//! names every command once, in one `match`, and hands it to [`execute`].
+//!
+//! Exit codes: 0 success; 1 the command ran and found a problem
+//! (verification failed, a worker failed, bad input); 2 it could not start
+//! (bad usage, no database and no PostgreSQL server binaries).
+
+pub mod demo;
+pub mod import;
+pub mod lease;
+pub mod migrate;
+pub mod policy;
+pub mod retry;
+pub mod run;
+pub mod runs;
+pub mod seed;
+pub mod serve;
+pub mod status;
+pub mod verify;
+pub mod worker;
+pub mod workers;
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::process::ExitCode;
+
+use crate::db::{Database, DbOptions};
+
+/// Default claim loops per worker process.
+pub const DEFAULT_CONCURRENCY: u32 = 4;
+/// Default items per claim.
+pub const DEFAULT_CHUNK: u32 = 100;
+
+/// Flags every command takes.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Global {
+    /// PostgreSQL URL. Unset: start a private server in --data-dir.
+    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
+    pub database_url: Option<String>,
+
+    /// Data directory of the private PostgreSQL (used when DATABASE_URL is unset).
+    #[arg(long, env = "SETTLED_DATA_DIR", default_value = ".settled", global = true)]
+    pub data_dir: PathBuf,
+
+    /// Connect with the least-privilege role each command needs (SET ROLE
+    /// settled_worker / settled_api / settled_readonly); the login role must be
+    /// a member. Commands that change input or schema keep the login role.
+    #[arg(long, env = "SETTLED_ROLE_PER_COMMAND", global = true)]
+    pub role_per_command: bool,
+
+    /// Log format on stderr: human, or json (one object per line).
+    #[arg(long, env = "SETTLED_LOG_FORMAT", value_enum, default_value_t = LogFormat::Human, global = true)]
+    pub log_format: LogFormat,
+}
+
+impl Global {
+    /// DATABASE_URL, if set and not empty.
+    pub fn database_url(&self) -> Option<String> {
+        self.database_url.clone().filter(|u| !u.is_empty())
+    }
+}
+
+/// How log lines look.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable (colored on a terminal).
+    Human,
+    /// One JSON object per line, for log collectors.
+    Json,
+}
+
+/// What a command's `run` returns.
+pub type Outcome = anyhow::Result<ExitCode>;
+
+/// A command that runs on the product's database (opened, migrated and
+/// closed around it).
+pub trait DbCommand: Sized + 'static {
+    /// The least role it needs under `--role-per-command` (None: the login role).
+    const ROLE: Option<&'static str> = None;
+    /// Shown in `pg_stat_activity.application_name`.
+    const APPLICATION_NAME: &'static str = "settled";
+    /// Whether one runtime thread serves it best (its loops mostly wait on
+    /// the database, and more threads only compete with PostgreSQL).
+    const SINGLE_THREADED: bool = false;
+
+    /// Connections its pool needs.
+    fn connections(&self) -> u32 {
+        4
+    }
+
+    /// Runs it.
+    fn run(self, db: &Database) -> impl Future<Output = Outcome>;
+}
+
+/// Anything the binary runs: a [`DbCommand`] through [`OnDatabase`], or a
+/// command that sets up its own databases (the lab's).
+pub trait Runnable {
+    /// See [`DbCommand::SINGLE_THREADED`].
+    fn single_threaded(&self) -> bool {
+        false
+    }
+
+    /// Runs it.
+    fn run(self: Box<Self>, global: Global) -> Pin<Box<dyn Future<Output = Outcome>>>;
+}
+
+/// Runs a [`DbCommand`] on the database the global flags name.
+pub struct OnDatabase<C>(pub C);
+
+impl<C: DbCommand> Runnable for OnDatabase<C> {
+    fn single_threaded(&self) -> bool {
+        C::SINGLE_THREADED
+    }
+
+    fn run(self: Box<Self>, global: Global) -> Pin<Box<dyn Future<Output = Outcome>>> {
+        Box::pin(async move {
+            let opts = DbOptions {
+                url: global.database_url(),
+                data_dir: global.data_dir.clone(),
+                max_connections: self.0.connections(),
+                role: if global.role_per_command { C::ROLE } else { None },
+                application_name: C::APPLICATION_NAME.to_string(),
+            };
+            let db = Database::open(&opts).await?;
+            let result = self.0.run(&db).await;
+            db.close().await?;
+            result
+        })
+    }
+}
+
+/// Boxes a [`DbCommand`] for the dispatch.
+pub fn on_database<C: DbCommand>(command: C) -> Box<dyn Runnable> {
+    Box::new(OnDatabase(command))
+}
+
+/// The binary's whole life: settings file into the environment, `parse`
+/// the arguments, start logging and the runtime, run, map the outcome to
+/// an exit code.
+pub fn execute(parse: impl FnOnce() -> (Global, Box<dyn Runnable>)) -> ExitCode {
+    if let Err(err) = crate::config::load_into_env() {
+        eprintln!("error: {err:#}");
+        return ExitCode::from(2);
+    }
+    let (global, command) = parse();
+    init_logging(global.log_format);
+    let built = if command.single_threaded() {
+        tokio::runtime::Builder::new_current_thread().enable_all().build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread().enable_all().build()
+    };
+    let runtime = match built {
+        Ok(rt) => rt,
+        Err(err) => {
+            eprintln!("error: starting the async runtime: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    match runtime.block_on(command.run(global)) {
+        Ok(code) => code,
+        Err(err) => {
+            if let Some(settled_testkit::Error::NoBinaries) = err.downcast_ref::<settled_testkit::Error>() {
+                eprintln!("error: {}", settled_testkit::Error::NoBinaries);
+                return ExitCode::from(2);
+            }
+            eprintln!("error: {err:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SETTLED_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false);
+    match format {
+        LogFormat::Human => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}
+
+/// Exit code 0 when `ok`, else 1.
+pub fn exit_code(ok: bool) -> ExitCode {
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}

@@ -1,0 +1,129 @@
+//! `settled run --period D [--wait | --cancel]`: operating one run by hand.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use settled_engine::{Cancelled, RunState};
+
+use crate::cmd::{DbCommand, Outcome, DEFAULT_CHUNK, DEFAULT_CONCURRENCY};
+use crate::db::Database;
+use crate::period::Period;
+use crate::settlement::{job, queue};
+use crate::worker::{Mode, WorkerOptions};
+
+/// Start (or join) the run of a period now; or cancel it.
+///
+/// Idempotent: a running run is joined, a finished run is reported and left
+/// alone, a cancelled run is resumed. --wait drives it with workers in this
+/// process until it finishes. --cancel stops it: workers claim nothing more
+/// for it and its leased items are given back.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The period (YYYY-MM-DD).
+    #[arg(long)]
+    period: Period,
+    /// Settle it here until it finishes, then print its report.
+    #[arg(long, conflicts_with = "cancel")]
+    wait: bool,
+    /// Cancel the run.
+    #[arg(long)]
+    cancel: bool,
+    /// Claim loops with --wait.
+    #[arg(long, default_value_t = DEFAULT_CONCURRENCY, value_parser = clap::value_parser!(u32).range(1..=256))]
+    concurrency: u32,
+    /// Creators per claim with --wait.
+    #[arg(long, default_value_t = DEFAULT_CHUNK, value_parser = clap::value_parser!(u32).range(1..=10000))]
+    chunk: u32,
+}
+
+impl DbCommand for Args {
+    const ROLE: Option<&'static str> = Some("settled_worker");
+
+    fn connections(&self) -> u32 {
+        self.concurrency + 4
+    }
+
+    async fn run(self, db: &Database) -> Outcome {
+        let (pool, period, scope) = (&db.pool, self.period, self.period.to_string());
+        if self.cancel {
+            match job().cancel(pool, &scope).await? {
+                Cancelled::Now { released } => {
+                    println!("run of {period} cancelled; {released} leased item(s) given back")
+                }
+                Cancelled::NotRunning(state) => println!(
+                    "no running run for {period} (run: {})",
+                    state.map_or("none", RunState::as_str)
+                ),
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
+        let existing = job().find_run(pool, &scope).await?;
+        match existing {
+            Some(run) if run.state == RunState::Finished => {
+                println!("run {} of {period} is finished; nothing changed", run.id);
+                if let Some(report) = run.report {
+                    println!("report: {report}");
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
+            Some(run) if run.state == RunState::Cancelled => {
+                job().resume(pool, &scope).await?;
+                println!("run {} of {period} resumed", run.id);
+            }
+            _ => {
+                // An operator starting a run by hand is not a worker: no starter.
+                let joined = job().start_or_join(pool, &scope, None).await?;
+                let verb = if joined.started { "started" } else { "joined running" };
+                println!("{verb} run {} of {period}", joined.run.id);
+            }
+        }
+        if !self.wait {
+            return Ok(ExitCode::SUCCESS);
+        }
+        self.wait_until_finished(db).await
+    }
+}
+
+impl Args {
+    /// Drives the run with in-process claim loops, showing progress from
+    /// exact counts, and reports how it ended.
+    async fn wait_until_finished(&self, db: &Database) -> Outcome {
+        let (pool, period, scope) = (&db.pool, self.period, self.period.to_string());
+        let opts = WorkerOptions {
+            period: Some(period),
+            concurrency: self.concurrency,
+            chunk: self.chunk,
+            retry: Default::default(),
+            metrics_bind: None,
+        };
+        let total = queue().count_by_status(&mut *pool.acquire().await?, &scope).await?.total();
+        let ticker = {
+            let (pool, scope) = (pool.clone(), scope.clone());
+            tokio::spawn(async move {
+                let bar = crate::progress::Progress::new("settle", total as u64);
+                loop {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    let Ok(mut conn) = pool.acquire().await else { continue };
+                    if let Ok(left) = queue().count_unfinished(&mut conn, &scope).await {
+                        bar.set((total - left).max(0) as u64);
+                    }
+                }
+            })
+        };
+        let drainer = crate::worker::drainer(Mode::Tx, None, Duration::ZERO, Default::default())?;
+        let drained = crate::worker::run_worker(pool, &opts, &drainer).await;
+        ticker.abort();
+        drained?;
+        match job().find_run(pool, &scope).await? {
+            Some(run) if run.state == RunState::Finished => {
+                println!("run {} of {period} finished: {}", run.id, run.report.unwrap_or_default());
+                Ok(ExitCode::SUCCESS)
+            }
+            Some(run) => {
+                println!("run {} of {period} is {}", run.id, run.state.as_str());
+                Ok(ExitCode::from(1))
+            }
+            None => anyhow::bail!("the run of {period} disappeared"),
+        }
+    }
+}

@@ -1,0 +1,78 @@
+//! `settled runs`.
+
+use crate::cmd::{DbCommand, Outcome};
+use crate::db::Database;
+use crate::settlement::job;
+
+/// List runs, newest first: state, starter, timing, report summary.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// How many.
+    #[arg(long, default_value_t = 20)]
+    limit: i64,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// A run as settlement shows it: the engine's scope is the period.
+#[derive(serde::Serialize)]
+struct PeriodRun<'a> {
+    period: &'a str,
+    #[serde(flatten)]
+    run: &'a settled_engine::Run,
+}
+
+impl DbCommand for Args {
+    const ROLE: Option<&'static str> = Some("settled_readonly");
+
+    async fn run(self, db: &Database) -> Outcome {
+        let all = job().list_runs(&db.pool, self.limit).await?;
+        if self.json {
+            let shown: Vec<PeriodRun> = all.iter().map(|run| PeriodRun { period: &run.scope, run }).collect();
+            println!("{}", serde_json::to_string_pretty(&shown)?);
+            return Ok(std::process::ExitCode::SUCCESS);
+        }
+        println!(
+            "{:>5}  {:<10}  {:<9}  {:<8}  {:<19}  {:>9}  report",
+            "run", "period", "state", "starter", "started (UTC)", "took"
+        );
+        for run in all {
+            println!("{}", line(&run));
+        }
+        Ok(std::process::ExitCode::SUCCESS)
+    }
+}
+
+fn line(run: &settled_engine::Run) -> String {
+    let took = run
+        .finished_at
+        .map(|f| format!("{:.1}s", (f - run.started_at).num_milliseconds() as f64 / 1000.0))
+        .unwrap_or_else(|| "-".into());
+    let starter = run
+        .started_by
+        .map(|u| u.simple().to_string()[..8].to_string())
+        .unwrap_or_else(|| "operator".into());
+    let summary = run
+        .report
+        .as_ref()
+        .map(|r| {
+            format!(
+                "settled {} failed {} held {} paid {}",
+                r["counts"]["settled"],
+                r["counts"]["failed"],
+                r["counts"]["held"],
+                r["paid"].as_str().unwrap_or("?")
+            )
+        })
+        .unwrap_or_default();
+    format!(
+        "{:>5}  {:<10}  {:<9}  {:<8}  {:<19}  {:>9}  {summary}",
+        run.id,
+        run.scope,
+        run.state.as_str(),
+        starter,
+        run.started_at.format("%Y-%m-%d %H:%M:%S"),
+        took
+    )
+}

@@ -1,0 +1,187 @@
+//! `settled worker`: one worker process, for one period or as the daemon.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use settled_engine::{DaemonConfig, Drainer, LeaseConfig, RetryPolicy, WorkOutcome};
+
+use crate::cmd::{DbCommand, Outcome, DEFAULT_CHUNK, DEFAULT_CONCURRENCY};
+use crate::db::Database;
+use crate::period::Period;
+use crate::worker::{Mode, WorkerOptions, WorkerOutcome};
+
+/// Run one worker process.
+///
+/// With --period: join (or start) that period's run, settle until no work
+/// is left, exit 0. Without it: a daemon that keeps running, creates the
+/// run of the previous local day at each due time of --schedule (exactly
+/// one server's insert creates it; the others join), creates missed runs of
+/// the last --catch-up-days days oldest first, settles any running run,
+/// and wakes on NOTIFY or polls (at most --max-poll-ms).
+///
+/// Start as many as you like, on as many hosts as you like, against one
+/// database: they split the work without waiting for each other. SIGTERM or
+/// SIGINT stops claiming; work in flight commits or is given back.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// The period to settle, then exit. Without it: run as a daemon.
+    #[arg(long)]
+    pub period: Option<Period>,
+    /// Claim loops in this process (each with its own connection), 1..=256.
+    #[arg(long, env = "SETTLED_CONCURRENCY", default_value_t = DEFAULT_CONCURRENCY, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub concurrency: u32,
+    /// Creators per claim (one transaction each), 1..=10000.
+    #[arg(long, env = "SETTLED_CHUNK", default_value_t = DEFAULT_CHUNK, value_parser = clap::value_parser!(u32).range(1..=10000))]
+    pub chunk: u32,
+    /// Cron schedule of the daemon (5 fields, or 6 with seconds first);
+    /// each due time settles the previous local day.
+    #[arg(long, env = "SETTLED_SCHEDULE", default_value = "0 5 * * *")]
+    pub schedule: String,
+    /// IANA time zone of the schedule.
+    #[arg(long, env = "SETTLED_TIMEZONE", default_value = "Asia/Seoul")]
+    pub timezone: String,
+    /// Create runs missed while no worker was up, this many days back.
+    #[arg(long, env = "SETTLED_CATCH_UP_DAYS", default_value_t = 3)]
+    pub catch_up_days: u32,
+    /// Serve this worker's Prometheus metrics (claim and handler latency
+    /// histograms, its counters) at http://ADDR/metrics.
+    #[arg(long, env = "SETTLED_METRICS_BIND")]
+    pub metrics_bind: Option<std::net::SocketAddr>,
+    /// Longest pause between two looks when idle, in milliseconds.
+    #[arg(long, default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(100..=60_000))]
+    pub max_poll_ms: u64,
+    #[command(flatten)]
+    pub engine: EngineFlags,
+}
+
+/// Engine settings of commands that run workers.
+#[derive(Debug, Clone, clap::Args)]
+pub struct EngineFlags {
+    /// tx: claim, pay and mark settled in one transaction (ledger only).
+    /// leased: claim with a lease, pay through --provider-url outside any
+    /// transaction, complete with a fenced write.
+    #[arg(long, env = "SETTLED_MODE", value_enum, default_value_t = Mode::Tx)]
+    pub mode: Mode,
+    /// The payment provider of leased mode (e.g. http://127.0.0.1:9100).
+    #[arg(long, env = "SETTLED_PROVIDER_URL")]
+    pub provider_url: Option<String>,
+    /// Provider call timeout in milliseconds.
+    #[arg(long, default_value_t = crate::provider::DEFAULT_PROVIDER_TIMEOUT_MS)]
+    pub provider_timeout_ms: u64,
+    /// Lease time to live in milliseconds (leased mode), renewed every ttl/3.
+    #[arg(long, env = "SETTLED_LEASE_TTL_MS", default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(300..=3_600_000))]
+    pub lease_ttl_ms: u64,
+    /// How often the rescuer looks for expired leases, in milliseconds.
+    #[arg(long, env = "SETTLED_RESCUE_INTERVAL_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(50..=3_600_000))]
+    pub rescue_interval_ms: u64,
+    /// Attempts before an item goes to failed.
+    #[arg(long, env = "SETTLED_MAX_ATTEMPTS", default_value_t = settled_engine::queue::DEFAULT_MAX_ATTEMPTS, value_parser = clap::value_parser!(i32).range(1..=1000))]
+    pub max_attempts: i32,
+    /// First retry backoff in milliseconds (doubles per attempt, with jitter).
+    #[arg(long, default_value_t = 1_000)]
+    pub backoff_base_ms: u64,
+    /// Longest retry backoff in milliseconds.
+    #[arg(long, default_value_t = 300_000)]
+    pub backoff_cap_ms: u64,
+    /// On SIGTERM/SIGINT, how long in-flight work may finish before the
+    /// rest is given back, in milliseconds.
+    #[arg(long, default_value_t = 10_000)]
+    pub shutdown_grace_ms: u64,
+}
+
+impl EngineFlags {
+    /// Lease timings.
+    pub fn leases(&self) -> LeaseConfig {
+        LeaseConfig {
+            ttl: Duration::from_millis(self.lease_ttl_ms),
+            rescue_interval: Duration::from_millis(self.rescue_interval_ms),
+            shutdown_grace: Duration::from_millis(self.shutdown_grace_ms),
+        }
+    }
+
+    /// Retry policy.
+    pub fn retry(&self) -> RetryPolicy {
+        RetryPolicy {
+            max_attempts: self.max_attempts,
+            backoff_base_ms: self.backoff_base_ms,
+            backoff_cap_ms: self.backoff_cap_ms.max(self.backoff_base_ms),
+        }
+    }
+
+    /// The provider call timeout.
+    pub fn provider_timeout(&self) -> Duration {
+        Duration::from_millis(self.provider_timeout_ms)
+    }
+}
+
+impl Args {
+    /// What the worker does, from the flags.
+    pub fn options(&self) -> WorkerOptions {
+        WorkerOptions {
+            period: self.period,
+            concurrency: self.concurrency,
+            chunk: self.chunk,
+            retry: self.engine.retry(),
+            metrics_bind: self.metrics_bind,
+        }
+    }
+
+    /// Runs the worker (one period, or the daemon) with `drainer`.
+    pub async fn run_with<D: Drainer>(&self, db: &Database, drainer: &D) -> Outcome {
+        let opts = self.options();
+        if self.period.is_none() {
+            let daemon = DaemonConfig {
+                schedule: settled_engine::Schedule::parse(&self.schedule, &self.timezone)?,
+                catch_up_days: self.catch_up_days,
+                max_poll: Duration::from_millis(self.max_poll_ms),
+            };
+            crate::worker::run_daemon(&db.pool, &opts, drainer, &daemon).await?;
+            println!("worker daemon stopped");
+            return Ok(ExitCode::SUCCESS);
+        }
+        let outcome = crate::worker::run_worker(&db.pool, &opts, drainer).await?;
+        println!("{}", describe(&outcome));
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+/// The line a worker prints when it ends.
+pub fn describe(outcome: &WorkerOutcome) -> String {
+    match outcome {
+        WorkerOutcome::NothingToDo => "no running run; nothing to do".into(),
+        WorkerOutcome::Worked(WorkOutcome::RunNotRunning(id, state)) => {
+            format!("run {id} is {}; nothing to do", state.as_str())
+        }
+        WorkerOutcome::Worked(WorkOutcome::Drained {
+            run_id,
+            settled,
+            finished,
+        }) => format!(
+            "run {run_id}: settled {settled} creators in this process; run {}",
+            if *finished {
+                "finished by this worker"
+            } else {
+                "finished or finishing"
+            }
+        ),
+        WorkerOutcome::Worked(WorkOutcome::Stopped { run_id, settled }) => {
+            format!("run {run_id}: stopped by signal after settling {settled} creators")
+        }
+    }
+}
+
+impl DbCommand for Args {
+    const ROLE: Option<&'static str> = Some("settled_worker");
+    const APPLICATION_NAME: &'static str = "settled-worker";
+    const SINGLE_THREADED: bool = true;
+
+    fn connections(&self) -> u32 {
+        self.concurrency + 4
+    }
+
+    async fn run(self, db: &Database) -> Outcome {
+        let e = &self.engine;
+        let drainer = crate::worker::drainer(e.mode, e.provider_url.as_deref(), e.provider_timeout(), e.leases())?;
+        self.run_with(db, &drainer).await
+    }
+}

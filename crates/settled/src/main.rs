@@ -1,7 +1,0 @@
-//! The `settled` command.
-
-use std::process::ExitCode;
-
-fn main() -> ExitCode {
-    settled::cli::main()
-}
