@@ -232,7 +232,7 @@ async fn a_held_creator_is_not_paid_until_released_then_paid_once() {
     );
     assert_eq!(env.scalar_text(&status_sql).await, "held");
     assert_eq!(
-        env.scalar_text("SELECT state FROM settled_engine.runs WHERE period = '2026-11-28'")
+        env.scalar_text("SELECT state FROM settled_engine.runs WHERE scope = '2026-11-28'")
             .await,
         "finished"
     );
@@ -241,7 +241,7 @@ async fn a_held_creator_is_not_paid_until_released_then_paid_once() {
     let url = format!("{}/v1/holds/{}/release", server.base, hold["id"]);
     assert_eq!(post(&client, &url, None, &json!({})).await.0, 200);
     assert_eq!(
-        env.scalar_text("SELECT state FROM settled_engine.runs WHERE period = '2026-11-28'")
+        env.scalar_text("SELECT state FROM settled_engine.runs WHERE scope = '2026-11-28'")
             .await,
         "running"
     );

@@ -17,7 +17,7 @@ async fn sigkill_mid_chunk_rolls_back_and_the_rest_settles_once() {
     // Slow chunks: 10 creators x 30 ms of work after the writes, before commit.
     let mut victim = env
         .cmd(&[
-            "worker",
+            "lab-worker",
             "--period",
             "2026-11-28",
             "--concurrency",

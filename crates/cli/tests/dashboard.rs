@@ -140,7 +140,7 @@ async fn a_browser_sees_the_run_advance_and_a_waiting_backend_in_the_lock_view()
     let server = serve(&env).await;
     let mut worker = env
         .cmd(&[
-            "worker",
+            "lab-worker",
             "--period",
             "2026-11-28",
             "--concurrency",
@@ -229,7 +229,7 @@ async fn a_worker_serves_its_claim_latency_histogram_and_counters() {
     let port = free_port();
     let mut worker = env
         .cmd(&[
-            "worker",
+            "lab-worker",
             "--period",
             "2026-11-28",
             "--concurrency",
@@ -260,13 +260,13 @@ async fn a_worker_serves_its_claim_latency_histogram_and_counters() {
     let histogram = scrape
         .samples
         .iter()
-        .find(|s| s.metric == "settled_claim_duration_seconds")
+        .find(|s| s.metric == "work_queue_claim_duration_seconds")
         .unwrap_or_else(|| panic!("no claim latency histogram in:\n{text}"));
     match &histogram.value {
         prometheus_parse::Value::Histogram(buckets) => assert!(buckets.iter().any(|b| b.count > 0.0), "{text}"),
         other => panic!("expected a histogram, got {other:?}"),
     }
-    assert!(text.contains("settled_handler_duration_seconds_bucket"), "{text}");
+    assert!(text.contains("work_queue_handler_duration_seconds_bucket"), "{text}");
     let settled = scrape
         .samples
         .iter()

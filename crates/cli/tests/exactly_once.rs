@@ -55,9 +55,10 @@ async fn eight_worker_processes_settle_20000_creators_exactly_once() {
             .await,
         0
     );
-    // Each process took part: SKIP LOCKED spread the work instead of serializing it.
+    // Each process settled some: SKIP LOCKED spread the work instead of
+    // serializing it (every worker records its count when it stops).
     let workers_with_work = env
-        .scalar_i64("SELECT count(*) FROM settled_engine.workers WHERE stopped_at IS NOT NULL")
+        .scalar_i64("SELECT count(*) FROM settled_engine.workers WHERE stopped_at IS NOT NULL AND items_settled > 0")
         .await;
     assert_eq!(workers_with_work, 8);
     let run_state = env.scalar_text("SELECT state FROM settled_engine.runs").await;
@@ -159,7 +160,7 @@ fn the_database_password_never_appears_in_errors_or_logs() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn json_logs_are_one_object_per_line_and_name_the_run_and_period() {
+async fn json_logs_are_one_object_per_line_and_name_the_run_and_scope() {
     let env = Env::new().await;
     env.run_ok(&["seed", "--period", "2026-11-28", "--creators", "10"]);
     let out = env
@@ -177,7 +178,7 @@ async fn json_logs_are_one_object_per_line_and_name_the_run_and_period() {
         .iter()
         .find(|l| l["message"] == "working on run")
         .expect("a 'working on run' line");
-    assert_eq!(working["period"], "2026-11-28");
+    assert_eq!(working["scope"], "2026-11-28");
     assert!(working["run"].is_number());
 }
 

@@ -12,7 +12,7 @@ use nix::unistd::Pid;
 const PERIOD: &str = "2026-11-28";
 
 fn worker(env: &Env, extra: &[&str]) -> std::process::Child {
-    let mut args = vec!["worker", "--period", PERIOD];
+    let mut args = vec!["lab-worker", "--period", PERIOD];
     args.extend_from_slice(extra);
     env.cmd(&args).stdout(Stdio::null()).spawn().expect("spawn worker")
 }
@@ -221,7 +221,7 @@ async fn a_poison_item_fails_alone_in_leased_mode() {
     let env = Env::new().await;
     env.run_ok(&["seed", "--period", PERIOD, "--creators", "200"]);
     let poison = install_poison(&env).await;
-    let mut args = vec!["worker", "--period", PERIOD, "--chunk", "100"];
+    let mut args = vec!["lab-worker", "--period", PERIOD, "--chunk", "100"];
     args.extend_from_slice(LEASED_FAST);
     env.run_ok(&args);
     assert_only_poison_failed(&env, &poison).await;

@@ -57,7 +57,7 @@ async fn workers_survive_a_postgres_restart_mid_run() {
         let mut workers: Vec<_> = (0..3)
             .map(|_| {
                 settled(&[
-                    "worker",
+                    "lab-worker",
                     "--period",
                     period,
                     "--mode",

@@ -23,7 +23,7 @@ async fn db_now(env: &Env) -> DateTime<Utc> {
 
 fn daemon(env: &Env, schedule: &str, extra: &[&str]) -> std::process::Child {
     let mut args = vec![
-        "worker",
+        "lab-worker",
         "--schedule",
         schedule,
         "--timezone",
@@ -98,7 +98,7 @@ async fn the_first_worker_after_a_missed_due_time_creates_the_missed_run() {
     })
     .await;
     stop_all(&mut late);
-    let run_period = env.scalar_text("SELECT period FROM settled_engine.runs").await;
+    let run_period = env.scalar_text("SELECT scope FROM settled_engine.runs").await;
     assert_eq!(run_period, period);
     env.run_ok(&["verify", "--period", &period]);
 }
@@ -149,8 +149,8 @@ async fn two_periods_due_at_once_run_one_after_the_other() {
     stop_all(&mut daemons);
 
     let (older_finished, newer_started): (DateTime<Utc>, DateTime<Utc>) = sqlx::query_as(
-        "SELECT (SELECT finished_at FROM settled_engine.runs WHERE period = $1),
-                (SELECT started_at FROM settled_engine.runs WHERE period = $2)",
+        "SELECT (SELECT finished_at FROM settled_engine.runs WHERE scope = $1),
+                (SELECT started_at FROM settled_engine.runs WHERE scope = $2)",
     )
     .bind(&older)
     .bind(&newer)
@@ -178,7 +178,7 @@ async fn cancel_stops_claims_and_gives_back_leases_then_run_resumes() {
     env.run_ok(&["seed", "--period", "2026-11-28", "--creators", "400"]);
     let out = env.run_ok(&["run", "--period", "2026-11-28"]);
     assert!(out.contains("started run"), "{out}");
-    let mut args = vec!["worker", "--period", "2026-11-28", "--chunk", "10", "--work-ms", "100"];
+    let mut args = vec!["lab-worker", "--period", "2026-11-28", "--chunk", "10", "--work-ms", "100"];
     args.extend_from_slice(common::LEASED_FAST);
     let mut worker = env.cmd(&args).stdout(Stdio::null()).spawn().unwrap();
     wait_until(30, "leases to be held", || async {
@@ -242,7 +242,9 @@ async fn workers_draining_at_once_finish_the_run_once_with_one_report() {
             let (pool, barrier) = (pool.clone(), barrier.clone());
             tokio::spawn(async move {
                 barrier.wait().await;
-                settled::worker::finish_if_drained(&pool, run_id, period, uuid::Uuid::new_v4()).await
+                settled::settlement::job()
+                    .finish_if_drained(&pool, run_id, &period.to_string(), uuid::Uuid::new_v4())
+                    .await
             })
         })
         .collect();

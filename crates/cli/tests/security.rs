@@ -73,7 +73,7 @@ async fn commands_run_with_the_least_role_they_need() {
     env.run_ok(&["seed", "--period", "2026-11-28", "--creators", "300"]);
     env.run_ok(&[
         "--role-per-command",
-        "worker",
+        "lab-worker",
         "--period",
         "2026-11-28",
         "--mode",

@@ -116,8 +116,16 @@ async fn start_due_runs<H: RunHooks>(
 ) -> Result<(), EngineError> {
     let now = database_now(pool).await?;
     let from = now - chrono::Duration::days(i64::from(daemon.catch_up_days.max(1)));
+    // Several due times may cover one scope (an hourly schedule of a daily
+    // job): look at each scope once, at its first due time.
+    let mut due: Vec<(DateTime<Utc>, String)> = Vec::new();
     for (fired_at, local_date) in daemon.schedule.fire_times(from, now) {
         let scope = job.hooks().scope_for_due(local_date);
+        if !due.iter().any(|(_, s)| *s == scope) {
+            due.push((fired_at, scope));
+        }
+    }
+    for (fired_at, scope) in due {
         if job.find_run(pool, &scope).await?.is_some() {
             continue;
         }
