@@ -93,7 +93,8 @@ async fn the_example_runs_as_a_daemon_with_schedule_finish_retry_and_cancel() {
         .execute(&pool)
         .await
         .unwrap();
-    let attempt_before: i32 = sqlx::query_scalar("SELECT attempt FROM digest.outbox WHERE subscriber = 'subscriber-7'")
+    let attempt_before: i32 = sqlx::query_scalar("SELECT attempt FROM digest.outbox WHERE subscriber = 'subscriber-7' AND week = $1::date")
+        .bind(&today)
         .fetch_one(&pool)
         .await
         .unwrap();
@@ -106,11 +107,12 @@ async fn the_example_runs_as_a_daemon_with_schedule_finish_retry_and_cancel() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(email_digest::sent(&pool, &today).await.unwrap(), 500);
-    let attempt_after: i32 = sqlx::query_scalar("SELECT attempt FROM digest.outbox WHERE subscriber = 'subscriber-7'")
+    let attempt_after: i32 = sqlx::query_scalar("SELECT attempt FROM digest.outbox WHERE subscriber = 'subscriber-7' AND week = $1::date")
+        .bind(&today)
         .fetch_one(&pool)
         .await
         .unwrap();
-    assert!(attempt_after > attempt_before, "the attempt (fence) must never go down");
+    assert!(attempt_after > attempt_before, "the attempt (fence) must never go down: {attempt_before} then {attempt_after}");
 
     // Resumed, the cancelled week is drained and finished by the daemon.
     assert!(job.resume(&pool, cancelled_week).await.unwrap());
