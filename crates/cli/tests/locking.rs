@@ -141,10 +141,9 @@ async fn offset_paging_locks_every_row_it_skips() {
 
     // The engine's claim locks exactly the rows it returns.
     sqlx::query("BEGIN").execute(&mut pager).await.unwrap();
-    let claimed: Vec<String> = sqlx::query_scalar(CLAIM_SKIP_LOCKED)
-        .fetch_all(&mut pager)
-        .await
-        .unwrap();
+    env.run_ok(&["run", "--period", "2026-11-28"]);
+    let run_id = env.scalar_i64("SELECT id FROM settled_engine.runs").await;
+    let claimed = engine_claim(&mut pager, run_id).await;
     let locked: i64 = sqlx::query_scalar("SELECT count(*) FROM pgrowlocks('settlement.token_trade_volume')")
         .fetch_one(&env.pool)
         .await

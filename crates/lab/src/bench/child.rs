@@ -94,7 +94,7 @@ fn record(latency: &Latency, elapsed: Duration) {
     latency.lock().expect("latency lock").saturating_record(us);
 }
 
-/// Feeds the engine's `settled_claim_duration_seconds` into a histogram:
+/// Feeds the engine's claim-duration histogram (`settled_engine::telemetry::CLAIM_DURATION`) into a histogram:
 /// the product's own claim timing, without changing the product.
 struct ClaimRecorder {
     latency: Latency,
@@ -119,7 +119,7 @@ impl metrics::Recorder for ClaimRecorder {
         metrics::Gauge::noop()
     }
     fn register_histogram(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Histogram {
-        if key.name() == "settled_claim_duration_seconds" {
+        if key.name() == settled_engine::telemetry::CLAIM_DURATION {
             metrics::Histogram::from_arc(Arc::new(ClaimHistogram(self.latency.clone())))
         } else {
             metrics::Histogram::noop()

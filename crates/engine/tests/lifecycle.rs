@@ -1,0 +1,368 @@
+//! The engine's own suite, on a generic work table (`jobs.items`) with a
+//! scripted handler, with real concurrency (many connections, many claim
+//! loops, many daemons): no settlement anywhere.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use settled_engine::{
+    Cancelled, Chunk, ChunkHandler, DaemonConfig, DrainConfig, EngineError, Handled, HandlerError, InTransaction, Job,
+    NoHooks, QueueSpec, RetryPolicy, RunState, Schedule, WorkQueue, Worker,
+};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{PgConnection, PgPool};
+
+const SCOPE: &str = "2026-11-28";
+
+const TABLE_SQL: &[&str] = &[
+    "CREATE SCHEMA jobs",
+    "CREATE TABLE jobs.items (
+        day date NOT NULL, item text NOT NULL,
+        status text NOT NULL DEFAULT 'eligible', attempt integer NOT NULL DEFAULT 0,
+        attempt_base integer NOT NULL DEFAULT 0, lease_owner uuid, lease_until timestamptz,
+        not_before timestamptz, last_error text, updated_at timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (day, item))",
+    "CREATE INDEX ON jobs.items (day, item) WHERE status = 'eligible'",
+    "CREATE INDEX ON jobs.items (day, lease_until) WHERE status = 'processing'",
+    // The effect: its primary key refuses a second one.
+    "CREATE TABLE jobs.effects (day date NOT NULL, item text NOT NULL, fence integer NOT NULL, PRIMARY KEY (day, item))",
+];
+
+fn job() -> Job<NoHooks> {
+    Job::new(
+        WorkQueue::new(QueueSpec {
+            job: "generic".into(),
+            table: "jobs.items".into(),
+            scope_column: "day".into(),
+            scope_type: "date".into(),
+            key_column: "item".into(),
+            key_type: "text".into(),
+        })
+        .unwrap(),
+        NoHooks,
+    )
+}
+
+struct Env {
+    pool: PgPool,
+    _db: settled_testkit::TestDb,
+}
+
+async fn env(items: i64) -> Env {
+    let db = settled_testkit::TestDb::create().await.unwrap();
+    let pool = PgPoolOptions::new().max_connections(60).connect(&db.url).await.unwrap();
+    settled_engine::migrate::migrate(&pool).await.unwrap();
+    for sql in TABLE_SQL {
+        sqlx::query(sql).execute(&pool).await.unwrap();
+    }
+    add_items(&pool, SCOPE, items).await;
+    Env { pool, _db: db }
+}
+
+async fn add_items(pool: &PgPool, scope: &str, items: i64) {
+    sqlx::query("INSERT INTO jobs.items (day, item) SELECT $1::date, 'item-' || i FROM generate_series(1, $2) i")
+        .bind(scope)
+        .bind(items)
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
+async fn count(pool: &PgPool, sql: &str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
+}
+
+/// Records each item's effect with its fence; refuses the keys in `poison`.
+struct Scripted {
+    poison: Vec<String>,
+}
+
+impl ChunkHandler for Scripted {
+    async fn handle_chunk(&self, tx: &mut PgConnection, chunk: &Chunk) -> Result<Handled, HandlerError> {
+        if let Some(bad) = chunk.items.iter().find(|i| self.poison.contains(&i.key)) {
+            return Err(HandlerError::Permanent(format!("{} is poison", bad.key)));
+        }
+        sqlx::query("INSERT INTO jobs.effects SELECT $1::date, k, f FROM unnest($2::text[], $3::int[]) AS x(k, f)")
+            .bind(&chunk.scope)
+            .bind(chunk.keys())
+            .bind(chunk.fences())
+            .execute(tx)
+            .await?;
+        Ok(Handled::default())
+    }
+}
+
+fn drainer(poison: &[&str]) -> InTransaction<Scripted> {
+    InTransaction(Arc::new(Scripted {
+        poison: poison.iter().map(|s| s.to_string()).collect(),
+    }))
+}
+
+fn config(chunk: u32, concurrency: u32) -> DrainConfig {
+    DrainConfig {
+        chunk,
+        concurrency,
+        retry: RetryPolicy {
+            max_attempts: 1,
+            ..RetryPolicy::default()
+        },
+        ..DrainConfig::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn claims_never_overlap_across_many_open_transactions() {
+    let env = env(1_000).await;
+    let run = job().start_or_join(&env.pool, SCOPE, None).await.unwrap().run;
+    // Twenty transactions claim at once and hold their chunks open.
+    let mut claims = Vec::new();
+    for _ in 0..20 {
+        let (pool, run_id) = (env.pool.clone(), run.id);
+        claims.push(tokio::spawn(async move {
+            let mut tx = pool.begin().await.unwrap();
+            let items = job().queue().claim_chunk_in_tx(&mut tx, SCOPE, 40, run_id).await.unwrap();
+            (tx, items)
+        }));
+    }
+    let mut held = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for claim in claims {
+        let (tx, items) = claim.await.unwrap();
+        for item in &items {
+            assert!(seen.insert(item.key.clone()), "{} claimed twice", item.key);
+        }
+        held.push(tx);
+    }
+    assert_eq!(seen.len(), 800, "twenty claims of forty, all distinct");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_zombies_completion_is_refused_by_its_fence() {
+    let env = env(10).await;
+    let run = job().start_or_join(&env.pool, SCOPE, None).await.unwrap().run;
+    let queue = job().queue().clone();
+    let (zombie, other) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
+    let mut conn = env.pool.acquire().await.unwrap();
+    let lost = queue
+        .claim_leased(&mut conn, SCOPE, 10, run.id, zombie, Duration::from_millis(300))
+        .await
+        .unwrap();
+    assert_eq!(lost.len(), 10);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let rescued = queue
+        .rescue_expired(&mut conn, SCOPE, &RetryPolicy { backoff_base_ms: 0, ..RetryPolicy::default() })
+        .await
+        .unwrap();
+    assert_eq!(rescued.retried, 10);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let fresh = queue
+        .claim_leased(&mut conn, SCOPE, 10, run.id, other, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(fresh.len(), 10);
+    assert!(fresh.iter().all(|f| lost.iter().all(|l| l.key != f.key || l.fence < f.fence)));
+    // The zombie wakes and completes with its old fences: nothing accepted.
+    let mut tx = env.pool.begin().await.unwrap();
+    assert!(queue.complete_fenced(&mut tx, SCOPE, &lost).await.unwrap().is_empty());
+    tx.commit().await.unwrap();
+    let mut tx = env.pool.begin().await.unwrap();
+    assert_eq!(queue.complete_fenced(&mut tx, SCOPE, &fresh).await.unwrap().len(), 10);
+    tx.commit().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn expired_leases_are_rescued_and_fail_once_their_attempts_are_spent() {
+    let env = env(5).await;
+    let run = job().start_or_join(&env.pool, SCOPE, None).await.unwrap().run;
+    let queue = job().queue().clone();
+    let mut conn = env.pool.acquire().await.unwrap();
+    let policy = RetryPolicy {
+        max_attempts: 2,
+        backoff_base_ms: 0,
+        backoff_cap_ms: 0,
+    };
+    for round in 1..=2 {
+        let worker = uuid::Uuid::new_v4();
+        let claimed = queue
+            .claim_leased(&mut conn, SCOPE, 5, run.id, worker, Duration::from_millis(300))
+            .await
+            .unwrap();
+        assert_eq!(claimed.len(), 5, "round {round}");
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let outcome = queue.rescue_expired(&mut conn, SCOPE, &policy).await.unwrap();
+        if round == 1 {
+            assert_eq!((outcome.retried, outcome.failed), (5, 0));
+        } else {
+            assert_eq!((outcome.retried, outcome.failed), (0, 5));
+        }
+    }
+    let failed = count(&env.pool, "SELECT count(*) FROM jobs.items WHERE status = 'failed' AND last_error LIKE 'lease expired%'").await;
+    assert_eq!(failed, 5);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_poison_item_fails_alone_and_the_rest_settle_once() {
+    let env = env(500).await;
+    let worker = Worker::register(&env.pool, "test").await.unwrap();
+    let outcome = job()
+        .work(&env.pool, SCOPE, &drainer(&["item-123"]), &config(50, 4), &worker)
+        .await
+        .unwrap();
+    assert!(matches!(outcome, settled_engine::WorkOutcome::Drained { finished: true, .. }), "{outcome:?}");
+    worker.deregister().await;
+    assert_eq!(count(&env.pool, "SELECT count(*) FROM jobs.items WHERE status = 'failed'").await, 1);
+    assert_eq!(count(&env.pool, "SELECT count(*) FROM jobs.items WHERE status = 'failed' AND item = 'item-123'").await, 1);
+    assert_eq!(count(&env.pool, "SELECT count(*) FROM jobs.effects").await, 499);
+    // Every effect carries the fence its item was settled with.
+    let mismatched = count(
+        &env.pool,
+        "SELECT count(*) FROM jobs.effects e JOIN jobs.items i USING (day, item) WHERE e.fence <> i.attempt",
+    )
+    .await;
+    assert_eq!(mismatched, 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_finisher_among_sixteen_racers() {
+    let env = env(200).await;
+    let run = job().start_or_join(&env.pool, SCOPE, None).await.unwrap().run;
+    sqlx::query("UPDATE jobs.items SET status = 'settled'").execute(&env.pool).await.unwrap();
+    let barrier = Arc::new(tokio::sync::Barrier::new(16));
+    let racers: Vec<_> = (0..16)
+        .map(|_| {
+            let (pool, barrier) = (env.pool.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                job().finish_if_drained(&pool, run.id, SCOPE, uuid::Uuid::new_v4()).await
+            })
+        })
+        .collect();
+    let mut finished = 0;
+    for racer in racers {
+        if racer.await.unwrap().expect("no racer fails") {
+            finished += 1;
+        }
+    }
+    assert_eq!(finished, 1);
+    let run = job().find_run(&env.pool, SCOPE).await.unwrap().unwrap();
+    assert_eq!(run.state, RunState::Finished);
+    assert_eq!(run.report.unwrap()["counts"]["settled"], 200);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cancel_gives_back_leases_stops_claims_and_resume_restarts_them() {
+    let env = env(50).await;
+    let run = job().start_or_join(&env.pool, SCOPE, None).await.unwrap().run;
+    let queue = job().queue().clone();
+    let mut conn = env.pool.acquire().await.unwrap();
+    let leased = queue
+        .claim_leased(&mut conn, SCOPE, 20, run.id, uuid::Uuid::new_v4(), Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(job().cancel(&env.pool, SCOPE).await.unwrap(), Cancelled::Now { released: 20 });
+    assert_eq!(
+        job().cancel(&env.pool, SCOPE).await.unwrap(),
+        Cancelled::NotRunning(Some(RunState::Cancelled))
+    );
+    let mut tx = env.pool.begin().await.unwrap();
+    assert!(queue.claim_chunk_in_tx(&mut tx, SCOPE, 50, run.id).await.unwrap().is_empty());
+    // The old holder of a released lease is refused by its fence.
+    assert!(queue.complete_fenced(&mut tx, SCOPE, &leased).await.unwrap().is_empty());
+    tx.rollback().await.unwrap();
+    assert!(job().resume(&env.pool, SCOPE).await.unwrap());
+    let mut tx = env.pool.begin().await.unwrap();
+    assert_eq!(queue.claim_chunk_in_tx(&mut tx, SCOPE, 50, run.id).await.unwrap().len(), 50);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn retry_keeps_the_attempt_monotonic_and_reopens_the_run() {
+    let env = env(20).await;
+    let worker = Worker::register(&env.pool, "test").await.unwrap();
+    job()
+        .work(&env.pool, SCOPE, &drainer(&["item-7"]), &config(10, 1), &worker)
+        .await
+        .unwrap();
+    let failed_attempt = count(&env.pool, "SELECT attempt FROM jobs.items WHERE item = 'item-7'").await;
+    assert!(failed_attempt >= 1);
+    assert_eq!(job().retry_failed(&env.pool, SCOPE, Some("item-7")).await.unwrap(), 1);
+    assert_eq!(job().find_run(&env.pool, SCOPE).await.unwrap().unwrap().state, RunState::Running);
+    let (attempt, base) = sqlx::query_as::<_, (i32, i32)>("SELECT attempt, attempt_base FROM jobs.items WHERE item = 'item-7'")
+        .fetch_one(&env.pool)
+        .await
+        .unwrap();
+    assert_eq!((i64::from(attempt), i64::from(base)), (failed_attempt, failed_attempt));
+    job().work(&env.pool, SCOPE, &drainer(&[]), &config(10, 1), &worker).await.unwrap();
+    worker.deregister().await;
+    let settled_attempt = count(&env.pool, "SELECT attempt FROM jobs.items WHERE item = 'item-7' AND status = 'settled'").await;
+    assert!(settled_attempt > failed_attempt, "{settled_attempt} after {failed_attempt}");
+    assert_eq!(job().find_run(&env.pool, SCOPE).await.unwrap().unwrap().state, RunState::Finished);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ten_daemons_make_one_run_per_due_time_and_settle_it_once() {
+    let env = env(0).await;
+    let today: String = sqlx::query_scalar("SELECT (now() AT TIME ZONE 'UTC')::date::text")
+        .fetch_one(&env.pool)
+        .await
+        .unwrap();
+    add_items(&env.pool, &today, 2_000).await;
+    let mut daemons = Vec::new();
+    let mut workers = Vec::new();
+    for _ in 0..10 {
+        let worker = Arc::new(Worker::register(&env.pool, "test").await.unwrap());
+        workers.push(worker.clone());
+        let pool = env.pool.clone();
+        daemons.push(tokio::spawn(async move {
+            let daemon = DaemonConfig {
+                schedule: Schedule::parse("0 * * * * *", "UTC").unwrap(),
+                catch_up_days: 1,
+                max_poll: Duration::from_millis(300),
+            };
+            settled_engine::daemon::run(&job(), &pool, &drainer(&[]), &config(20, 2), &worker, &daemon).await
+        }));
+    }
+    for _ in 0..600 {
+        let run = job().find_run(&env.pool, &today).await.unwrap();
+        if run.is_some_and(|r| r.state == RunState::Finished) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for worker in &workers {
+        worker.request_stop();
+    }
+    for daemon in daemons {
+        daemon.await.unwrap().unwrap();
+    }
+    assert_eq!(count(&env.pool, "SELECT count(*) FROM settled_engine.runs").await, 1);
+    assert_eq!(job().find_run(&env.pool, &today).await.unwrap().unwrap().state, RunState::Finished);
+    assert_eq!(count(&env.pool, "SELECT count(*) FROM jobs.effects").await, 2_000);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_work_table_missing_columns_and_indexes_is_named_at_start() {
+    let env = env(0).await;
+    sqlx::query("CREATE TABLE jobs.bare (day date, item text, status text)")
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    let bare = Job::new(
+        WorkQueue::new(QueueSpec {
+            job: "bare".into(),
+            table: "jobs.bare".into(),
+            scope_column: "day".into(),
+            scope_type: "date".into(),
+            key_column: "item".into(),
+            key_type: "text".into(),
+        })
+        .unwrap(),
+        NoHooks,
+    );
+    let err = bare.check_work_table(&env.pool).await.unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, EngineError::WorkTable { .. }), "{text}");
+    for missing in ["attempt_base", "lease_until", "a unique index on (day, item)", "WHERE status = 'eligible'"] {
+        assert!(text.contains(missing), "{missing} not named in: {text}");
+    }
+    job().check_work_table(&env.pool).await.unwrap();
+}
