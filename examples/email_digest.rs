@@ -73,7 +73,9 @@ impl ChunkHandler for SendDigests {
         .fetch_optional(&mut *tx)
         .await?;
         if let Some(subscriber) = bounced {
-            return Err(HandlerError::Permanent(format!("{subscriber}: the mail server refused it")));
+            return Err(HandlerError::Permanent(format!(
+                "{subscriber}: the mail server refused it"
+            )));
         }
         sqlx::query(
             "INSERT INTO digest.sent (week, subscriber, body)
@@ -132,10 +134,12 @@ pub async fn enqueue(pool: &PgPool, week: &str, subscribers: i64, bounce: Option
 
 /// Digests sent for `week`.
 pub async fn sent(pool: &PgPool, week: &str) -> anyhow::Result<i64> {
-    Ok(sqlx::query_scalar("SELECT count(*) FROM digest.sent WHERE week = $1::date")
-        .bind(week)
-        .fetch_one(pool)
-        .await?)
+    Ok(
+        sqlx::query_scalar("SELECT count(*) FROM digest.sent WHERE week = $1::date")
+            .bind(week)
+            .fetch_one(pool)
+            .await?,
+    )
 }
 
 /// Enqueues `subscribers` digests for `week` and lets one worker of this

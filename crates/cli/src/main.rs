@@ -80,3 +80,15 @@ fn main() -> std::process::ExitCode {
         (cli.global, dispatch(cli.command))
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+    #[test]
+    fn every_command_line_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+}

@@ -178,7 +178,15 @@ async fn cancel_stops_claims_and_gives_back_leases_then_run_resumes() {
     env.run_ok(&["seed", "--period", "2026-11-28", "--creators", "400"]);
     let out = env.run_ok(&["run", "--period", "2026-11-28"]);
     assert!(out.contains("started run"), "{out}");
-    let mut args = vec!["lab-worker", "--period", "2026-11-28", "--chunk", "10", "--work-ms", "100"];
+    let mut args = vec![
+        "lab-worker",
+        "--period",
+        "2026-11-28",
+        "--chunk",
+        "10",
+        "--work-ms",
+        "100",
+    ];
     args.extend_from_slice(common::LEASED_FAST);
     let mut worker = env.cmd(&args).stdout(Stdio::null()).spawn().unwrap();
     wait_until(30, "leases to be held", || async {

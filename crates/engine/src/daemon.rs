@@ -130,7 +130,10 @@ async fn start_due_runs<H: RunHooks>(
             continue;
         }
         let has_items = {
-            let mut conn = pool.acquire().await.map_err(EngineError::db("acquiring a connection"))?;
+            let mut conn = pool
+                .acquire()
+                .await
+                .map_err(EngineError::db("acquiring a connection"))?;
             job.queue().has_items(&mut conn, &scope).await?
         };
         if !has_items {

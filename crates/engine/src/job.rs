@@ -152,7 +152,12 @@ impl<H: RunHooks> Job<H> {
     /// concurrent caller's insert creates it (`started`). A new run first
     /// passes [`RunHooks::before_start`] in the same transaction. The
     /// starter refreshes the work table's planner statistics (best effort).
-    pub async fn start_or_join(&self, pool: &PgPool, scope: &str, starter: Option<Uuid>) -> Result<Joined, EngineError> {
+    pub async fn start_or_join(
+        &self,
+        pool: &PgPool,
+        scope: &str,
+        starter: Option<Uuid>,
+    ) -> Result<Joined, EngineError> {
         let mut tx = pool.begin().await.map_err(EngineError::db("beginning a run start"))?;
         if let Some(run) = runs::find(&mut tx, self.name(), scope).await? {
             tx.rollback().await.map_err(EngineError::db("ending a run join"))?;
@@ -181,7 +186,13 @@ impl<H: RunHooks> Job<H> {
     /// finished. The lock blocks instead of skipping: a worker whose last
     /// chunk committed while another was checking must still get its own
     /// look, or nobody might finish.
-    pub async fn finish_if_drained(&self, pool: &PgPool, run_id: i64, scope: &str, worker: Uuid) -> Result<bool, EngineError> {
+    pub async fn finish_if_drained(
+        &self,
+        pool: &PgPool,
+        run_id: i64,
+        scope: &str,
+        worker: Uuid,
+    ) -> Result<bool, EngineError> {
         if self.queue.count_unfinished(&mut *acquire(pool).await?, scope).await? > 0 {
             return Ok(false);
         }
@@ -315,7 +326,12 @@ impl<H: RunHooks> Job<H> {
         let joined = self.start_or_join(pool, scope, Some(worker.id())).await?;
         let run = joined.run;
         if run.state != RunState::Running {
-            tracing::info!(run = run.id, scope, state = run.state.as_str(), "run is not running; nothing to do");
+            tracing::info!(
+                run = run.id,
+                scope,
+                state = run.state.as_str(),
+                "run is not running; nothing to do"
+            );
             return Ok(WorkOutcome::RunNotRunning(run.id, run.state));
         }
         tracing::info!(run = run.id, scope, worker = %worker.id(), starter = joined.started, mode = drainer.mode(), "working on run");
@@ -327,7 +343,10 @@ impl<H: RunHooks> Job<H> {
         let settled = stats.items_settled.load(std::sync::atomic::Ordering::Relaxed) - settled_before;
         if worker.stop_requested() {
             tracing::info!(run = run.id, scope, settled, "stopped on request");
-            return Ok(WorkOutcome::Stopped { run_id: run.id, settled });
+            return Ok(WorkOutcome::Stopped {
+                run_id: run.id,
+                settled,
+            });
         }
         let finished = self.finish_if_drained(pool, run.id, scope, worker.id()).await?;
         Ok(WorkOutcome::Drained {

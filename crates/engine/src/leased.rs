@@ -133,8 +133,7 @@ impl LeaseKeeper {
     /// True while the item's lease is known to be valid.
     pub fn is_held(&self, item: &ClaimedItem) -> bool {
         let held = self.held.lock().expect("lease map");
-        held.get(item)
-            .is_some_and(|lease| Instant::now() < lease.valid_until)
+        held.get(item).is_some_and(|lease| Instant::now() < lease.valid_until)
     }
 
     /// Number of leases currently tracked.

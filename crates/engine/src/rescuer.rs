@@ -21,11 +21,12 @@ pub async fn rescue_expired_leases(
     policy: &RetryPolicy,
 ) -> Result<Option<FailOutcome>, EngineError> {
     let mut tx = pool.begin().await.map_err(EngineError::db("beginning a rescue"))?;
-    let ours: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock(hashtext('work-queue-rescuer'), hashtext($1))")
-        .bind(queue.job())
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(EngineError::db("taking the rescuer lock"))?;
+    let ours: bool =
+        sqlx::query_scalar("SELECT pg_try_advisory_xact_lock(hashtext('work-queue-rescuer'), hashtext($1))")
+            .bind(queue.job())
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(EngineError::db("taking the rescuer lock"))?;
     if !ours {
         tx.rollback().await.map_err(EngineError::db("ending a rescue"))?;
         return Ok(None);

@@ -176,7 +176,7 @@ pub async fn mark_dead_and_prune(pool: &PgPool) -> Result<(u64, u64), EngineErro
 }
 
 /// A row of the worker registry, as operators see it.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, sqlx::FromRow)]
 pub struct WorkerRow {
     /// Worker id.
     pub id: Uuid,
@@ -218,52 +218,22 @@ pub async fn list(
         ),
         None => "0::bigint".to_string(),
     };
-    let rows: Vec<(
-        Uuid,
-        String,
-        i32,
-        String,
-        chrono::DateTime<chrono::Utc>,
-        chrono::DateTime<chrono::Utc>,
-        f64,
-        String,
-        i64,
-        i64,
-        i64,
-        i64,
-    )> = sqlx::query_as(&format!(
+    sqlx::query_as(&format!(
         "SELECT w.id, w.host, w.pid, w.version, w.started_at, w.heartbeat_at,
-                    extract(epoch FROM now() - w.heartbeat_at)::float8,
-                    CASE WHEN w.ended IS NOT NULL THEN w.ended
-                         WHEN w.heartbeat_at < now() - make_interval(secs => $2) THEN 'dead'
-                         ELSE 'alive' END,
-                    w.items_settled, w.items_failed, w.fence_rejections, {held_sql}
-             FROM settled_engine.workers w
-             ORDER BY (w.stopped_at IS NULL) DESC, w.started_at DESC
-             LIMIT $1"
+                extract(epoch FROM now() - w.heartbeat_at)::float8 AS heartbeat_age_secs,
+                CASE WHEN w.ended IS NOT NULL THEN w.ended
+                     WHEN w.heartbeat_at < now() - make_interval(secs => $2) THEN 'dead'
+                     ELSE 'alive' END AS state,
+                w.items_settled, w.items_failed, w.fence_rejections, {held_sql} AS leases_held
+         FROM settled_engine.workers w
+         ORDER BY (w.stopped_at IS NULL) DESC, w.started_at DESC
+         LIMIT $1"
     ))
-    .bind(limit)
-    .bind(WORKER_DEAD_AFTER_SECS as f64)
+    .bind(limit) // $1
+    .bind(WORKER_DEAD_AFTER_SECS as f64) // $2
     .fetch_all(pool)
     .await
-    .map_err(EngineError::db("listing workers"))?;
-    Ok(rows
-        .into_iter()
-        .map(|r| WorkerRow {
-            id: r.0,
-            host: r.1,
-            pid: r.2,
-            version: r.3,
-            started_at: r.4,
-            heartbeat_at: r.5,
-            heartbeat_age_secs: r.6,
-            state: r.7,
-            items_settled: r.8,
-            items_failed: r.9,
-            fence_rejections: r.10,
-            leases_held: r.11,
-        })
-        .collect())
+    .map_err(EngineError::db("listing workers"))
 }
 
 /// Sums over the registry, for metrics.

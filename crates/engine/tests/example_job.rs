@@ -28,13 +28,23 @@ async fn wait_for_state(pool: &PgPool, week: &str, state: RunState) -> settled_e
 async fn a_non_settlement_job_sends_every_digest_exactly_once() {
     let db = settled_testkit::TestDb::create().await.unwrap();
     let pool = PgPool::connect(&db.url).await.unwrap();
-    let (outcome, sent) = email_digest::send_weekly_digests(&pool, "2026-11-23", 2_000).await.unwrap();
+    let (outcome, sent) = email_digest::send_weekly_digests(&pool, "2026-11-23", 2_000)
+        .await
+        .unwrap();
     assert_eq!(sent, 2_000);
-    assert!(matches!(outcome, WorkOutcome::Drained { finished: true, .. }), "{outcome:?}");
+    assert!(
+        matches!(outcome, WorkOutcome::Drained { finished: true, .. }),
+        "{outcome:?}"
+    );
     // A second pass finds the run finished and sends nothing more.
-    let (again, sent_after) = email_digest::send_weekly_digests(&pool, "2026-11-23", 2_000).await.unwrap();
+    let (again, sent_after) = email_digest::send_weekly_digests(&pool, "2026-11-23", 2_000)
+        .await
+        .unwrap();
     assert_eq!(sent_after, 2_000);
-    assert!(matches!(again, WorkOutcome::RunNotRunning(_, RunState::Finished)), "{again:?}");
+    assert!(
+        matches!(again, WorkOutcome::RunNotRunning(_, RunState::Finished)),
+        "{again:?}"
+    );
     pool.close().await;
 }
 
@@ -49,7 +59,10 @@ async fn the_example_runs_as_a_daemon_with_schedule_finish_retry_and_cancel() {
     let cancelled_week = "2026-11-16";
     email_digest::enqueue(&pool, cancelled_week, 300, None).await.unwrap();
     assert!(job.start_or_join(&pool, cancelled_week, None).await.unwrap().started);
-    assert_eq!(job.cancel(&pool, cancelled_week).await.unwrap(), Cancelled::Now { released: 0 });
+    assert_eq!(
+        job.cancel(&pool, cancelled_week).await.unwrap(),
+        Cancelled::Now { released: 0 }
+    );
 
     // The daemon: due every minute (catch-up starts today's run at once), a due time covers its own UTC date.
     let today: String = sqlx::query_scalar("SELECT (now() AT TIME ZONE 'UTC')::date::text")
@@ -93,11 +106,12 @@ async fn the_example_runs_as_a_daemon_with_schedule_finish_retry_and_cancel() {
         .execute(&pool)
         .await
         .unwrap();
-    let attempt_before: i32 = sqlx::query_scalar("SELECT attempt FROM digest.outbox WHERE subscriber = 'subscriber-7' AND week = $1::date")
-        .bind(&today)
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    let attempt_before: i32 =
+        sqlx::query_scalar("SELECT attempt FROM digest.outbox WHERE subscriber = 'subscriber-7' AND week = $1::date")
+            .bind(&today)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
     assert_eq!(job.retry_failed(&pool, &today, Some("subscriber-7")).await.unwrap(), 1);
     wait_for_state(&pool, &today, RunState::Finished).await;
     for _ in 0..600 {
@@ -107,12 +121,16 @@ async fn the_example_runs_as_a_daemon_with_schedule_finish_retry_and_cancel() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(email_digest::sent(&pool, &today).await.unwrap(), 500);
-    let attempt_after: i32 = sqlx::query_scalar("SELECT attempt FROM digest.outbox WHERE subscriber = 'subscriber-7' AND week = $1::date")
-        .bind(&today)
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert!(attempt_after > attempt_before, "the attempt (fence) must never go down: {attempt_before} then {attempt_after}");
+    let attempt_after: i32 =
+        sqlx::query_scalar("SELECT attempt FROM digest.outbox WHERE subscriber = 'subscriber-7' AND week = $1::date")
+            .bind(&today)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert!(
+        attempt_after > attempt_before,
+        "the attempt (fence) must never go down: {attempt_before} then {attempt_after}"
+    );
 
     // Resumed, the cancelled week is drained and finished by the daemon.
     assert!(job.resume(&pool, cancelled_week).await.unwrap());

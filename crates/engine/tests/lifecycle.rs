@@ -120,7 +120,11 @@ async fn claims_never_overlap_across_many_open_transactions() {
         let (pool, run_id) = (env.pool.clone(), run.id);
         claims.push(tokio::spawn(async move {
             let mut tx = pool.begin().await.unwrap();
-            let items = job().queue().claim_chunk_in_tx(&mut tx, SCOPE, 40, run_id).await.unwrap();
+            let items = job()
+                .queue()
+                .claim_chunk_in_tx(&mut tx, SCOPE, 40, run_id)
+                .await
+                .unwrap();
             (tx, items)
         }));
     }
@@ -150,7 +154,14 @@ async fn a_zombies_completion_is_refused_by_its_fence() {
     assert_eq!(lost.len(), 10);
     tokio::time::sleep(Duration::from_millis(400)).await;
     let rescued = queue
-        .rescue_expired(&mut conn, SCOPE, &RetryPolicy { backoff_base_ms: 0, ..RetryPolicy::default() })
+        .rescue_expired(
+            &mut conn,
+            SCOPE,
+            &RetryPolicy {
+                backoff_base_ms: 0,
+                ..RetryPolicy::default()
+            },
+        )
         .await
         .unwrap();
     assert_eq!(rescued.retried, 10);
@@ -160,7 +171,9 @@ async fn a_zombies_completion_is_refused_by_its_fence() {
         .await
         .unwrap();
     assert_eq!(fresh.len(), 10);
-    assert!(fresh.iter().all(|f| lost.iter().all(|l| l.key != f.key || l.fence < f.fence)));
+    assert!(fresh
+        .iter()
+        .all(|f| lost.iter().all(|l| l.key != f.key || l.fence < f.fence)));
     // The zombie wakes and completes with its old fences: nothing accepted.
     let mut tx = env.pool.begin().await.unwrap();
     assert!(queue.complete_fenced(&mut tx, SCOPE, &lost).await.unwrap().is_empty());
@@ -196,7 +209,11 @@ async fn expired_leases_are_rescued_and_fail_once_their_attempts_are_spent() {
             assert_eq!((outcome.retried, outcome.failed), (0, 5));
         }
     }
-    let failed = count(&env.pool, "SELECT count(*) FROM jobs.items WHERE status = 'failed' AND last_error LIKE 'lease expired%'").await;
+    let failed = count(
+        &env.pool,
+        "SELECT count(*) FROM jobs.items WHERE status = 'failed' AND last_error LIKE 'lease expired%'",
+    )
+    .await;
     assert_eq!(failed, 5);
 }
 
@@ -208,10 +225,23 @@ async fn a_poison_item_fails_alone_and_the_rest_settle_once() {
         .work(&env.pool, SCOPE, &drainer(&["item-123"]), &config(50, 4), &worker)
         .await
         .unwrap();
-    assert!(matches!(outcome, settled_engine::WorkOutcome::Drained { finished: true, .. }), "{outcome:?}");
+    assert!(
+        matches!(outcome, settled_engine::WorkOutcome::Drained { finished: true, .. }),
+        "{outcome:?}"
+    );
     worker.deregister().await;
-    assert_eq!(count(&env.pool, "SELECT count(*) FROM jobs.items WHERE status = 'failed'").await, 1);
-    assert_eq!(count(&env.pool, "SELECT count(*) FROM jobs.items WHERE status = 'failed' AND item = 'item-123'").await, 1);
+    assert_eq!(
+        count(&env.pool, "SELECT count(*) FROM jobs.items WHERE status = 'failed'").await,
+        1
+    );
+    assert_eq!(
+        count(
+            &env.pool,
+            "SELECT count(*) FROM jobs.items WHERE status = 'failed' AND item = 'item-123'"
+        )
+        .await,
+        1
+    );
     assert_eq!(count(&env.pool, "SELECT count(*) FROM jobs.effects").await, 499);
     // Every effect carries the fence its item was settled with.
     let mismatched = count(
@@ -226,14 +256,19 @@ async fn a_poison_item_fails_alone_and_the_rest_settle_once() {
 async fn one_finisher_among_sixteen_racers() {
     let env = env(200).await;
     let run = job().start_or_join(&env.pool, SCOPE, None).await.unwrap().run;
-    sqlx::query("UPDATE jobs.items SET status = 'settled'").execute(&env.pool).await.unwrap();
+    sqlx::query("UPDATE jobs.items SET status = 'settled'")
+        .execute(&env.pool)
+        .await
+        .unwrap();
     let barrier = Arc::new(tokio::sync::Barrier::new(16));
     let racers: Vec<_> = (0..16)
         .map(|_| {
             let (pool, barrier) = (env.pool.clone(), barrier.clone());
             tokio::spawn(async move {
                 barrier.wait().await;
-                job().finish_if_drained(&pool, run.id, SCOPE, uuid::Uuid::new_v4()).await
+                job()
+                    .finish_if_drained(&pool, run.id, SCOPE, uuid::Uuid::new_v4())
+                    .await
             })
         })
         .collect();
@@ -256,22 +291,39 @@ async fn cancel_gives_back_leases_stops_claims_and_resume_restarts_them() {
     let queue = job().queue().clone();
     let mut conn = env.pool.acquire().await.unwrap();
     let leased = queue
-        .claim_leased(&mut conn, SCOPE, 20, run.id, uuid::Uuid::new_v4(), Duration::from_secs(30))
+        .claim_leased(
+            &mut conn,
+            SCOPE,
+            20,
+            run.id,
+            uuid::Uuid::new_v4(),
+            Duration::from_secs(30),
+        )
         .await
         .unwrap();
-    assert_eq!(job().cancel(&env.pool, SCOPE).await.unwrap(), Cancelled::Now { released: 20 });
+    assert_eq!(
+        job().cancel(&env.pool, SCOPE).await.unwrap(),
+        Cancelled::Now { released: 20 }
+    );
     assert_eq!(
         job().cancel(&env.pool, SCOPE).await.unwrap(),
         Cancelled::NotRunning(Some(RunState::Cancelled))
     );
     let mut tx = env.pool.begin().await.unwrap();
-    assert!(queue.claim_chunk_in_tx(&mut tx, SCOPE, 50, run.id).await.unwrap().is_empty());
+    assert!(queue
+        .claim_chunk_in_tx(&mut tx, SCOPE, 50, run.id)
+        .await
+        .unwrap()
+        .is_empty());
     // The old holder of a released lease is refused by its fence.
     assert!(queue.complete_fenced(&mut tx, SCOPE, &leased).await.unwrap().is_empty());
     tx.rollback().await.unwrap();
     assert!(job().resume(&env.pool, SCOPE).await.unwrap());
     let mut tx = env.pool.begin().await.unwrap();
-    assert_eq!(queue.claim_chunk_in_tx(&mut tx, SCOPE, 50, run.id).await.unwrap().len(), 50);
+    assert_eq!(
+        queue.claim_chunk_in_tx(&mut tx, SCOPE, 50, run.id).await.unwrap().len(),
+        50
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -285,17 +337,34 @@ async fn retry_keeps_the_attempt_monotonic_and_reopens_the_run() {
     let failed_attempt = count(&env.pool, "SELECT attempt FROM jobs.items WHERE item = 'item-7'").await;
     assert!(failed_attempt >= 1);
     assert_eq!(job().retry_failed(&env.pool, SCOPE, Some("item-7")).await.unwrap(), 1);
-    assert_eq!(job().find_run(&env.pool, SCOPE).await.unwrap().unwrap().state, RunState::Running);
-    let (attempt, base) = sqlx::query_as::<_, (i32, i32)>("SELECT attempt, attempt_base FROM jobs.items WHERE item = 'item-7'")
-        .fetch_one(&env.pool)
+    assert_eq!(
+        job().find_run(&env.pool, SCOPE).await.unwrap().unwrap().state,
+        RunState::Running
+    );
+    let (attempt, base) =
+        sqlx::query_as::<_, (i32, i32)>("SELECT attempt, attempt_base FROM jobs.items WHERE item = 'item-7'")
+            .fetch_one(&env.pool)
+            .await
+            .unwrap();
+    assert_eq!((i64::from(attempt), i64::from(base)), (failed_attempt, failed_attempt));
+    job()
+        .work(&env.pool, SCOPE, &drainer(&[]), &config(10, 1), &worker)
         .await
         .unwrap();
-    assert_eq!((i64::from(attempt), i64::from(base)), (failed_attempt, failed_attempt));
-    job().work(&env.pool, SCOPE, &drainer(&[]), &config(10, 1), &worker).await.unwrap();
     worker.deregister().await;
-    let settled_attempt = count(&env.pool, "SELECT attempt FROM jobs.items WHERE item = 'item-7' AND status = 'settled'").await;
-    assert!(settled_attempt > failed_attempt, "{settled_attempt} after {failed_attempt}");
-    assert_eq!(job().find_run(&env.pool, SCOPE).await.unwrap().unwrap().state, RunState::Finished);
+    let settled_attempt = count(
+        &env.pool,
+        "SELECT attempt FROM jobs.items WHERE item = 'item-7' AND status = 'settled'",
+    )
+    .await;
+    assert!(
+        settled_attempt > failed_attempt,
+        "{settled_attempt} after {failed_attempt}"
+    );
+    assert_eq!(
+        job().find_run(&env.pool, SCOPE).await.unwrap().unwrap().state,
+        RunState::Finished
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -335,7 +404,10 @@ async fn ten_daemons_make_one_run_per_due_time_and_settle_it_once() {
         daemon.await.unwrap().unwrap();
     }
     assert_eq!(count(&env.pool, "SELECT count(*) FROM settled_engine.runs").await, 1);
-    assert_eq!(job().find_run(&env.pool, &today).await.unwrap().unwrap().state, RunState::Finished);
+    assert_eq!(
+        job().find_run(&env.pool, &today).await.unwrap().unwrap().state,
+        RunState::Finished
+    );
     assert_eq!(count(&env.pool, "SELECT count(*) FROM jobs.effects").await, 2_000);
 }
 
@@ -361,7 +433,12 @@ async fn a_work_table_missing_columns_and_indexes_is_named_at_start() {
     let err = bare.check_work_table(&env.pool).await.unwrap_err();
     let text = err.to_string();
     assert!(matches!(err, EngineError::WorkTable { .. }), "{text}");
-    for missing in ["attempt_base", "lease_until", "a unique index on (day, item)", "WHERE status = 'eligible'"] {
+    for missing in [
+        "attempt_base",
+        "lease_until",
+        "a unique index on (day, item)",
+        "WHERE status = 'eligible'",
+    ] {
         assert!(text.contains(missing), "{missing} not named in: {text}");
     }
     job().check_work_table(&env.pool).await.unwrap();

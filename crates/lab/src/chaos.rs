@@ -13,15 +13,15 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use settled_testkit::{LocalOptions, LocalPostgres};
+use settled_embedded::{LocalOptions, LocalPostgres};
 use sqlx::{Connection, PgConnection};
 
+use crate::provider_sim::Faults;
 use settled::db::Database;
 use settled::money::FeeBps;
 use settled::period::Period;
 use settled::progress::Progress;
 use settled::provider::HttpProvider;
-use crate::provider_sim::Faults;
 use settled::settlement::queue;
 use settled::worker::Mode;
 use settled::{seed, verify};
@@ -229,7 +229,7 @@ pub async fn chaos(opts: ChaosOptions) -> anyhow::Result<ChaosReport> {
         .execute(&mut admin)
         .await?;
     admin.close().await?;
-    let url = settled_testkit::with_database(&admin_url, &db_name);
+    let url = settled_embedded::with_database(&admin_url, &db_name);
     let result = run_chaos(&opts, &url, server.as_ref(), scratch.path()).await;
     let failed = !matches!(&result, Ok(report) if report.ok);
     if failed {
@@ -421,6 +421,12 @@ async fn run_chaos(
             if let Some(child) = &mut slot.child {
                 match child.try_wait()? {
                     None => running += 1,
+                    // A worker that could not start (2) or panicked (101) is
+                    // a bug, not a fault: respawning it would loop forever.
+                    Some(status) if matches!(status.code(), Some(2) | Some(101)) => anyhow::bail!(
+                        "a worker could not run ({status}); worker logs are in {}",
+                        scratch.display()
+                    ),
                     Some(_) => slot.child = None,
                 }
             }

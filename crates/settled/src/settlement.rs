@@ -78,7 +78,12 @@ impl RunHooks for Settlement {
         }
     }
 
-    async fn report(&self, tx: &mut PgConnection, _queue: &WorkQueue, scope: &str) -> Result<serde_json::Value, EngineError> {
+    async fn report(
+        &self,
+        tx: &mut PgConnection,
+        _queue: &WorkQueue,
+        scope: &str,
+    ) -> Result<serde_json::Value, EngineError> {
         let period = Period::parse(scope).map_err(EngineError::Config)?;
         let status = crate::status::period_status_in_tx(tx, period)
             .await
@@ -140,9 +145,9 @@ pub const HELD_CREATORS_SQL: &str =
 /// The chunk's creators with an active hold: not paid now.
 async fn held_creators<'e, E: sqlx::PgExecutor<'e>>(conn: E, chunk: &Chunk) -> Result<Vec<String>, HandlerError> {
     Ok(sqlx::query_scalar(HELD_CREATORS_SQL)
-    .bind(chunk.keys()) // $1
-    .fetch_all(conn)
-    .await?)
+        .bind(chunk.keys()) // $1
+        .fetch_all(conn)
+        .await?)
 }
 
 /// Writes a chunk's ledger rows and balance credits; refuses (so the caller
@@ -223,7 +228,11 @@ impl<P: PayoutProvider> LeasedHandler for SettleWithProvider<P> {
             HandlerError::Permanent(format!("creator {} has no reward for {}", item.key, chunk.scope))
         })?;
         let period = Period::parse(&chunk.scope).map_err(HandlerError::Permanent)?;
-        match self.provider.pay(&payout_key(period, &item.key), &item.key, amount).await {
+        match self
+            .provider
+            .pay(&payout_key(period, &item.key), &item.key, amount)
+            .await
+        {
             Ok(_) => Ok(()),
             Err(ProviderError::Transient(e)) => Err(HandlerError::Transient(e)),
             Err(ProviderError::Refused(e)) => Err(HandlerError::Permanent(e)),

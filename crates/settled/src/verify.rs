@@ -47,10 +47,9 @@ pub struct VerifyReport {
 struct CheckSql {
     name: &'static str,
     description: &'static str,
-    /// Returns one text column describing each offender; $1 = period, $2 = limit.
+    /// One text column, `offender`, describing each row that breaks the
+    /// check; $1 = period. [`run_check`] counts and limits it in one statement.
     offenders: &'static str,
-    /// Returns the number of offenders; $1 = period.
-    count: &'static str,
 }
 
 const CHECKS: &[CheckSql] = &[
@@ -58,17 +57,13 @@ const CHECKS: &[CheckSql] = &[
         name: "policy_exists",
         description: "the period has a fee policy",
         offenders: "SELECT 'no policy for ' || $1::date::text
-                    WHERE NOT EXISTS (SELECT 1 FROM settlement.settlement_policy WHERE period = $1::date) LIMIT $2",
-        count: "SELECT count(*) FROM (SELECT 1 WHERE NOT EXISTS
-                    (SELECT 1 FROM settlement.settlement_policy WHERE period = $1::date)) x",
+                    WHERE NOT EXISTS (SELECT 1 FROM settlement.settlement_policy WHERE period = $1::date)",
     },
     CheckSql {
         name: "no_work_left",
         description: "no item is still eligible or processing",
         offenders: "SELECT creator || ' is ' || status FROM settlement.token_trade_volume
-                    WHERE period = $1::date AND status IN ('eligible', 'processing') ORDER BY creator LIMIT $2",
-        count: "SELECT count(*) FROM settlement.token_trade_volume
-                WHERE period = $1::date AND status IN ('eligible', 'processing')",
+                    WHERE period = $1::date AND status IN ('eligible', 'processing')",
     },
     CheckSql {
         name: "settled_items_have_one_ledger_row",
@@ -76,11 +71,7 @@ const CHECKS: &[CheckSql] = &[
         offenders: "SELECT v.creator || ' is settled but has no ledger row'
                     FROM settlement.token_trade_volume v
                     LEFT JOIN settlement.reward_ledger l ON l.period = v.period AND l.creator = v.creator
-                    WHERE v.period = $1::date AND v.status = 'settled' AND l.creator IS NULL
-                    ORDER BY v.creator LIMIT $2",
-        count: "SELECT count(*) FROM settlement.token_trade_volume v
-                LEFT JOIN settlement.reward_ledger l ON l.period = v.period AND l.creator = v.creator
-                WHERE v.period = $1::date AND v.status = 'settled' AND l.creator IS NULL",
+                    WHERE v.period = $1::date AND v.status = 'settled' AND l.creator IS NULL",
     },
     CheckSql {
         name: "ledger_rows_have_settled_items",
@@ -89,11 +80,7 @@ const CHECKS: &[CheckSql] = &[
                                              ELSE ' has a ledger row but its item is ' || v.status END
                     FROM settlement.reward_ledger l
                     LEFT JOIN settlement.token_trade_volume v ON v.period = l.period AND v.creator = l.creator
-                    WHERE l.period = $1::date AND (v.creator IS NULL OR v.status <> 'settled')
-                    ORDER BY l.creator LIMIT $2",
-        count: "SELECT count(*) FROM settlement.reward_ledger l
-                LEFT JOIN settlement.token_trade_volume v ON v.period = l.period AND v.creator = l.creator
-                WHERE l.period = $1::date AND (v.creator IS NULL OR v.status <> 'settled')",
+                    WHERE l.period = $1::date AND (v.creator IS NULL OR v.status <> 'settled')",
     },
     CheckSql {
         name: "amounts_follow_policy",
@@ -103,12 +90,7 @@ const CHECKS: &[CheckSql] = &[
                     FROM settlement.reward_ledger l
                     JOIN settlement.token_trade_volume v ON v.period = l.period AND v.creator = l.creator
                     JOIN settlement.settlement_policy p ON p.period = l.period
-                    WHERE l.period = $1::date AND l.amount <> settlement.reward(v.volume, p.fee_bps)
-                    ORDER BY l.creator LIMIT $2",
-        count: "SELECT count(*) FROM settlement.reward_ledger l
-                JOIN settlement.token_trade_volume v ON v.period = l.period AND v.creator = l.creator
-                JOIN settlement.settlement_policy p ON p.period = l.period
-                WHERE l.period = $1::date AND l.amount <> settlement.reward(v.volume, p.fee_bps)",
+                    WHERE l.period = $1::date AND l.amount <> settlement.reward(v.volume, p.fee_bps)",
     },
     CheckSql {
         name: "ledger_total_equals_expected",
@@ -118,13 +100,7 @@ const CHECKS: &[CheckSql] = &[
                          (SELECT sum(settlement.reward(v.volume, p.fee_bps)) AS total
                           FROM settlement.token_trade_volume v JOIN settlement.settlement_policy p USING (period)
                           WHERE v.period = $1::date AND v.status = 'settled') e
-                    WHERE coalesce(l.total, 0) <> coalesce(e.total, 0) LIMIT $2",
-        count: "SELECT count(*)
-                FROM (SELECT sum(amount) AS total FROM settlement.reward_ledger WHERE period = $1::date) l,
-                     (SELECT sum(settlement.reward(v.volume, p.fee_bps)) AS total
-                      FROM settlement.token_trade_volume v JOIN settlement.settlement_policy p USING (period)
-                      WHERE v.period = $1::date AND v.status = 'settled') e
-                WHERE coalesce(l.total, 0) <> coalesce(e.total, 0)",
+                    WHERE coalesce(l.total, 0) <> coalesce(e.total, 0)",
     },
     CheckSql {
         name: "balances_equal_ledger",
@@ -136,16 +112,38 @@ const CHECKS: &[CheckSql] = &[
                            ON l.creator = b.creator
                     FULL JOIN (SELECT creator, sum(amount) AS total FROM settlement.payouts GROUP BY creator) p
                            ON p.creator = coalesce(b.creator, l.creator)
-                    WHERE coalesce(b.balance, 0) <> coalesce(l.total, 0) - coalesce(p.total, 0)
-                    ORDER BY 1 LIMIT $2",
-        count: "SELECT count(*) FROM settlement.creator_balance b
-                FULL JOIN (SELECT creator, sum(amount) AS total FROM settlement.reward_ledger GROUP BY creator) l
-                       ON l.creator = b.creator
-                FULL JOIN (SELECT creator, sum(amount) AS total FROM settlement.payouts GROUP BY creator) p
-                       ON p.creator = coalesce(b.creator, l.creator)
-                WHERE coalesce(b.balance, 0) <> coalesce(l.total, 0) - coalesce(p.total, 0)",
+                    WHERE coalesce(b.balance, 0) <> coalesce(l.total, 0) - coalesce(p.total, 0)",
     },
 ];
+
+/// One check, one statement: the total number of offenders (a window over
+/// every row, before the limit) beside the first [`MAX_OFFENDERS`] of them.
+async fn run_check(conn: &mut PgConnection, check: &CheckSql, period: &str) -> anyhow::Result<Check> {
+    let sql = format!(
+        "SELECT o.offender, count(*) OVER () AS violations
+         FROM ({}) AS o(offender) ORDER BY o.offender LIMIT $2",
+        check.offenders
+    );
+    let rows: Vec<OffenderRow> = sqlx::query_as(&sql)
+        .bind(period) // $1
+        .bind(MAX_OFFENDERS) // $2
+        .fetch_all(&mut *conn)
+        .await?;
+    let violations = rows.first().map_or(0, |r| r.violations);
+    Ok(Check {
+        name: check.name,
+        description: check.description,
+        ok: violations == 0,
+        violations,
+        offenders: rows.into_iter().map(|r| r.offender).collect(),
+    })
+}
+
+#[derive(sqlx::FromRow)]
+struct OffenderRow {
+    offender: String,
+    violations: i64,
+}
 
 /// Runs every check for `period` in one REPEATABLE READ snapshot, so all
 /// checks see the same committed state.
@@ -162,23 +160,7 @@ async fn run_checks(conn: &mut PgConnection, period: Period) -> anyhow::Result<V
     let p = period.to_string();
     let mut checks = Vec::with_capacity(CHECKS.len());
     for check in CHECKS {
-        let violations: i64 = sqlx::query_scalar(check.count).bind(&p).fetch_one(&mut *conn).await?;
-        let offenders: Vec<String> = if violations > 0 {
-            sqlx::query_scalar(check.offenders)
-                .bind(&p)
-                .bind(MAX_OFFENDERS)
-                .fetch_all(&mut *conn)
-                .await?
-        } else {
-            Vec::new()
-        };
-        checks.push(Check {
-            name: check.name,
-            description: check.description,
-            ok: violations == 0,
-            violations,
-            offenders,
-        });
+        checks.push(run_check(conn, check, &p).await?);
     }
     let (ledger_total, expected_total): (String, String) = sqlx::query_as(
         "SELECT coalesce((SELECT sum(amount) FROM settlement.reward_ledger WHERE period = $1::date), 0)::text,

@@ -32,7 +32,12 @@ pub type SettlementDrainer = ByMode<SettleRewards, SettleWithProvider<HttpProvid
 
 /// Builds the production drainer. Leased mode pays through a provider, so it
 /// needs one.
-pub fn drainer(mode: Mode, provider_url: Option<&str>, provider_timeout: Duration, leases: LeaseConfig) -> anyhow::Result<SettlementDrainer> {
+pub fn drainer(
+    mode: Mode,
+    provider_url: Option<&str>,
+    provider_timeout: Duration,
+    leases: LeaseConfig,
+) -> anyhow::Result<SettlementDrainer> {
     Ok(match mode {
         Mode::Tx => ByMode::InTransaction(InTransaction(Arc::new(SettleRewards))),
         Mode::Leased => {
@@ -91,7 +96,12 @@ pub async fn run_worker<D: Drainer>(pool: &PgPool, opts: &WorkerOptions, drainer
     outcome
 }
 
-async fn work_once<D: Drainer>(pool: &PgPool, opts: &WorkerOptions, drainer: &D, worker: &Worker) -> anyhow::Result<WorkerOutcome> {
+async fn work_once<D: Drainer>(
+    pool: &PgPool,
+    opts: &WorkerOptions,
+    drainer: &D,
+    worker: &Worker,
+) -> anyhow::Result<WorkerOutcome> {
     let scope = match opts.period {
         Some(period) => period.to_string(),
         None => match job().running_run(pool).await? {
@@ -107,7 +117,12 @@ async fn work_once<D: Drainer>(pool: &PgPool, opts: &WorkerOptions, drainer: &D,
 }
 
 /// Runs the scheduling daemon until SIGTERM/SIGINT (see `settled_engine::daemon`).
-pub async fn run_daemon<D: Drainer>(pool: &PgPool, opts: &WorkerOptions, drainer: &D, daemon: &DaemonConfig) -> anyhow::Result<()> {
+pub async fn run_daemon<D: Drainer>(
+    pool: &PgPool,
+    opts: &WorkerOptions,
+    drainer: &D,
+    daemon: &DaemonConfig,
+) -> anyhow::Result<()> {
     let (worker, background) = start(pool, opts).await?;
     let result = settled_engine::daemon::run(job(), pool, drainer, &opts.drain_config(), &worker, daemon).await;
     stop(worker, background).await;
@@ -125,7 +140,10 @@ async fn start(pool: &PgPool, opts: &WorkerOptions) -> anyhow::Result<(Worker, V
             .await
             .with_context(|| format!("binding the metrics address {addr}"))?;
         tracing::info!(addr = %listener.local_addr()?, "worker metrics on /metrics");
-        background.push(tokio::spawn(crate::worker_metrics::serve(listener, worker.stats().clone())));
+        background.push(tokio::spawn(crate::worker_metrics::serve(
+            listener,
+            worker.stats().clone(),
+        )));
     }
     Ok((worker, background))
 }

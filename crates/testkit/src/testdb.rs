@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 
 use sqlx::{Connection, PgConnection};
 
-use crate::{LocalOptions, LocalPostgres, Result};
+use settled_embedded::{with_database, LocalOptions, LocalPostgres, Result};
 
 static SHARED: OnceLock<std::result::Result<LocalPostgres, String>> = OnceLock::new();
 
@@ -33,23 +33,6 @@ pub fn shared_test_server() -> std::result::Result<&'static LocalPostgres, Strin
         .map_err(Clone::clone)
 }
 
-/// Replaces the database name in a `postgres://` URL, keeping its query.
-pub fn with_database(url: &str, db: &str) -> String {
-    let (base, query) = match url.split_once('?') {
-        Some((b, q)) => (b, Some(q)),
-        None => (url, None),
-    };
-    let scheme_end = base.find("://").map(|i| i + 3).unwrap_or(0);
-    let base = match base[scheme_end..].find('/') {
-        Some(slash) => &base[..scheme_end + slash],
-        None => base,
-    };
-    match query {
-        Some(q) => format!("{base}/{db}?{q}"),
-        None => format!("{base}/{db}"),
-    }
-}
-
 /// A database made for one test; dropped (with its connections) on drop.
 #[derive(Debug)]
 pub struct TestDb {
@@ -65,7 +48,7 @@ impl TestDb {
         let admin_url = match std::env::var("TEST_DATABASE_URL") {
             Ok(url) if !url.is_empty() => url,
             _ => shared_test_server()
-                .map_err(|output| crate::Error::Program {
+                .map_err(|output| settled_embedded::Error::Program {
                     program: "test server".into(),
                     output,
                 })?

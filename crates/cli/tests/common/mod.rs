@@ -82,7 +82,7 @@ pub struct ProviderSim {
 impl ProviderSim {
     pub fn start(extra: &[&str]) -> ProviderSim {
         let port = free_port();
-        let child = Command::new(SETTLED)
+        let mut child = Command::new(SETTLED)
             .args(["provider-sim", "--port", &port.to_string()])
             .args(extra)
             .stdin(Stdio::null())
@@ -97,6 +97,8 @@ impl ProviderSim {
             }
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
+        let _ = child.kill();
+        let _ = child.wait();
         panic!("provider-sim did not start");
     }
 

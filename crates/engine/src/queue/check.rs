@@ -10,7 +10,10 @@ use crate::EngineError;
 /// Columns a work table must have besides its scope and key columns.
 pub const REQUIRED_COLUMNS: &[(&str, &str)] = &[
     ("status", "text: one of eligible, processing, settled, failed, held"),
-    ("attempt", "integer NOT NULL DEFAULT 0: the fence, raised by every claim"),
+    (
+        "attempt",
+        "integer NOT NULL DEFAULT 0: the fence, raised by every claim",
+    ),
     (
         "attempt_base",
         "integer NOT NULL DEFAULT 0: attempts before the last operator retry (not counted toward the limit)",
@@ -109,14 +112,19 @@ impl WorkQueue {
         {
             missing.push(format!("a unique index on ({scope}, {key})"));
         }
-        if !indexes.iter().any(|i| leads_with(i, scope, key) && partial_on(i, "eligible")) {
+        if !indexes
+            .iter()
+            .any(|i| leads_with(i, scope, key) && partial_on(i, "eligible"))
+        {
             missing.push(format!("an index on ({scope}, {key}) WHERE status = 'eligible'"));
         }
         if !indexes
             .iter()
             .any(|i| leads_with(i, scope, "lease_until") && partial_on(i, "processing"))
         {
-            missing.push(format!("an index on ({scope}, lease_until) WHERE status = 'processing'"));
+            missing.push(format!(
+                "an index on ({scope}, lease_until) WHERE status = 'processing'"
+            ));
         }
         missing
     }

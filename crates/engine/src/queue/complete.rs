@@ -72,13 +72,23 @@ impl WorkQueue {
 
     /// Marks claimed items `settled` in the claiming transaction. Fails (and
     /// the caller must roll back) unless every item is still `eligible`.
-    pub async fn mark_settled_in_tx(&self, tx: &mut PgConnection, scope: &str, keys: &[String]) -> Result<(), EngineError> {
+    pub async fn mark_settled_in_tx(
+        &self,
+        tx: &mut PgConnection,
+        scope: &str,
+        keys: &[String],
+    ) -> Result<(), EngineError> {
         mark_every_claimed(tx, &self.sql.complete.settled_in_tx, scope, keys, "settled").await
     }
 
     /// In-transaction mode: marks claimed items `held` (the application
     /// refuses to work on them now). Fails unless every item is still eligible.
-    pub async fn mark_held_in_tx(&self, tx: &mut PgConnection, scope: &str, keys: &[String]) -> Result<(), EngineError> {
+    pub async fn mark_held_in_tx(
+        &self,
+        tx: &mut PgConnection,
+        scope: &str,
+        keys: &[String],
+    ) -> Result<(), EngineError> {
         mark_every_claimed(tx, &self.sql.complete.held_in_tx, scope, keys, "held").await
     }
 
@@ -103,7 +113,12 @@ impl WorkQueue {
     }
 
     /// Leased mode: marks items `held` if their fence still holds.
-    pub async fn hold_fenced(&self, conn: &mut PgConnection, scope: &str, items: &[ClaimedItem]) -> Result<u64, EngineError> {
+    pub async fn hold_fenced(
+        &self,
+        conn: &mut PgConnection,
+        scope: &str,
+        items: &[ClaimedItem],
+    ) -> Result<u64, EngineError> {
         let (keys, fences) = keys_and_fences(items);
         Ok(sqlx::query(&self.sql.complete.held_fenced)
             .bind(scope) // $1

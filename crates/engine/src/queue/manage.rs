@@ -78,7 +78,10 @@ impl WorkQueue {
     }
 
     /// The oldest scope whose run finished but that has eligible items again.
-    pub(crate) async fn finished_scope_with_work(&self, conn: &mut PgConnection) -> Result<Option<String>, EngineError> {
+    pub(crate) async fn finished_scope_with_work(
+        &self,
+        conn: &mut PgConnection,
+    ) -> Result<Option<String>, EngineError> {
         sqlx::query_scalar(&self.sql.manage.finished_with_work)
             .bind(self.job()) // $1
             .fetch_optional(conn)

@@ -20,7 +20,7 @@ use settled::settlement::{self, SettleRewards};
 use settled::worker::{self, Mode, WorkerOptions, WorkerOutcome};
 
 /// The advisory lock key every `advisory-lock` worker takes.
-pub const ADVISORY_LOCK_KEY: i64 = 0x5e77_1ed;
+pub const ADVISORY_LOCK_KEY: i64 = 0x05e7_71ed;
 /// The Redis lock's expiry: longer than any benchmark case, so it never
 /// lapses while held (a real deployment would also have to renew it).
 pub const REDIS_LOCK_PX_MS: u64 = 3_600_000;
@@ -338,7 +338,10 @@ async fn own_loop(pool: &PgPool, args: &ChildArgs, latency: &Latency, report: &m
         let chunk = Chunk {
             run_id: args.run_id,
             scope: scope.clone(),
-            items: claimed.into_iter().map(|(key, fence)| ClaimedItem { key, fence }).collect(),
+            items: claimed
+                .into_iter()
+                .map(|(key, fence)| ClaimedItem { key, fence })
+                .collect(),
         };
         let handled = handler
             .handle_chunk(&mut tx, &chunk)

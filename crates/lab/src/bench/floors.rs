@@ -46,7 +46,7 @@ pub fn settle_chunk_script() -> String {
 
 /// pgbench next to the server binaries, else on PATH.
 pub fn pgbench_program() -> Option<PathBuf> {
-    if let Ok(bin) = settled_testkit::find_binaries() {
+    if let Ok(bin) = settled_embedded::find_binaries() {
         let p = bin.program("pgbench");
         if p.is_file() {
             return Some(p);

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use settled_testkit::{LocalOptions, LocalPostgres};
+use settled_embedded::{LocalOptions, LocalPostgres};
 use sqlx::{Connection, PgConnection};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 
@@ -368,7 +368,7 @@ async fn prepare_case(ctx: &Ctx, creators: u64) -> anyhow::Result<CaseDb> {
         .await
         .with_context(|| format!("creating database {name}"))?;
     admin.close().await?;
-    let url = settled_testkit::with_database(&ctx.admin_url, &name);
+    let url = settled_embedded::with_database(&ctx.admin_url, &name);
     let db = settled::db::Database::open_url(&url, 4, "settled-bench").await?;
     let period = bench_period();
     settled::seed::seed(&db.pool, period, creators, BENCH_SEED, None, &Progress::hidden()).await?;

@@ -14,6 +14,7 @@ use settled::db::Database;
 /// before the commit) and outside it in leased mode. In leased mode without
 /// --provider-url nothing is paid outside the database.
 #[derive(Debug, clap::Args)]
+#[group(id = "lab_worker")]
 pub struct Args {
     #[command(flatten)]
     worker: settled::cmd::worker::Args,

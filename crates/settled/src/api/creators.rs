@@ -46,21 +46,16 @@ async fn show_inner(state: &AppState, address: &str) -> Result<Response, Problem
             .fetch_optional(pool)
             .await
             .map_err(Problem::unavailable)?;
-    let holds: Vec<(
-        i64,
-        String,
-        chrono::DateTime<chrono::Utc>,
-        Option<chrono::DateTime<chrono::Utc>>,
-    )> = sqlx::query_as(
-        "SELECT id, reason, created_at, released_at FROM settlement.creator_holds
+    let holds: Vec<crate::settlement::Hold> = sqlx::query_as(
+        "SELECT id, creator, reason, created_at, released_at FROM settlement.creator_holds
          WHERE creator = $1 ORDER BY id DESC LIMIT 50",
     )
     .bind(creator.as_str())
     .fetch_all(pool)
     .await
     .map_err(Problem::unavailable)?;
-    let ledger: Vec<(chrono::NaiveDate, String, i64, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(
-        "SELECT period, amount::text, run_id, created_at FROM settlement.reward_ledger
+    let ledger: Vec<LedgerEntry> = sqlx::query_as(
+        "SELECT period, amount::text AS amount, run_id, created_at FROM settlement.reward_ledger
          WHERE creator = $1 ORDER BY period DESC LIMIT $2",
     )
     .bind(creator.as_str())
@@ -72,11 +67,19 @@ async fn show_inner(state: &AppState, address: &str) -> Result<Response, Problem
         "creator": creator.as_str(),
         "balance": balance.unwrap_or_else(|| "0".into()),
         "holds": holds.iter().map(|h| serde_json::json!({
-            "id": h.0, "reason": h.1, "created_at": h.2, "released_at": h.3, "active": h.3.is_none(),
+            "id": h.id, "reason": h.reason, "created_at": h.created_at, "released_at": h.released_at,
+            "active": h.released_at.is_none(),
         })).collect::<Vec<_>>(),
-        "ledger": ledger.iter().map(|l| serde_json::json!({
-            "period": l.0.to_string(), "amount": l.1, "run_id": l.2, "created_at": l.3,
-        })).collect::<Vec<_>>(),
+        "ledger": ledger,
     });
     Ok((StatusCode::OK, axum::Json(body)).into_response())
+}
+
+/// One ledger row of a creator, as the API shows it.
+#[derive(Debug, serde::Serialize, sqlx::FromRow)]
+struct LedgerEntry {
+    period: chrono::NaiveDate,
+    amount: String,
+    run_id: i64,
+    created_at: chrono::DateTime<chrono::Utc>,
 }

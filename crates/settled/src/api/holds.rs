@@ -4,11 +4,11 @@
 
 use axum::body::Body;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
-use super::{authorize, read_json, AppState, Problem};
+use super::{read_json, AppState, Authorized, Problem};
 use crate::address::CreatorAddress;
 
 /// Longest hold reason, in characters.
@@ -27,15 +27,8 @@ pub struct HoldRequest {
 pub use crate::settlement::Hold;
 
 /// `POST /v1/holds`.
-pub async fn create(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
-    match create_inner(&state, &headers, body).await {
-        Ok(r) => r,
-        Err(p) => p.into_response(),
-    }
-}
-
-async fn create_inner(state: &AppState, headers: &HeaderMap, body: Body) -> Result<Response, Problem> {
-    authorize(state, headers)?;
+pub async fn create(State(state): State<AppState>, _: Authorized, body: Body) -> Result<Response, Problem> {
+    let state = &state;
     let (request, _) = read_json::<HoldRequest>(body).await?;
     let creator =
         CreatorAddress::parse(&request.creator).map_err(|e| Problem::invalid("creator", format!("creator {e}")))?;
@@ -96,15 +89,12 @@ async fn create_inner(state: &AppState, headers: &HeaderMap, body: Body) -> Resu
 /// `POST /v1/holds/{id}/release`: releases the hold, and the creator's held
 /// items become eligible again (paid once, by their period's run, which a
 /// worker reopens).
-pub async fn release(State(state): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Response {
-    match release_inner(&state, &headers, &id).await {
-        Ok(r) => r,
-        Err(p) => p.into_response(),
-    }
-}
-
-async fn release_inner(state: &AppState, headers: &HeaderMap, id: &str) -> Result<Response, Problem> {
-    authorize(state, headers)?;
+pub async fn release(
+    State(state): State<AppState>,
+    _: Authorized,
+    Path(id): Path<String>,
+) -> Result<Response, Problem> {
+    let state = &state;
     let id: i64 = id
         .parse()
         .map_err(|_| Problem::bad_request("invalid-id", "hold id must be an integer").field("id"))?;

@@ -124,4 +124,3 @@ pub async fn ready(State(state): State<AppState>) -> Response {
         Err(err) => Problem::unavailable(err).into_response(),
     }
 }
-

@@ -5,6 +5,7 @@
 //! conditional debit, the idempotency key's primary key, the partial unique
 //! index on active holds. Never: a check in memory, or check-then-write.
 
+pub mod auth;
 pub mod creators;
 pub mod dashboard;
 pub mod holds;
@@ -18,7 +19,7 @@ use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
@@ -26,6 +27,7 @@ use serde::de::DeserializeOwned;
 use settled_engine::once::idempotency::IdempotencyConfig;
 use sqlx::PgPool;
 
+pub use auth::Authorized;
 pub use problem::Problem;
 
 /// Largest request body read, in bytes.
@@ -103,40 +105,6 @@ async fn healthz(State(state): State<AppState>) -> Response {
     match sqlx::query_scalar::<_, i32>("SELECT 1").fetch_one(&state.pool).await {
         Ok(_) => (StatusCode::OK, axum::Json(serde_json::json!({"status": "ok"}))).into_response(),
         Err(err) => Problem::unavailable(err).into_response(),
-    }
-}
-
-/// Requires `Authorization: Bearer <token>` matching the configured token.
-pub fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), Problem> {
-    let Some(expected) = &state.api_token else {
-        return Err(Problem::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "Unauthorized",
-            "this server has no API token configured (set SETTLED_API_TOKEN); mutating endpoints are disabled",
-        ));
-    };
-    let given = headers
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
-    // Compare without stopping at the first difference.
-    let same = given.len() == expected.len()
-        && given
-            .bytes()
-            .zip(expected.bytes())
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0;
-    if same {
-        Ok(())
-    } else {
-        Err(Problem::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "Unauthorized",
-            "a valid `Authorization: Bearer <token>` header is required",
-        ))
     }
 }
 

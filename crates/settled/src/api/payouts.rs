@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use settled_engine::once::idempotency::{self, Begin, MAX_IDEMPOTENCY_KEY_CHARS};
 
 use super::problem::json_response;
-use super::{authorize, read_json, AppState, Problem};
+use super::{read_json, AppState, Authorized, Problem};
 use crate::address::CreatorAddress;
 use crate::money::Amount;
 
@@ -28,7 +28,7 @@ pub struct PayoutRequest {
 }
 
 /// A payout as the API shows it.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, sqlx::FromRow)]
 pub struct Payout {
     /// Payout id.
     pub id: i64,
@@ -78,15 +78,13 @@ pub fn validate(request: &PayoutRequest) -> Result<(CreatorAddress, Amount), Pro
 }
 
 /// `POST /v1/payouts`.
-pub async fn create(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
-    match create_inner(&state, &headers, body).await {
-        Ok(response) => response,
-        Err(problem) => problem.into_response(),
-    }
-}
-
-async fn create_inner(state: &AppState, headers: &HeaderMap, body: Body) -> Result<Response, Problem> {
-    authorize(state, headers)?;
+pub async fn create(
+    State(state): State<AppState>,
+    _: Authorized,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, Problem> {
+    let (state, headers) = (&state, &headers);
     let key = idempotency_key(headers)?;
     let (request, _) = read_json::<PayoutRequest>(body).await?;
     let (creator, amount) = validate(&request)?;
@@ -164,10 +162,10 @@ async fn pay(
     .await?;
     let (status, body) = match debited {
         Some(_) => {
-            let payout: (i64, String, String, String, chrono::DateTime<chrono::Utc>) = sqlx::query_as(
+            let payout: Payout = sqlx::query_as(
                 "INSERT INTO settlement.payouts (creator, amount, idempotency_key, request_hash)
                  VALUES ($1, $2::numeric, $3, $4)
-                 RETURNING id, creator, amount::text, status, created_at",
+                 RETURNING id, creator, amount::text AS amount, status, created_at",
             )
             .bind(creator.as_str())
             .bind(amount.to_string())
@@ -175,13 +173,6 @@ async fn pay(
             .bind(fingerprint)
             .fetch_one(&mut *tx)
             .await?;
-            let payout = Payout {
-                id: payout.0,
-                creator: payout.1,
-                amount: payout.2,
-                status: payout.3,
-                created_at: payout.4,
-            };
             (StatusCode::CREATED, serde_json::to_value(&payout)?)
         }
         None => {
@@ -218,22 +209,14 @@ pub async fn show(State(state): State<AppState>, Path(id): Path<String>) -> Resp
             .field("id")
             .into_response();
     };
-    let row: Result<Option<(i64, String, String, String, chrono::DateTime<chrono::Utc>)>, _> =
-        sqlx::query_as("SELECT id, creator, amount::text, status, created_at FROM settlement.payouts WHERE id = $1")
-            .bind(id)
-            .fetch_optional(&state.pool)
-            .await;
+    let row: Result<Option<Payout>, _> = sqlx::query_as(
+        "SELECT id, creator, amount::text AS amount, status, created_at FROM settlement.payouts WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_optional(&state.pool)
+    .await;
     match row {
-        Ok(Some(p)) => {
-            let payout = Payout {
-                id: p.0,
-                creator: p.1,
-                amount: p.2,
-                status: p.3,
-                created_at: p.4,
-            };
-            (StatusCode::OK, axum::Json(payout)).into_response()
-        }
+        Ok(Some(payout)) => (StatusCode::OK, axum::Json(payout)).into_response(),
         Ok(None) => Problem::not_found("unknown-payout", format!("no payout {id}")).into_response(),
         Err(err) => Problem::unavailable(err).into_response(),
     }

@@ -62,7 +62,10 @@ impl DbCommand for Args {
             } else {
                 " (use --errors FILE to see all)"
             };
-            eprintln!("... and {} more{hint}", outcome.errors as usize - outcome.first_errors.len());
+            eprintln!(
+                "... and {} more{hint}",
+                outcome.errors as usize - outcome.first_errors.len()
+            );
         }
         if outcome.refused {
             eprintln!(

@@ -161,8 +161,8 @@ pub fn execute(parse: impl FnOnce() -> (Global, Box<dyn Runnable>)) -> ExitCode 
     match runtime.block_on(command.run(global)) {
         Ok(code) => code,
         Err(err) => {
-            if let Some(settled_testkit::Error::NoBinaries) = err.downcast_ref::<settled_testkit::Error>() {
-                eprintln!("error: {}", settled_testkit::Error::NoBinaries);
+            if let Some(settled_embedded::Error::NoBinaries) = err.downcast_ref::<settled_embedded::Error>() {
+                eprintln!("error: {}", settled_embedded::Error::NoBinaries);
                 return ExitCode::from(2);
             }
             eprintln!("error: {err:#}");

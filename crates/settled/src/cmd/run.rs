@@ -96,7 +96,10 @@ impl Args {
             retry: Default::default(),
             metrics_bind: None,
         };
-        let total = queue().count_by_status(&mut *pool.acquire().await?, &scope).await?.total();
+        let total = queue()
+            .count_by_status(&mut *pool.acquire().await?, &scope)
+            .await?
+            .total();
         let ticker = {
             let (pool, scope) = (pool.clone(), scope.clone());
             tokio::spawn(async move {
@@ -116,7 +119,11 @@ impl Args {
         drained?;
         match job().find_run(pool, &scope).await? {
             Some(run) if run.state == RunState::Finished => {
-                println!("run {} of {period} finished: {}", run.id, run.report.unwrap_or_default());
+                println!(
+                    "run {} of {period} finished: {}",
+                    run.id,
+                    run.report.unwrap_or_default()
+                );
                 Ok(ExitCode::SUCCESS)
             }
             Some(run) => {

@@ -29,7 +29,13 @@ impl DbCommand for Args {
     async fn run(self, db: &Database) -> Outcome {
         let all = job().list_runs(&db.pool, self.limit).await?;
         if self.json {
-            let shown: Vec<PeriodRun> = all.iter().map(|run| PeriodRun { period: &run.scope, run }).collect();
+            let shown: Vec<PeriodRun> = all
+                .iter()
+                .map(|run| PeriodRun {
+                    period: &run.scope,
+                    run,
+                })
+                .collect();
             println!("{}", serde_json::to_string_pretty(&shown)?);
             return Ok(std::process::ExitCode::SUCCESS);
         }

@@ -1,0 +1,60 @@
+//! Authentication as an extractor: a handler that takes [`Authorized`]
+//! runs only for a request with `Authorization: Bearer <token>` matching the
+//! configured token, and the body is not read before that check.
+
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode};
+
+use super::{AppState, Problem};
+
+/// Proof that the request carried the API token.
+#[derive(Debug, Clone, Copy)]
+pub struct Authorized;
+
+impl FromRequestParts<AppState> for Authorized {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Authorized, Problem> {
+        authorize(state, &parts.headers).map(|()| Authorized)
+    }
+}
+
+/// Requires `Authorization: Bearer <token>` matching the configured token.
+fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), Problem> {
+    let given = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    check_token(state, given)
+}
+
+/// Checks a token given another way (the dashboard's form field).
+pub fn check_token(state: &AppState, given: &str) -> Result<(), Problem> {
+    let Some(expected) = &state.api_token else {
+        return Err(Problem::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "Unauthorized",
+            "this server has no API token configured (set SETTLED_API_TOKEN); mutating endpoints are disabled",
+        ));
+    };
+    // Compare without stopping at the first difference.
+    let same = given.len() == expected.len()
+        && given
+            .bytes()
+            .zip(expected.bytes())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0;
+    if same {
+        Ok(())
+    } else {
+        Err(Problem::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "Unauthorized",
+            "a valid `Authorization: Bearer <token>` header is required",
+        ))
+    }
+}

@@ -1,0 +1,143 @@
+//! What the dashboard reads: exact queries on committed state, as rows
+//! with names. No HTML here.
+
+use settled_engine::{ItemStatus, Run};
+use sqlx::PgPool;
+
+use crate::period::Period;
+
+/// Runs listed on the front page.
+pub const RUNS_SHOWN: i64 = 20;
+/// Items listed on the items page.
+pub const ITEMS_SHOWN: i64 = 200;
+
+/// A run with its period's exact progress.
+pub struct RunProgress {
+    /// The run.
+    pub run: Run,
+    /// All items of its period.
+    pub total: i64,
+    /// Items in a final status.
+    pub done: i64,
+    /// Settled items.
+    pub settled: i64,
+    /// Failed items.
+    pub failed: i64,
+    /// Held items.
+    pub held: i64,
+    /// Paid so far (base units).
+    pub paid: String,
+}
+
+/// The newest runs with their progress (the one status read per period).
+pub async fn runs_with_progress(pool: &PgPool) -> anyhow::Result<Vec<RunProgress>> {
+    let runs = crate::settlement::job().list_runs(pool, RUNS_SHOWN).await?;
+    let mut out = Vec::with_capacity(runs.len());
+    for run in runs {
+        let period = Period::parse(&run.scope).map_err(anyhow::Error::msg)?;
+        let status = crate::status::period_status(&mut *pool.acquire().await?, period).await?;
+        out.push(RunProgress {
+            total: status.total,
+            done: status.done,
+            settled: status.counts.get(ItemStatus::Settled),
+            failed: status.counts.get(ItemStatus::Failed),
+            held: status.counts.get(ItemStatus::Held),
+            paid: status.settled_amount,
+            run,
+        });
+    }
+    Ok(out)
+}
+
+/// Items settled in one second.
+#[derive(Debug, Clone, Copy, sqlx::FromRow)]
+pub struct Second {
+    /// The second, as a Unix time.
+    pub at: f64,
+    /// Items paid in it.
+    pub settled: i64,
+}
+
+/// Settled items per second of a period, oldest first (from ledger times).
+pub async fn throughput(pool: &PgPool, period: &str) -> Result<Vec<Second>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT extract(epoch FROM date_trunc('second', created_at))::float8 AS at, count(*) AS settled
+         FROM settlement.reward_ledger WHERE period = $1::date GROUP BY 1 ORDER BY 1",
+    )
+    .bind(period) // $1
+    .fetch_all(pool)
+    .await
+}
+
+/// A failed or held item.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct ItemRow {
+    /// Its period.
+    pub period: chrono::NaiveDate,
+    /// The creator.
+    pub creator: String,
+    /// Its attempt (fence).
+    pub attempt: i32,
+    /// Why its last attempt failed.
+    pub last_error: Option<String>,
+}
+
+/// The newest items with `status`.
+pub async fn items(pool: &PgPool, status: ItemStatus) -> Result<Vec<ItemRow>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT period, creator, attempt, last_error FROM settlement.token_trade_volume
+         WHERE status = $1 ORDER BY period DESC, creator LIMIT $2",
+    )
+    .bind(status.as_str()) // $1
+    .bind(ITEMS_SHOWN) // $2
+    .fetch_all(pool)
+    .await
+}
+
+/// One lock, with who holds or waits for it.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct LockRow {
+    /// The backend.
+    pub pid: i32,
+    /// Its application name.
+    pub application: Option<String>,
+    /// `relation`, `tuple`, `transactionid`...
+    pub locktype: String,
+    /// The lock mode.
+    pub mode: String,
+    /// False while it waits.
+    pub granted: bool,
+    /// The table or transaction it is on.
+    pub target: Option<String>,
+    /// The backends it waits for.
+    pub blocked_by: Vec<i32>,
+    /// Age of its transaction, in seconds.
+    pub xact_age_secs: Option<f64>,
+    /// Its state (`active`, `idle in transaction`...).
+    pub state: Option<String>,
+    /// The start of its query.
+    pub query: Option<String>,
+}
+
+/// Who holds which lock on the settlement and engine tables, and who waits
+/// for whom (`pg_locks` joined with `pg_stat_activity`).
+pub async fn locks(pool: &PgPool) -> Result<Vec<LockRow>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT l.pid, a.application_name AS application, l.locktype, l.mode, l.granted,
+                coalesce(c.relname, CASE WHEN l.locktype = 'transactionid' THEN 'xid ' || l.transactionid::text END)
+                    AS target,
+                pg_blocking_pids(l.pid) AS blocked_by,
+                extract(epoch FROM now() - a.xact_start)::float8 AS xact_age_secs,
+                a.state, left(a.query, 200) AS query
+         FROM pg_locks l
+         JOIN pg_stat_activity a ON a.pid = l.pid
+         LEFT JOIN pg_class c ON c.oid = l.relation
+         LEFT JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE a.datname = current_database() AND l.pid <> pg_backend_pid()
+           AND (n.nspname IN ('settlement', 'settled_engine') OR NOT l.granted OR l.locktype IN ('tuple', 'transactionid'))
+           AND (c.relkind IS NULL OR c.relkind = 'r')
+         ORDER BY l.granted, l.pid, l.locktype",
+    )
+    .fetch_all(pool)
+    .await
+}
