@@ -10,27 +10,27 @@
 //! `pg_stat_database`, and `verify` (a case that fails it is reported as
 //! failed, never as fast). Then the database is dropped.
 
+mod casedb;
 pub mod child;
 mod floors;
+mod markdown;
 mod peers;
 mod plot;
 mod report;
+mod strategy;
+mod targets;
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
 use settled_embedded::{LocalOptions, LocalPostgres};
 use sqlx::{Connection, PgConnection};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 
-pub use report::{markdown, BenchReport, CaseResult, Target};
+pub use markdown::markdown;
+pub use report::{BenchReport, CaseResult};
+pub use targets::Target;
 
-use settled::period::Period;
 use settled::progress::Progress;
 
 /// Largest worker count of one case.
@@ -304,7 +304,7 @@ async fn run_all(ctx: &Ctx) -> anyhow::Result<BenchReport> {
         cases.push(case);
     }
     report::fill_efficiency(&mut cases);
-    let targets = report::targets(&cases, opts);
+    let targets = targets::targets(&cases, opts);
     Ok(BenchReport {
         started_at: started_at.to_rfc3339(),
         finished_at: chrono::Utc::now().to_rfc3339(),
@@ -347,327 +347,6 @@ struct CaseSpec {
     chunk: u32,
 }
 
-/// A fresh database with a seeded period and a started run.
-struct CaseDb {
-    name: String,
-    url: String,
-    period: Period,
-    run_id: i64,
-}
-
-/// The benchmark's period: yesterday (UTC).
-fn bench_period() -> Period {
-    Period::from_date(chrono::Utc::now().date_naive() - chrono::Duration::days(1))
-}
-
-async fn prepare_case(ctx: &Ctx, creators: u64) -> anyhow::Result<CaseDb> {
-    let name = format!("settled_bench_{}", uuid::Uuid::new_v4().simple());
-    let mut admin = PgConnection::connect(&ctx.admin_url).await?;
-    sqlx::query(&format!("CREATE DATABASE {name}"))
-        .execute(&mut admin)
-        .await
-        .with_context(|| format!("creating database {name}"))?;
-    admin.close().await?;
-    let url = settled_embedded::with_database(&ctx.admin_url, &name);
-    let db = settled::db::Database::open_url(&url, 4, "settled-bench").await?;
-    let period = bench_period();
-    settled::seed::seed(&db.pool, period, creators, BENCH_SEED, None, &Progress::hidden()).await?;
-    let mut conn = db.pool.acquire().await?;
-    sqlx::query("ANALYZE settlement.token_trade_volume")
-        .execute(&mut *conn)
-        .await?;
-    drop(conn);
-    let run_id = settled::settlement::job()
-        .start_or_join(&db.pool, &period.to_string(), None)
-        .await?
-        .run
-        .id;
-    db.close().await?;
-    Ok(CaseDb {
-        name,
-        url,
-        period,
-        run_id,
-    })
-}
-
-/// Verifies the case's period and drops its database.
-async fn finish_case(ctx: &Ctx, db: &CaseDb) -> anyhow::Result<settled::verify::VerifyReport> {
-    let verified = async {
-        let mut conn = PgConnection::connect(&db.url).await?;
-        let report = settled::verify::verify(&mut conn, db.period).await?;
-        conn.close().await?;
-        anyhow::Ok(report)
-    }
-    .await;
-    let mut admin = PgConnection::connect(&ctx.admin_url).await?;
-    sqlx::query(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", db.name))
-        .execute(&mut admin)
-        .await?;
-    admin.close().await?;
-    verified
-}
-
-/// CPU seconds (user + system) of this process's children that have ended
-/// and been waited for, their own children included.
-pub(super) fn client_cpu() -> f64 {
-    use nix::sys::resource::{getrusage, UsageWho};
-    getrusage(UsageWho::RUSAGE_CHILDREN)
-        .map(|u| {
-            let (user, system) = (u.user_time(), u.system_time());
-            user.tv_sec() as f64 + user.tv_usec() as f64 / 1e6 + system.tv_sec() as f64 + system.tv_usec() as f64 / 1e6
-        })
-        .unwrap_or(0.0)
-}
-
-/// Ends a case: verifies its period and drops its database (whatever the
-/// measurement's outcome), then records the verification.
-async fn conclude(ctx: &Ctx, db: &CaseDb, measured: anyhow::Result<()>, case: &mut CaseResult) -> anyhow::Result<()> {
-    let verified = finish_case(ctx, db).await;
-    measured?;
-    case.set_verify(verified?);
-    Ok(())
-}
-
-/// Transactions committed and rolled back in database `name` so far.
-async fn transactions(admin: &mut PgConnection, name: &str) -> anyhow::Result<i64> {
-    Ok(sqlx::query_scalar(
-        "SELECT coalesce(sum(xact_commit + xact_rollback), 0)::int8 FROM pg_stat_database WHERE datname = $1",
-    )
-    .bind(name)
-    .fetch_one(admin)
-    .await?)
-}
-
-/// Waits until no session is connected to database `name` (their statistics
-/// are flushed when they end), at most 10 s.
-async fn wait_disconnected(admin: &mut PgConnection, name: &str) -> anyhow::Result<()> {
-    for _ in 0..200 {
-        let left: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE datname = $1")
-            .bind(name)
-            .fetch_one(&mut *admin)
-            .await?;
-        if left == 0 {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    Ok(())
-}
-
-/// Lock waits seen by the sampler.
-#[derive(Debug, Default)]
-struct LockSamples {
-    samples: u64,
-    waiting_sum: u64,
-    waiting_max: u64,
-    samples_with_waiters: u64,
-    by_event: BTreeMap<String, u64>,
-}
-
-/// Reads `pg_stat_activity` for database `name` until `stop` is set.
-async fn sample_locks(admin_url: String, name: String, stop: Arc<AtomicBool>) -> anyhow::Result<LockSamples> {
-    let mut conn = PgConnection::connect(&admin_url).await?;
-    let mut s = LockSamples::default();
-    while !stop.load(Ordering::Relaxed) {
-        let rows: Vec<(String, i64)> = sqlx::query_as(
-            "SELECT wait_event, count(*) FROM pg_stat_activity
-             WHERE datname = $1 AND wait_event_type = 'Lock' GROUP BY wait_event",
-        )
-        .bind(&name)
-        .fetch_all(&mut conn)
-        .await?;
-        let waiting: u64 = rows.iter().map(|(_, n)| *n as u64).sum();
-        s.samples += 1;
-        s.waiting_sum += waiting;
-        s.waiting_max = s.waiting_max.max(waiting);
-        if waiting > 0 {
-            s.samples_with_waiters += 1;
-        }
-        for (event, n) in rows {
-            *s.by_event.entry(event).or_default() += n as u64;
-        }
-        tokio::time::sleep(Duration::from_millis(SAMPLE_EVERY_MS)).await;
-    }
-    conn.close().await?;
-    Ok(s)
-}
-
-/// A started worker process, connected and waiting for `go`.
-struct ReadyChild {
-    child: tokio::process::Child,
-    stdin: tokio::process::ChildStdin,
-    stdout: tokio::io::BufReader<tokio::process::ChildStdout>,
-}
-
-async fn start_child(ctx: &Ctx, spec: &CaseSpec, db: &CaseDb, index: u32) -> anyhow::Result<ReadyChild> {
-    let mut child = tokio::process::Command::new(&ctx.exe)
-        .arg("bench-worker")
-        .args(["--strategy", spec.strategy.name()])
-        .args(["--period", &db.period.to_string()])
-        .args(["--run", &db.run_id.to_string()])
-        .args(["--chunk", &spec.chunk.to_string()])
-        .args(["--work-ms", &spec.work_ms.to_string()])
-        .args(["--index", &index.to_string()])
-        .args(["--concurrency", &spec.concurrency.to_string()])
-        .args(["--redis-url", &ctx.opts.redis_url])
-        .args(["--lock-key", &format!("settled-bench:{}", db.name)])
-        .env("DATABASE_URL", &db.url)
-        .env(
-            "SETTLED_LOG",
-            std::env::var("SETTLED_LOG").unwrap_or_else(|_| "error".into()),
-        )
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .context("starting a bench worker")?;
-    let stdin = child.stdin.take().expect("piped stdin");
-    let mut stdout = tokio::io::BufReader::new(child.stdout.take().expect("piped stdout"));
-    let mut line = String::new();
-    tokio::time::timeout(Duration::from_secs(READY_TIMEOUT_SECS), stdout.read_line(&mut line))
-        .await
-        .context("a bench worker did not get ready in time")??;
-    anyhow::ensure!(
-        line.trim() == "ready",
-        "a bench worker did not start: {:?}",
-        line.trim()
-    );
-    Ok(ReadyChild { child, stdin, stdout })
-}
-
-async fn run_strategy_case(ctx: &Ctx, spec: &CaseSpec) -> CaseResult {
-    let mut case = CaseResult::new(
-        "strategy",
-        spec.strategy.name(),
-        spec.workers,
-        spec.work_ms,
-        spec.creators,
-    );
-    case.chunk = Some(spec.chunk);
-    case.concurrency = spec.concurrency;
-    if let Err(err) = measure_strategy(ctx, spec, &mut case).await {
-        case.error = Some(format!("{err:#}"));
-    }
-    case
-}
-
-async fn measure_strategy(ctx: &Ctx, spec: &CaseSpec, case: &mut CaseResult) -> anyhow::Result<()> {
-    let db = prepare_case(ctx, spec.creators).await?;
-    let measured = async {
-        let cpu_before = client_cpu();
-        let mut children = Vec::new();
-        for index in 0..spec.workers {
-            children.push(start_child(ctx, spec, &db, index).await?);
-        }
-        let mut admin = PgConnection::connect(&ctx.admin_url).await?;
-        let before = transactions(&mut admin, &db.name).await?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let sampler = tokio::spawn(sample_locks(ctx.admin_url.clone(), db.name.clone(), stop.clone()));
-        let started = Instant::now();
-        let mut waits = Vec::new();
-        for mut c in children {
-            c.stdin.write_all(b"go\n").await?;
-            c.stdin.flush().await?;
-            waits.push(tokio::spawn(async move {
-                let mut out = String::new();
-                c.stdout.read_to_string(&mut out).await?;
-                let status = c.child.wait().await?;
-                let ended = Instant::now();
-                drop(c.stdin);
-                anyhow::ensure!(status.success(), "a bench worker failed ({status})");
-                let last = out.lines().last().unwrap_or_default();
-                let report: child::ChildReport =
-                    serde_json::from_str(last).with_context(|| format!("a bench worker's report: {last:?}"))?;
-                anyhow::Ok((report, ended))
-            }));
-        }
-        let mut reports = Vec::new();
-        let mut last_exit = started;
-        let mut first_error = None;
-        let deadline = tokio::time::Instant::from_std(started) + Duration::from_secs(CASE_TIMEOUT_SECS);
-        for i in 0..waits.len() {
-            match tokio::time::timeout_at(deadline, &mut waits[i]).await {
-                Ok(joined) => match joined? {
-                    Ok((report, ended)) => {
-                        last_exit = last_exit.max(ended);
-                        reports.push(report);
-                    }
-                    Err(err) => {
-                        first_error.get_or_insert(err);
-                    }
-                },
-                Err(_) => {
-                    // Dropping the aborted tasks kills their processes.
-                    for w in &waits {
-                        w.abort();
-                    }
-                    stop.store(true, Ordering::Relaxed);
-                    anyhow::bail!("the case did not finish within {CASE_TIMEOUT_SECS} s; its workers were killed");
-                }
-            }
-        }
-        let elapsed = last_exit - started;
-        case.client_cpu_seconds = Some(client_cpu() - cpu_before);
-        stop.store(true, Ordering::Relaxed);
-        let locks = sampler.await??;
-        if let Some(err) = first_error {
-            return Err(err);
-        }
-        wait_disconnected(&mut admin, &db.name).await?;
-        let after = transactions(&mut admin, &db.name).await?;
-        admin.close().await?;
-        case.record_time(elapsed);
-        case.transactions_per_item = Some((after - before) as f64 / spec.creators as f64);
-        let mut latency = child::new_histogram();
-        for r in &reports {
-            for &(value, count) in &r.latency_us {
-                latency.record_n(value, count)?;
-            }
-        }
-        case.claims = Some(latency.len());
-        case.claim_p50_ms = Some(latency.value_at_quantile(0.5) as f64 / 1e3);
-        case.claim_p99_ms = Some(latency.value_at_quantile(0.99) as f64 / 1e3);
-        case.lock_waiting_avg = Some(locks.waiting_sum as f64 / locks.samples.max(1) as f64);
-        case.lock_waiting_max = Some(locks.waiting_max);
-        case.lock_wait_share = Some(locks.samples_with_waiters as f64 / locks.samples.max(1) as f64);
-        case.lock_wait_events = locks.by_event;
-        case.peak_rss_mib = reports.iter().map(|r| r.peak_rss_kib as f64 / 1024.0).reduce(f64::max);
-        let settled: u64 = reports.iter().map(|r| r.settled).sum();
-        case.extra.insert("settled_by_workers".into(), settled.into());
-        case.extra.insert(
-            "per_worker_settled".into(),
-            reports.iter().map(|r| r.settled).collect::<Vec<_>>().into(),
-        );
-        if matches!(spec.strategy, Strategy::RedisLock | Strategy::AdvisoryLock) {
-            let waited: f64 = reports.iter().map(|r| r.lock_wait_ms).sum();
-            case.extra.insert("global_lock_wait_ms_total".into(), waited.into());
-        }
-        if matches!(spec.strategy, Strategy::Offset | Strategy::ForUpdate) {
-            let locked: u64 = reports.iter().map(|r| r.rows_locked).sum();
-            case.extra.insert("rows_locked".into(), locked.into());
-            case.extra.insert(
-                "rows_locked_per_item".into(),
-                (locked as f64 / spec.creators as f64).into(),
-            );
-            case.extra.insert(
-                "short_claims".into(),
-                reports.iter().map(|r| r.short_claims).sum::<u64>().into(),
-            );
-        }
-        if spec.strategy == Strategy::Offset {
-            case.extra.insert(
-                "offset_fallbacks".into(),
-                reports.iter().map(|r| r.offset_fallbacks).sum::<u64>().into(),
-            );
-        }
-        anyhow::Ok(())
-    }
-    .await;
-    conclude(ctx, &db, measured, case).await
-}
-
 /// Redraws results.md and the plots in `out` from an earlier results.json;
 /// measures nothing.
 pub fn replot(results: &Path, out: &Path) -> anyhow::Result<BenchReport> {
@@ -692,3 +371,6 @@ fn scratch_file(dir: &Path, name: &str, contents: &str) -> anyhow::Result<PathBu
     std::fs::write(&path, contents).with_context(|| format!("writing {}", path.display()))?;
     Ok(path)
 }
+
+use casedb::{client_cpu, conclude, finish_case, prepare_case, transactions, wait_disconnected, CaseDb};
+use strategy::run_strategy_case;

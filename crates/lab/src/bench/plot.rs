@@ -6,7 +6,8 @@ use std::path::Path;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use super::report::{thousands, BenchReport, CaseResult};
+use super::markdown::thousands;
+use super::report::{BenchReport, CaseResult};
 
 /// Plot size in pixels.
 const SIZE: (u32, u32) = (1400, 620);

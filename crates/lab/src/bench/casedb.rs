@@ -1,0 +1,124 @@
+//! A case's database: created fresh, seeded, its run started; verified
+//! and dropped at the end, whatever the measurement's outcome.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use sqlx::{Connection, PgConnection};
+
+use super::{CaseResult, Ctx, BENCH_SEED};
+use settled::period::Period;
+use settled::progress::Progress;
+
+/// A fresh database with a seeded period and a started run.
+pub(super) struct CaseDb {
+    pub(super) name: String,
+    pub(super) url: String,
+    pub(super) period: Period,
+    pub(super) run_id: i64,
+}
+
+/// The benchmark's period: yesterday (UTC).
+pub(super) fn bench_period() -> Period {
+    Period::from_date(chrono::Utc::now().date_naive() - chrono::Duration::days(1))
+}
+
+pub(super) async fn prepare_case(ctx: &Ctx, creators: u64) -> anyhow::Result<CaseDb> {
+    let name = format!("settled_bench_{}", uuid::Uuid::new_v4().simple());
+    let mut admin = PgConnection::connect(&ctx.admin_url).await?;
+    sqlx::query(&format!("CREATE DATABASE {name}"))
+        .execute(&mut admin)
+        .await
+        .with_context(|| format!("creating database {name}"))?;
+    admin.close().await?;
+    let url = settled_embedded::with_database(&ctx.admin_url, &name);
+    let db = settled::db::Database::open_url(&url, 4, "settled-bench").await?;
+    let period = bench_period();
+    settled::seed::seed(&db.pool, period, creators, BENCH_SEED, None, &Progress::hidden()).await?;
+    let mut conn = db.pool.acquire().await?;
+    sqlx::query("ANALYZE settlement.token_trade_volume")
+        .execute(&mut *conn)
+        .await?;
+    drop(conn);
+    let run_id = settled::settlement::job()
+        .start_or_join(&db.pool, &period.to_string(), None)
+        .await?
+        .run
+        .id;
+    db.close().await?;
+    Ok(CaseDb {
+        name,
+        url,
+        period,
+        run_id,
+    })
+}
+
+/// Verifies the case's period and drops its database.
+pub(super) async fn finish_case(ctx: &Ctx, db: &CaseDb) -> anyhow::Result<settled::verify::VerifyReport> {
+    let verified = async {
+        let mut conn = PgConnection::connect(&db.url).await?;
+        let report = settled::verify::verify(&mut conn, db.period).await?;
+        conn.close().await?;
+        anyhow::Ok(report)
+    }
+    .await;
+    let mut admin = PgConnection::connect(&ctx.admin_url).await?;
+    sqlx::query(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", db.name))
+        .execute(&mut admin)
+        .await?;
+    admin.close().await?;
+    verified
+}
+
+/// CPU seconds (user + system) of this process's children that have ended
+/// and been waited for, their own children included.
+pub(super) fn client_cpu() -> f64 {
+    use nix::sys::resource::{getrusage, UsageWho};
+    getrusage(UsageWho::RUSAGE_CHILDREN)
+        .map(|u| {
+            let (user, system) = (u.user_time(), u.system_time());
+            user.tv_sec() as f64 + user.tv_usec() as f64 / 1e6 + system.tv_sec() as f64 + system.tv_usec() as f64 / 1e6
+        })
+        .unwrap_or(0.0)
+}
+
+/// Ends a case: verifies its period and drops its database (whatever the
+/// measurement's outcome), then records the verification.
+pub(super) async fn conclude(
+    ctx: &Ctx,
+    db: &CaseDb,
+    measured: anyhow::Result<()>,
+    case: &mut CaseResult,
+) -> anyhow::Result<()> {
+    let verified = finish_case(ctx, db).await;
+    measured?;
+    case.set_verify(verified?);
+    Ok(())
+}
+
+/// Transactions committed and rolled back in database `name` so far.
+pub(super) async fn transactions(admin: &mut PgConnection, name: &str) -> anyhow::Result<i64> {
+    Ok(sqlx::query_scalar(
+        "SELECT coalesce(sum(xact_commit + xact_rollback), 0)::int8 FROM pg_stat_database WHERE datname = $1",
+    )
+    .bind(name)
+    .fetch_one(admin)
+    .await?)
+}
+
+/// Waits until no session is connected to database `name` (their statistics
+/// are flushed when they end), at most 10 s.
+pub(super) async fn wait_disconnected(admin: &mut PgConnection, name: &str) -> anyhow::Result<()> {
+    for _ in 0..200 {
+        let left: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE datname = $1")
+            .bind(name)
+            .fetch_one(&mut *admin)
+            .await?;
+        if left == 0 {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}

@@ -1,0 +1,176 @@
+//! The faults chaos injects: a schedule drawn from a seed (the same seed
+//! replays the same schedule), and the injection of each fault into the
+//! running workers, the database server and the provider.
+
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use settled::worker::Mode;
+use settled_embedded::LocalPostgres;
+use sqlx::{Connection, PgConnection};
+
+use super::{Harness, Slot};
+use crate::provider_sim::Faults;
+
+/// One kind of fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultKind {
+    /// SIGKILL a worker, then start a new one in its place.
+    KillWorker,
+    /// SIGSTOP a worker until its leases expired and were rescued, then SIGCONT.
+    ZombieWorker,
+    /// `pg_terminate_backend` on worker connections.
+    TerminateBackends,
+    /// Restart PostgreSQL (only when chaos runs the server).
+    RestartPostgres,
+    /// The provider answers 503 to a share of new payments for a while.
+    ProviderErrors,
+    /// The provider applies a share of new payments and answers too late.
+    ProviderAppliedTimeout,
+}
+
+/// A fault at a time.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ScheduledFault {
+    /// Milliseconds after the workers start.
+    pub at_ms: u64,
+    /// What.
+    pub kind: FaultKind,
+    /// Which worker slot (for worker faults).
+    pub slot: usize,
+}
+
+/// The seeded schedule: at least one fault of each kind the setup allows,
+/// then more at random, at random times within the first 80% of the run.
+pub fn schedule(seed: u64, duration: Duration, workers: u32, mode: Mode, can_restart: bool) -> Vec<ScheduledFault> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut kinds = vec![
+        FaultKind::KillWorker,
+        FaultKind::ZombieWorker,
+        FaultKind::TerminateBackends,
+    ];
+    if can_restart {
+        kinds.push(FaultKind::RestartPostgres);
+    }
+    if mode == Mode::Leased {
+        kinds.extend([FaultKind::ProviderErrors, FaultKind::ProviderAppliedTimeout]);
+    }
+    let span = (duration.as_millis() as u64).max(1_000);
+    let extra = (span / 6_000) as usize;
+    for _ in 0..extra {
+        // Extra faults: mostly kills, zombies and terminated connections.
+        let pick = [
+            FaultKind::KillWorker,
+            FaultKind::ZombieWorker,
+            FaultKind::TerminateBackends,
+        ];
+        kinds.push(pick[rng.gen_range(0..pick.len())]);
+    }
+    let mut faults: Vec<ScheduledFault> = kinds
+        .into_iter()
+        .map(|kind| ScheduledFault {
+            at_ms: rng.gen_range(span / 10..=span * 8 / 10),
+            kind,
+            slot: rng.gen_range(0..workers as usize),
+        })
+        .collect();
+    faults.sort_by_key(|f| f.at_ms);
+    faults
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn inject(
+    fault: &ScheduledFault,
+    slots: &mut [Slot],
+    harness: &mut Harness,
+    server: Option<&LocalPostgres>,
+    conn: &mut PgConnection,
+    url: &str,
+    http: &reqwest::Client,
+    provider_url: Option<&str>,
+    zombie_pause: Duration,
+) -> anyhow::Result<String> {
+    let at = format!("{:>6.1}s", fault.at_ms as f64 / 1000.0);
+    let slot = &mut slots[fault.slot];
+    let pid = slot.child.as_ref().and_then(|c| c.id());
+    Ok(match fault.kind {
+        FaultKind::KillWorker => match pid {
+            Some(pid) if slot.stopped_until.is_none() => {
+                kill(Pid::from_raw(pid as i32), Signal::SIGKILL)?;
+                if let Some(mut child) = slot.child.take() {
+                    let _ = child.wait().await;
+                }
+                slot.child = Some(harness.spawn_worker()?);
+                format!("{at} SIGKILL worker slot {} (pid {pid}); started a new one", fault.slot)
+            }
+            _ => format!("{at} SIGKILL skipped: slot {} is paused or empty", fault.slot),
+        },
+        FaultKind::ZombieWorker => match pid {
+            Some(pid) if slot.stopped_until.is_none() => {
+                kill(Pid::from_raw(pid as i32), Signal::SIGSTOP)?;
+                slot.stopped_until = Some(Instant::now() + zombie_pause);
+                format!(
+                    "{at} SIGSTOP worker slot {} (pid {pid}) for {:.1} s (past its lease), then SIGCONT",
+                    fault.slot,
+                    zombie_pause.as_secs_f64()
+                )
+            }
+            _ => format!("{at} zombie skipped: slot {} is paused or empty", fault.slot),
+        },
+        FaultKind::TerminateBackends => {
+            let killed: Vec<i32> = sqlx::query_scalar(
+                "WITH victims AS MATERIALIZED (
+                     SELECT pid FROM pg_stat_activity
+                     WHERE datname = current_database() AND application_name = 'settled-worker'
+                       AND pid <> pg_backend_pid())
+                 SELECT pid FROM victims WHERE pg_terminate_backend(pid)",
+            )
+            .fetch_all(&mut *conn)
+            .await?;
+            format!("{at} pg_terminate_backend on {} worker connection(s)", killed.len())
+        }
+        FaultKind::RestartPostgres => match server {
+            Some(server) => {
+                let t = Instant::now();
+                tokio::task::block_in_place(|| server.restart())?;
+                *conn = PgConnection::connect(url).await?;
+                format!("{at} restarted PostgreSQL ({:.1} s)", t.elapsed().as_secs_f64())
+            }
+            None => format!("{at} PostgreSQL restart skipped: the server is not managed by chaos (DATABASE_URL)"),
+        },
+        FaultKind::ProviderErrors | FaultKind::ProviderAppliedTimeout => {
+            let Some(p) = provider_url else {
+                return Ok(format!("{at} provider fault skipped: no provider in tx mode"));
+            };
+            let faults = if fault.kind == FaultKind::ProviderErrors {
+                Faults {
+                    error_rate: 0.3,
+                    ..Faults::default()
+                }
+            } else {
+                Faults {
+                    applied_timeout_rate: 0.3,
+                    applied_timeout_ms: 1_500,
+                    ..Faults::default()
+                }
+            };
+            http.post(format!("{p}/v1/faults"))
+                .json(&faults)
+                .send()
+                .await?
+                .error_for_status()?;
+            format!(
+                "{at} provider {} for 3 s",
+                if fault.kind == FaultKind::ProviderErrors {
+                    "answers 503 to 30% of new payments"
+                } else {
+                    "applies 30% of new payments, then answers after the caller's timeout"
+                }
+            )
+        }
+    })
+}
