@@ -45,7 +45,7 @@ fn job() -> Job<NoHooks> {
 
 struct Env {
     pool: PgPool,
-    _db: settled_testkit::TestDb,
+    db: settled_testkit::TestDb,
 }
 
 async fn env(items: i64) -> Env {
@@ -56,7 +56,7 @@ async fn env(items: i64) -> Env {
         sqlx::query(sql).execute(&pool).await.unwrap();
     }
     add_items(&pool, SCOPE, items).await;
-    Env { pool, _db: db }
+    Env { pool, db }
 }
 
 async fn add_items(pool: &PgPool, scope: &str, items: i64) {
@@ -334,7 +334,11 @@ async fn retry_keeps_the_attempt_monotonic_and_reopens_the_run() {
         .work(&env.pool, SCOPE, &drainer(&["item-7"]), &config(10, 1), &worker)
         .await
         .unwrap();
-    let failed_attempt = count(&env.pool, "SELECT attempt FROM jobs.items WHERE item = 'item-7'").await;
+    let failed_attempt = count(
+        &env.pool,
+        "SELECT attempt::bigint FROM jobs.items WHERE item = 'item-7'",
+    )
+    .await;
     assert!(failed_attempt >= 1);
     assert_eq!(job().retry_failed(&env.pool, SCOPE, Some("item-7")).await.unwrap(), 1);
     assert_eq!(
@@ -354,7 +358,7 @@ async fn retry_keeps_the_attempt_monotonic_and_reopens_the_run() {
     worker.deregister().await;
     let settled_attempt = count(
         &env.pool,
-        "SELECT attempt FROM jobs.items WHERE item = 'item-7' AND status = 'settled'",
+        "SELECT attempt::bigint FROM jobs.items WHERE item = 'item-7' AND status = 'settled'",
     )
     .await;
     assert!(
@@ -442,4 +446,68 @@ async fn a_work_table_missing_columns_and_indexes_is_named_at_start() {
         assert!(text.contains(missing), "{missing} not named in: {text}");
     }
     job().check_work_table(&env.pool).await.unwrap();
+}
+
+/// Set for the child processes of the test below.
+const CHILD_URL: &str = "ENGINE_TEST_CHILD_URL";
+
+#[test]
+#[ignore = "a child process of several_processes_drain_one_scope_and_each_item_is_done_once"]
+fn child_drains_the_scope() {
+    let Ok(url) = std::env::var(CHILD_URL) else { return };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let pool = PgPoolOptions::new().max_connections(6).connect(&url).await.unwrap();
+        let worker = Worker::register(&pool, "child").await.unwrap();
+        job()
+            .work(&pool, SCOPE, &drainer(&[]), &config(25, 2), &worker)
+            .await
+            .unwrap();
+        worker.deregister().await;
+    });
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn several_processes_drain_one_scope_and_each_item_is_done_once() {
+    let env = env(6_000).await;
+    let children: Vec<_> = (0..4)
+        .map(|_| {
+            std::process::Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "--exact",
+                    "child_drains_the_scope",
+                    "--ignored",
+                    "--nocapture",
+                    "--test-threads",
+                    "1",
+                ])
+                .env(CHILD_URL, &env.db.url)
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut child in children {
+        assert!(child.wait().unwrap().success());
+    }
+    // The effects' primary key would have refused a second one; every item
+    // is settled once, the run finished once, and every process did work.
+    assert_eq!(count(&env.pool, "SELECT count(*) FROM jobs.effects").await, 6_000);
+    assert_eq!(
+        count(&env.pool, "SELECT count(*) FROM jobs.items WHERE status = 'settled'").await,
+        6_000
+    );
+    assert_eq!(
+        job().find_run(&env.pool, SCOPE).await.unwrap().unwrap().state,
+        RunState::Finished
+    );
+    let busy = count(
+        &env.pool,
+        "SELECT count(*) FROM settled_engine.workers WHERE host IS NOT NULL AND version = 'child' AND items_settled > 0",
+    )
+    .await;
+    assert_eq!(busy, 4, "each process settled some: SKIP LOCKED split the work");
 }

@@ -58,12 +58,7 @@ pub async fn create(State(state): State<AppState>, _: Authorized, body: Body) ->
     .await;
     match inserted {
         Ok(row) => Ok((StatusCode::CREATED, axum::Json(row)).into_response()),
-        Err(err)
-            if err
-                .as_database_error()
-                .and_then(|e| e.code())
-                .is_some_and(|c| c == "23505") =>
-        {
+        Err(err) if settled_engine::error::is_unique_violation(&err, "creator_holds_one_active") => {
             let existing: Option<i64> = sqlx::query_scalar(
                 "SELECT id FROM settlement.creator_holds WHERE creator = $1 AND released_at IS NULL",
             )
