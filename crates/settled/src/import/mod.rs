@@ -259,7 +259,7 @@ pub async fn import(pool: &PgPool, opts: &ImportOptions) -> anyhow::Result<Impor
     }
 
     // Duplicates within the file: every later occurrence is an error.
-    let duplicates: Vec<(i64, String, chrono::NaiveDate, i64)> = sqlx::query_as(
+    let duplicates: Vec<Duplicate> = sqlx::query_as(
         "SELECT line_no, creator, period, first_line FROM (
              SELECT line_no, creator, period,
                     min(line_no) OVER (PARTITION BY period, creator) AS first_line
@@ -268,28 +268,31 @@ pub async fn import(pool: &PgPool, opts: &ImportOptions) -> anyhow::Result<Impor
     )
     .fetch_all(&mut *tx)
     .await?;
-    for (line, creator, period, first) in &duplicates {
+    for d in &duplicates {
         sink.record(
-            *line as u64,
+            d.line_no as u64,
             "creator",
-            &format!("duplicate of line {first} for ({period}, {creator})"),
-            Some(creator),
+            &format!("duplicate of line {} for ({}, {})", d.first_line, d.period, d.creator),
+            Some(&d.creator),
         )?;
     }
     // Rows already imported with another volume: refusing keeps re-imports exact.
-    let conflicts: Vec<(i64, String, chrono::NaiveDate, String, String)> = sqlx::query_as(
-        "SELECT s.line_no, s.creator, s.period, s.volume::text, t.volume::text
+    let conflicts: Vec<Conflict> = sqlx::query_as(
+        "SELECT s.line_no, s.creator, s.period, s.volume::text AS new_volume, t.volume::text AS old_volume
          FROM import_staging s JOIN settlement.token_trade_volume t ON t.period = s.period AND t.creator = s.creator
          WHERE t.volume <> s.volume ORDER BY s.line_no",
     )
     .fetch_all(&mut *tx)
     .await?;
-    for (line, creator, period, new, old) in &conflicts {
+    for c in &conflicts {
         sink.record(
-            *line as u64,
+            c.line_no as u64,
             "volume",
-            &format!("({period}, {creator}) was already imported with volume {old}, not {new}"),
-            Some(creator),
+            &format!(
+                "({}, {}) was already imported with volume {}, not {}",
+                c.period, c.creator, c.old_volume, c.new_volume
+            ),
+            Some(&c.creator),
         )?;
     }
     outcome.errors = sink.total;
@@ -303,8 +306,8 @@ pub async fn import(pool: &PgPool, opts: &ImportOptions) -> anyhow::Result<Impor
     if !duplicates.is_empty() || !conflicts.is_empty() {
         let lines: Vec<i64> = duplicates
             .iter()
-            .map(|d| d.0)
-            .chain(conflicts.iter().map(|c| c.0))
+            .map(|d| d.line_no)
+            .chain(conflicts.iter().map(|c| c.line_no))
             .collect();
         sqlx::query("DELETE FROM import_staging WHERE line_no = ANY($1)")
             .bind(&lines)
@@ -314,7 +317,7 @@ pub async fn import(pool: &PgPool, opts: &ImportOptions) -> anyhow::Result<Impor
     outcome.rejected = sink.total;
 
     // Periods: never one whose run has started; another import's period only with --append.
-    let periods: Vec<(chrono::NaiveDate, i64, i64)> = sqlx::query_as(
+    let periods: Vec<StagedPeriod> = sqlx::query_as(
         "SELECT s.period,
                 count(*) FILTER (WHERE t.creator IS NULL) AS new_rows,
                 (SELECT count(*) FROM settlement.token_trade_volume x WHERE x.period = s.period) AS existing
@@ -324,7 +327,12 @@ pub async fn import(pool: &PgPool, opts: &ImportOptions) -> anyhow::Result<Impor
     )
     .fetch_all(&mut *tx)
     .await?;
-    for (period, new_rows, existing) in &periods {
+    for StagedPeriod {
+        period,
+        new_rows,
+        existing,
+    } in &periods
+    {
         if *new_rows == 0 {
             continue;
         }
@@ -403,4 +411,31 @@ mod tests {
         assert_eq!(buf, b"last");
         assert_eq!(read_bounded_line(&mut reader, &mut buf, 8).unwrap(), None);
     }
+}
+
+/// A row repeated within the file.
+#[derive(sqlx::FromRow)]
+struct Duplicate {
+    line_no: i64,
+    creator: String,
+    period: chrono::NaiveDate,
+    first_line: i64,
+}
+
+/// A row already imported with another volume.
+#[derive(sqlx::FromRow)]
+struct Conflict {
+    line_no: i64,
+    creator: String,
+    period: chrono::NaiveDate,
+    new_volume: String,
+    old_volume: String,
+}
+
+/// A period of the staged rows: how many are new, how many it has already.
+#[derive(sqlx::FromRow)]
+struct StagedPeriod {
+    period: chrono::NaiveDate,
+    new_rows: i64,
+    existing: i64,
 }
