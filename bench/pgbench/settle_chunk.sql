@@ -16,8 +16,9 @@ SELECT creator FROM settlement.creator_holds WHERE released_at IS NULL AND creat
 WITH credited AS (
     INSERT INTO settlement.reward_ledger (period, creator, amount, run_id, attempt)
     SELECT v.period, v.creator, settlement.reward(v.volume, p.fee_bps), :run, f.fence
-    FROM unnest(:keys::text[], :fences::integer[]) AS f(creator, fence)
-    JOIN settlement.token_trade_volume v ON v.period = :period::date AND v.creator = f.creator
+    FROM (SELECT t.period, t.creator, t.volume FROM settlement.token_trade_volume t
+          WHERE t.period = :period::date AND t.creator = ANY(:keys) OFFSET 0) v
+    JOIN unnest(:keys::text[], :fences::integer[]) AS f(creator, fence) ON f.creator = v.creator
     JOIN settlement.settlement_policy p ON p.period = v.period
     ORDER BY v.creator
     RETURNING creator, amount

@@ -107,13 +107,17 @@ impl RunHooks for Settlement {
 /// to the creator's balance, in one statement. $1 period, $2 creators,
 /// $3 run, $4 fences (beside the creators). The ledger's primary key
 /// refuses a second payment; balances are credited in creator order so two
-/// chunks touching the same creators never deadlock.
+/// chunks touching the same creators never deadlock. The items are looked
+/// up first (`OFFSET 0` keeps the planner from folding the lookup into the
+/// join, where it would hash the whole period per chunk), then matched with
+/// their fences.
 pub const PAY_CHUNK_SQL: &str = "
 WITH credited AS (
     INSERT INTO settlement.reward_ledger (period, creator, amount, run_id, attempt)
     SELECT v.period, v.creator, settlement.reward(v.volume, p.fee_bps), $3, f.fence
-    FROM unnest($2::text[], $4::integer[]) AS f(creator, fence)
-    JOIN settlement.token_trade_volume v ON v.period = $1::date AND v.creator = f.creator
+    FROM (SELECT t.period, t.creator, t.volume FROM settlement.token_trade_volume t
+          WHERE t.period = $1::date AND t.creator = ANY($2) OFFSET 0) v
+    JOIN unnest($2::text[], $4::integer[]) AS f(creator, fence) ON f.creator = v.creator
     JOIN settlement.settlement_policy p ON p.period = v.period
     ORDER BY v.creator
     RETURNING creator, amount

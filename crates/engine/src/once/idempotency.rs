@@ -124,7 +124,7 @@ pub async fn begin(
     if won.is_some() {
         return Ok(Begin::New);
     }
-    let existing: Option<(String, String, Option<i32>, Option<serde_json::Value>)> = sqlx::query_as(
+    let existing: Option<StoredKey> = sqlx::query_as(
         "SELECT fingerprint, status, response_status, response_body
          FROM settled_engine.idempotency_keys WHERE scope = $1 AND key = $2",
     )
@@ -136,13 +136,27 @@ pub async fn begin(
     Ok(match existing {
         // Pruned between our two statements: treat as in progress; the client retries.
         None => Begin::InProgress,
-        Some((fp, _, _, _)) if fp != fingerprint => Begin::Mismatch,
-        Some((_, status, Some(code), body)) if status == "completed" => Begin::Replay {
+        Some(stored) if stored.fingerprint != fingerprint => Begin::Mismatch,
+        Some(StoredKey {
+            status,
+            response_status: Some(code),
+            response_body,
+            ..
+        }) if status == "completed" => Begin::Replay {
             status: code as u16,
-            body: body.unwrap_or(serde_json::Value::Null),
+            body: response_body.unwrap_or(serde_json::Value::Null),
         },
         Some(_) => Begin::InProgress,
     })
+}
+
+/// A key as stored: whose request it was, and its answer once completed.
+#[derive(sqlx::FromRow)]
+struct StoredKey {
+    fingerprint: String,
+    status: String,
+    response_status: Option<i32>,
+    response_body: Option<serde_json::Value>,
 }
 
 /// Stores the final response, in the same transaction as the request's
