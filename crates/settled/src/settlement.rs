@@ -187,6 +187,7 @@ pub struct SettleWithProvider<P> {
 
 /// What leased settlement loads for a chunk.
 pub struct LeasedBatch {
+    period: Period,
     amounts: std::collections::HashMap<String, Amount>,
     held: Vec<String>,
 }
@@ -205,6 +206,7 @@ impl<P: PayoutProvider> LeasedHandler for SettleWithProvider<P> {
     }
 
     async fn prepare(&self, pool: &PgPool, chunk: &Chunk) -> Result<Self::Batch, HandlerError> {
+        let period = Period::parse(&chunk.scope).map_err(HandlerError::Permanent)?;
         let held = held_creators(pool, chunk).await?;
         let rows: Vec<RewardRow> = sqlx::query_as(
             "SELECT v.creator, settlement.reward(v.volume, p.fee_bps)::text AS reward
@@ -224,7 +226,7 @@ impl<P: PayoutProvider> LeasedHandler for SettleWithProvider<P> {
                     .map_err(|e| HandlerError::Permanent(format!("reward {:?} is not an amount: {e}", row.reward)))
             })
             .collect::<Result<_, _>>()?;
-        Ok(LeasedBatch { amounts, held })
+        Ok(LeasedBatch { period, amounts, held })
     }
 
     async fn work_item(&self, batch: &Self::Batch, chunk: &Chunk, item: &ClaimedItem) -> Result<(), HandlerError> {
