@@ -233,10 +233,9 @@ impl<P: PayoutProvider> LeasedHandler for SettleWithProvider<P> {
         let amount = *batch.amounts.get(&item.key).ok_or_else(|| {
             HandlerError::Permanent(format!("creator {} has no reward for {}", item.key, chunk.scope))
         })?;
-        let period = Period::parse(&chunk.scope).map_err(HandlerError::Permanent)?;
         match self
             .provider
-            .pay(&payout_key(period, &item.key), &item.key, amount)
+            .pay(&payout_key(batch.period, &item.key), &item.key, amount)
             .await
         {
             Ok(_) => Ok(()),
