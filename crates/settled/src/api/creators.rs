@@ -23,15 +23,8 @@ pub async fn known(pool: &PgPool, creator: &CreatorAddress) -> Result<bool, sqlx
 }
 
 /// `GET /v1/creators/{address}`.
-pub async fn show(State(state): State<AppState>, Path(address): Path<String>) -> Response {
-    match show_inner(&state, &address).await {
-        Ok(r) => r,
-        Err(p) => p.into_response(),
-    }
-}
-
-async fn show_inner(state: &AppState, address: &str) -> Result<Response, Problem> {
-    let creator = CreatorAddress::parse(address)
+pub async fn show(State(state): State<AppState>, Path(address): Path<String>) -> Result<Response, Problem> {
+    let creator = CreatorAddress::parse(&address)
         .map_err(|e| Problem::bad_request("invalid-address", format!("address {e}")).field("address"))?;
     let pool = &state.pool;
     if !known(pool, &creator).await.map_err(Problem::unavailable)? {

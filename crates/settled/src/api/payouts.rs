@@ -203,21 +203,17 @@ async fn pay(
 }
 
 /// `GET /v1/payouts/{id}`.
-pub async fn show(State(state): State<AppState>, Path(id): Path<String>) -> Response {
-    let Ok(id) = id.parse::<i64>() else {
-        return Problem::bad_request("invalid-id", "payout id must be an integer")
-            .field("id")
-            .into_response();
-    };
-    let row: Result<Option<Payout>, _> = sqlx::query_as(
+pub async fn show(State(state): State<AppState>, Path(id): Path<String>) -> Result<Response, Problem> {
+    let id: i64 = id
+        .parse()
+        .map_err(|_| Problem::bad_request("invalid-id", "payout id must be an integer").field("id"))?;
+    let payout: Option<Payout> = sqlx::query_as(
         "SELECT id, creator, amount::text AS amount, status, created_at FROM settlement.payouts WHERE id = $1",
     )
-    .bind(id)
+    .bind(id) // $1
     .fetch_optional(&state.pool)
-    .await;
-    match row {
-        Ok(Some(payout)) => (StatusCode::OK, axum::Json(payout)).into_response(),
-        Ok(None) => Problem::not_found("unknown-payout", format!("no payout {id}")).into_response(),
-        Err(err) => Problem::unavailable(err).into_response(),
-    }
+    .await
+    .map_err(Problem::unavailable)?;
+    let payout = payout.ok_or_else(|| Problem::not_found("unknown-payout", format!("no payout {id}")))?;
+    Ok((StatusCode::OK, axum::Json(payout)).into_response())
 }
