@@ -337,9 +337,16 @@ impl<H: RunHooks> Job<H> {
         tracing::info!(run = run.id, scope, worker = %worker.id(), starter = joined.started, mode = drainer.mode(), "working on run");
         let stats = worker.stats();
         let settled_before = stats.items_settled.load(std::sync::atomic::Ordering::Relaxed);
-        drainer
-            .drain(pool, self.queue.clone(), run.id, scope, worker.id(), cfg, stats.clone())
-            .await?;
+        let target = RunTarget {
+            pool,
+            queue: &self.queue,
+            run_id: run.id,
+            scope,
+            worker: worker.id(),
+            cfg,
+            stats,
+        };
+        drainer.drain(target).await?;
         let settled = stats.items_settled.load(std::sync::atomic::Ordering::Relaxed) - settled_before;
         if worker.stop_requested() {
             tracing::info!(run = run.id, scope, settled, "stopped on request");
@@ -357,25 +364,34 @@ impl<H: RunHooks> Job<H> {
     }
 }
 
+/// What a drain works on: the run and scope, who works, and how.
+#[derive(Debug, Clone, Copy)]
+pub struct RunTarget<'a> {
+    /// The database.
+    pub pool: &'a PgPool,
+    /// The work table.
+    pub queue: &'a Arc<WorkQueue>,
+    /// The run.
+    pub run_id: i64,
+    /// Its scope.
+    pub scope: &'a str,
+    /// The working process.
+    pub worker: Uuid,
+    /// Chunk, loops, retries.
+    pub cfg: &'a DrainConfig,
+    /// The process's counters (and its stop flag).
+    pub stats: &'a Arc<crate::DrainStats>,
+}
+
 /// How a worker drains a run: in transactions ([`InTransaction`]) or with
-/// leases ([`Leased`]).
+/// leases ([`Leased`]), or either, chosen at run time ([`ByMode`]).
 pub trait Drainer: Send + Sync {
     /// The mode's name, for logs.
     fn mode(&self) -> &'static str;
 
-    /// Drains `scope` of run `run_id` until nothing is left, the run stops
-    /// running, or `stats.stop` is set.
-    #[allow(clippy::too_many_arguments)]
-    fn drain<'a>(
-        &'a self,
-        pool: &'a PgPool,
-        queue: Arc<WorkQueue>,
-        run_id: i64,
-        scope: &'a str,
-        worker: Uuid,
-        cfg: &'a DrainConfig,
-        stats: Arc<crate::DrainStats>,
-    ) -> impl Future<Output = Result<(), EngineError>> + Send + 'a;
+    /// Drains the target's scope until nothing is left, the run stops
+    /// running, or its stop flag is set.
+    fn drain<'a>(&'a self, target: RunTarget<'a>) -> impl Future<Output = Result<(), EngineError>> + Send + 'a;
 }
 
 /// In-transaction mode around a [`crate::ChunkHandler`].
@@ -387,17 +403,18 @@ impl<H: crate::ChunkHandler> Drainer for InTransaction<H> {
         "tx"
     }
 
-    async fn drain(
-        &self,
-        pool: &PgPool,
-        queue: Arc<WorkQueue>,
-        run_id: i64,
-        scope: &str,
-        _worker: Uuid,
-        cfg: &DrainConfig,
-        stats: Arc<crate::DrainStats>,
-    ) -> Result<(), EngineError> {
-        crate::drain_in_transactions(pool, queue, run_id, scope, self.0.clone(), cfg, stats).await
+    async fn drain(&self, t: RunTarget<'_>) -> Result<(), EngineError> {
+        let handler = self.0.clone();
+        crate::drain_in_transactions(
+            t.pool,
+            t.queue.clone(),
+            t.run_id,
+            t.scope,
+            handler,
+            t.cfg,
+            t.stats.clone(),
+        )
+        .await
     }
 }
 
@@ -415,24 +432,16 @@ impl<H: crate::LeasedHandler> Drainer for Leased<H> {
         "leased"
     }
 
-    async fn drain(
-        &self,
-        pool: &PgPool,
-        queue: Arc<WorkQueue>,
-        run_id: i64,
-        scope: &str,
-        worker: Uuid,
-        cfg: &DrainConfig,
-        stats: Arc<crate::DrainStats>,
-    ) -> Result<(), EngineError> {
+    async fn drain(&self, t: RunTarget<'_>) -> Result<(), EngineError> {
+        let (queue, handler, stats) = (t.queue.clone(), self.handler.clone(), t.stats.clone());
         crate::drain_leased(
-            pool,
+            t.pool,
             queue,
-            run_id,
-            scope,
-            worker,
-            self.handler.clone(),
-            cfg,
+            t.run_id,
+            t.scope,
+            t.worker,
+            handler,
+            t.cfg,
             self.leases,
             stats,
         )
@@ -461,19 +470,10 @@ impl<T: crate::ChunkHandler, L: crate::LeasedHandler> Drainer for ByMode<T, L> {
         }
     }
 
-    async fn drain(
-        &self,
-        pool: &PgPool,
-        queue: Arc<WorkQueue>,
-        run_id: i64,
-        scope: &str,
-        worker: Uuid,
-        cfg: &DrainConfig,
-        stats: Arc<crate::DrainStats>,
-    ) -> Result<(), EngineError> {
+    async fn drain(&self, target: RunTarget<'_>) -> Result<(), EngineError> {
         match self {
-            ByMode::InTransaction(d) => d.drain(pool, queue, run_id, scope, worker, cfg, stats).await,
-            ByMode::Leased(d) => d.drain(pool, queue, run_id, scope, worker, cfg, stats).await,
+            ByMode::InTransaction(d) => d.drain(target).await,
+            ByMode::Leased(d) => d.drain(target).await,
         }
     }
 }

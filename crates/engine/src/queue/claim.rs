@@ -7,7 +7,7 @@ use std::time::Duration;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::{KeyFence, Names, WorkQueue, MAX_CHUNK_ITEMS};
+use super::{fetch_items, Names, WorkQueue, MAX_CHUNK_ITEMS};
 use crate::{ClaimedItem, EngineError};
 
 #[derive(Debug, Clone)]
@@ -93,14 +93,11 @@ impl WorkQueue {
         run_id: i64,
     ) -> Result<Vec<ClaimedItem>, EngineError> {
         debug_assert!((1..=MAX_CHUNK_ITEMS).contains(&limit));
-        let rows: Vec<KeyFence> = sqlx::query_as(&self.sql.claim.in_tx)
+        let query = sqlx::query_as(&self.sql.claim.in_tx)
             .bind(scope) // $1
             .bind(i64::from(limit)) // $2
-            .bind(run_id) // $3
-            .fetch_all(tx)
-            .await
-            .map_err(EngineError::db("claiming a chunk"))?;
-        Ok(rows.into_iter().map(ClaimedItem::from).collect())
+            .bind(run_id); // $3
+        fetch_items(query, tx, "claiming a chunk").await
     }
 
     /// Re-locks the still-eligible items among `keys` in the current
@@ -111,13 +108,10 @@ impl WorkQueue {
         scope: &str,
         keys: &[String],
     ) -> Result<Vec<ClaimedItem>, EngineError> {
-        let rows: Vec<KeyFence> = sqlx::query_as(&self.sql.claim.keys_in_tx)
+        let query = sqlx::query_as(&self.sql.claim.keys_in_tx)
             .bind(scope) // $1
-            .bind(keys) // $2
-            .fetch_all(tx)
-            .await
-            .map_err(EngineError::db("re-locking items"))?;
-        Ok(rows.into_iter().map(ClaimedItem::from).collect())
+            .bind(keys); // $2
+        fetch_items(query, tx, "re-locking items").await
     }
 
     /// Leased mode: claims up to `limit` items and commits their leases
@@ -133,15 +127,12 @@ impl WorkQueue {
         ttl: Duration,
     ) -> Result<Vec<ClaimedItem>, EngineError> {
         debug_assert!((1..=MAX_CHUNK_ITEMS).contains(&limit));
-        let rows: Vec<KeyFence> = sqlx::query_as(&self.sql.claim.leased)
+        let query = sqlx::query_as(&self.sql.claim.leased)
             .bind(scope) // $1
             .bind(i64::from(limit)) // $2
             .bind(run_id) // $3
             .bind(worker) // $4
-            .bind(ttl.as_millis() as i64) // $5
-            .fetch_all(conn)
-            .await
-            .map_err(EngineError::db("claiming a leased chunk"))?;
-        Ok(rows.into_iter().map(ClaimedItem::from).collect())
+            .bind(ttl.as_millis() as i64); // $5
+        fetch_items(query, conn, "claiming a leased chunk").await
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::{keys_and_fences, KeyFence, Names, WorkQueue};
+use super::{fetch_items, keys_and_fences, Names, WorkQueue};
 use crate::{ClaimedItem, EngineError};
 
 #[derive(Debug, Clone)]
@@ -67,15 +67,12 @@ impl WorkQueue {
         held: &[ClaimedItem],
     ) -> Result<Vec<ClaimedItem>, EngineError> {
         let (keys, fences) = keys_and_fences(held);
-        let rows: Vec<KeyFence> = sqlx::query_as(&self.sql.lease.renew)
+        let query = sqlx::query_as(&self.sql.lease.renew)
             .bind(worker) // $1
             .bind(ttl.as_millis() as i64) // $2
             .bind(keys) // $3
-            .bind(fences) // $4
-            .fetch_all(conn)
-            .await
-            .map_err(EngineError::db("renewing leases"))?;
-        Ok(rows.into_iter().map(ClaimedItem::from).collect())
+            .bind(fences); // $4
+        fetch_items(query, conn, "renewing leases").await
     }
 
     /// Gives back leases `worker` holds (all of them, or only `keys`):

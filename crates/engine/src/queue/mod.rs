@@ -153,6 +153,16 @@ impl From<KeyFence> for ClaimedItem {
     }
 }
 
+/// Runs a statement that returns (key, fence) rows, as claimed items.
+async fn fetch_items<'q>(
+    query: sqlx::query::QueryAs<'q, sqlx::Postgres, KeyFence, sqlx::postgres::PgArguments>,
+    conn: &mut sqlx::PgConnection,
+    context: &'static str,
+) -> Result<Vec<ClaimedItem>, EngineError> {
+    let rows = query.fetch_all(conn).await.map_err(EngineError::db(context))?;
+    Ok(rows.into_iter().map(ClaimedItem::from).collect())
+}
+
 /// Splits items into the two arrays the fenced statements bind.
 fn keys_and_fences(items: &[ClaimedItem]) -> (Vec<String>, Vec<i32>) {
     items.iter().map(|i| (i.key.clone(), i.fence.get())).unzip()
