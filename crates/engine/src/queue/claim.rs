@@ -19,13 +19,7 @@ pub(super) struct Sql {
 
 impl Sql {
     pub(super) fn render(n: &Names) -> Sql {
-        let Names {
-            table,
-            scope,
-            scope_type,
-            key,
-            key_type,
-        } = n;
+        let (table, scope, scope_type, key, key_type) = n.parts();
         Sql {
             // In-transaction mode: the row locks are the claim, held until
             // commit; the status is re-checked when the items are marked.

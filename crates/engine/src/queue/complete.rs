@@ -17,13 +17,7 @@ pub(super) struct Sql {
 
 impl Sql {
     pub(super) fn render(n: &Names) -> Sql {
-        let Names {
-            table,
-            scope,
-            scope_type,
-            key,
-            key_type,
-        } = n;
+        let (table, scope, scope_type, key, key_type) = n.parts();
         Sql {
             settled_in_tx: format!(
                 "UPDATE {table}

@@ -58,12 +58,7 @@ struct StatusRow {
 
 impl Sql {
     pub(super) fn render(n: &Names) -> Sql {
-        let Names {
-            table,
-            scope,
-            scope_type,
-            ..
-        } = n;
+        let (table, scope, scope_type, _, _) = n.parts();
         Sql {
             // Two counts, each answered from its partial index (eligible,
             // processing), so polling progress stays cheap on a large scope.

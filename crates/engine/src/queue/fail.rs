@@ -73,13 +73,7 @@ fn retry_set(attempt: &str, error: &str, permanent: &str, max: &str, base: &str,
 
 impl Sql {
     pub(super) fn render(n: &Names) -> Sql {
-        let Names {
-            table,
-            scope,
-            scope_type,
-            key,
-            key_type,
-        } = n;
+        let (table, scope, scope_type, key, key_type) = n.parts();
         Sql {
             // In-transaction mode: the failed attempt was never recorded (it
             // rolled back), so count it here. $3 error, $4 permanent,
@@ -153,18 +147,8 @@ impl WorkQueue {
         failure: Failure<'_>,
         policy: &RetryPolicy,
     ) -> Result<FailOutcome, EngineError> {
-        let statuses: Vec<String> = sqlx::query_scalar(&self.sql.fail.unclaimed)
-            .bind(scope) // $1
-            .bind(keys) // $2
-            .bind(failure.error) // $3
-            .bind(failure.permanent) // $4
-            .bind(policy.max_attempts) // $5
-            .bind(policy.backoff_base_ms as i64) // $6
-            .bind(policy.backoff_cap_ms as i64) // $7
-            .fetch_all(conn)
-            .await
-            .map_err(EngineError::db("recording a failed attempt"))?;
-        Ok(FailOutcome::count(&statuses))
+        let query = bind_failure(&self.sql.fail.unclaimed, scope, keys.to_vec(), failure, policy);
+        record(query, conn).await
     }
 
     /// Leased mode: records a failed attempt on items still held with these
@@ -178,19 +162,8 @@ impl WorkQueue {
         policy: &RetryPolicy,
     ) -> Result<FailOutcome, EngineError> {
         let (keys, fences) = keys_and_fences(items);
-        let statuses: Vec<String> = sqlx::query_scalar(&self.sql.fail.fenced)
-            .bind(scope) // $1
-            .bind(keys) // $2
-            .bind(failure.error) // $3
-            .bind(failure.permanent) // $4
-            .bind(policy.max_attempts) // $5
-            .bind(policy.backoff_base_ms as i64) // $6
-            .bind(policy.backoff_cap_ms as i64) // $7
-            .bind(fences) // $8
-            .fetch_all(conn)
-            .await
-            .map_err(EngineError::db("recording a failed attempt"))?;
-        Ok(FailOutcome::count(&statuses))
+        let query = bind_failure(&self.sql.fail.fenced, scope, keys, failure, policy).bind(fences); // $8
+        record(query, conn).await
     }
 
     /// Returns the scope's expired leases to `eligible` (after a backoff) or
@@ -211,4 +184,33 @@ impl WorkQueue {
             .map_err(EngineError::db("rescuing expired leases"))?;
         Ok(FailOutcome::count(&statuses))
     }
+}
+
+type StatusQuery<'q> = sqlx::query::QueryScalar<'q, sqlx::Postgres, String, sqlx::postgres::PgArguments>;
+
+/// Binds the parameters both failure statements share ($1..$7).
+fn bind_failure<'q>(
+    sql: &'q str,
+    scope: &'q str,
+    keys: Vec<String>,
+    failure: Failure<'q>,
+    policy: &RetryPolicy,
+) -> StatusQuery<'q> {
+    sqlx::query_scalar(sql)
+        .bind(scope) // $1
+        .bind(keys) // $2
+        .bind(failure.error) // $3
+        .bind(failure.permanent) // $4
+        .bind(policy.max_attempts) // $5
+        .bind(policy.backoff_base_ms as i64) // $6
+        .bind(policy.backoff_cap_ms as i64) // $7
+}
+
+/// Runs a failure statement and counts what it decided.
+async fn record(query: StatusQuery<'_>, conn: &mut PgConnection) -> Result<FailOutcome, EngineError> {
+    let statuses = query
+        .fetch_all(conn)
+        .await
+        .map_err(EngineError::db("recording a failed attempt"))?;
+    Ok(FailOutcome::count(&statuses))
 }

@@ -59,6 +59,13 @@ struct Names<'a> {
     key_type: &'a str,
 }
 
+impl<'a> Names<'a> {
+    /// (table, scope, scope type, key, key type), for rendering.
+    fn parts(&self) -> (&'a str, &'a str, &'a str, &'a str, &'a str) {
+        (self.table, self.scope, self.scope_type, self.key, self.key_type)
+    }
+}
+
 /// Every statement of a queue, rendered once.
 #[derive(Debug, Clone)]
 struct Statements {
