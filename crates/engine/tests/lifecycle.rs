@@ -462,6 +462,16 @@ fn child_drains_the_scope() {
     runtime.block_on(async {
         let pool = PgPoolOptions::new().max_connections(6).connect(&url).await.unwrap();
         let worker = Worker::register(&pool, "child").await.unwrap();
+        // Start together: every child waits until all four have registered.
+        while count(
+            &pool,
+            "SELECT count(*) FROM settled_engine.workers WHERE version = 'child'",
+        )
+        .await
+            < 4
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         job()
             .work(&pool, SCOPE, &drainer(&[]), &config(25, 2), &worker)
             .await
