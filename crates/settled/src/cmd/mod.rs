@@ -165,7 +165,7 @@ pub fn execute(parse: impl FnOnce() -> (Global, Box<dyn Runnable>)) -> ExitCode 
                 eprintln!("error: {}", settled_embedded::Error::NoBinaries);
                 return ExitCode::from(2);
             }
-            eprintln!("error: {err:#}");
+            eprintln!("error: {}", chain_once(&err));
             ExitCode::from(1)
         }
     }
@@ -186,11 +186,72 @@ fn init_logging(format: LogFormat) {
     }
 }
 
+/// An error and its causes on one line, each said once: a cause whose
+/// text its parent already ends with (sqlx and its migrator repeat their
+/// source in their own message) is not printed again.
+pub fn chain_once(err: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if text.is_empty() || out.ends_with(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
 /// Exit code 0 when `ok`, else 1.
 pub fn exit_code(ok: bool) -> ExitCode {
     if ok {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chain_once;
+
+    #[derive(Debug)]
+    struct Leaf;
+
+    impl std::fmt::Display for Leaf {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("prepared statement \"sqlx_s_1\" already exists")
+        }
+    }
+
+    impl std::error::Error for Leaf {}
+
+    /// Like sqlx::Error::Database: says its source in its own message.
+    #[derive(Debug)]
+    struct Repeats(Leaf);
+
+    impl std::fmt::Display for Repeats {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "error returned from database: {}", self.0)
+        }
+    }
+
+    impl std::error::Error for Repeats {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn an_error_chain_says_each_cause_once() {
+        let err = anyhow::Error::new(Repeats(Leaf)).context("applying the settlement migrations");
+        assert_eq!(
+            chain_once(&err),
+            "applying the settlement migrations: error returned from database: prepared statement \"sqlx_s_1\" already exists"
+        );
+        let plain = anyhow::anyhow!("inner").context("outer");
+        assert_eq!(chain_once(&plain), "outer: inner");
     }
 }
