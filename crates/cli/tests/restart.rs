@@ -108,3 +108,117 @@ async fn workers_survive_a_postgres_restart_mid_run() {
         .unwrap()
         .unwrap();
 }
+
+/// An idle daemon rides out an outage (the server down for seconds): it
+/// logs the outage once and its end once, stays up, and then starts and
+/// settles the run that became due while it waited.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_idle_daemon_rides_out_an_outage_then_settles_the_due_run() {
+    let dir = tempfile::Builder::new()
+        .prefix("settled-outage-")
+        .tempdir()
+        .unwrap()
+        .keep();
+    let opts = LocalOptions {
+        data_dir: dir,
+        throwaway: true,
+        remove_on_stop: true,
+        max_connections: 100,
+    };
+    let server = tokio::task::spawn_blocking(move || LocalPostgres::start(&opts))
+        .await
+        .unwrap()
+        .unwrap();
+    let mut admin = PgConnection::connect(&server.url("postgres")).await.unwrap();
+    sqlx::query("CREATE DATABASE outage_test")
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    admin.close().await.unwrap();
+    let url = server.url("outage_test");
+    let settled = |args: &[&str]| {
+        let mut cmd = Command::new(common::SETTLED);
+        cmd.args(args).env("DATABASE_URL", &url).stdin(Stdio::null());
+        cmd
+    };
+    assert!(settled(&["migrate"])
+        .env("SETTLED_LOG", "error")
+        .status()
+        .unwrap()
+        .success());
+    let log_path = server.pgdata().with_file_name("daemon.log");
+    let mut daemon = settled(&[
+        "--log-format",
+        "json",
+        "worker",
+        "--schedule",
+        "0 * * * * *",
+        "--timezone",
+        "UTC",
+        "--catch-up-days",
+        "1",
+        "--max-poll-ms",
+        "300",
+        "--max-outage-secs",
+        "120",
+    ])
+    .env("SETTLED_LOG", "info")
+    .stdout(Stdio::null())
+    .stderr(std::fs::File::create(&log_path).unwrap())
+    .spawn()
+    .unwrap();
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    tokio::task::block_in_place(|| server.take_down()).unwrap();
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    assert!(
+        daemon.try_wait().unwrap().is_none(),
+        "the daemon exited while the database was away"
+    );
+    tokio::task::block_in_place(|| server.restart()).unwrap();
+
+    // Input for the period a due time covers (the UTC day before), given
+    // only now: the daemon must be the one that starts and settles it.
+    let period = (chrono::Utc::now().date_naive() - chrono::Duration::days(1)).to_string();
+    assert!(settled(&["seed", "--period", &period, "--creators", "500"])
+        .env("SETTLED_LOG", "error")
+        .status()
+        .unwrap()
+        .success());
+    let mut conn = PgConnection::connect(&url).await.unwrap();
+    let mut state = String::new();
+    for _ in 0..600 {
+        state = sqlx::query_scalar("SELECT coalesce((SELECT state FROM settled_engine.runs WHERE scope = $1), 'none')")
+            .bind(&period)
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+        if state == "finished" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(state, "finished");
+    assert!(daemon.try_wait().unwrap().is_none(), "the daemon must still be running");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(daemon.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert!(common::wait_bounded(&mut daemon, 60).success());
+    let out = settled(&["verify", "--period", &period])
+        .env("SETTLED_LOG", "error")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+
+    // Bounded logs: one line when the outage began, one when it ended.
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    let lines = |message: &str| log.lines().filter(|l| l.contains(message)).count();
+    assert_eq!(lines("database unavailable; retrying with backoff"), 1, "{log}");
+    assert_eq!(lines("database reachable again; carrying on"), 1, "{log}");
+    drop(conn);
+    tokio::task::spawn_blocking(move || server.stop())
+        .await
+        .unwrap()
+        .unwrap();
+}

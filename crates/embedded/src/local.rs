@@ -252,6 +252,21 @@ impl LocalPostgres {
         run_program(cmd, self.run_as, "pg_ctl restart")
     }
 
+    /// Stops the server but keeps it (data, socket, options): [`restart`]
+    /// brings it back, from the options of its last start. An outage, for
+    /// tests of what clients do while the database is away.
+    ///
+    /// [`restart`]: Self::restart
+    pub fn take_down(&self) -> Result<()> {
+        let mut cmd = Command::new(self.bin.program("pg_ctl"));
+        cmd.arg("stop")
+            .arg("-D")
+            .arg(&self.pgdata)
+            .args(["-m", "fast", "-w", "-t", "60"])
+            .process_group(0);
+        run_program(cmd, self.run_as, "pg_ctl stop")
+    }
+
     /// A detached shell that waits for this process to end, then stops the
     /// server (and removes a throwaway data directory). It covers panics and
     /// SIGKILL; after a clean [`stop`](Self::stop) it finds nothing to do.

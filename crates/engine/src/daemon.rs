@@ -10,7 +10,7 @@
 //! whichever comes first: a lost notification costs one poll, never a run.
 
 use std::collections::HashSet;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
@@ -33,6 +33,11 @@ pub struct DaemonConfig {
     pub catch_up_days: u32,
     /// Longest pause between two looks when idle (notifications wake it sooner).
     pub max_poll: Duration,
+    /// How long the database may be away (connections lost, the server
+    /// restarting or in recovery, a read-only primary after a demotion)
+    /// before the daemon gives up; meanwhile it retries with backoff and
+    /// logs one line when the outage starts and one when it ends.
+    pub max_outage: Duration,
 }
 
 /// Runs the daemon until `worker`'s stop is requested.
@@ -61,43 +66,111 @@ pub async fn run<H: RunHooks, D: Drainer>(
         job = job.name(), worker = %worker.id(), schedule = daemon.schedule.expression(),
         tz = %daemon.schedule.tz(), catch_up_days = daemon.catch_up_days, "daemon started"
     );
-    let mut warned = HashSet::new();
-    let mut poll = Duration::from_millis(MIN_POLL_MS);
+    let mut state = LoopState {
+        warned: HashSet::new(),
+        poll: Duration::from_millis(MIN_POLL_MS),
+        listener,
+    };
+    let mut outage: Option<Instant> = None;
+    let mut backoff = Duration::from_millis(MIN_POLL_MS);
     while !worker.stop_requested() {
-        if let Err(err) = job.reopen_oldest_with_work(pool).await {
-            tracing::warn!(error = %err, "could not look for reopened work");
+        match step(job, pool, drainer, cfg, worker, daemon, &mut state).await {
+            Ok(()) => {
+                if let Some(since) = outage.take() {
+                    let down_secs = since.elapsed().as_secs_f64();
+                    tracing::info!(down_secs, "database reachable again; carrying on");
+                }
+                backoff = Duration::from_millis(MIN_POLL_MS);
+            }
+            Err(err) if err.is_transient() => {
+                let since = *outage.get_or_insert_with(|| {
+                    let max_outage_secs = daemon.max_outage.as_secs();
+                    tracing::warn!(error = %err, max_outage_secs, "database unavailable; retrying with backoff");
+                    Instant::now()
+                });
+                if since.elapsed() > daemon.max_outage {
+                    return Err(EngineError::Unavailable {
+                        secs: since.elapsed().as_secs(),
+                        last: err.to_string(),
+                    });
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_OUTAGE_BACKOFF);
+            }
+            Err(err) => return Err(err),
         }
-        if let Err(err) = start_due_runs(job, pool, worker, daemon, &mut warned).await {
-            tracing::warn!(error = %err, "could not start due runs");
+    }
+    Ok(())
+}
+
+/// Longest pause between two tries while the database is away.
+pub const MAX_OUTAGE_BACKOFF: Duration = Duration::from_secs(5);
+
+struct LoopState {
+    warned: HashSet<String>,
+    poll: Duration,
+    listener: sqlx::postgres::PgListener,
+}
+
+/// One look: reopen, start what is due, work on the running run, or wait.
+/// A transient error (the database away) comes back to the caller, which
+/// waits it out; others are logged here and the loop goes on.
+async fn step<H: RunHooks, D: Drainer>(
+    job: &Job<H>,
+    pool: &PgPool,
+    drainer: &D,
+    cfg: &DrainConfig,
+    worker: &Worker,
+    daemon: &DaemonConfig,
+    state: &mut LoopState,
+) -> Result<(), EngineError> {
+    match job.reopen_oldest_with_work(pool).await {
+        Err(err) if !err.is_transient() => tracing::warn!(error = %err, "could not look for reopened work"),
+        other => {
+            other?;
         }
-        if let Some(run) = job.running_run(pool).await? {
-            match job.work(pool, &run.scope, drainer, cfg, worker).await {
-                Ok(outcome) => tracing::info!(?outcome, "run worked"),
+    }
+    match start_due_runs(job, pool, worker, daemon, &mut state.warned).await {
+        Err(err) if !err.is_transient() => tracing::warn!(error = %err, "could not start due runs"),
+        other => other?,
+    }
+    if let Some(run) = job.running_run(pool).await? {
+        match job.work(pool, &run.scope, drainer, cfg, worker).await {
+            Ok(outcome) => tracing::info!(?outcome, "run worked"),
+            Err(err) if err.is_transient() => return Err(err),
+            Err(err) => {
+                tracing::warn!(error = %err, "working on the run failed; retrying");
+                tokio::time::sleep(state.poll).await;
+            }
+        }
+        state.poll = Duration::from_millis(MIN_POLL_MS);
+        return Ok(());
+    }
+    let now = database_now(pool).await?;
+    let until_due = daemon
+        .schedule
+        .next_after(now)
+        .and_then(|t| (t - now).to_std().ok())
+        .unwrap_or(daemon.max_poll);
+    let wait = state.poll.min(until_due + Duration::from_millis(50));
+    tokio::select! {
+        notification = state.listener.recv() => {
+            match notification {
+                Ok(n) => tracing::debug!(channel = n.channel(), payload = n.payload(), "woken by notification"),
+                // The listener reconnects on its next call; meanwhile the
+                // statements above find out whether the database is back.
                 Err(err) => {
-                    tracing::warn!(error = %err, "working on the run failed; retrying");
-                    tokio::time::sleep(poll).await;
+                    let err = EngineError::db("waiting for notifications")(err);
+                    if err.is_transient() {
+                        return Err(err);
+                    }
+                    tracing::warn!(error = %err, "the notification listener failed; polling");
                 }
             }
-            poll = Duration::from_millis(MIN_POLL_MS);
-            continue;
+            state.poll = Duration::from_millis(MIN_POLL_MS);
         }
-        let now = database_now(pool).await?;
-        let until_due = daemon
-            .schedule
-            .next_after(now)
-            .and_then(|t| (t - now).to_std().ok())
-            .unwrap_or(daemon.max_poll);
-        let wait = poll.min(until_due + Duration::from_millis(50));
-        tokio::select! {
-            notification = listener.recv() => {
-                if let Ok(n) = notification {
-                    tracing::debug!(channel = n.channel(), payload = n.payload(), "woken by notification");
-                }
-                poll = Duration::from_millis(MIN_POLL_MS);
-            }
-            _ = tokio::time::sleep(wait) => {
-                poll = (poll * 2).min(daemon.max_poll);
-            }
+        _ = tokio::time::sleep(wait) => {
+            state.poll = (state.poll * 2).min(daemon.max_poll);
         }
     }
     Ok(())

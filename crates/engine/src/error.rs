@@ -53,6 +53,14 @@ pub enum EngineError {
         /// Each missing column or index, named.
         missing: Vec<String>,
     },
+    /// The database stayed away longer than allowed.
+    #[error("the database was unavailable for {secs} s, longer than allowed; last error: {last}")]
+    Unavailable {
+        /// How long it was away.
+        secs: u64,
+        /// The last error seen.
+        last: String,
+    },
     /// A configuration value outside its allowed range.
     #[error("{0}")]
     Config(String),
@@ -122,8 +130,10 @@ pub fn is_transient_sqlx(err: &sqlx::Error) -> bool {
         sqlx::Error::Database(db) => {
             let code = db.code().unwrap_or_default();
             // 40: transaction rollback (serialization, deadlock); 53: resources;
-            // 57: operator intervention (shutdown, terminated backend); 08: connection.
-            ["40", "53", "57", "08"].iter().any(|class| code.starts_with(class))
+            // 57: operator intervention (shutdown, terminated backend, still
+            // starting or in recovery: 57P03); 08: connection; 25006: a
+            // read-only transaction, as on a primary just demoted.
+            code == "25006" || ["40", "53", "57", "08"].iter().any(|class| code.starts_with(class))
         }
         sqlx::Error::Io(_)
         | sqlx::Error::PoolTimedOut

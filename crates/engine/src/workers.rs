@@ -81,10 +81,21 @@ impl Worker {
 async fn heartbeat_loop(pool: PgPool, worker: Uuid, stats: Arc<DrainStats>) {
     let mut tick = tokio::time::interval(Duration::from_secs(WORKER_HEARTBEAT_SECS));
     let mut beats = 0u64;
+    let mut failing = false;
     loop {
         tick.tick().await;
-        if let Err(err) = heartbeat(&pool, worker, &stats).await {
-            tracing::warn!(error = %err, "worker heartbeat failed");
+        // One line when heartbeats start failing, one when they work again.
+        match heartbeat(&pool, worker, &stats).await {
+            Err(err) if !failing => {
+                failing = true;
+                tracing::warn!(error = %err, "worker heartbeat failed; retrying every beat");
+            }
+            Err(_) => continue,
+            Ok(()) if failing => {
+                failing = false;
+                tracing::info!("worker heartbeat works again");
+            }
+            Ok(()) => {}
         }
         beats += 1;
         if beats % 12 == 1 {

@@ -78,6 +78,7 @@ async fn the_example_runs_as_a_daemon_with_schedule_finish_retry_and_cancel() {
                 schedule: Schedule::parse("0 * * * * *", "UTC").unwrap(),
                 catch_up_days: 1,
                 max_poll: Duration::from_millis(500),
+                max_outage: Duration::from_secs(60),
             };
             let job = email_digest::job();
             settled_engine::daemon::run(
