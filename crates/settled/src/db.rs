@@ -172,9 +172,8 @@ async fn start_private(data_dir: &std::path::Path) -> anyhow::Result<(String, Lo
 
 /// Applies the engine's and the settlement's migrations.
 pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
-    settled_engine::migrate::migrate(pool)
-        .await
-        .context("applying the engine's migrations")?;
+    // The engine's error already says "applying the engine's migrations".
+    settled_engine::migrate::migrate(pool).await?;
     let mut migrator = sqlx::migrate!("./migrations");
     migrator.set_ignore_missing(true);
     migrator.run(pool).await.context("applying the settlement migrations")?;
