@@ -19,6 +19,7 @@ pub const CONFIG_KEYS: &[(&str, &str)] = &[
     ("lease_ttl_ms", "SETTLED_LEASE_TTL_MS"),
     ("rescue_interval_ms", "SETTLED_RESCUE_INTERVAL_MS"),
     ("max_attempts", "SETTLED_MAX_ATTEMPTS"),
+    ("max_outage_secs", "SETTLED_MAX_OUTAGE_SECS"),
     ("log", "SETTLED_LOG"),
 ];
 
