@@ -256,6 +256,46 @@ async fn a_held_creator_is_not_paid_until_released_then_paid_once() {
     env.run_ok(&["verify", "--period", "2026-11-28"]);
 }
 
+/// A hold that was acknowledged stops every payout of its creator that
+/// comes after it, however many race; its release lets them through again.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_active_hold_refuses_payouts_of_its_creator_until_released() {
+    let (env, creators) = settled_env("10").await;
+    let (a, b) = (serve(&env).await, serve(&env).await);
+    let (creator, balance_before) = creators[0].clone();
+    let client = reqwest::Client::new();
+    let hold_body = json!({ "creator": creator, "reason": "fraud check" });
+    let (status, hold, _) = post(&client, &format!("{}/v1/holds", a.base), None, &hold_body).await;
+    assert_eq!(status, 201, "{hold}");
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..40 {
+        let url = format!("{}/v1/payouts", if i % 2 == 0 { &a.base } else { &b.base });
+        let (client, creator) = (client.clone(), creator.clone());
+        tasks.spawn(async move {
+            let body = json!({ "creator": creator, "amount": "1" });
+            post(&client, &url, Some(&format!("held-{i}")), &body).await
+        });
+    }
+    while let Some(joined) = tasks.join_next().await {
+        let (status, body, _) = joined.unwrap();
+        assert_eq!(status, 409, "{body}");
+        assert_eq!(body["type"], "/problems/creator-on-hold", "{body}");
+        assert_eq!(body["hold"], hold["id"], "{body}");
+    }
+    let paid_sql = format!("SELECT count(*) FROM settlement.payouts WHERE creator = '{creator}'");
+    assert_eq!(env.scalar_i64(&paid_sql).await, 0);
+    let balance_sql = format!("SELECT balance::text FROM settlement.creator_balance WHERE creator = '{creator}'");
+    assert_eq!(env.scalar_text(&balance_sql).await, balance_before);
+
+    let release = format!("{}/v1/holds/{}/release", b.base, hold["id"]);
+    assert_eq!(post(&client, &release, None, &json!({})).await.0, 200);
+    let url = format!("{}/v1/payouts", a.base);
+    let body = json!({ "creator": creator, "amount": "1" });
+    let (status, payout, _) = post(&client, &url, Some("after-release"), &body).await;
+    assert_eq!(status, 201, "{payout}");
+    assert_eq!(env.scalar_i64(&paid_sql).await, 1);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_requests_get_problems_that_name_the_field() {
     let (env, creators) = settled_env("5").await;

@@ -26,6 +26,27 @@ pub struct HoldRequest {
 
 pub use crate::settlement::Hold;
 
+/// Places the hold under the creator's balance-row lock, the lock every
+/// payout takes before it reads holds: once this commits, no payout that
+/// has not yet committed can pay the creator.
+async fn place_hold(pool: &sqlx::PgPool, creator: &CreatorAddress, reason: &str) -> Result<Hold, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("SELECT 1 FROM settlement.creator_balance WHERE creator = $1 FOR NO KEY UPDATE")
+        .bind(creator.as_str()) // $1
+        .execute(&mut *tx)
+        .await?;
+    let hold = sqlx::query_as(
+        "INSERT INTO settlement.creator_holds (creator, reason) VALUES ($1, $2)
+         RETURNING id, creator, reason, created_at, released_at",
+    )
+    .bind(creator.as_str()) // $1
+    .bind(reason) // $2
+    .fetch_one(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(hold)
+}
+
 /// `POST /v1/holds`.
 pub async fn create(State(state): State<AppState>, _: Authorized, body: Body) -> Result<Response, Problem> {
     let state = &state;
@@ -48,14 +69,7 @@ pub async fn create(State(state): State<AppState>, _: Authorized, body: Body) ->
     {
         return Err(Problem::not_found("unknown-creator", format!("creator {creator} is unknown")).field("creator"));
     }
-    let inserted: Result<Hold, sqlx::Error> = sqlx::query_as(
-        "INSERT INTO settlement.creator_holds (creator, reason) VALUES ($1, $2)
-         RETURNING id, creator, reason, created_at, released_at",
-    )
-    .bind(creator.as_str())
-    .bind(reason)
-    .fetch_one(&state.pool)
-    .await;
+    let inserted = place_hold(&state.pool, &creator, reason).await;
     match inserted {
         Ok(row) => Ok((StatusCode::CREATED, axum::Json(row)).into_response()),
         Err(err) if settled_engine::error::is_unique_violation(&err, "creator_holds_one_active") => {

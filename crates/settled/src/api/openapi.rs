@@ -160,7 +160,7 @@ pub fn document() -> serde_json::Value {
                     "400": problem("malformed body, or a missing or over-long Idempotency-Key"),
                     "401": problem("missing or wrong bearer token"),
                     "404": problem("unknown creator"),
-                    "409": problem("insufficient funds, or the first request with this key is still in progress"),
+                    "409": problem("insufficient funds, an active hold on the creator (creator-on-hold), or the first request with this key is still in progress"),
                     "413": problem("body too large"),
                     "422": problem("invalid field, or the key was used with a different request"),
                     "503": problem("the database failed; the request had no effect")

@@ -10,6 +10,8 @@ use serde::{Deserialize, Serialize};
 use settled_engine::once::idempotency::{self, Begin, MAX_IDEMPOTENCY_KEY_CHARS};
 
 use super::problem::json_response;
+use sqlx::PgConnection;
+
 use super::{read_json, AppState, Authorized, Problem};
 use crate::address::CreatorAddress;
 use crate::money::Amount;
@@ -150,56 +152,81 @@ async fn pay(
     amount: Amount,
 ) -> anyhow::Result<(StatusCode, serde_json::Value)> {
     let mut tx = state.pool.begin().await?;
-    let debited: Option<String> = sqlx::query_scalar(
-        "UPDATE settlement.creator_balance
-         SET balance = balance - $2::numeric, updated_at = now()
-         WHERE creator = $1 AND balance >= $2::numeric
-         RETURNING balance::text",
-    )
-    .bind(creator.as_str())
-    .bind(amount.to_string())
-    .fetch_optional(&mut *tx)
-    .await?;
-    let (status, body) = match debited {
-        Some(_) => {
+    let (status, body) = match refusal(&mut tx, creator, amount).await? {
+        Some(problem) => (problem.status, problem.body()),
+        None => {
             let payout: Payout = sqlx::query_as(
                 "INSERT INTO settlement.payouts (creator, amount, idempotency_key, request_hash)
                  VALUES ($1, $2::numeric, $3, $4)
                  RETURNING id, creator, amount::text AS amount, status, created_at",
             )
-            .bind(creator.as_str())
-            .bind(amount.to_string())
-            .bind(key)
-            .bind(fingerprint)
+            .bind(creator.as_str()) // $1
+            .bind(amount.to_string()) // $2
+            .bind(key) // $3
+            .bind(fingerprint) // $4
             .fetch_one(&mut *tx)
             .await?;
             (StatusCode::CREATED, serde_json::to_value(&payout)?)
-        }
-        None => {
-            let balance: Option<String> =
-                sqlx::query_scalar("SELECT balance::text FROM settlement.creator_balance WHERE creator = $1")
-                    .bind(creator.as_str())
-                    .fetch_optional(&mut *tx)
-                    .await?;
-            let problem = match balance {
-                None => {
-                    Problem::not_found("unknown-creator", format!("creator {creator} has no balance")).field("creator")
-                }
-                Some(balance) => Problem::new(
-                    StatusCode::CONFLICT,
-                    "insufficient-funds",
-                    "Insufficient funds",
-                    format!("creator {creator} has a balance of {balance}, less than the {amount} requested"),
-                )
-                .field("amount")
-                .extra(serde_json::json!({ "balance": balance })),
-            };
-            (problem.status, problem.body())
         }
     };
     idempotency::finish(&mut tx, PAYOUTS_SCOPE, key, status.as_u16(), &body).await?;
     tx.commit().await?;
     Ok((status, body))
+}
+
+/// Debits the creator, or says why not. The balance row is locked first,
+/// and holds are read in the next statement, so its snapshot is taken after
+/// the lock: a hold, whose insert takes the same lock, is either committed
+/// and seen here, or placed after this payout commits. Then the debit is
+/// conditional on the balance.
+async fn refusal(tx: &mut PgConnection, creator: &CreatorAddress, amount: Amount) -> anyhow::Result<Option<Problem>> {
+    let balance: Option<String> =
+        sqlx::query_scalar("SELECT balance::text FROM settlement.creator_balance WHERE creator = $1 FOR NO KEY UPDATE")
+            .bind(creator.as_str()) // $1
+            .fetch_optional(&mut *tx)
+            .await?;
+    let Some(balance) = balance else {
+        let problem = Problem::not_found("unknown-creator", format!("creator {creator} has no balance"));
+        return Ok(Some(problem.field("creator")));
+    };
+    let hold: Option<i64> =
+        sqlx::query_scalar("SELECT id FROM settlement.creator_holds WHERE creator = $1 AND released_at IS NULL")
+            .bind(creator.as_str()) // $1
+            .fetch_optional(&mut *tx)
+            .await?;
+    if let Some(hold) = hold {
+        let problem = Problem::new(
+            StatusCode::CONFLICT,
+            "creator-on-hold",
+            "The creator is on hold",
+            format!("creator {creator} has active hold {hold}; nothing is paid out until it is released"),
+        );
+        return Ok(Some(
+            problem.field("creator").extra(serde_json::json!({ "hold": hold })),
+        ));
+    }
+    let debited = sqlx::query(
+        "UPDATE settlement.creator_balance
+         SET balance = balance - $2::numeric, updated_at = now()
+         WHERE creator = $1 AND balance >= $2::numeric",
+    )
+    .bind(creator.as_str()) // $1
+    .bind(amount.to_string()) // $2
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    if debited == 1 {
+        return Ok(None);
+    }
+    let problem = Problem::new(
+        StatusCode::CONFLICT,
+        "insufficient-funds",
+        "Insufficient funds",
+        format!("creator {creator} has a balance of {balance}, less than the {amount} requested"),
+    );
+    Ok(Some(
+        problem.field("amount").extra(serde_json::json!({ "balance": balance })),
+    ))
 }
 
 /// `GET /v1/payouts/{id}`.
