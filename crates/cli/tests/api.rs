@@ -296,6 +296,72 @@ async fn an_active_hold_refuses_payouts_of_its_creator_until_released() {
     assert_eq!(env.scalar_i64(&paid_sql).await, 1);
 }
 
+/// The edge as the standards read: the Bearer scheme in any case, a 401
+/// with its challenge, JSON only as `application/json` and only as an
+/// object, and Idempotency-Key as the draft's sf-string (the bare form is the
+/// same key; two headers are refused).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_api_edge_reads_auth_media_types_and_keys_as_the_standards_say() {
+    let (env, creators) = settled_env("5").await;
+    let server = serve(&env).await;
+    let creator = creators[0].0.clone();
+    let client = reqwest::Client::new();
+    let url = format!("{}/v1/payouts", server.base);
+    let body = json!({ "creator": creator, "amount": "7" }).to_string();
+    let send = |auth: &str, content_type: &str, keys: &[&str], body: String| {
+        let mut request = client
+            .post(&url)
+            .header("Authorization", auth.to_string())
+            .header("Content-Type", content_type.to_string());
+        for key in keys {
+            request = request.header("Idempotency-Key", key.to_string());
+        }
+        request.body(body).send()
+    };
+    let lower = format!("bearer {TOKEN}");
+    let r = send(&lower, "application/json", &["\"sf-key\""], body.clone())
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201, "{:?}", r.text().await);
+    // The bare form of the same key is the same request: replayed, not paid again.
+    let bearer = format!("Bearer {TOKEN}");
+    let r = send(&bearer, "application/json; charset=utf-8", &["sf-key"], body.clone())
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    assert!(r.headers().contains_key("idempotent-replayed"));
+    let paid = format!("SELECT count(*) FROM settlement.payouts WHERE creator = '{creator}'");
+    assert_eq!(env.scalar_i64(&paid).await, 1);
+
+    let r = send("Bearer wrong", "application/json", &["w"], body.clone())
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    assert_eq!(r.headers()["www-authenticate"], "Bearer realm=\"settled\"");
+    let r = send(&bearer, "text/plain", &["t"], body.clone()).await.unwrap();
+    assert_eq!(r.status(), 415);
+    assert_eq!(r.headers()["content-type"], "application/problem+json");
+    let form = format!("creator={creator}&amount=7");
+    let r = send(&bearer, "application/x-www-form-urlencoded", &["f"], form)
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 415);
+    let array = json!([creator, "7"]).to_string();
+    let r = send(&bearer, "application/json", &["a"], array).await.unwrap();
+    assert_eq!(r.status(), 400);
+    let r = send(&bearer, "application/json", &["one", "two"], body.clone())
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let problem: Value = r.json().await.unwrap();
+    assert_eq!(problem["field"], "Idempotency-Key", "{problem}");
+    let r = send(&bearer, "application/json", &["\"unterminated"], body)
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert_eq!(env.scalar_i64(&paid).await, 1, "no refused request paid anything");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_requests_get_problems_that_name_the_field() {
     let (env, creators) = settled_env("5").await;
@@ -350,6 +416,7 @@ async fn bad_requests_get_problems_that_name_the_field() {
         .post(&url)
         .bearer_auth(TOKEN)
         .header("Idempotency-Key", "m")
+        .header("Content-Type", "application/json")
         .body("{")
         .send()
         .await
@@ -392,6 +459,7 @@ async fn bad_requests_get_problems_that_name_the_field() {
         .post(&url)
         .bearer_auth(TOKEN)
         .header("Idempotency-Key", "big")
+        .header("Content-Type", "application/json")
         .body(big)
         .send()
         .await

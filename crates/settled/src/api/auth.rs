@@ -20,13 +20,18 @@ impl FromRequestParts<AppState> for Authorized {
     }
 }
 
+/// The challenge a 401 carries (RFC 9110 section 11.6.1).
+pub const CHALLENGE: &str = "Bearer realm=\"settled\"";
+
 /// Requires `Authorization: Bearer <token>` matching the configured token.
 fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), Problem> {
+    // The scheme is case-insensitive (RFC 9110 section 11.1).
     let given = headers
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map_or("", |(_, token)| token.trim());
     check_token(state, given)
 }
 
@@ -40,13 +45,14 @@ pub fn check_token(state: &AppState, given: &str) -> Result<(), Problem> {
             "this server has no API token configured (set SETTLED_API_TOKEN); mutating endpoints are disabled",
         ));
     };
-    // Compare without stopping at the first difference.
-    let same = given.len() == expected.len()
-        && given
-            .bytes()
-            .zip(expected.bytes())
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0;
+    // Compare digests of equal length without stopping at the first
+    // difference: the time taken says nothing about the token or its length.
+    use sha2::Digest;
+    let (a, b) = (
+        sha2::Sha256::digest(given.as_bytes()),
+        sha2::Sha256::digest(expected.as_bytes()),
+    );
+    let same = a.iter().zip(b.iter()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0;
     if same {
         Ok(())
     } else {

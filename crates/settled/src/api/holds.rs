@@ -48,9 +48,14 @@ async fn place_hold(pool: &sqlx::PgPool, creator: &CreatorAddress, reason: &str)
 }
 
 /// `POST /v1/holds`.
-pub async fn create(State(state): State<AppState>, _: Authorized, body: Body) -> Result<Response, Problem> {
+pub async fn create(
+    State(state): State<AppState>,
+    _: Authorized,
+    headers: axum::http::HeaderMap,
+    body: Body,
+) -> Result<Response, Problem> {
     let state = &state;
-    let (request, _) = read_json::<HoldRequest>(body).await?;
+    let (request, _) = read_json::<HoldRequest>(&headers, body).await?;
     let creator =
         CreatorAddress::parse(&request.creator).map_err(|e| Problem::invalid("creator", format!("creator {e}")))?;
     let reason = request.reason.trim();

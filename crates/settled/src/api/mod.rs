@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
@@ -108,9 +108,20 @@ async fn healthz(State(state): State<AppState>) -> Response {
     }
 }
 
-/// Reads the body (at most [`MAX_BODY_BYTES`]) and parses it as JSON of `T`,
-/// naming the field at fault.
-pub async fn read_json<T: DeserializeOwned>(body: Body) -> Result<(T, Bytes), Problem> {
+/// Reads the body (at most [`MAX_BODY_BYTES`]) of a request whose
+/// Content-Type is `application/json` (415 otherwise) and parses it as a
+/// JSON object of `T` (an array or a scalar is refused), naming the field at
+/// fault.
+pub async fn read_json<T: DeserializeOwned>(headers: &HeaderMap, body: Body) -> Result<(T, Bytes), Problem> {
+    if !is_json(headers) {
+        return Err(Problem::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported-media-type",
+            "Unsupported media type",
+            "the body must be JSON, sent with `Content-Type: application/json`",
+        )
+        .field("Content-Type"));
+    }
     let bytes = axum::body::to_bytes(body, MAX_BODY_BYTES).await.map_err(|_| {
         Problem::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -119,14 +130,27 @@ pub async fn read_json<T: DeserializeOwned>(body: Body) -> Result<(T, Bytes), Pr
             format!("the body must be at most {MAX_BODY_BYTES} bytes"),
         )
     })?;
-    let value = serde_json::from_slice::<T>(&bytes).map_err(|e| {
-        let message = e.to_string();
+    let malformed = |message: String| {
         let mut problem = Problem::bad_request("malformed-json", format!("the body is not a valid request: {message}"));
         // serde names the field in backticks: "unknown field `x`", "missing field `amount`".
         if let Some(field) = message.split('`').nth(1) {
             problem = problem.field(field.to_string());
         }
         problem
-    })?;
+    };
+    let value: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| malformed(e.to_string()))?;
+    if !value.is_object() {
+        return Err(Problem::bad_request("malformed-json", "the body must be a JSON object"));
+    }
+    let value = serde_json::from_value::<T>(value).map_err(|e| malformed(e.to_string()))?;
     Ok((value, bytes))
+}
+
+/// True for `application/json`, with or without parameters.
+fn is_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|media| media.trim().eq_ignore_ascii_case("application/json"))
 }

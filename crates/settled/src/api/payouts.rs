@@ -49,11 +49,19 @@ fn idempotency_key(headers: &HeaderMap) -> Result<String, Problem> {
         Problem::bad_request("missing-idempotency-key", "the Idempotency-Key header is required")
             .field("Idempotency-Key")
     };
-    let key = headers.get("idempotency-key").ok_or_else(missing)?;
-    let key = key.to_str().map_err(|_| {
-        Problem::bad_request("invalid-idempotency-key", "Idempotency-Key must be visible ASCII")
-            .field("Idempotency-Key")
-    })?;
+    let invalid = |detail: &str| Problem::bad_request("invalid-idempotency-key", detail).field("Idempotency-Key");
+    let mut all = headers.get_all("idempotency-key").iter();
+    let key = all.next().ok_or_else(missing)?;
+    if all.next().is_some() {
+        return Err(invalid("send exactly one Idempotency-Key header"));
+    }
+    let key = key
+        .to_str()
+        .map_err(|_| invalid("Idempotency-Key must be visible ASCII"))?;
+    // The draft's form is a structured-field String ("abc"); the bare
+    // token form (abc) is accepted too, as the same key.
+    let key = sf_string(key.trim()).ok_or_else(|| invalid("Idempotency-Key is not a valid sf-string"))?;
+    let key = key.as_str();
     if key.is_empty() {
         return Err(missing());
     }
@@ -65,6 +73,28 @@ fn idempotency_key(headers: &HeaderMap) -> Result<String, Problem> {
         .field("Idempotency-Key"));
     }
     Ok(key.to_string())
+}
+
+/// The value of a structured-field String (RFC 8941 section 3.3.3), or the
+/// text itself when it is not quoted. None for a malformed quoted string.
+fn sf_string(text: &str) -> Option<String> {
+    let Some(inner) = text.strip_prefix('"') else {
+        return (!text.contains('"') && !text.contains('\\')).then(|| text.to_string());
+    };
+    let mut out = String::new();
+    let mut chars = inner.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => match chars.next() {
+                Some(escaped @ ('"' | '\\')) => out.push(escaped),
+                _ => return None,
+            },
+            '"' => return chars.next().is_none().then_some(out),
+            c if (' '..='~').contains(&c) => out.push(c),
+            _ => return None,
+        }
+    }
+    None
 }
 
 /// Validates the request; returns the creator and amount.
@@ -88,7 +118,7 @@ pub async fn create(
 ) -> Result<Response, Problem> {
     let (state, headers) = (&state, &headers);
     let key = idempotency_key(headers)?;
-    let (request, _) = read_json::<PayoutRequest>(body).await?;
+    let (request, _) = read_json::<PayoutRequest>(headers, body).await?;
     let (creator, amount) = validate(&request)?;
     // The fingerprint is of the validated request, so formatting does not matter.
     let canonical = format!("{{\"amount\":\"{amount}\",\"creator\":\"{creator}\"}}");
@@ -243,4 +273,19 @@ pub async fn show(State(state): State<AppState>, Path(id): Path<String>) -> Resu
     .map_err(Problem::unavailable)?;
     let payout = payout.ok_or_else(|| Problem::not_found("unknown-payout", format!("no payout {id}")))?;
     Ok((StatusCode::OK, axum::Json(payout)).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sf_string;
+
+    #[test]
+    fn idempotency_keys_read_as_sf_strings_or_bare_tokens() {
+        assert_eq!(sf_string("\"abc\"").as_deref(), Some("abc"));
+        assert_eq!(sf_string("abc").as_deref(), Some("abc"));
+        assert_eq!(sf_string(r#""a\"b\\c""#).as_deref(), Some(r#"a"b\c"#));
+        for bad in ["\"abc", "\"a\"b\"", r#""a\x""#, "a\"b", "\"tab\there\""] {
+            assert_eq!(sf_string(bad), None, "{bad:?}");
+        }
+    }
 }

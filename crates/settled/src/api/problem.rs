@@ -108,6 +108,13 @@ pub fn json_response(status: StatusCode, content_type: &'static str, body: &serd
 
 impl IntoResponse for Problem {
     fn into_response(self) -> Response {
-        json_response(self.status, "application/problem+json", &self.body())
+        let mut response = json_response(self.status, "application/problem+json", &self.body());
+        if self.status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(
+                axum::http::header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static(super::auth::CHALLENGE),
+            );
+        }
+        response
     }
 }
