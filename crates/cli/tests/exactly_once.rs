@@ -157,6 +157,22 @@ fn the_database_password_never_appears_in_errors_or_logs() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!stderr.contains("topsecret"), "{stderr}");
     assert!(stderr.contains("app:***@127.0.0.1"), "{stderr}");
+    // A password in the query, or one holding an unencoded `/`, is hidden too.
+    for url in [
+        format!("postgres://app@127.0.0.1:{port}/settled?password=Sup3rS3cret"),
+        format!("postgres://app:Sup3r/S3cret@127.0.0.1:{port}/settled"),
+    ] {
+        let out = std::process::Command::new(common::SETTLED)
+            .args(["status", "--period", "2026-11-01"])
+            .env("DATABASE_URL", &url)
+            .env("SETTLED_LOG", "trace")
+            .env("SETTLED_CONNECT_TIMEOUT_SECS", "2")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{url}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("S3cret"), "{url}: {stderr}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

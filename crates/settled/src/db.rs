@@ -199,24 +199,41 @@ async fn check_migrated(pool: &PgPool, role: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The URL with any password replaced by `***`, for logs and errors.
+/// A URL fit for logs and errors: the userinfo's password and any
+/// `password=` or `sslpassword=` query value become `***`. A password may
+/// hold unencoded `/`, `?` or `@`, so the userinfo is taken to end at the
+/// last `@` (when in doubt, more is hidden, never less).
 pub fn redact_url(url: &str) -> String {
     let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
         return url.to_string();
     };
-    let rest = &url[scheme_end..];
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let authority = &rest[..authority_end];
-    match authority.rfind('@') {
-        Some(at) => {
-            let userinfo = &authority[..at];
-            match userinfo.find(':') {
-                Some(colon) => format!("{}{}:***{}", &url[..scheme_end], &userinfo[..colon], &rest[at..]),
-                None => url.to_string(),
+    let (scheme, rest) = url.split_at(scheme_end);
+    let (userinfo, after) = match rest.rfind('@') {
+        Some(at) => (Some(&rest[..at]), &rest[at..]),
+        None => (None, rest),
+    };
+    let userinfo = userinfo.map(|u| match u.split_once(':') {
+        Some((user, _)) => format!("{user}:***"),
+        None => u.to_string(),
+    });
+    let after = match after.split_once('?') {
+        Some((path, query)) => format!("{path}?{}", redact_query(query)),
+        None => after.to_string(),
+    };
+    format!("{scheme}{}{after}", userinfo.unwrap_or_default())
+}
+
+fn redact_query(query: &str) -> String {
+    query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((key, _)) if ["password", "sslpassword"].contains(&key.to_ascii_lowercase().as_str()) => {
+                format!("{key}=***")
             }
-        }
-        None => url.to_string(),
-    }
+            _ => pair.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("&")
 }
 
 #[cfg(test)]
@@ -231,6 +248,16 @@ mod tests {
         );
         assert_eq!(redact_url("postgres://app@db/x"), "postgres://app@db/x");
         assert_eq!(redact_url("postgres://db/x?host=/tmp"), "postgres://db/x?host=/tmp");
+        assert_eq!(
+            redact_url("postgres://postgres@127.0.0.1:19150/x?password=Sup3rS3cret&sslmode=disable"),
+            "postgres://postgres@127.0.0.1:19150/x?password=***&sslmode=disable"
+        );
+        assert_eq!(redact_url("postgres://u:pa/ss@h:5432/x"), "postgres://u:***@h:5432/x");
+        assert_eq!(redact_url("postgres://u:p?a@ss@h/x"), "postgres://u:***@h/x");
+        assert_eq!(
+            redact_url("postgres://u@h/x?PASSWORD=s3"),
+            "postgres://u@h/x?PASSWORD=***"
+        );
         assert!(!redact_url("postgresql://u:p%40ss@h/d").contains("p%40ss"));
     }
 }
