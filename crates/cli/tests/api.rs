@@ -387,6 +387,9 @@ async fn bad_requests_get_problems_that_name_the_field() {
             "note",
         ),
         (Some("k"), json!({ "creator": creator }), 400, "amount"),
+        // A value of the wrong type names its field, not itself.
+        (Some("k"), json!({ "creator": creator, "amount": 1 }), 400, "amount"),
+        (Some("k"), json!({ "creator": 7, "amount": "5" }), 400, "creator"),
         (
             None,
             json!({ "creator": creator, "amount": "5" }),

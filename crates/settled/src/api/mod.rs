@@ -130,19 +130,28 @@ pub async fn read_json<T: DeserializeOwned>(headers: &HeaderMap, body: Body) -> 
             format!("the body must be at most {MAX_BODY_BYTES} bytes"),
         )
     })?;
-    let malformed = |message: String| {
-        let mut problem = Problem::bad_request("malformed-json", format!("the body is not a valid request: {message}"));
-        // serde names the field in backticks: "unknown field `x`", "missing field `amount`".
-        if let Some(field) = message.split('`').nth(1) {
-            problem = problem.field(field.to_string());
-        }
-        problem
-    };
+    let malformed =
+        |message: String| Problem::bad_request("malformed-json", format!("the body is not a valid request: {message}"));
     let value: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| malformed(e.to_string()))?;
     if !value.is_object() {
         return Err(Problem::bad_request("malformed-json", "the body must be a JSON object"));
     }
-    let value = serde_json::from_value::<T>(value).map_err(|e| malformed(e.to_string()))?;
+    let value = serde_path_to_error::deserialize::<_, T>(value).map_err(|e| {
+        let message = e.inner().to_string();
+        // The field at fault: the path to a value of the wrong type, or the
+        // one serde names for an unknown or missing field ("unknown field `x`").
+        let path = e.path().to_string();
+        let field = if path != "." {
+            Some(path)
+        } else {
+            message.split('`').nth(1).map(str::to_string)
+        };
+        let problem = malformed(message);
+        match field {
+            Some(field) => problem.field(field),
+            None => problem,
+        }
+    })?;
     Ok((value, bytes))
 }
 
