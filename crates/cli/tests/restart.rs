@@ -9,8 +9,9 @@ use std::process::{Command, Stdio};
 use settled_testkit::{LocalOptions, LocalPostgres};
 use sqlx::{Connection, PgConnection};
 
-#[tokio::test(flavor = "multi_thread")]
-async fn workers_survive_a_postgres_restart_mid_run() {
+/// A private server of the test's own (it is restarted or taken down),
+/// with database `db`; returns the server and the database's URL.
+async fn own_server(db: &str) -> (LocalPostgres, String) {
     let dir = tempfile::Builder::new()
         .prefix("settled-restart-")
         .tempdir()
@@ -27,12 +28,18 @@ async fn workers_survive_a_postgres_restart_mid_run() {
         .unwrap()
         .unwrap();
     let mut admin = PgConnection::connect(&server.url("postgres")).await.unwrap();
-    sqlx::query("CREATE DATABASE restart_test")
+    sqlx::query(&format!("CREATE DATABASE {db}"))
         .execute(&mut admin)
         .await
         .unwrap();
     admin.close().await.unwrap();
-    let url = server.url("restart_test");
+    let url = server.url(db);
+    (server, url)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn workers_survive_a_postgres_restart_mid_run() {
+    let (server, url) = own_server("restart_test").await;
     let settled = |args: &[&str]| {
         let mut cmd = Command::new(common::SETTLED);
         cmd.args(args)
@@ -114,28 +121,7 @@ async fn workers_survive_a_postgres_restart_mid_run() {
 /// settles the run that became due while it waited.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_idle_daemon_rides_out_an_outage_then_settles_the_due_run() {
-    let dir = tempfile::Builder::new()
-        .prefix("settled-outage-")
-        .tempdir()
-        .unwrap()
-        .keep();
-    let opts = LocalOptions {
-        data_dir: dir,
-        throwaway: true,
-        remove_on_stop: true,
-        max_connections: 100,
-    };
-    let server = tokio::task::spawn_blocking(move || LocalPostgres::start(&opts))
-        .await
-        .unwrap()
-        .unwrap();
-    let mut admin = PgConnection::connect(&server.url("postgres")).await.unwrap();
-    sqlx::query("CREATE DATABASE outage_test")
-        .execute(&mut admin)
-        .await
-        .unwrap();
-    admin.close().await.unwrap();
-    let url = server.url("outage_test");
+    let (server, url) = own_server("outage_test").await;
     let settled = |args: &[&str]| {
         let mut cmd = Command::new(common::SETTLED);
         cmd.args(args).env("DATABASE_URL", &url).stdin(Stdio::null());

@@ -201,10 +201,7 @@ impl<H: RunHooks> Job<H> {
             .execute(&mut *tx)
             .await
             .map_err(EngineError::db("beginning a finish"))?;
-        let still_running = match runs::lock_for_finish(&mut tx, run_id).await? {
-            None => false,
-            Some(state) => state.as_deref() == Some(RunState::Running.as_str()),
-        };
+        let still_running = runs::lock_for_finish(&mut tx, run_id).await?;
         if !still_running || self.queue.count_unfinished(&mut tx, scope).await? > 0 {
             tx.rollback().await.map_err(EngineError::db("ending a finish"))?;
             return Ok(false);

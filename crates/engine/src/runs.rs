@@ -219,17 +219,18 @@ pub async fn count_by_state(conn: &mut PgConnection, job: &str) -> Result<RunCou
     .map_err(EngineError::db("counting runs"))
 }
 
-/// Locks run `id` for the finisher and returns its state. `Ok(None)` when
-/// another transaction changed the row after this REPEATABLE READ snapshot
-/// began (SQLSTATE 40001): someone else finished it.
-pub(crate) async fn lock_for_finish(conn: &mut PgConnection, id: i64) -> Result<Option<Option<String>>, EngineError> {
-    let locked = sqlx::query_scalar("SELECT state FROM settled_engine.runs WHERE id = $1 FOR NO KEY UPDATE")
-        .bind(id) // $1
-        .fetch_optional(conn)
-        .await;
+/// Locks run `id` for the finisher; true when it is still running. False
+/// too when another transaction changed the row after this REPEATABLE READ
+/// snapshot began (SQLSTATE 40001): someone else finished it.
+pub(crate) async fn lock_for_finish(conn: &mut PgConnection, id: i64) -> Result<bool, EngineError> {
+    let locked: Result<Option<String>, sqlx::Error> =
+        sqlx::query_scalar("SELECT state FROM settled_engine.runs WHERE id = $1 FOR NO KEY UPDATE")
+            .bind(id) // $1
+            .fetch_optional(conn)
+            .await;
     match locked {
-        Ok(state) => Ok(Some(state)),
-        Err(err) if err.as_database_error().and_then(|e| e.code()).as_deref() == Some("40001") => Ok(None),
+        Ok(state) => Ok(state.as_deref() == Some(RunState::Running.as_str())),
+        Err(err) if err.as_database_error().and_then(|e| e.code()).as_deref() == Some("40001") => Ok(false),
         Err(err) => Err(EngineError::db("locking the run to finish it")(err)),
     }
 }

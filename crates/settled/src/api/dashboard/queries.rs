@@ -4,8 +4,6 @@
 use settled_engine::{ItemStatus, Run};
 use sqlx::PgPool;
 
-use crate::period::Period;
-
 /// Runs listed on the front page.
 pub const RUNS_SHOWN: i64 = 20;
 /// Items listed on the items page.
@@ -29,20 +27,29 @@ pub struct RunProgress {
     pub paid: String,
 }
 
-/// The newest runs with their progress (the one status read per period).
+/// The newest runs with their progress: the engine's exact counts and the
+/// ledger total of each run's period (not the full status read, whose
+/// expected total sums the whole period at every refresh).
 pub async fn runs_with_progress(pool: &PgPool) -> anyhow::Result<Vec<RunProgress>> {
-    let runs = crate::settlement::job().list_runs(pool, RUNS_SHOWN).await?;
+    let job = crate::settlement::job();
+    let runs = job.list_runs(pool, RUNS_SHOWN).await?;
+    let mut conn = pool.acquire().await?;
     let mut out = Vec::with_capacity(runs.len());
     for run in runs {
-        let period = Period::parse(&run.scope).map_err(anyhow::Error::msg)?;
-        let status = crate::status::period_status(&mut *pool.acquire().await?, period).await?;
+        let counts = job.queue().count_by_status(&mut conn, &run.scope).await?;
+        let paid: String = sqlx::query_scalar(
+            "SELECT coalesce(sum(amount), 0)::text FROM settlement.reward_ledger WHERE period = $1::date",
+        )
+        .bind(&run.scope) // $1
+        .fetch_one(&mut *conn)
+        .await?;
         out.push(RunProgress {
-            total: status.total,
-            done: status.done,
-            settled: status.counts.get(ItemStatus::Settled),
-            failed: status.counts.get(ItemStatus::Failed),
-            held: status.counts.get(ItemStatus::Held),
-            paid: status.settled_amount,
+            total: counts.total(),
+            done: counts.counts.iter().filter(|(s, _)| s.is_final()).map(|(_, n)| n).sum(),
+            settled: counts.get(ItemStatus::Settled),
+            failed: counts.get(ItemStatus::Failed),
+            held: counts.get(ItemStatus::Held),
+            paid,
             run,
         });
     }
