@@ -52,6 +52,8 @@ pub struct Database {
     pub pool: PgPool,
     /// A URL for child processes and tools (may hold a password: never log it raw).
     pub url: String,
+    connect: PgConnectOptions,
+    role: Option<&'static str>,
     server: Option<LocalPostgres>,
 }
 
@@ -83,22 +85,17 @@ impl Database {
             .log_slow_statements(tracing::log::LevelFilter::Debug, Duration::from_secs(5));
         let role = opts.role;
         debug_assert!(role.is_none_or(|r| ROLES.contains(&r)));
-        let pool = PgPoolOptions::new()
-            .after_connect(move |conn, _| {
-                Box::pin(async move {
-                    if let Some(role) = role {
-                        // A constant from ROLES, never input.
-                        sqlx::query(&format!("SET ROLE {role}")).execute(conn).await?;
-                    }
-                    Ok(())
-                })
-            })
-            .max_connections(opts.max_connections)
-            .acquire_timeout(acquire_timeout())
-            .connect_with(connect)
+        let pool = pool_options(role, opts.max_connections)
+            .connect_with(connect.clone())
             .await
             .with_context(|| format!("connecting to {}", redact_url(&url)))?;
-        let db = Database { pool, url, server };
+        let db = Database {
+            pool,
+            url,
+            connect,
+            role,
+            server,
+        };
         match role {
             None => migrate(&db.pool).await?,
             Some(role) => check_migrated(&db.pool, role).await?,
@@ -117,10 +114,35 @@ impl Database {
         Ok(())
     }
 
+    /// Another pool on the same database, role and settings, of at most
+    /// `max_connections` (e.g. `serve`'s pool for costly pages).
+    pub async fn another_pool(&self, max_connections: u32, application_name: &str) -> anyhow::Result<PgPool> {
+        pool_options(self.role, max_connections)
+            .connect_with(self.connect.clone().application_name(application_name))
+            .await
+            .with_context(|| format!("connecting to {}", redact_url(&self.url)))
+    }
+
     /// The private server, when one is in use by this process.
     pub fn private_server(&self) -> Option<&LocalPostgres> {
         self.server.as_ref()
     }
+}
+
+/// A pool that takes `role` (a constant of [`ROLES`]) on every connection.
+fn pool_options(role: Option<&'static str>, max_connections: u32) -> PgPoolOptions {
+    PgPoolOptions::new()
+        .after_connect(move |conn, _| {
+            Box::pin(async move {
+                if let Some(role) = role {
+                    // A constant from ROLES, never input.
+                    sqlx::query(&format!("SET ROLE {role}")).execute(conn).await?;
+                }
+                Ok(())
+            })
+        })
+        .max_connections(max_connections)
+        .acquire_timeout(acquire_timeout())
 }
 
 trait FromStrChecked: Sized {

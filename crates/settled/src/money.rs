@@ -152,10 +152,50 @@ impl fmt::Display for TokenTotal {
     }
 }
 
+/// Decimals of the token when none is configured (most ERC-20 tokens).
+pub const DEFAULT_DECIMALS: u32 = 18;
+/// Most decimals accepted.
+pub const MAX_DECIMALS: u32 = 77;
+
+/// Base units as whole tokens for people: `1234500000000000000` with 18
+/// decimals reads `1.2345`. Exact (string arithmetic, no floats); trailing
+/// zeros of the fraction are dropped. `units` is a non-negative decimal
+/// integer as the database prints it; anything else is returned as is.
+pub fn with_decimals(units: &str, decimals: u32) -> String {
+    if units.is_empty() || !units.bytes().all(|b| b.is_ascii_digit()) {
+        return units.to_string();
+    }
+    let digits = units.trim_start_matches('0');
+    let d = decimals as usize;
+    let padded = format!("{digits:0>width$}", width = d + 1);
+    let (whole, fraction) = padded.split_at(padded.len() - d);
+    let fraction = fraction.trim_end_matches('0');
+    if fraction.is_empty() {
+        whole.to_string()
+    } else {
+        format!("{whole}.{fraction}")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn base_units_read_as_whole_tokens() {
+        assert_eq!(with_decimals("1234500000000000000", 18), "1.2345");
+        assert_eq!(with_decimals("1", 18), "0.000000000000000001");
+        assert_eq!(with_decimals("0", 18), "0");
+        assert_eq!(with_decimals("000120", 2), "1.2");
+        assert_eq!(with_decimals("5", 0), "5");
+        assert_eq!(with_decimals("-", 18), "-");
+        let huge = "9".repeat(90);
+        assert_eq!(
+            with_decimals(&huge, 18),
+            format!("{}.{}", "9".repeat(72), "9".repeat(18))
+        );
+    }
 
     /// The oracle: multiply then divide in arbitrary precision.
     fn reward_by_bigint(volume: &BigUint, bps: u16) -> BigUint {

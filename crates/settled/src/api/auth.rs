@@ -20,6 +20,12 @@ impl FromRequestParts<AppState> for Authorized {
     }
 }
 
+/// True when the request carries the API token (for pages that show more
+/// to an authorized reader, e.g. the lock view's query text).
+pub fn is_authorized(state: &AppState, headers: &HeaderMap) -> bool {
+    authorize(state, headers).is_ok()
+}
+
 /// The challenge a 401 carries (RFC 9110 section 11.6.1).
 pub const CHALLENGE: &str = "Bearer realm=\"settled\"";
 

@@ -26,7 +26,7 @@ pub async fn known(pool: &PgPool, creator: &CreatorAddress) -> Result<bool, sqlx
 pub async fn show(State(state): State<AppState>, Path(address): Path<String>) -> Result<Response, Problem> {
     let creator = CreatorAddress::parse(&address)
         .map_err(|e| Problem::bad_request("invalid-address", format!("address {e}")).field("address"))?;
-    let pool = &state.pool;
+    let pool = &state.reads;
     if !known(pool, &creator).await.map_err(Problem::unavailable)? {
         return Err(Problem::not_found(
             "unknown-creator",

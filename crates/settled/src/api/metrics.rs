@@ -45,10 +45,10 @@ struct Snapshot {
 
 async fn snapshot(state: &AppState) -> anyhow::Result<Snapshot> {
     let job = crate::settlement::job();
-    let mut conn = state.pool.acquire().await?;
+    let mut conn = state.reads.acquire().await?;
     let items = job.queue().count_all_by_status(&mut conn).await?;
     let runs = settled_engine::runs::count_by_state(&mut conn, job.name()).await?;
-    let workers = settled_engine::workers::totals(&state.pool).await?;
+    let workers = settled_engine::workers::totals(&state.reads).await?;
     let (payouts, ledger_entries): (i64, i64) = sqlx::query_as(
         "SELECT (SELECT count(*) FROM settlement.payouts), (SELECT count(*) FROM settlement.reward_ledger)",
     )
@@ -87,9 +87,12 @@ pub async fn serve(State(state): State<AppState>) -> Response {
     metrics::gauge!("settled_workers_alive").set(s.workers.alive as f64);
     metrics::gauge!("settled_worker_heartbeat_age_seconds").set(s.workers.oldest_heartbeat_age_secs);
     metrics::counter!("settled_payouts_total").absolute(s.payouts as u64);
-    let idle = state.pool.num_idle() as f64;
-    metrics::gauge!("settled_db_pool_connections", "state" => "idle").set(idle);
-    metrics::gauge!("settled_db_pool_connections", "state" => "in_use").set(f64::from(state.pool.size()) - idle);
+    for (name, pool) in [("main", &state.pool), ("reads", &state.reads)] {
+        let idle = pool.num_idle() as f64;
+        metrics::gauge!("settled_db_pool_connections", "pool" => name, "state" => "idle").set(idle);
+        metrics::gauge!("settled_db_pool_connections", "pool" => name, "state" => "in_use")
+            .set(f64::from(pool.size()) - idle);
+    }
     let mut response = (StatusCode::OK, handle().render()).into_response();
     response.headers_mut().insert(
         axum::http::header::CONTENT_TYPE,

@@ -8,47 +8,84 @@
 pub mod auth;
 pub mod creators;
 pub mod dashboard;
+pub mod edge;
 pub mod holds;
 pub mod metrics;
 pub mod openapi;
 pub mod payouts;
 pub mod problem;
+pub mod server;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use serde::de::DeserializeOwned;
 use settled_engine::once::idempotency::IdempotencyConfig;
 use sqlx::PgPool;
+use tower_http::limit::RequestBodyLimitLayer;
+use tower_http::set_header::SetResponseHeaderLayer;
+use tower_http::timeout::TimeoutLayer;
 
 pub use auth::Authorized;
+pub use edge::AllowedHosts;
 pub use problem::Problem;
+pub use server::HttpLimits;
 
 /// Largest request body read, in bytes.
 pub const MAX_BODY_BYTES: usize = 16 * 1024;
 /// How often expired idempotency keys are pruned.
 pub const PRUNE_INTERVAL_SECS: u64 = 60;
 
+/// Connections of the pool for dashboard pages and `/v1` reads.
+pub const READ_POOL_CONNECTIONS: u32 = 4;
+
 /// Shared state of the server.
 #[derive(Clone)]
 pub struct AppState {
-    /// The database.
+    /// The database, for payouts, holds and health.
     pub pool: PgPool,
+    /// A small pool of its own for dashboard pages, `/metrics` and `/v1`
+    /// reads, so costly pages cannot starve payouts and `/healthz`.
+    pub reads: PgPool,
     /// Bearer token required by mutating endpoints (None: they are refused).
     pub api_token: Option<Arc<str>>,
     /// Idempotency key retention and locking.
     pub idempotency: IdempotencyConfig,
+    /// Which Host headers are answered.
+    pub allowed_hosts: AllowedHosts,
+    /// Run verifications, computed at most once per interval and shared.
+    pub verifications: Arc<dashboard::Verifications>,
+    /// Decimals of the token, for amounts shown to people.
+    pub decimals: u32,
+    /// Connection and request limits.
+    pub limits: HttpLimits,
+}
+
+impl AppState {
+    /// State with the defaults, over one pool (tests and tools).
+    pub fn new(pool: PgPool, reads: PgPool) -> AppState {
+        AppState {
+            pool,
+            reads,
+            api_token: None,
+            idempotency: IdempotencyConfig::default(),
+            allowed_hosts: AllowedHosts::any(),
+            verifications: Arc::default(),
+            decimals: crate::money::DEFAULT_DECIMALS,
+            limits: HttpLimits::default(),
+        }
+    }
 }
 
 /// The API's routes.
 pub fn router(state: AppState) -> Router {
-    Router::new()
+    let mut router = Router::new()
         .route("/", get(dashboard::runs))
         .route("/runs/{id}", get(dashboard::run_report))
         .route("/workers", get(dashboard::workers))
@@ -65,11 +102,26 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/holds", post(holds::create))
         .route("/v1/holds/{id}/release", post(holds::release))
         .fallback(|| async { Problem::not_found("no-such-route", "no such endpoint; see /openapi.json") })
-        .with_state(state)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), edge::check_host))
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::SERVICE_UNAVAILABLE,
+            state.limits.request_timeout,
+        ))
+        .layer(RequestBodyLimitLayer::new(MAX_BODY_BYTES))
+        .layer(axum::middleware::map_response(edge::problem_for_bare_errors))
+        .with_state(state);
+    for (name, value) in edge::SECURITY_HEADERS {
+        router = router.layer(SetResponseHeaderLayer::if_not_present(
+            HeaderName::from_static(name),
+            HeaderValue::from_static(value),
+        ));
+    }
+    router
 }
 
-/// Serves the API on `listener` until the task is dropped; prunes expired
-/// idempotency keys in the background.
+/// Serves the API on `listener` until SIGTERM or SIGINT (then drains open
+/// connections for at most the grace period); prunes expired idempotency
+/// keys in the background.
 pub async fn serve(listener: tokio::net::TcpListener, state: AppState) -> anyhow::Result<()> {
     metrics::handle();
     let pool = state.pool.clone();
@@ -84,11 +136,10 @@ pub async fn serve(listener: tokio::net::TcpListener, state: AppState) -> anyhow
             }
         }
     });
-    let served = axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown_signal())
-        .await;
+    let limits = state.limits;
+    let served = server::run(listener, router(state), limits, shutdown_signal()).await;
     pruner.abort();
-    Ok(served?)
+    served
 }
 
 async fn shutdown_signal() {
@@ -122,44 +173,74 @@ pub async fn read_json<T: DeserializeOwned>(headers: &HeaderMap, body: Body) -> 
         )
         .field("Content-Type"));
     }
-    let bytes = axum::body::to_bytes(body, MAX_BODY_BYTES).await.map_err(|_| {
+    let bytes = read_body(body).await?;
+    let value: serde_json::Value = serde_json::from_slice(&bytes)
+        .map_err(|e| Problem::bad_request("malformed-json", format!("the body is not a valid request: {e}")))?;
+    if !value.is_object() {
+        return Err(Problem::bad_request("malformed-json", "the body must be a JSON object"));
+    }
+    let value =
+        serde_path_to_error::deserialize::<_, T>(value).map_err(|e| problem_at(e, "malformed-json", "the body"))?;
+    Ok((value, bytes))
+}
+
+/// Reads the body (at most [`MAX_BODY_BYTES`]) of a form posted as
+/// `application/x-www-form-urlencoded` (415 otherwise) into `T`, naming the
+/// field at fault.
+pub async fn read_form<T: DeserializeOwned>(headers: &HeaderMap, body: Body) -> Result<T, Problem> {
+    if !has_media_type(headers, "application/x-www-form-urlencoded") {
+        return Err(Problem::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported-media-type",
+            "Unsupported media type",
+            "the form must be sent with `Content-Type: application/x-www-form-urlencoded`",
+        )
+        .field("Content-Type"));
+    }
+    let bytes = read_body(body).await?;
+    let fields = serde_urlencoded::Deserializer::new(form_urlencoded::parse(&bytes));
+    serde_path_to_error::deserialize::<_, T>(fields).map_err(|e| problem_at(e, "malformed-form", "the form"))
+}
+
+/// Reads at most [`MAX_BODY_BYTES`] of `body` (413 beyond).
+async fn read_body(body: Body) -> Result<Bytes, Problem> {
+    axum::body::to_bytes(body, MAX_BODY_BYTES).await.map_err(|_| {
         Problem::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "body-too-large",
             "Request body too large",
             format!("the body must be at most {MAX_BODY_BYTES} bytes"),
         )
-    })?;
-    let malformed =
-        |message: String| Problem::bad_request("malformed-json", format!("the body is not a valid request: {message}"));
-    let value: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| malformed(e.to_string()))?;
-    if !value.is_object() {
-        return Err(Problem::bad_request("malformed-json", "the body must be a JSON object"));
+    })
+}
+
+/// A 400 naming the field a deserializer failed on: the path to a value of
+/// the wrong type, or the one serde names for an unknown or missing field
+/// ("unknown field `x`").
+fn problem_at<E: std::fmt::Display>(e: serde_path_to_error::Error<E>, kind: &'static str, what: &str) -> Problem {
+    let message = e.inner().to_string();
+    let path = e.path().to_string();
+    let field = if path != "." {
+        Some(path)
+    } else {
+        message.split('`').nth(1).map(str::to_string)
+    };
+    let problem = Problem::bad_request(kind, format!("{what} is not a valid request: {message}"));
+    match field {
+        Some(field) => problem.field(field),
+        None => problem,
     }
-    let value = serde_path_to_error::deserialize::<_, T>(value).map_err(|e| {
-        let message = e.inner().to_string();
-        // The field at fault: the path to a value of the wrong type, or the
-        // one serde names for an unknown or missing field ("unknown field `x`").
-        let path = e.path().to_string();
-        let field = if path != "." {
-            Some(path)
-        } else {
-            message.split('`').nth(1).map(str::to_string)
-        };
-        let problem = malformed(message);
-        match field {
-            Some(field) => problem.field(field),
-            None => problem,
-        }
-    })?;
-    Ok((value, bytes))
 }
 
 /// True for `application/json`, with or without parameters.
 fn is_json(headers: &HeaderMap) -> bool {
+    has_media_type(headers, "application/json")
+}
+
+fn has_media_type(headers: &HeaderMap, wanted: &str) -> bool {
     headers
         .get(axum::http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.split(';').next())
-        .is_some_and(|media| media.trim().eq_ignore_ascii_case("application/json"))
+        .is_some_and(|media| media.trim().eq_ignore_ascii_case(wanted))
 }

@@ -268,7 +268,7 @@ pub async fn show(State(state): State<AppState>, Path(id): Path<String>) -> Resu
         "SELECT id, creator, amount::text AS amount, status, created_at FROM settlement.payouts WHERE id = $1",
     )
     .bind(id) // $1
-    .fetch_optional(&state.pool)
+    .fetch_optional(&state.reads)
     .await
     .map_err(Problem::unavailable)?;
     let payout = payout.ok_or_else(|| Problem::not_found("unknown-payout", format!("no payout {id}")))?;

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 
+use crate::api::{AllowedHosts, HttpLimits};
 use crate::cmd::{DbCommand, Outcome};
 use crate::db::Database;
 
@@ -22,8 +23,32 @@ pub struct Args {
     #[arg(long, env = "SETTLED_API_TOKEN", hide_env_values = true)]
     api_token: Option<String>,
     /// How long idempotency keys and their responses are kept, in hours.
+    /// A key used again after that answers its payout, never a second one.
     #[arg(long, default_value_t = 24, value_parser = clap::value_parser!(u64).range(1..=24 * 90))]
     idempotency_retention_hours: u64,
+    /// Host names the pages and API answer (the Host header, port ignored;
+    /// repeatable). Default: the loopback names when bound to loopback,
+    /// any host when bound to all interfaces.
+    #[arg(long = "allowed-host", value_name = "HOST")]
+    allowed_hosts: Vec<String>,
+    /// Time a connection has to send a request's head, from the moment it
+    /// waits for one: also the idle timeout between keep-alive requests.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(100..=600_000))]
+    header_timeout_ms: u64,
+    /// Time from a request's head to its answer (then 503, `Retry-After`).
+    #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(100..=600_000))]
+    request_timeout_ms: u64,
+    /// Connections open at once (lowered to fit the open-file limit); more
+    /// wait in the listen backlog.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    max_connections: u64,
+    /// On SIGTERM, how long open connections may finish before they are dropped.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(0..=600_000))]
+    shutdown_grace_ms: u64,
+    /// Decimals of the token, for amounts shown to people next to base units.
+    #[arg(long, env = "SETTLED_TOKEN_DECIMALS", default_value_t = crate::money::DEFAULT_DECIMALS,
+          value_parser = clap::value_parser!(u32).range(0..=crate::money::MAX_DECIMALS as i64))]
+    token_decimals: u32,
 }
 
 impl DbCommand for Args {
@@ -34,16 +59,32 @@ impl DbCommand for Args {
     }
 
     async fn run(self, db: &Database) -> Outcome {
+        let limits = HttpLimits {
+            header_timeout: Duration::from_millis(self.header_timeout_ms),
+            request_timeout: Duration::from_millis(self.request_timeout_ms),
+            max_connections: usize::try_from(self.max_connections).unwrap_or(usize::MAX),
+            shutdown_grace: Duration::from_millis(self.shutdown_grace_ms),
+        }
+        .fit_open_file_limit()?;
+        let reads = db
+            .another_pool(crate::api::READ_POOL_CONNECTIONS, "settled-serve-reads")
+            .await?;
         let state = crate::api::AppState {
-            pool: db.pool.clone(),
             api_token: self.api_token.filter(|t| !t.is_empty()).map(Into::into),
             idempotency: settled_engine::once::idempotency::IdempotencyConfig {
                 retention: Duration::from_secs(self.idempotency_retention_hours * 3600),
                 ..Default::default()
             },
+            allowed_hosts: AllowedHosts::for_bind(self.bind, &self.allowed_hosts),
+            decimals: self.token_decimals,
+            limits,
+            ..crate::api::AppState::new(db.pool.clone(), reads)
         };
         if state.api_token.is_none() {
             tracing::warn!("no SETTLED_API_TOKEN: mutating endpoints answer 401");
+        }
+        if state.allowed_hosts.is_any() {
+            tracing::warn!(bind = %self.bind, "any Host header is answered: pass --allowed-host to refuse others");
         }
         let listener = tokio::net::TcpListener::bind(self.bind)
             .await

@@ -6,26 +6,31 @@
 
 mod pages;
 mod queries;
+pub mod sql_text;
 
 pub use pages::REFRESH_SECS;
 pub use queries::{ITEMS_SHOWN, RUNS_SHOWN};
 
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Redirect, Response};
-use axum::Form;
 use maud::Markup;
 use serde::Deserialize;
 use settled_engine::{ItemStatus, RunState};
 
 use super::{AppState, Problem};
 use crate::period::Period;
+use crate::verify::VerifyReport;
 
 /// What a dashboard handler returns: a page, or a problem.
 type Page = Result<Markup, Problem>;
 
 /// `GET /`: runs with progress, amounts, throughput and ETA.
 pub async fn runs(State(state): State<AppState>) -> Page {
-    let pool = &state.pool;
+    let pool = &state.reads;
     let progress = queries::runs_with_progress(pool).await.map_err(Problem::unavailable)?;
     let mut shown = Vec::with_capacity(progress.len());
     let mut live: Option<(i64, Vec<queries::Second>)> = None;
@@ -50,32 +55,82 @@ pub async fn runs(State(state): State<AppState>) -> Page {
     ))
 }
 
-/// `GET /runs/{id}`: a run's report, its chart and its verification.
+/// How long a run's verification is shown before a request computes it
+/// again.
+pub const VERIFY_INTERVAL: Duration = Duration::from_secs(15);
+
+/// Verifications of runs, one per run, computed at most once per
+/// [`VERIFY_INTERVAL`] however many pages ask (they wait for the one
+/// computing it and share its result).
+#[derive(Default)]
+pub struct Verifications {
+    runs: std::sync::Mutex<HashMap<i64, Arc<tokio::sync::Mutex<Option<Verified>>>>>,
+}
+
+/// A verification and when it was computed.
+#[derive(Clone)]
+pub struct Verified {
+    /// When it was computed.
+    pub at: Instant,
+    /// The report, or why it could not run.
+    pub result: Result<VerifyReport, String>,
+}
+
+/// Runs kept in [`Verifications`] before unused ones are dropped.
+const VERIFICATIONS_KEPT: usize = 64;
+
+impl Verifications {
+    /// The verification of run `id` over `scope`, computed now if the last
+    /// one is older than [`VERIFY_INTERVAL`].
+    pub async fn get(&self, pool: &sqlx::PgPool, id: i64, scope: &str) -> Verified {
+        let slot = {
+            let mut runs = self.runs.lock().unwrap_or_else(|e| e.into_inner());
+            if runs.len() >= VERIFICATIONS_KEPT {
+                runs.retain(|_, slot| Arc::strong_count(slot) > 1);
+            }
+            runs.entry(id).or_default().clone()
+        };
+        let mut slot = slot.lock().await;
+        if let Some(done) = slot.as_ref().filter(|v| v.at.elapsed() < VERIFY_INTERVAL) {
+            return done.clone();
+        }
+        let result = match Period::parse(scope) {
+            Ok(period) => match pool.acquire().await {
+                Ok(mut conn) => crate::verify::verify(&mut conn, period)
+                    .await
+                    .map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            },
+            Err(e) => Err(e),
+        };
+        let done = Verified {
+            at: Instant::now(),
+            result,
+        };
+        *slot = Some(done.clone());
+        done
+    }
+}
+
+/// `GET /runs/{id}`: a run's stored report, its chart and its verification
+/// (shared, at most [`VERIFY_INTERVAL`] old).
 pub async fn run_report(State(state): State<AppState>, Path(id): Path<String>) -> Page {
     let id: i64 = id
         .parse()
-        .map_err(|_| Problem::bad_request("invalid-id", "run id must be an integer"))?;
-    let pool = &state.pool;
+        .map_err(|_| Problem::bad_request("invalid-id", "run id must be an integer").field("id"))?;
+    let pool = &state.reads;
     let run = crate::settlement::job()
         .get_run(pool, id)
         .await
         .map_err(Problem::unavailable)?
         .ok_or_else(|| Problem::not_found("unknown-run", format!("no run {id}")))?;
-    let verified = match Period::parse(&run.scope) {
-        Ok(period) => {
-            let mut conn = pool.acquire().await.map_err(Problem::unavailable)?;
-            crate::verify::verify(&mut conn, period)
-                .await
-                .map_err(|e| e.to_string())
-        }
-        Err(e) => Err(e),
-    };
+    let verified = state.verifications.get(pool, id, &run.scope).await;
     let points = queries::throughput(pool, &run.scope).await.unwrap_or_default();
     Ok(pages::run_report(
         id,
         &run.scope,
         run.state.as_str(),
-        verified.as_ref().map_err(Clone::clone),
+        &verified,
         &points,
         run.report.as_ref(),
     ))
@@ -83,7 +138,7 @@ pub async fn run_report(State(state): State<AppState>, Path(id): Path<String>) -
 
 /// `GET /workers`.
 pub async fn workers(State(state): State<AppState>) -> Page {
-    let all = settled_engine::workers::list(&state.pool, Some(&crate::settlement::queue()), 100)
+    let all = settled_engine::workers::list(&state.reads, Some(&crate::settlement::queue()), 100)
         .await
         .map_err(Problem::unavailable)?;
     Ok(pages::workers(&all))
@@ -101,7 +156,7 @@ pub async fn items(State(state): State<AppState>, Query(q): Query<ItemsQuery>) -
         Some("held") => ItemStatus::Held,
         _ => ItemStatus::Failed,
     };
-    let rows = queries::items(&state.pool, status)
+    let rows = queries::items(&state.reads, status)
         .await
         .map_err(Problem::unavailable)?;
     Ok(pages::items(status.as_str(), &rows))
@@ -116,20 +171,45 @@ pub struct RetryForm {
 }
 
 /// `POST /dashboard/retry`: puts a failed item back (API token required).
-pub async fn retry(State(state): State<AppState>, Form(form): Form<RetryForm>) -> Result<Response, Problem> {
+/// The form is read only as `application/x-www-form-urlencoded`, at most
+/// the API's body limit; a field at fault is named.
+pub async fn retry(
+    State(state): State<AppState>,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Body,
+) -> Result<Response, Problem> {
+    let form: RetryForm = super::read_form(&headers, body).await?;
     super::auth::check_token(&state, &form.token)?;
-    let period = Period::parse(&form.period).map_err(|_| Problem::invalid("period", "not a date"))?;
+    let period =
+        Period::parse(&form.period).map_err(|_| Problem::invalid("period", "period must be a date, YYYY-MM-DD"))?;
     let creator = crate::address::CreatorAddress::parse(&form.creator)
-        .map_err(|_| Problem::invalid("creator", "not an address"))?;
+        .map_err(|e| Problem::invalid("creator", format!("creator {e}")))?;
     crate::settlement::retry_failed(&state.pool, period, Some(&creator))
         .await
         .map_err(Problem::unavailable)?;
     Ok(Redirect::to("/items?status=failed").into_response())
 }
 
+/// Characters of a query shown in the lock view.
+pub const QUERY_CHARS_SHOWN: usize = 200;
+
 /// `GET /locks`: who holds which lock on the settlement and engine tables,
-/// and who waits for whom.
-pub async fn locks(State(state): State<AppState>) -> Page {
-    let rows = queries::locks(&state.pool).await.map_err(Problem::unavailable)?;
-    Ok(pages::locks(&rows))
+/// and who waits for whom. Other sessions' query text can hold secrets (a
+/// `PASSWORD '...'`, a customer's data): it is shown with its literals
+/// replaced by `?`, and whole only to a request with the API token.
+pub async fn locks(State(state): State<AppState>, headers: axum::http::HeaderMap) -> Page {
+    let mut rows = queries::locks(&state.reads).await.map_err(Problem::unavailable)?;
+    let whole = super::auth::is_authorized(&state, &headers);
+    for row in &mut rows {
+        // Literals go before the text is cut, so no half literal shows.
+        row.query = row.query.as_deref().map(|q| {
+            let q = if whole {
+                q.to_string()
+            } else {
+                sql_text::without_literals(q)
+            };
+            q.chars().take(QUERY_CHARS_SHOWN).collect()
+        });
+    }
+    Ok(pages::locks(&rows, whole))
 }

@@ -5,7 +5,7 @@ use maud::{html, Markup, PreEscaped, DOCTYPE};
 use settled_engine::workers::WorkerRow;
 
 use super::queries::{ItemRow, LockRow, RunProgress, Second};
-use crate::verify::VerifyReport;
+use super::Verified;
 
 /// Seconds between refreshes of live pages.
 pub const REFRESH_SECS: u32 = 2;
@@ -112,15 +112,20 @@ pub fn run_report(
     id: i64,
     period: &str,
     state: &str,
-    verified: Result<&VerifyReport, String>,
+    verified: &Verified,
     points: &[Second],
     report: Option<&serde_json::Value>,
 ) -> Markup {
     let body = html! {
         p { "period " (period) " · state " (state) }
-        @match verified {
+        @if let Some(report) = report {
+            h2 { "stored report" }
+            pre { (serde_json::to_string_pretty(report).unwrap_or_default()) }
+        }
+        @match &verified.result {
             Ok(v) => {
                 h2 { "verification: " span class=(if v.ok { "ok" } else { "fail" }) { (if v.ok { "every check holds" } else { "FAILED" }) } }
+                p.note { "computed " (verified.at.elapsed().as_secs()) " s ago; shared by every page, at most " (super::VERIFY_INTERVAL.as_secs()) " s old" }
                 table {
                     tr { th { "check" } th { "result" } th { "offenders" } }
                     @for c in &v.checks {
@@ -136,10 +141,6 @@ pub fn run_report(
             Err(e) => { p.fail { "verification could not run: " (e) } }
         }
         (chart(points))
-        @if let Some(report) = report {
-            h2 { "stored report" }
-            pre { (serde_json::to_string_pretty(report).unwrap_or_default()) }
-        }
     };
     page(&format!("run {id}"), state == "running", body)
 }
@@ -195,13 +196,16 @@ pub fn items(status: &str, rows: &[ItemRow]) -> Markup {
 }
 
 /// The live lock view.
-pub fn locks(rows: &[LockRow]) -> Markup {
+pub fn locks(rows: &[LockRow], whole_queries: bool) -> Markup {
     let waiting = rows.iter().filter(|r| !r.granted).count();
     let body = html! {
         p {
             (rows.len()) " lock(s), " b #waiting data-waiting=(waiting) { (waiting) " waiting" } ". "
             "Row locks taken by SELECT ... FOR UPDATE are not listed one by one by PostgreSQL; a backend blocked on one \
              shows as waiting on a transaction id or tuple."
+        }
+        @if !whole_queries {
+            p.note { "Query literals are shown as ?; send the API token (Authorization: Bearer) to see them." }
         }
         table {
             tr { th { "pid" } th { "application" } th { "lock" } th { "mode" } th { "granted" } th { "on" }

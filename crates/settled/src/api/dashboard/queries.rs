@@ -122,7 +122,7 @@ pub struct LockRow {
     pub xact_age_secs: Option<f64>,
     /// Its state (`active`, `idle in transaction`...).
     pub state: Option<String>,
-    /// The start of its query.
+    /// Its query (as much as `track_activity_query_size` keeps).
     pub query: Option<String>,
 }
 
@@ -135,7 +135,7 @@ pub async fn locks(pool: &PgPool) -> Result<Vec<LockRow>, sqlx::Error> {
                     AS target,
                 pg_blocking_pids(l.pid) AS blocked_by,
                 extract(epoch FROM now() - a.xact_start)::float8 AS xact_age_secs,
-                a.state, left(a.query, 200) AS query
+                a.state, a.query
          FROM pg_locks l
          JOIN pg_stat_activity a ON a.pid = l.pid
          LEFT JOIN pg_class c ON c.oid = l.relation
