@@ -21,6 +21,7 @@ pub const CONFIG_KEYS: &[(&str, &str)] = &[
     ("max_attempts", "SETTLED_MAX_ATTEMPTS"),
     ("max_outage_secs", "SETTLED_MAX_OUTAGE_SECS"),
     ("log", "SETTLED_LOG"),
+    ("token_decimals", "SETTLED_TOKEN_DECIMALS"),
 ];
 
 /// Largest config file read.

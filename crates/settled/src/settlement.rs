@@ -314,8 +314,11 @@ pub enum Released {
 /// Releases hold `id` with a conditional update (one caller wins); the
 /// creator's held items become eligible in the same transaction, and their
 /// finished runs are reopened so workers pay them (once: the ledger's key).
-pub async fn release_hold(pool: &PgPool, id: i64) -> anyhow::Result<Released> {
-    let mut tx = pool.begin().await?;
+pub async fn release_hold(
+    pool: &PgPool,
+    mut tx: sqlx::Transaction<'_, sqlx::Postgres>,
+    id: i64,
+) -> anyhow::Result<Released> {
     let hold: Option<Hold> = sqlx::query_as(
         "UPDATE settlement.creator_holds SET released_at = now()
          WHERE id = $1 AND released_at IS NULL

@@ -70,8 +70,9 @@ async fn read(conn: &mut PgConnection, period: Period) -> anyhow::Result<PeriodS
 }
 
 impl PeriodStatus {
-    /// The human rendering.
-    pub fn render(&self) -> String {
+    /// The human rendering, amounts in base units and in tokens of
+    /// `decimals` decimals.
+    pub fn render(&self, decimals: u32) -> String {
         let run = match &self.run {
             Some(r) => format!("run {} {}", r.id, r.state.as_str()),
             None => "no run yet".to_string(),
@@ -91,6 +92,11 @@ impl PeriodStatus {
         out.push_str(&format!(
             "  paid {} of {} (base units)\n",
             self.settled_amount, self.expected_amount
+        ));
+        out.push_str(&format!(
+            "  paid {} of {} (tokens, {decimals} decimals)\n",
+            crate::money::with_decimals(&self.settled_amount, decimals),
+            crate::money::with_decimals(&self.expected_amount, decimals)
         ));
         out
     }

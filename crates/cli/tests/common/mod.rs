@@ -187,11 +187,21 @@ impl Drop for Server {
 
 impl Env {
     /// Starts `settled serve` on this test's database with API token `token`,
-    /// and waits until /healthz answers.
+    /// under its least-privilege role (`--role-per-command`, so every API
+    /// and dashboard test also proves the role's grants suffice), and waits
+    /// until /healthz answers.
     pub async fn serve(&self, token: &str) -> Server {
+        self.serve_with(token, &[]).await
+    }
+
+    /// As [`Env::serve`], with more arguments for `serve`.
+    pub async fn serve_with(&self, token: &str, extra: &[&str]) -> Server {
         let port = free_port();
+        let bind = format!("127.0.0.1:{port}");
+        let mut args = vec!["--role-per-command", "serve", "--bind", &bind];
+        args.extend_from_slice(extra);
         let child = self
-            .cmd(&["serve", "--bind", &format!("127.0.0.1:{port}")])
+            .cmd(&args)
             .env("SETTLED_API_TOKEN", token)
             .stdout(Stdio::null())
             .spawn()

@@ -3,7 +3,7 @@
 //! their own (extractor rejections, 404/405, 413, request timeouts).
 
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
@@ -112,7 +112,7 @@ pub async fn problem_for_bare_errors(response: Response) -> Response {
     if !(status.is_client_error() || status.is_server_error()) || is_problem {
         return response;
     }
-    let (mut parts, body) = response.into_parts();
+    let (parts, body) = response.into_parts();
     let text = axum::body::to_bytes(body, 4096).await.unwrap_or_default();
     let text = String::from_utf8_lossy(&text).trim().to_string();
     let (kind, title, detail) = match status {
@@ -139,7 +139,6 @@ pub async fn problem_for_bare_errors(response: Response) -> Response {
             format!("the body must be at most {} bytes", super::MAX_BODY_BYTES),
         ),
         StatusCode::REQUEST_TIMEOUT | StatusCode::SERVICE_UNAVAILABLE if text.is_empty() => {
-            parts.headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             (
                 "request-timeout",
                 "The request took too long",

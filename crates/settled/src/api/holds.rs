@@ -30,7 +30,7 @@ pub use crate::settlement::Hold;
 /// payout takes before it reads holds: once this commits, no payout that
 /// has not yet committed can pay the creator.
 async fn place_hold(pool: &sqlx::PgPool, creator: &CreatorAddress, reason: &str) -> Result<Hold, sqlx::Error> {
-    let mut tx = pool.begin().await?;
+    let mut tx = super::begin(pool).await?;
     sqlx::query("SELECT 1 FROM settlement.creator_balance WHERE creator = $1 FOR NO KEY UPDATE")
         .bind(creator.as_str()) // $1
         .execute(&mut *tx)
@@ -59,8 +59,14 @@ pub async fn create(
     let creator =
         CreatorAddress::parse(&request.creator).map_err(|e| Problem::invalid("creator", format!("creator {e}")))?;
     let reason = request.reason.trim();
-    if reason.contains('\0') {
-        return Err(Problem::invalid("reason", "reason must not contain NUL characters"));
+    // Control characters and bidirectional overrides would rewrite a
+    // terminal or a page that shows the reason.
+    let bidi = |c: char| matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}');
+    if reason.chars().any(|c| c.is_control() || bidi(c)) {
+        return Err(Problem::invalid(
+            "reason",
+            "reason must be one line of text without control characters or direction overrides (no newlines, tabs, NUL, terminal escapes)",
+        ));
     }
     if reason.is_empty() || reason.chars().count() > MAX_HOLD_REASON_CHARS {
         return Err(Problem::invalid(
@@ -112,7 +118,8 @@ pub async fn release(
     let id: i64 = id
         .parse()
         .map_err(|_| Problem::bad_request("invalid-id", "hold id must be an integer").field("id"))?;
-    let released = crate::settlement::release_hold(&state.pool, id)
+    let tx = super::begin(&state.pool).await.map_err(Problem::unavailable)?;
+    let released = crate::settlement::release_hold(&state.pool, tx, id)
         .await
         .map_err(Problem::unavailable)?;
     match released {

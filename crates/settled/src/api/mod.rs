@@ -159,6 +159,25 @@ async fn healthz(State(state): State<AppState>) -> Response {
     }
 }
 
+/// `lock_timeout` of the API's transactions: a payout or hold that would
+/// wait longer on a row lock answers 503 `database-busy` instead.
+pub const API_LOCK_TIMEOUT: &str = "2s";
+/// `statement_timeout` of the API's transactions.
+pub const API_STATEMENT_TIMEOUT: &str = "5s";
+
+/// Begins a transaction with the API's lock and statement timeouts. They
+/// are transaction-local (`set_config(..., true)`): they end with it, and
+/// hold behind a transaction pooler.
+pub async fn begin(pool: &PgPool) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $2, true)")
+        .bind(API_LOCK_TIMEOUT) // $1
+        .bind(API_STATEMENT_TIMEOUT) // $2
+        .execute(&mut *tx)
+        .await?;
+    Ok(tx)
+}
+
 /// Reads the body (at most [`MAX_BODY_BYTES`]) of a request whose
 /// Content-Type is `application/json` (415 otherwise) and parses it as a
 /// JSON object of `T` (an array or a scalar is refused), naming the field at

@@ -154,13 +154,19 @@ pub async fn create(
         )
         .field("Idempotency-Key")),
         Begin::New => match pay(state, &key, &fingerprint, &creator, amount).await {
-            Ok((status, body)) => {
-                let content_type = if status.is_success() {
+            Ok(answer) => {
+                let content_type = if answer.status.is_success() {
                     "application/json"
                 } else {
                     "application/problem+json"
                 };
-                Ok(json_response(status, content_type, &body))
+                let mut response = json_response(answer.status, content_type, &answer.body);
+                if answer.replayed {
+                    response
+                        .headers_mut()
+                        .insert("idempotent-replayed", HeaderValue::from_static("true"));
+                }
+                Ok(response)
             }
             Err(err) => {
                 // Nothing committed: forget the key so a retry runs again.
@@ -171,37 +177,83 @@ pub async fn create(
     }
 }
 
+/// The final answer to a payout request.
+struct Answer {
+    status: StatusCode,
+    body: serde_json::Value,
+    /// The payout was made by an earlier request with this key.
+    replayed: bool,
+}
+
 /// The payout transaction: conditional debit, payout row, stored response.
-/// A refusal (unknown creator, insufficient funds) is a final answer too,
-/// stored under the key like a success.
+/// A refusal (unknown creator, insufficient funds, a hold) is a final answer
+/// too, stored under the key like a success.
+///
+/// The key's payout outlives the key: a key used again after its retention
+/// (its stored response pruned) finds the payout it made and answers it, or
+/// 422 when the request differs. Never a second payout, never an endless 503.
 async fn pay(
     state: &AppState,
     key: &str,
     fingerprint: &str,
     creator: &CreatorAddress,
     amount: Amount,
-) -> anyhow::Result<(StatusCode, serde_json::Value)> {
-    let mut tx = state.pool.begin().await?;
-    let (status, body) = match refusal(&mut tx, creator, amount).await? {
-        Some(problem) => (problem.status, problem.body()),
-        None => {
-            let payout: Payout = sqlx::query_as(
-                "INSERT INTO settlement.payouts (creator, amount, idempotency_key, request_hash)
-                 VALUES ($1, $2::numeric, $3, $4)
-                 RETURNING id, creator, amount::text AS amount, status, created_at",
-            )
-            .bind(creator.as_str()) // $1
-            .bind(amount.to_string()) // $2
-            .bind(key) // $3
-            .bind(fingerprint) // $4
-            .fetch_one(&mut *tx)
-            .await?;
-            (StatusCode::CREATED, serde_json::to_value(&payout)?)
+) -> anyhow::Result<Answer> {
+    let mut tx = super::begin(&state.pool).await?;
+    let earlier: Option<EarlierPayout> = sqlx::query_as(
+        "SELECT id, creator, amount::text AS amount, status, created_at, request_hash
+         FROM settlement.payouts WHERE idempotency_key = $1",
+    )
+    .bind(key) // $1
+    .fetch_optional(&mut *tx)
+    .await?;
+    let (status, body, replayed) = match earlier {
+        Some(earlier) if earlier.request_hash == fingerprint => {
+            (StatusCode::CREATED, serde_json::to_value(&earlier.payout)?, true)
         }
+        Some(earlier) => {
+            let problem = Problem::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "idempotency-key-reused",
+                "Idempotency-Key reused with a different request",
+                format!(
+                    "this Idempotency-Key made payout {} with a different request; use a new key for a new request",
+                    earlier.payout.id
+                ),
+            )
+            .field("Idempotency-Key");
+            (problem.status, problem.body(), false)
+        }
+        None => match refusal(&mut tx, creator, amount).await? {
+            Some(problem) => (problem.status, problem.body(), false),
+            None => {
+                let payout: Payout = sqlx::query_as(
+                    "INSERT INTO settlement.payouts (creator, amount, idempotency_key, request_hash)
+                     VALUES ($1, $2::numeric, $3, $4)
+                     RETURNING id, creator, amount::text AS amount, status, created_at",
+                )
+                .bind(creator.as_str()) // $1
+                .bind(amount.to_string()) // $2
+                .bind(key) // $3
+                .bind(fingerprint) // $4
+                .fetch_one(&mut *tx)
+                .await?;
+                (StatusCode::CREATED, serde_json::to_value(&payout)?, false)
+            }
+        },
     };
     idempotency::finish(&mut tx, PAYOUTS_SCOPE, key, status.as_u16(), &body).await?;
     tx.commit().await?;
-    Ok((status, body))
+    Ok(Answer { status, body, replayed })
+}
+
+/// A payout found by its idempotency key, with the fingerprint of the
+/// request that made it.
+#[derive(sqlx::FromRow)]
+struct EarlierPayout {
+    #[sqlx(flatten)]
+    payout: Payout,
+    request_hash: String,
 }
 
 /// Debits the creator, or says why not. The balance row is locked first,

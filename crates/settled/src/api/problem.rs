@@ -3,6 +3,13 @@
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
+/// SQLSTATE of a `lock_timeout`.
+const LOCK_NOT_AVAILABLE: &str = "55P03";
+/// SQLSTATE of a `statement_timeout` (or a cancel).
+const QUERY_CANCELED: &str = "57014";
+/// Seconds a 503 asks the client to wait.
+pub const RETRY_AFTER_SECS: &str = "1";
+
 /// A problem answer.
 #[derive(Debug, Clone)]
 pub struct Problem {
@@ -85,9 +92,26 @@ impl Problem {
         Problem::new(StatusCode::NOT_FOUND, kind, "Not found", detail)
     }
 
-    /// 503: the database is unreachable or failed.
-    pub fn unavailable(err: impl std::fmt::Display) -> Problem {
-        tracing::warn!(error = %err, "request failed on the database");
+    /// 503 (with `Retry-After`): the database is unreachable or failed, or
+    /// a lock or statement took longer than the API's `lock_timeout` or
+    /// `statement_timeout` (`database-busy`). Either way nothing committed.
+    pub fn unavailable(err: impl Into<anyhow::Error>) -> Problem {
+        let err: anyhow::Error = err.into();
+        let code = err
+            .chain()
+            .find_map(|e| e.downcast_ref::<sqlx::Error>())
+            .and_then(|e| e.as_database_error())
+            .and_then(|e| e.code().map(|c| c.into_owned()));
+        if matches!(code.as_deref(), Some(LOCK_NOT_AVAILABLE | QUERY_CANCELED)) {
+            tracing::info!(error = %err, "request gave up waiting on the database");
+            return Problem::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "database-busy",
+                "The database is busy with this row",
+                "a lock or statement took longer than the API waits; the request had no effect: retry it (with the same Idempotency-Key, if any)",
+            );
+        }
+        tracing::warn!(error = format!("{err:#}"), "request failed on the database");
         Problem::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "database-unavailable",
@@ -109,6 +133,11 @@ pub fn json_response(status: StatusCode, content_type: &'static str, body: &serd
 impl IntoResponse for Problem {
     fn into_response(self) -> Response {
         let mut response = json_response(self.status, "application/problem+json", &self.body());
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER_SECS));
+        }
         if self.status == StatusCode::UNAUTHORIZED {
             response.headers_mut().insert(
                 axum::http::header::WWW_AUTHENTICATE,

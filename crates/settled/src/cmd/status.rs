@@ -13,6 +13,10 @@ pub struct Args {
     /// Print JSON.
     #[arg(long)]
     json: bool,
+    /// Decimals of the token, for amounts shown in tokens next to base units.
+    #[arg(long, env = "SETTLED_TOKEN_DECIMALS", default_value_t = crate::money::DEFAULT_DECIMALS,
+          value_parser = clap::value_parser!(u32).range(0..=crate::money::MAX_DECIMALS as i64))]
+    token_decimals: u32,
 }
 
 impl DbCommand for Args {
@@ -24,7 +28,7 @@ impl DbCommand for Args {
         if self.json {
             println!("{}", serde_json::to_string_pretty(&status)?);
         } else {
-            print!("{}", status.render());
+            print!("{}", status.render(self.token_decimals));
         }
         Ok(std::process::ExitCode::SUCCESS)
     }

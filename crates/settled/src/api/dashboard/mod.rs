@@ -52,6 +52,7 @@ pub async fn runs(State(state): State<AppState>) -> Page {
     Ok(pages::runs(
         &shown,
         live.as_ref().map(|(id, points)| (*id, points.as_slice())),
+        state.decimals,
     ))
 }
 
@@ -94,6 +95,7 @@ impl Verifications {
         if let Some(done) = slot.as_ref().filter(|v| v.at.elapsed() < VERIFY_INTERVAL) {
             return done.clone();
         }
+        metrics::counter!("settled_dashboard_verifications_total").increment(1);
         let result = match Period::parse(scope) {
             Ok(period) => match pool.acquire().await {
                 Ok(mut conn) => crate::verify::verify(&mut conn, period)

@@ -78,11 +78,11 @@ pub fn chart(points: &[Second]) -> Markup {
 }
 
 /// The front page: runs with progress, amounts and ETA; the live run's chart.
-pub fn runs(runs: &[(RunProgress, String)], live: Option<(i64, &[Second])>) -> Markup {
+pub fn runs(runs: &[(RunProgress, String)], live: Option<(i64, &[Second])>, decimals: u32) -> Markup {
     let body = html! {
         table {
             tr { th { "run" } th { "period" } th { "state" } th { "starter" } th { "started (UTC)" } th { "finished" }
-                 th { "progress" } th { "settled / failed / held" } th { "paid (base units)" } th { "ETA" } }
+                 th { "progress" } th { "settled / failed / held" } th { "paid (tokens)" } th { "paid (base units)" } th { "ETA" } }
             @for (p, eta) in runs {
                 tr {
                     td { a href=(format!("/runs/{}", p.run.id)) { (p.run.id) } }
@@ -93,12 +93,14 @@ pub fn runs(runs: &[(RunProgress, String)], live: Option<(i64, &[Second])>) -> M
                     td { (p.run.finished_at.map(|f| f.format("%H:%M:%S").to_string()).unwrap_or_else(|| "-".into())) }
                     td { (progress_bar(p.done, p.total)) }
                     td { (p.settled) " / " (p.failed) " / " (p.held) }
+                    td.mono.tokens { (crate::money::with_decimals(&p.paid, decimals)) }
                     td.mono { (p.paid) }
                     td { (eta) }
                 }
             }
         }
         @if runs.is_empty() { p { "No runs yet." } }
+        p.note { "Tokens are base units with " (decimals) " decimals (--token-decimals)." }
         @if let Some((id, points)) = live {
             h2 { "run " (id) ": settled per second" }
             (chart(points))

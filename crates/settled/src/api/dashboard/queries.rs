@@ -36,6 +36,20 @@ pub async fn runs_with_progress(pool: &PgPool) -> anyhow::Result<Vec<RunProgress
     let mut conn = pool.acquire().await?;
     let mut out = Vec::with_capacity(runs.len());
     for run in runs {
+        // A run whose scope is not a period (written by hand, or by another
+        // job's mistake) is listed without counts instead of failing the page.
+        if crate::period::Period::parse(&run.scope).is_err() {
+            out.push(RunProgress {
+                total: 0,
+                done: 0,
+                settled: 0,
+                failed: 0,
+                held: 0,
+                paid: "-".to_string(),
+                run,
+            });
+            continue;
+        }
         let counts = job.queue().count_by_status(&mut conn, &run.scope).await?;
         let paid: String = sqlx::query_scalar(
             "SELECT coalesce(sum(amount), 0)::text FROM settlement.reward_ledger WHERE period = $1::date",

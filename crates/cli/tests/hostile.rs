@@ -1,0 +1,468 @@
+//! `settled serve` against clients that misbehave: slow or silent
+//! connections, too many of them, odd requests, requests that wait on locks,
+//! keys reused after their retention. Each test drives the real binary over
+//! real sockets; none asserts how fast anything is, only what happens.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{wait_bounded, Env, Server};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const TOKEN: &str = "test-token";
+
+fn addr(server: &Server) -> String {
+    server.base.trim_start_matches("http://").to_string()
+}
+
+/// Waits until the server closes `conn` (EOF or reset); None after `limit`.
+async fn closed_within(conn: &mut TcpStream, limit: Duration) -> Option<Instant> {
+    let mut buf = [0u8; 4096];
+    let deadline = Instant::now() + limit;
+    loop {
+        let left = deadline.checked_duration_since(Instant::now())?;
+        match tokio::time::timeout(left, conn.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return Some(Instant::now()),
+            Ok(Ok(_)) => continue, // a response (e.g. 408); the close follows
+            Err(_) => return None,
+        }
+    }
+}
+
+async fn healthz(client: &reqwest::Client, base: &str) -> u16 {
+    client
+        .get(format!("{base}/healthz"))
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await
+        .map(|r| r.status().as_u16())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn slow_and_idle_connections_are_cut_healthz_answers_throughout_and_sigterm_ends_within_its_grace() {
+    let env = Env::new().await;
+    let mut server = env
+        .serve_with(TOKEN, &["--header-timeout-ms", "1500", "--shutdown-grace-ms", "1000"])
+        .await;
+    let target = addr(&server);
+    // 300 connections that send a request head one byte at a time, one byte
+    // every 250 ms: they would need far longer than the header timeout.
+    let mut slow = Vec::new();
+    for _ in 0..300 {
+        let target = target.clone();
+        slow.push(tokio::spawn(async move {
+            let mut conn = TcpStream::connect(&target).await.expect("connect");
+            let head = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Padding: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n";
+            let started = Instant::now();
+            for byte in head.iter().take(head.len() - 2) {
+                if conn.write_all(&[*byte]).await.is_err() {
+                    return (started, true); // cut while writing
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                let mut probe = [0u8; 1];
+                if let Ok(Ok(0)) = tokio::time::timeout(Duration::from_millis(1), conn.read(&mut probe)).await {
+                    return (started, true);
+                }
+            }
+            (started, closed_within(&mut conn, Duration::from_secs(10)).await.is_some())
+        }));
+    }
+    // Meanwhile /healthz, each time on a fresh connection, keeps answering.
+    let client = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
+    let probing = Instant::now();
+    let mut answered = 0;
+    while probing.elapsed() < Duration::from_secs(4) {
+        assert_eq!(healthz(&client, &server.base).await, 200, "/healthz under 300 slow connections");
+        answered += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(answered > 5);
+    for task in slow {
+        let (_, cut) = task.await.unwrap();
+        assert!(cut, "a slow connection was never cut");
+    }
+    // An idle keep-alive connection is closed too, after one request.
+    let mut idle = TcpStream::connect(&target).await.unwrap();
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").await.unwrap();
+    let mut buf = [0u8; 1024];
+    let n = idle.read(&mut buf).await.unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+    assert!(
+        closed_within(&mut idle, Duration::from_secs(10)).await.is_some(),
+        "an idle keep-alive connection stayed open"
+    );
+    // SIGTERM with a client holding a half-sent request: the server ends
+    // after its grace, whatever the client does.
+    let mut half = TcpStream::connect(&target).await.unwrap();
+    half.write_all(b"POST /v1/payouts HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n{")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    kill(Pid::from_raw(server.child.id() as i32), Signal::SIGTERM).unwrap();
+    let status = tokio::task::block_in_place(|| wait_bounded(&mut server.child, 15));
+    assert!(status.success(), "serve exited with {status:?} after SIGTERM");
+    drop(half);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_connection_cap_holds_new_connections_until_one_closes() {
+    let env = Env::new().await;
+    let server = env
+        .serve_with(TOKEN, &["--max-connections", "4", "--header-timeout-ms", "1500"])
+        .await;
+    let target = addr(&server);
+    // Wait for the start-up probe's connection to go (its client is gone).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut silent = Vec::new();
+    for _ in 0..4 {
+        silent.push(TcpStream::connect(&target).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // A fifth connection is accepted by the kernel, but its request is read
+    // only once one of the four silent ones is closed by the header timeout.
+    let fifth = tokio::spawn({
+        let base = server.base.clone();
+        async move {
+            let client = reqwest::Client::new();
+            let status = healthz(&client, &base).await;
+            (status, Instant::now())
+        }
+    });
+    let mut first_close = None;
+    for conn in &mut silent {
+        let at = closed_within(conn, Duration::from_secs(10)).await.expect("silent connection not cut");
+        first_close = Some(first_close.map_or(at, |f: Instant| f.min(at)));
+    }
+    let (status, answered_at) = fifth.await.unwrap();
+    assert_eq!(status, 200);
+    let first_close = first_close.unwrap();
+    assert!(
+        answered_at + Duration::from_millis(100) >= first_close,
+        "the fifth connection was served while four were open"
+    );
+}
+
+async fn text(response: reqwest::Response) -> (u16, reqwest::header::HeaderMap, String) {
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    (status, headers, response.text().await.unwrap())
+}
+
+fn assert_problem(what: &str, got: &(u16, reqwest::header::HeaderMap, String), status: u16, kind: &str) -> Value {
+    assert_eq!(got.0, status, "{what}: {}", got.2);
+    assert_eq!(got.1["content-type"], "application/problem+json", "{what}");
+    let body: Value = serde_json::from_str(&got.2).unwrap_or_else(|_| panic!("{what}: {}", got.2));
+    assert_eq!(body["type"], format!("/problems/{kind}"), "{what}: {body}");
+    assert_eq!(body["status"], status, "{what}");
+    body
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_error_is_problem_json_every_answer_has_security_headers_and_foreign_hosts_are_refused() {
+    let env = Env::new().await;
+    env.run_ok(&["seed", "--period", "2026-11-28", "--creators", "5"]);
+    let server = env.serve(TOKEN).await;
+    let b = &server.base;
+    let c = reqwest::Client::new();
+    let got = text(c.get(format!("{b}/no/such/page")).send().await.unwrap()).await;
+    assert_problem("404", &got, 404, "no-such-route");
+    let got = text(c.get(format!("{b}/v1/payouts")).send().await.unwrap()).await;
+    let body = assert_problem("405", &got, 405, "method-not-allowed");
+    assert!(got.1.contains_key("allow"), "405 keeps Allow");
+    assert!(body["detail"].as_str().unwrap().contains("POST"), "{body}");
+    let got = text(c.get(format!("{b}/runs/%FF")).send().await.unwrap()).await;
+    assert_problem("bad path encoding", &got, 400, "bad-request");
+    let got = text(c.get(format!("{b}/items?status=failed&status=held")).send().await.unwrap()).await;
+    assert_problem("repeated query parameter", &got, 400, "bad-request");
+    // The retry form: bounded before the token is read, fields named.
+    let big = format!("period=2026-11-28&creator=x&token={}", "a".repeat(2 * 1024 * 1024));
+    let got = text(
+        c.post(format!("{b}/dashboard/retry"))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(big)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_problem("2 MB retry form", &got, 413, "body-too-large");
+    let got = text(
+        c.post(format!("{b}/dashboard/retry"))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body("period=2026-11-28&token=x")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    let body = assert_problem("retry form without creator", &got, 400, "malformed-form");
+    assert_eq!(body["field"], "creator");
+    let got = text(
+        c.post(format!("{b}/dashboard/retry"))
+            .header("content-type", "text/plain")
+            .body("period=2026-11-28")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_problem("retry form as text", &got, 415, "unsupported-media-type");
+    let form = format!("period=2026-11-28&creator=0x{}&token=wrong", "1".repeat(40));
+    let got = text(
+        c.post(format!("{b}/dashboard/retry"))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(form)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_problem("retry with a wrong token", &got, 401, "unauthorized");
+    // Security headers on pages, API answers and problems alike.
+    for path in ["/", "/workers", "/locks", "/healthz", "/openapi.json", "/nope"] {
+        let response = c.get(format!("{b}{path}")).send().await.unwrap();
+        let h = response.headers();
+        assert_eq!(h["x-content-type-options"], "nosniff", "{path}");
+        assert_eq!(h["x-frame-options"], "DENY", "{path}");
+        let csp = h["content-security-policy"].to_str().unwrap();
+        assert!(csp.contains("frame-ancestors 'none'") && csp.contains("default-src 'none'"), "{path}: {csp}");
+    }
+    // DNS rebinding: a page served under another name is refused; the
+    // health probes answer whatever name was dialled.
+    for path in ["/", "/locks", "/v1/creators/0x0000000000000000000000000000000000000001"] {
+        let got = text(c.get(format!("{b}{path}")).header("host", "evil.example").send().await.unwrap()).await;
+        assert_problem(path, &got, 421, "unknown-host");
+    }
+    let ok = c.get(format!("{b}/")).header("host", "localhost:1234").send().await.unwrap();
+    assert_eq!(ok.status(), 200, "localhost is this server's name");
+    let probe = c.get(format!("{b}/healthz")).header("host", "10.1.2.3").send().await.unwrap();
+    assert_eq!(probe.status(), 200);
+    // Hold reasons are one line of text: control characters and direction
+    // overrides are refused, naming the field.
+    let creator = env.scalar_text("SELECT creator FROM settlement.token_trade_volume LIMIT 1").await;
+    for reason in ["two\nlines", "bell\u{7}", "\u{1b}[31mred", "tab\there", "rtl \u{202e}txt"] {
+        let got = text(
+            c.post(format!("{b}/v1/holds"))
+                .bearer_auth(TOKEN)
+                .json(&json!({ "creator": creator, "reason": reason }))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        let body = assert_problem(reason, &got, 422, "invalid-field");
+        assert_eq!(body["field"], "reason");
+    }
+    assert_eq!(env.scalar_i64("SELECT count(*) FROM settlement.creator_holds").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_lock_view_hides_other_sessions_literals_unless_the_token_is_sent() {
+    let env = Env::new().await;
+    let server = env.serve(TOKEN).await;
+    // Another session, mid-transaction, whose statement holds a secret.
+    let mut other = sqlx::PgConnection::connect(&env.db.url).await.unwrap();
+    use sqlx::Connection;
+    let role = format!("hostile_{}", std::process::id());
+    let mut tx = other.begin().await.unwrap();
+    sqlx::query(&format!("CREATE ROLE {role} LOGIN PASSWORD 'S3cr3t-pw'"))
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let c = reqwest::Client::new();
+    let page = c.get(format!("{}/locks", server.base)).send().await.unwrap().text().await.unwrap();
+    assert!(page.contains(&format!("CREATE ROLE {role} LOGIN PASSWORD ?")), "{page}");
+    assert!(!page.contains("S3cr3t"), "the lock view showed a password");
+    let page = c
+        .get(format!("{}/locks", server.base))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains("S3cr3t-pw"), "with the token the query is shown whole");
+    tx.rollback().await.unwrap();
+}
+
+async fn metric(base: &str, name: &str) -> f64 {
+    let text = reqwest::get(format!("{base}/metrics")).await.unwrap().text().await.unwrap();
+    text.lines()
+        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_runs_page_verifies_once_for_all_its_readers_on_its_own_small_pool() {
+    let env = Env::new().await;
+    env.run_ok(&["seed", "--period", "2026-11-28", "--creators", "2000"]);
+    env.run_ok(&["worker", "--period", "2026-11-28"]);
+    let run_id = env.scalar_i64("SELECT id FROM settled_engine.runs").await;
+    let server = env.serve(TOKEN).await;
+    let url = format!("{}/runs/{run_id}", server.base);
+    let mut readers = tokio::task::JoinSet::new();
+    for _ in 0..40 {
+        let url = url.clone();
+        readers.spawn(async move { reqwest::get(url).await.unwrap().text().await.unwrap() });
+    }
+    let client = reqwest::Client::new();
+    assert_eq!(healthz(&client, &server.base).await, 200);
+    while let Some(page) = readers.join_next().await {
+        let page = page.unwrap();
+        assert!(page.contains("every check holds"), "{page}");
+        assert!(page.contains("stored report"), "a finished run shows its stored report");
+    }
+    assert_eq!(
+        metric(&server.base, "settled_dashboard_verifications_total").await,
+        1.0,
+        "40 readers within the interval share one verification"
+    );
+    let reads = env
+        .scalar_i64("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'settled-serve-reads'")
+        .await;
+    assert!((1..=4).contains(&reads), "the pages used {reads} connections of their own pool");
+}
+
+async fn pay(base: &str, key: &str, body: &Value) -> (u16, Value, bool) {
+    let response = reqwest::Client::new()
+        .post(format!("{base}/v1/payouts"))
+        .bearer_auth(TOKEN)
+        .header("Idempotency-Key", key)
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let replayed = response.headers().contains_key("idempotent-replayed");
+    (status, response.json().await.unwrap(), replayed)
+}
+
+async fn settled_creator(env: &Env) -> (String, String) {
+    env.run_ok(&["seed", "--period", "2026-11-28", "--creators", "10"]);
+    env.run_ok(&["worker", "--period", "2026-11-28"]);
+    sqlx::query_as("SELECT creator, balance::text FROM settlement.creator_balance ORDER BY balance DESC LIMIT 1")
+        .fetch_one(&env.pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_idempotency_key_used_after_its_retention_answers_its_own_payout_never_a_second() {
+    let env = Env::new().await;
+    let (creator, before) = settled_creator(&env).await;
+    let server = env.serve(TOKEN).await;
+    let body = json!({ "creator": creator, "amount": "1000" });
+    let (status, first, _) = pay(&server.base, "old-key", &body).await;
+    assert_eq!(status, 201, "{first}");
+    // The retention ends and the key's stored response is pruned.
+    sqlx::query("DELETE FROM settled_engine.idempotency_keys WHERE key = 'old-key'")
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    let (status, again, replayed) = pay(&server.base, "old-key", &body).await;
+    assert_eq!(status, 201, "{again}");
+    assert!(replayed, "the answer is the earlier payout's");
+    assert_eq!(again["id"], first["id"]);
+    sqlx::query("DELETE FROM settled_engine.idempotency_keys WHERE key = 'old-key'")
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    let other = json!({ "creator": creator, "amount": "7" });
+    let (status, refused, _) = pay(&server.base, "old-key", &other).await;
+    assert_eq!(status, 422, "{refused}");
+    assert_eq!(refused["type"], "/problems/idempotency-key-reused");
+    assert_eq!(env.scalar_i64("SELECT count(*) FROM settlement.payouts").await, 1);
+    let after = env
+        .scalar_text(&format!("SELECT balance::text FROM settlement.creator_balance WHERE creator = '{creator}'"))
+        .await;
+    assert_eq!(after.parse::<u128>().unwrap() + 1000, before.parse::<u128>().unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_payout_behind_a_locked_balance_gives_up_with_503_and_retry_after_then_pays_once() {
+    let env = Env::new().await;
+    let (creator, _) = settled_creator(&env).await;
+    let server = env.serve(TOKEN).await;
+    use sqlx::Connection;
+    let mut blocker = sqlx::PgConnection::connect(&env.db.url).await.unwrap();
+    let mut tx = blocker.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM settlement.creator_balance WHERE creator = $1 FOR UPDATE")
+        .bind(&creator)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let body = json!({ "creator": creator, "amount": "5" });
+    let response = reqwest::Client::new()
+        .post(format!("{}/v1/payouts", server.base))
+        .bearer_auth(TOKEN)
+        .header("Idempotency-Key", "waits")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 503);
+    assert_eq!(response.headers()["retry-after"], "1");
+    let problem: Value = response.json().await.unwrap();
+    assert_eq!(problem["type"], "/problems/database-busy", "{problem}");
+    tx.rollback().await.unwrap();
+    let (status, paid, _) = pay(&server.base, "waits", &body).await;
+    assert_eq!(status, 201, "{paid}");
+    assert_eq!(env.scalar_i64("SELECT count(*) FROM settlement.payouts").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_balance_past_78_digits_keeps_growing_and_a_run_without_a_date_scope_leaves_the_front_page_up() {
+    let env = Env::new().await;
+    env.run_ok(&["seed", "--period", "2026-11-27", "--creators", "3"]);
+    env.run_ok(&["worker", "--period", "2026-11-27"]);
+    // A creator nine periods of maximum volume in: its balance is at the
+    // old column's limit.
+    let creator = env.scalar_text("SELECT creator FROM settlement.creator_balance LIMIT 1").await;
+    sqlx::query("UPDATE settlement.creator_balance SET balance = 10::numeric ^ 78 - 1 WHERE creator = $1")
+        .bind(&creator)
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO settlement.settlement_policy (period, fee_bps) VALUES ('2026-11-28', 100)")
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO settlement.token_trade_volume (period, creator, volume)
+         VALUES ('2026-11-28', $1, 2::numeric ^ 255)",
+    )
+    .bind(&creator)
+    .execute(&env.pool)
+    .await
+    .unwrap();
+    env.run_ok(&["worker", "--period", "2026-11-28"]);
+    let status = env
+        .scalar_text("SELECT status FROM settlement.token_trade_volume WHERE period = '2026-11-28'")
+        .await;
+    assert_eq!(status, "settled", "the item is paid, not failed by a numeric overflow");
+    let digits = env
+        .scalar_i64(&format!(
+            "SELECT length(balance::text) FROM settlement.creator_balance WHERE creator = '{creator}'"
+        ))
+        .await;
+    assert_eq!(digits, 79);
+    // A runs row whose scope is not a date (written by hand) is listed, the
+    // page still answers.
+    sqlx::query("INSERT INTO settled_engine.runs (job, scope, state, finished_at) VALUES ('settlement', 'not-a-date', 'finished', now())")
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    let server = env.serve(TOKEN).await;
+    let page = reqwest::get(format!("{}/", server.base)).await.unwrap();
+    assert_eq!(page.status(), 200);
+    let page = page.text().await.unwrap();
+    assert!(page.contains("not-a-date") && page.contains("2026-11-28"), "{page}");
+}
