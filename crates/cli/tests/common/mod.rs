@@ -196,9 +196,21 @@ impl Env {
 
     /// As [`Env::serve`], with more arguments for `serve`.
     pub async fn serve_with(&self, token: &str, extra: &[&str]) -> Server {
+        self.spawn_serve(token, true, extra).await
+    }
+
+    /// As [`Env::serve_with`], as the login role (no `SET ROLE`).
+    pub async fn serve_as_login(&self, token: &str, extra: &[&str]) -> Server {
+        self.spawn_serve(token, false, extra).await
+    }
+
+    async fn spawn_serve(&self, token: &str, least_role: bool, extra: &[&str]) -> Server {
         let port = free_port();
         let bind = format!("127.0.0.1:{port}");
-        let mut args = vec!["--role-per-command", "serve", "--bind", &bind];
+        let mut args = vec!["serve", "--bind", &bind];
+        if least_role {
+            args.insert(0, "--role-per-command");
+        }
         args.extend_from_slice(extra);
         let child = self
             .cmd(&args)
