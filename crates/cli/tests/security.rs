@@ -98,3 +98,73 @@ async fn commands_run_with_the_least_role_they_need() {
         .unwrap_err();
     assert_eq!(err.as_database_error().unwrap().code().unwrap(), "42501");
 }
+
+/// The grants of the three roles as the catalog has them, as a Markdown
+/// table: one row per role and table, table-wide privileges then
+/// column ones (`UPDATE (a, b)`).
+async fn grants_table(env: &Env) -> String {
+    let rows: Vec<(String, String, String)> = sqlx::query_as(
+        "WITH grants AS (
+             SELECT r.rolname AS role, n.nspname || '.' || c.relname AS tbl, a.privilege_type AS privilege
+             FROM pg_class c
+             JOIN pg_namespace n ON n.oid = c.relnamespace
+             CROSS JOIN LATERAL aclexplode(c.relacl) a
+             JOIN pg_roles r ON r.oid = a.grantee
+             WHERE r.rolname IN ('settled_worker', 'settled_api', 'settled_readonly')
+             UNION ALL
+             SELECT r.rolname, n.nspname || '.' || c.relname,
+                    a.privilege_type || ' (' || string_agg(att.attname, ', ' ORDER BY att.attnum) || ')'
+             FROM pg_attribute att
+             JOIN pg_class c ON c.oid = att.attrelid
+             JOIN pg_namespace n ON n.oid = c.relnamespace
+             CROSS JOIN LATERAL aclexplode(att.attacl) a
+             JOIN pg_roles r ON r.oid = a.grantee
+             WHERE r.rolname IN ('settled_worker', 'settled_api', 'settled_readonly')
+             GROUP BY r.rolname, n.nspname, c.relname, a.privilege_type
+         )
+         SELECT role, tbl, string_agg(privilege, ', ' ORDER BY privilege ~ '\\(', privilege)
+         FROM grants GROUP BY role, tbl
+         ORDER BY array_position(ARRAY['settled_worker', 'settled_api', 'settled_readonly'], role), tbl",
+    )
+    .fetch_all(&env.pool)
+    .await
+    .unwrap();
+    let mut out = String::from("| role | table | privileges |\n|---|---|---|\n");
+    for (role, table, privileges) in rows {
+        out.push_str(&format!("| `{role}` | `{table}` | {privileges} |\n"));
+    }
+    out
+}
+
+const GRANTS_BEGIN: &str = "<!-- grants: generated from the catalog; checked by tests/security.rs -->\n";
+const GRANTS_END: &str = "<!-- end of grants -->";
+const SECURITY_DOC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/security.md");
+
+fn documented_grants() -> (String, usize, usize) {
+    let doc = std::fs::read_to_string(SECURITY_DOC).unwrap();
+    let begin = doc.find(GRANTS_BEGIN).expect("the grants section's start marker") + GRANTS_BEGIN.len();
+    let end = doc.find(GRANTS_END).expect("the grants section's end marker");
+    (doc, begin, end)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_documented_grants_are_the_grants_the_migrations_make() {
+    let env = Env::new().await;
+    let actual = grants_table(&env).await;
+    let (doc, begin, end) = documented_grants();
+    assert_eq!(
+        &doc[begin..end],
+        actual,
+        "docs/security.md's grants differ from the catalog's; regenerate with \
+         `cargo test -p settled-cli --test security -- --ignored write_the_documented_grants`"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "writes docs/security.md"]
+async fn write_the_documented_grants() {
+    let env = Env::new().await;
+    let actual = grants_table(&env).await;
+    let (doc, begin, end) = documented_grants();
+    std::fs::write(SECURITY_DOC, format!("{}{actual}{}", &doc[..begin], &doc[end..])).unwrap();
+}
