@@ -4,14 +4,22 @@ use axum::response::{IntoResponse, Response};
 
 use super::problem::json_response;
 
-/// The OpenAPI document.
-pub fn document() -> serde_json::Value {
+/// The OpenAPI document, with this server's idempotency-key retention.
+pub fn document(retention_hours: u64) -> serde_json::Value {
     let problem = |description: &str| {
-        serde_json::json!({
+        let mut answer = serde_json::json!({
             "description": description,
             "content": { "application/problem+json": { "schema": { "$ref": "#/components/schemas/Problem" } } }
-        })
+        });
+        if description.starts_with("retry") {
+            answer["headers"] = serde_json::json!({
+                "Retry-After": { "description": "seconds to wait before retrying", "schema": { "type": "integer" } }
+            });
+        }
+        answer
     };
+    let unavailable = "retry: the database failed or a lock or statement took longer than the API waits (database-busy); the request had no effect";
+    let wrong_host = "the Host header names a host this server does not serve";
     let json = |description: &str, schema: &str| {
         serde_json::json!({
             "description": description,
@@ -23,7 +31,7 @@ pub fn document() -> serde_json::Value {
         "info": {
             "title": "settled API",
             "version": env!("CARGO_PKG_VERSION"),
-            "description": "Withdrawals that never pay twice, holds, creators. Amounts are decimal strings of token base units (they exceed 2^53). Errors are application/problem+json with a stable `type`."
+            "description": format!("Withdrawals that never pay twice, holds, creators. Amounts are decimal strings of token base units (they exceed 2^53). Errors are application/problem+json with a stable `type`. Bodies are application/json objects. Idempotency-Key (IETF draft-ietf-httpapi-idempotency-key-header) is an sf-string, quoted or bare; this server keeps a key and its response for {retention_hours} h, and a payout for ever: a key used again after that answers the payout it made (or 422 for a different request), never a second payout.")
         },
         "servers": [{ "url": "/" }],
         "components": {
@@ -39,6 +47,7 @@ pub fn document() -> serde_json::Value {
                         "detail": { "type": "string" },
                         "field": { "type": "string" },
                         "balance": { "type": "string" },
+                        "hold": { "type": "integer" },
                         "existing_hold_id": { "type": "integer", "nullable": true }
                     }
                 },
@@ -78,7 +87,7 @@ pub fn document() -> serde_json::Value {
                     "required": ["creator", "reason"],
                     "properties": {
                         "creator": { "$ref": "#/components/schemas/Address" },
-                        "reason": { "type": "string", "minLength": 1, "maxLength": 500, "pattern": "^[^\\u0000]*\\S[^\\u0000]*$" }
+                        "reason": { "type": "string", "minLength": 1, "maxLength": 500, "pattern": "^[^\\u0000-\\u001f\\u007f-\\u009f\\u202a-\\u202e\\u2066-\\u2069]*\\S[^\\u0000-\\u001f\\u007f-\\u009f\\u202a-\\u202e\\u2066-\\u2069]*$", "description": "one line of text: no control characters or direction overrides" }
                     }
                 },
                 "Hold": {
@@ -129,7 +138,7 @@ pub fn document() -> serde_json::Value {
                 "responses": {
                     "200": { "description": "healthy", "content": { "application/json": { "schema": {
                         "type": "object", "required": ["status"], "properties": { "status": { "type": "string" } } } } } },
-                    "503": problem("the database is unreachable")
+                    "503": problem("retry: the database is unreachable")
                 }
             } },
             "/readyz": { "get": {
@@ -137,14 +146,15 @@ pub fn document() -> serde_json::Value {
                 "responses": {
                     "200": { "description": "ready", "content": { "application/json": { "schema": {
                         "type": "object", "required": ["status"], "properties": { "status": { "type": "string" } } } } } },
-                    "503": problem("not ready")
+                    "503": problem("retry: not ready")
                 }
             } },
             "/metrics": { "get": {
                 "summary": "Prometheus metrics (text format), computed from the database's exact state",
                 "responses": {
                     "200": { "description": "metrics", "content": { "text/plain": { "schema": { "type": "string" } } } },
-                    "503": problem("the database failed")
+                    "421": problem(wrong_host),
+                    "503": problem(unavailable)
                 }
             } },
             "/v1/payouts": { "post": {
@@ -152,7 +162,8 @@ pub fn document() -> serde_json::Value {
                 "security": [{ "bearer": [] }],
                 "parameters": [{
                     "name": "Idempotency-Key", "in": "header", "required": true,
-                    "schema": { "type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[!-~]([ -~]*[!-~])?$" }
+                    "schema": { "type": "string", "minLength": 1, "maxLength": 257, "pattern": "^[!-~]([ -~]*[!-~])?$" },
+                    "description": format!("an sf-string (\"abc\") or the bare token (abc), the same key either way; at most 255 characters; kept {retention_hours} h")
                 }],
                 "requestBody": { "required": true, "content": { "application/json": { "schema": { "$ref": "#/components/schemas/PayoutRequest" } } } },
                 "responses": {
@@ -162,8 +173,10 @@ pub fn document() -> serde_json::Value {
                     "404": problem("unknown creator"),
                     "409": problem("insufficient funds, an active hold on the creator (creator-on-hold), or the first request with this key is still in progress"),
                     "413": problem("body too large"),
+                    "415": problem("the body is not sent as application/json"),
+                    "421": problem(wrong_host),
                     "422": problem("invalid field, or the key was used with a different request"),
-                    "503": problem("the database failed; the request had no effect")
+                    "503": problem(unavailable)
                 }
             } },
             "/v1/payouts/{id}": { "get": {
@@ -173,7 +186,8 @@ pub fn document() -> serde_json::Value {
                     "200": json("the payout", "Payout"),
                     "400": problem("the id is not an integer"),
                     "404": problem("no such payout"),
-                    "503": problem("the database failed")
+                    "421": problem(wrong_host),
+                    "503": problem(unavailable)
                 }
             } },
             "/v1/creators/{address}": { "get": {
@@ -183,7 +197,8 @@ pub fn document() -> serde_json::Value {
                     "200": json("the creator", "Creator"),
                     "400": problem("not an address"),
                     "404": problem("unknown creator"),
-                    "503": problem("the database failed")
+                    "421": problem(wrong_host),
+                    "503": problem(unavailable)
                 }
             } },
             "/v1/holds": { "post": {
@@ -197,8 +212,10 @@ pub fn document() -> serde_json::Value {
                     "404": problem("unknown creator"),
                     "409": problem("the creator already has an active hold (named in the answer)"),
                     "413": problem("body too large"),
+                    "415": problem("the body is not sent as application/json"),
+                    "421": problem(wrong_host),
                     "422": problem("invalid field"),
-                    "503": problem("the database failed")
+                    "503": problem(unavailable)
                 }
             } },
             "/v1/holds/{id}/release": { "post": {
@@ -211,7 +228,8 @@ pub fn document() -> serde_json::Value {
                     "401": problem("missing or wrong bearer token"),
                     "404": problem("no such hold"),
                     "409": problem("already released"),
-                    "503": problem("the database failed")
+                    "421": problem(wrong_host),
+                    "503": problem(unavailable)
                 }
             } }
         }
@@ -219,6 +237,7 @@ pub fn document() -> serde_json::Value {
 }
 
 /// `GET /openapi.json`.
-pub async fn serve() -> Response {
-    json_response(axum::http::StatusCode::OK, "application/json", &document()).into_response()
+pub async fn serve(axum::extract::State(state): axum::extract::State<super::AppState>) -> Response {
+    let hours = state.idempotency.retention.as_secs() / 3600;
+    json_response(axum::http::StatusCode::OK, "application/json", &document(hours)).into_response()
 }
