@@ -58,7 +58,8 @@ async fn slow_and_idle_connections_are_cut_healthz_answers_throughout_and_sigter
         let target = target.clone();
         slow.push(tokio::spawn(async move {
             let mut conn = TcpStream::connect(&target).await.expect("connect");
-            let head = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Padding: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n";
+            let head =
+                b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Padding: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n";
             let started = Instant::now();
             for byte in head.iter().take(head.len() - 2) {
                 if conn.write_all(&[*byte]).await.is_err() {
@@ -70,7 +71,10 @@ async fn slow_and_idle_connections_are_cut_healthz_answers_throughout_and_sigter
                     return (started, true);
                 }
             }
-            (started, closed_within(&mut conn, Duration::from_secs(10)).await.is_some())
+            (
+                started,
+                closed_within(&mut conn, Duration::from_secs(10)).await.is_some(),
+            )
         }));
     }
     // Meanwhile /healthz, each time on a fresh connection, keeps answering.
@@ -78,7 +82,11 @@ async fn slow_and_idle_connections_are_cut_healthz_answers_throughout_and_sigter
     let probing = Instant::now();
     let mut answered = 0;
     while probing.elapsed() < Duration::from_secs(4) {
-        assert_eq!(healthz(&client, &server.base).await, 200, "/healthz under 300 slow connections");
+        assert_eq!(
+            healthz(&client, &server.base).await,
+            200,
+            "/healthz under 300 slow connections"
+        );
         answered += 1;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -89,7 +97,9 @@ async fn slow_and_idle_connections_are_cut_healthz_answers_throughout_and_sigter
     }
     // An idle keep-alive connection is closed too, after one request.
     let mut idle = TcpStream::connect(&target).await.unwrap();
-    idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").await.unwrap();
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        .await
+        .unwrap();
     let mut buf = [0u8; 1024];
     let n = idle.read(&mut buf).await.unwrap();
     assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
@@ -111,40 +121,75 @@ async fn slow_and_idle_connections_are_cut_healthz_answers_throughout_and_sigter
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn the_connection_cap_holds_new_connections_until_one_closes() {
+async fn at_the_cap_a_new_client_evicts_the_oldest_waiting_connection_and_waits_only_behind_busy_ones() {
     let env = Env::new().await;
     let server = env
-        .serve_with(TOKEN, &["--max-connections", "4", "--header-timeout-ms", "1500"])
+        .serve_with(
+            TOKEN,
+            &[
+                "--max-connections",
+                "4",
+                "--header-timeout-ms",
+                "60000",
+                "--request-timeout-ms",
+                "1500",
+            ],
+        )
         .await;
     let target = addr(&server);
-    // Wait for the start-up probe's connection to go (its client is gone).
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Four silent connections fill the cap; none would be cut for a minute.
     let mut silent = Vec::new();
     for _ in 0..4 {
         silent.push(TcpStream::connect(&target).await.unwrap());
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    // A fifth connection is accepted by the kernel, but its request is read
-    // only once one of the four silent ones is closed by the header timeout.
-    let fifth = tokio::spawn({
-        let base = server.base.clone();
-        async move {
-            let client = reqwest::Client::new();
-            let status = healthz(&client, &base).await;
-            (status, Instant::now())
-        }
-    });
-    let mut first_close = None;
-    for conn in &mut silent {
-        let at = closed_within(conn, Duration::from_secs(10)).await.expect("silent connection not cut");
-        first_close = Some(first_close.map_or(at, |f: Instant| f.min(at)));
-    }
-    let (status, answered_at) = fifth.await.unwrap();
-    assert_eq!(status, 200);
-    let first_close = first_close.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let client = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
+    assert_eq!(
+        healthz(&client, &server.base).await,
+        200,
+        "a client that asks at once is served at the cap"
+    );
     assert!(
-        answered_at + Duration::from_millis(100) >= first_close,
-        "the fifth connection was served while four were open"
+        closed_within(&mut silent[0], Duration::from_secs(5)).await.is_some(),
+        "the oldest silent connection made room"
+    );
+    drop(silent);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Four connections whose requests are in progress (a form body half
+    // sent): nothing can be evicted, so a fifth waits until one ends (here
+    // by the request timeout's 503).
+    let mut busy = Vec::new();
+    for _ in 0..4 {
+        let mut conn = TcpStream::connect(&target).await.unwrap();
+        conn.write_all(
+            b"POST /dashboard/retry HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: 100\r\n\r\nperiod=",
+        )
+        .await
+        .unwrap();
+        busy.push(conn);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let fifth = tokio::spawn({
+        let (client, base) = (client.clone(), server.base.clone());
+        async move { (healthz(&client, &base).await, Instant::now()) }
+    });
+    // Each busy request ends with its 503 and its connection closes (a
+    // reset may come instead of the answer: the unread body is dropped).
+    let mut ends = tokio::task::JoinSet::new();
+    for mut conn in busy {
+        ends.spawn(async move { closed_within(&mut conn, Duration::from_secs(10)).await });
+    }
+    let mut first_answer: Option<Instant> = None;
+    while let Some(end) = ends.join_next().await {
+        let at = end.unwrap().expect("a busy request never ended");
+        first_answer = Some(first_answer.map_or(at, |f| f.min(at)));
+    }
+    let (status, served_at) = fifth.await.unwrap();
+    assert_eq!(status, 200);
+    assert!(
+        served_at + Duration::from_millis(100) >= first_answer.unwrap(),
+        "the fifth connection was served while four requests were in progress"
     );
 }
 
@@ -178,19 +223,35 @@ async fn every_error_is_problem_json_every_answer_has_security_headers_and_forei
     assert!(got.1["allow"].to_str().unwrap().contains("POST"), "{body}");
     let got = text(c.get(format!("{b}/runs/%FF")).send().await.unwrap()).await;
     assert_problem("bad path encoding", &got, 400, "bad-request");
-    let got = text(c.get(format!("{b}/items?status=failed&status=held")).send().await.unwrap()).await;
-    assert_problem("repeated query parameter", &got, 400, "bad-request");
-    // The retry form: bounded before the token is read, fields named.
-    let big = format!("period=2026-11-28&creator=x&token={}", "a".repeat(2 * 1024 * 1024));
     let got = text(
-        c.post(format!("{b}/dashboard/retry"))
-            .header("content-type", "application/x-www-form-urlencoded")
-            .body(big)
+        c.get(format!("{b}/items?status=failed&status=held"))
             .send()
             .await
             .unwrap(),
     )
     .await;
+    assert_problem("repeated query parameter", &got, 400, "bad-request");
+    // The retry form: bounded before the token is read, fields named. A
+    // 2 MB body is refused from its Content-Length, before it is sent.
+    let mut conn = TcpStream::connect(addr(&server)).await.unwrap();
+    conn.write_all(
+        b"POST /dashboard/retry HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: 2097152\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), conn.read_to_end(&mut answer)).await;
+    let answer = String::from_utf8_lossy(&answer).to_string();
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    assert!(head.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: application/problem+json"),
+        "{answer}"
+    );
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert("content-type", "application/problem+json".parse().unwrap());
+    let got = (413, headers, body.to_string());
     assert_problem("2 MB retry form", &got, 413, "body-too-large");
     let got = text(
         c.post(format!("{b}/dashboard/retry"))
@@ -231,22 +292,50 @@ async fn every_error_is_problem_json_every_answer_has_security_headers_and_forei
         assert_eq!(h["x-content-type-options"], "nosniff", "{path}");
         assert_eq!(h["x-frame-options"], "DENY", "{path}");
         let csp = h["content-security-policy"].to_str().unwrap();
-        assert!(csp.contains("frame-ancestors 'none'") && csp.contains("default-src 'none'"), "{path}: {csp}");
+        assert!(
+            csp.contains("frame-ancestors 'none'") && csp.contains("default-src 'none'"),
+            "{path}: {csp}"
+        );
     }
     // DNS rebinding: a page served under another name is refused; the
     // health probes answer whatever name was dialled.
     for path in ["/", "/locks", "/v1/creators/0x0000000000000000000000000000000000000001"] {
-        let got = text(c.get(format!("{b}{path}")).header("host", "evil.example").send().await.unwrap()).await;
+        let got = text(
+            c.get(format!("{b}{path}"))
+                .header("host", "evil.example")
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
         assert_problem(path, &got, 421, "unknown-host");
     }
-    let ok = c.get(format!("{b}/")).header("host", "localhost:1234").send().await.unwrap();
+    let ok = c
+        .get(format!("{b}/"))
+        .header("host", "localhost:1234")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(ok.status(), 200, "localhost is this server's name");
-    let probe = c.get(format!("{b}/healthz")).header("host", "10.1.2.3").send().await.unwrap();
+    let probe = c
+        .get(format!("{b}/healthz"))
+        .header("host", "10.1.2.3")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(probe.status(), 200);
     // Hold reasons are one line of text: control characters and direction
     // overrides are refused, naming the field.
-    let creator = env.scalar_text("SELECT creator FROM settlement.token_trade_volume LIMIT 1").await;
-    for reason in ["two\nlines", "bell\u{7}", "\u{1b}[31mred", "tab\there", "rtl \u{202e}txt"] {
+    let creator = env
+        .scalar_text("SELECT creator FROM settlement.token_trade_volume LIMIT 1")
+        .await;
+    for reason in [
+        "two\nlines",
+        "bell\u{7}",
+        "\u{1b}[31mred",
+        "tab\there",
+        "rtl \u{202e}txt",
+    ] {
         let got = text(
             c.post(format!("{b}/v1/holds"))
                 .bearer_auth(TOKEN)
@@ -278,7 +367,14 @@ async fn the_lock_view_hides_other_sessions_literals_unless_the_token_is_sent() 
         .await
         .unwrap();
     let c = reqwest::Client::new();
-    let page = c.get(format!("{}/locks", server.base)).send().await.unwrap().text().await.unwrap();
+    let page = c
+        .get(format!("{}/locks", server.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     assert!(page.contains(&format!("CREATE ROLE {role} LOGIN PASSWORD ?")), "{page}");
     assert!(!page.contains("S3cr3t"), "the lock view showed a password");
     let page = c
@@ -295,7 +391,12 @@ async fn the_lock_view_hides_other_sessions_literals_unless_the_token_is_sent() 
 }
 
 async fn metric(base: &str, name: &str) -> f64 {
-    let text = reqwest::get(format!("{base}/metrics")).await.unwrap().text().await.unwrap();
+    let text = reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     text.lines()
         .filter(|l| l.starts_with(name) && !l.starts_with('#'))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
@@ -338,8 +439,17 @@ async fn costly_pages_wait_on_their_own_pool_and_share_one_verification_while_pa
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     let client = reqwest::Client::new();
-    assert_eq!(healthz(&client, &server.base).await, 200, "/healthz while 60 pages wait");
-    let (status, paid, _) = pay(&server.base, "during-pages", &json!({ "creator": creator, "amount": "3" })).await;
+    assert_eq!(
+        healthz(&client, &server.base).await,
+        200,
+        "/healthz while 60 pages wait"
+    );
+    let (status, paid, _) = pay(
+        &server.base,
+        "during-pages",
+        &json!({ "creator": creator, "amount": "3" }),
+    )
+    .await;
     assert_eq!(status, 201, "a payout while 60 pages wait: {paid}");
     let waiting: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'settled-serve-reads' AND wait_event_type = 'Lock'",
@@ -415,7 +525,9 @@ async fn an_idempotency_key_used_after_its_retention_answers_its_own_payout_neve
     assert_eq!(refused["type"], "/problems/idempotency-key-reused");
     assert_eq!(env.scalar_i64("SELECT count(*) FROM settlement.payouts").await, 1);
     let after = env
-        .scalar_text(&format!("SELECT balance::text FROM settlement.creator_balance WHERE creator = '{creator}'"))
+        .scalar_text(&format!(
+            "SELECT balance::text FROM settlement.creator_balance WHERE creator = '{creator}'"
+        ))
         .await;
     assert_eq!(after.parse::<u128>().unwrap() + 1000, before.parse::<u128>().unwrap());
 }
@@ -459,7 +571,9 @@ async fn a_balance_past_78_digits_keeps_growing_and_a_run_without_a_date_scope_l
     env.run_ok(&["worker", "--period", "2026-11-27"]);
     // A creator nine periods of maximum volume in: its balance is at the
     // old column's limit.
-    let creator = env.scalar_text("SELECT creator FROM settlement.creator_balance LIMIT 1").await;
+    let creator = env
+        .scalar_text("SELECT creator FROM settlement.creator_balance LIMIT 1")
+        .await;
     sqlx::query("UPDATE settlement.creator_balance SET balance = repeat('9', 78)::numeric WHERE creator = $1")
         .bind(&creator)
         .execute(&env.pool)

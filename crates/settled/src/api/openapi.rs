@@ -162,7 +162,10 @@ pub fn document(retention_hours: u64) -> serde_json::Value {
                 "security": [{ "bearer": [] }],
                 "parameters": [{
                     "name": "Idempotency-Key", "in": "header", "required": true,
-                    "schema": { "type": "string", "minLength": 1, "maxLength": 257, "pattern": "^[!-~]([ -~]*[!-~])?$" },
+                    "schema": { "oneOf": [
+                        { "type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[!#-\\[\\]-~]([ !#-\\[\\]-~]*[!#-\\[\\]-~])?$" },
+                        { "type": "string", "minLength": 3, "maxLength": 257, "pattern": "^\"([ !#-\\[\\]-~]|\\\\[\"\\\\])+\"$" }
+                    ] },
                     "description": format!("an sf-string (\"abc\") or the bare token (abc), the same key either way; at most 255 characters; kept {retention_hours} h")
                 }],
                 "requestBody": { "required": true, "content": { "application/json": { "schema": { "$ref": "#/components/schemas/PayoutRequest" } } } },

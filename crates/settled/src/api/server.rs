@@ -8,24 +8,30 @@
 //!   and does not reset it on partial bytes), so one byte every few seconds
 //!   does not keep a connection, and idle connections close after the same
 //!   time.
-//! - At most `max_connections` are open at once; more wait in the kernel's
-//!   backlog until one closes. The cap is kept below the open-file limit, so
-//!   the database pool and `/healthz` always find a descriptor.
+//! - At most `max_connections` are open at once, a cap kept below the
+//!   open-file limit so the database pools always find a descriptor. When a
+//!   new connection arrives at the cap, the connection that has waited
+//!   longest without a request in progress (slow, silent or idle) is closed
+//!   to make room: a flood of slow clients evicts itself, and a client that
+//!   sends its request at once (`/healthz`, a payout) is served. Only when
+//!   every open connection has a request in progress does a new one wait in
+//!   the kernel's backlog.
 //! - Every request has `request_timeout` from its head to its answer
 //!   (tower-http's timeout layer, in `super::router`).
 //! - On SIGTERM or SIGINT the listener closes, open connections finish
 //!   their current request and close, and whatever is still open after
 //!   `shutdown_grace` is dropped: shutdown never waits on a client.
 
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::sync::Notify;
 
 /// Largest request head (request line and headers) read, in bytes; a larger
 /// one is answered 431 by hyper.
@@ -62,7 +68,7 @@ impl Default for HttpLimits {
 impl HttpLimits {
     /// Raises this process's open-file soft limit to its hard limit and
     /// lowers the connection cap, if needed, to what the limit leaves after
-    /// [`RESERVED_FDS`]. Returns the cap in force.
+    /// [`RESERVED_FDS`].
     pub fn fit_open_file_limit(mut self) -> anyhow::Result<HttpLimits> {
         use nix::sys::resource::{getrlimit, setrlimit, Resource};
         let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
@@ -90,6 +96,76 @@ impl HttpLimits {
     }
 }
 
+/// One open connection, as the accept loop sees it.
+struct Open {
+    id: u64,
+    /// Requests in progress on it.
+    busy: Arc<AtomicUsize>,
+    /// Told to close it.
+    evict: Arc<Notify>,
+}
+
+/// The open connections, oldest first.
+#[derive(Default)]
+struct Registry {
+    open: Mutex<VecDeque<Open>>,
+    /// Told whenever a connection ends or a request on one finishes (a
+    /// connection that may be evicted now).
+    changed: Notify,
+}
+
+impl Registry {
+    fn len(&self) -> usize {
+        self.open.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Closes the oldest connection without a request in progress; false
+    /// when every connection has one.
+    fn evict_oldest_waiting(&self) -> bool {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        match open.iter().position(|c| c.busy.load(Ordering::Acquire) == 0) {
+            Some(at) => {
+                if let Some(c) = open.remove(at) {
+                    c.evict.notify_one();
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn remove(&self, id: u64) {
+        self.open
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|c| c.id != id);
+        self.changed.notify_waiters();
+    }
+}
+
+/// Counts a request in progress on its connection for as long as it lives.
+struct InProgress {
+    busy: Arc<AtomicUsize>,
+    registry: Arc<Registry>,
+}
+
+impl InProgress {
+    fn start(busy: &Arc<AtomicUsize>, registry: &Arc<Registry>) -> InProgress {
+        busy.fetch_add(1, Ordering::AcqRel);
+        InProgress {
+            busy: busy.clone(),
+            registry: registry.clone(),
+        }
+    }
+}
+
+impl Drop for InProgress {
+    fn drop(&mut self) {
+        self.busy.fetch_sub(1, Ordering::AcqRel);
+        self.registry.changed.notify_waiters();
+    }
+}
+
 /// Serves `app` on `listener` until `shutdown` completes, then drains the
 /// open connections for at most `limits.shutdown_grace`.
 pub async fn run(
@@ -98,7 +174,7 @@ pub async fn run(
     limits: HttpLimits,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let permits = Arc::new(Semaphore::new(limits.max_connections));
+    let registry = Arc::new(Registry::default());
     let graceful = GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
@@ -107,11 +183,9 @@ pub async fn run(
         .keep_alive(true);
     tokio::pin!(shutdown);
     let mut accept_failing = false;
-    loop {
-        let permit = tokio::select! {
-            permit = permits.clone().acquire_owned() => permit?,
-            () = &mut shutdown => break,
-        };
+    let mut evicted_since_log = 0u64;
+    let mut next_id = 0u64;
+    'accept: loop {
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _peer)) => stream,
@@ -125,25 +199,73 @@ pub async fn run(
                     continue;
                 }
             },
-            () = &mut shutdown => break,
+            () = &mut shutdown => break 'accept,
         };
         if accept_failing {
             tracing::info!("accepting connections again");
             accept_failing = false;
         }
+        // At the cap, make room for it: evict the oldest connection that
+        // waits without a request, or, when every one has a request in
+        // progress, hold this one (and accept no other) until one ends.
+        while registry.len() >= limits.max_connections {
+            let changed = registry.changed.notified();
+            if registry.evict_oldest_waiting() {
+                evicted_since_log += 1;
+                if evicted_since_log.is_power_of_two() {
+                    tracing::warn!(
+                        evicted = evicted_since_log,
+                        max_connections = limits.max_connections,
+                        "at the connection cap: closing connections that wait without a request"
+                    );
+                }
+                break;
+            }
+            tokio::select! {
+                () = changed => {},
+                () = &mut shutdown => break 'accept,
+            }
+        }
         let _ = stream.set_nodelay(true);
-        let service = TowerToHyperService::new(app.clone());
+        next_id += 1;
+        let (id, busy, evict) = (next_id, Arc::new(AtomicUsize::new(0)), Arc::new(Notify::new()));
+        registry.open.lock().unwrap_or_else(|e| e.into_inner()).push_back(Open {
+            id,
+            busy: busy.clone(),
+            evict: evict.clone(),
+        });
+        let app = app.clone();
+        let in_registry = registry.clone();
+        let service = hyper::service::service_fn(move |request| {
+            let in_progress = InProgress::start(&busy, &in_registry);
+            let mut app = app.clone();
+            async move {
+                let response = tower_service::Service::call(&mut app, request).await;
+                drop(in_progress);
+                response
+            }
+        });
         let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+        let registry = registry.clone();
         tokio::spawn(async move {
-            // A client that goes away or times out is not an error of ours.
-            let _ = connection.await;
-            drop(permit);
+            // A client that goes away, times out or is evicted is not an
+            // error of ours; dropping the connection closes its socket.
+            tokio::select! {
+                _ = connection => {},
+                () = evict.notified() => {},
+            }
+            registry.remove(id);
         });
     }
     drop(listener);
-    let open = limits.max_connections - permits.available_permits();
+    drain(graceful, &registry, limits).await
+}
+
+/// Closes the listener's connections: each finishes its request, then what
+/// is left after the grace is dropped.
+async fn drain(graceful: GracefulShutdown, registry: &Registry, limits: HttpLimits) -> anyhow::Result<()> {
     tracing::info!(
-        open,
+        open = registry.len(),
         grace_ms = limits.shutdown_grace.as_millis() as u64,
         "shutting down"
     );
@@ -151,8 +273,10 @@ pub async fn run(
         .await
         .is_err()
     {
-        let open = limits.max_connections - permits.available_permits();
-        tracing::warn!(open, "connections still open after the grace period are dropped");
+        tracing::warn!(
+            open = registry.len(),
+            "connections still open after the grace period are dropped"
+        );
     }
     Ok(())
 }
