@@ -12,10 +12,11 @@
 //!   open-file limit so the database pools always find a descriptor. When a
 //!   new connection arrives at the cap, the connection that has waited
 //!   longest without a request in progress (slow, silent or idle) is closed
-//!   to make room: a flood of slow clients evicts itself, and a client that
-//!   sends its request at once (`/healthz`, a payout) is served. Only when
-//!   every open connection has a request in progress does a new one wait in
-//!   the kernel's backlog.
+//!   to make room, once it is at least [`EVICT_MIN_AGE`] old: a flood of
+//!   slow clients evicts itself at a bounded rate, and a client that sends
+//!   its request at once (`/healthz`, a payout) is served. While no
+//!   connection can be evicted yet, or every one has a request in progress,
+//!   a new one waits (and the kernel's backlog holds the rest).
 //! - Every request has `request_timeout` from its head to its answer
 //!   (tower-http's timeout layer, in `super::router`).
 //! - On SIGTERM or SIGINT the listener closes, open connections finish
@@ -25,7 +26,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -96,9 +97,32 @@ impl HttpLimits {
     }
 }
 
+/// A connection at least this old may be evicted at the cap: time enough
+/// to send a request head, so that a flood of reconnecting slow clients
+/// evicts itself at a bounded rate and cannot evict a real client first.
+pub const EVICT_MIN_AGE: Duration = Duration::from_millis(200);
+
+/// Connections the kernel queues for `accept` (capped by
+/// `net.core.somaxconn`). The standard library's 128 overflows under a flood
+/// at the cap, and an overflowing queue drops the SYNs of real clients too.
+pub const LISTEN_BACKLOG: u32 = 4096;
+
+/// Listens on `addr` with [`LISTEN_BACKLOG`].
+pub fn bind(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
 /// One open connection, as the accept loop sees it.
 struct Open {
     id: u64,
+    accepted: Instant,
     /// Requests in progress on it.
     busy: Arc<AtomicUsize>,
     /// Told to close it.
@@ -119,19 +143,21 @@ impl Registry {
         self.open.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
-    /// Closes the oldest connection without a request in progress; false
-    /// when every connection has one.
-    fn evict_oldest_waiting(&self) -> bool {
+    /// Closes the oldest connection without a request in progress if it is
+    /// at least [`EVICT_MIN_AGE`] old.
+    fn evict_oldest_waiting(&self) -> Eviction {
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
-        match open.iter().position(|c| c.busy.load(Ordering::Acquire) == 0) {
-            Some(at) => {
-                if let Some(c) = open.remove(at) {
-                    c.evict.notify_one();
-                }
-                true
-            }
-            None => false,
+        let Some(at) = open.iter().position(|c| c.busy.load(Ordering::Acquire) == 0) else {
+            return Eviction::AllBusy;
+        };
+        let ripe = open[at].accepted + EVICT_MIN_AGE;
+        if ripe > Instant::now() {
+            return Eviction::NotBefore(ripe);
         }
+        if let Some(c) = open.remove(at) {
+            c.evict.notify_one();
+        }
+        Eviction::Evicted
     }
 
     fn remove(&self, id: u64) {
@@ -141,6 +167,15 @@ impl Registry {
             .retain(|c| c.id != id);
         self.changed.notify_waiters();
     }
+}
+
+/// What [`Registry::evict_oldest_waiting`] did.
+enum Eviction {
+    Evicted,
+    /// The oldest waiting connection may be evicted at this time.
+    NotBefore(Instant),
+    /// Every connection has a request in progress.
+    AllBusy,
 }
 
 /// Counts a request in progress on its connection for as long as it lives.
@@ -210,19 +245,30 @@ pub async fn run(
         // progress, hold this one (and accept no other) until one ends.
         while registry.len() >= limits.max_connections {
             let changed = registry.changed.notified();
-            if registry.evict_oldest_waiting() {
-                evicted_since_log += 1;
-                if evicted_since_log.is_power_of_two() {
-                    tracing::warn!(
-                        evicted = evicted_since_log,
-                        max_connections = limits.max_connections,
-                        "at the connection cap: closing connections that wait without a request"
-                    );
+            let wait_until = match registry.evict_oldest_waiting() {
+                Eviction::Evicted => {
+                    evicted_since_log += 1;
+                    if evicted_since_log.is_power_of_two() {
+                        tracing::warn!(
+                            evicted = evicted_since_log,
+                            max_connections = limits.max_connections,
+                            "at the connection cap: closing connections that wait without a request"
+                        );
+                    }
+                    break;
                 }
-                break;
-            }
+                Eviction::NotBefore(at) => Some(at),
+                Eviction::AllBusy => None,
+            };
+            let ripe = async {
+                match wait_until {
+                    Some(at) => tokio::time::sleep_until(at.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 () = changed => {},
+                () = ripe => {},
                 () = &mut shutdown => break 'accept,
             }
         }
@@ -231,6 +277,7 @@ pub async fn run(
         let (id, busy, evict) = (next_id, Arc::new(AtomicUsize::new(0)), Arc::new(Notify::new()));
         registry.open.lock().unwrap_or_else(|e| e.into_inner()).push_back(Open {
             id,
+            accepted: Instant::now(),
             busy: busy.clone(),
             evict: evict.clone(),
         });

@@ -86,9 +86,7 @@ impl DbCommand for Args {
         if state.allowed_hosts.is_any() {
             tracing::warn!(bind = %self.bind, "any Host header is answered: pass --allowed-host to refuse others");
         }
-        let listener = tokio::net::TcpListener::bind(self.bind)
-            .await
-            .with_context(|| format!("binding {}", self.bind))?;
+        let listener = crate::api::server::bind(self.bind).with_context(|| format!("binding {}", self.bind))?;
         eprintln!("settled serve on http://{}", listener.local_addr()?);
         crate::api::serve(listener, state).await?;
         Ok(std::process::ExitCode::SUCCESS)
