@@ -226,6 +226,26 @@ async fn check_migrated(pool: &PgPool, role: &str) -> anyhow::Result<()> {
 /// hold unencoded `/`, `?` or `@`, so the userinfo is taken to end at the
 /// last `@` (when in doubt, more is hidden, never less).
 pub fn redact_url(url: &str) -> String {
+    // A URL the WHATWG parser reads is rewritten by it; libpq also takes
+    // URLs it refuses (several hosts, `h1:5432,h2:5432`; unencoded
+    // characters in a password), and those are redacted by the rule below.
+    if let Ok(mut parsed) = url::Url::parse(url) {
+        if parsed.has_host() && !url[url.find("://").map_or(0, |i| i + 3)..].contains(',') {
+            if parsed.password().is_some() {
+                let _ = parsed.set_password(Some("***"));
+            }
+            if let Some(query) = parsed.query().map(redact_query) {
+                parsed.set_query(Some(&query));
+            }
+            return parsed.to_string();
+        }
+    }
+    redact_by_text(url)
+}
+
+/// Redaction without a parser: the userinfo ends at the last `@`, its
+/// password at the first `:`; `password` and `sslpassword` in the query.
+fn redact_by_text(url: &str) -> String {
     let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
         return url.to_string();
     };
@@ -281,5 +301,10 @@ mod tests {
             "postgres://u@h/x?PASSWORD=***"
         );
         assert!(!redact_url("postgresql://u:p%40ss@h/d").contains("p%40ss"));
+        // libpq's multi-host form, which the URL parser refuses.
+        assert_eq!(
+            redact_url("postgres://u:pw@h1:5432,h2:5432/db?target_session_attrs=read-write"),
+            "postgres://u:***@h1:5432,h2:5432/db?target_session_attrs=read-write"
+        );
     }
 }
