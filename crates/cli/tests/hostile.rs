@@ -193,6 +193,23 @@ async fn at_the_cap_a_new_client_evicts_the_oldest_waiting_connection_and_waits_
     );
 }
 
+/// Posts `body` to the dashboard's retry form as `content_type`.
+async fn post_retry(
+    c: &reqwest::Client,
+    base: &str,
+    content_type: &str,
+    body: impl Into<reqwest::Body>,
+) -> (u16, reqwest::header::HeaderMap, String) {
+    let response = c
+        .post(format!("{base}/dashboard/retry"))
+        .header("content-type", content_type)
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    text(response).await
+}
+
 async fn text(response: reqwest::Response) -> (u16, reqwest::header::HeaderMap, String) {
     let status = response.status().as_u16();
     let headers = response.headers().clone();
@@ -253,37 +270,13 @@ async fn every_error_is_problem_json_every_answer_has_security_headers_and_forei
     headers.insert("content-type", "application/problem+json".parse().unwrap());
     let got = (413, headers, body.to_string());
     assert_problem("2 MB retry form", &got, 413, "body-too-large");
-    let got = text(
-        c.post(format!("{b}/dashboard/retry"))
-            .header("content-type", "application/x-www-form-urlencoded")
-            .body("period=2026-11-28&token=x")
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let got = post_retry(&c, b, "application/x-www-form-urlencoded", "period=2026-11-28&token=x").await;
     let body = assert_problem("retry form without creator", &got, 400, "malformed-form");
     assert_eq!(body["field"], "creator");
-    let got = text(
-        c.post(format!("{b}/dashboard/retry"))
-            .header("content-type", "text/plain")
-            .body("period=2026-11-28")
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let got = post_retry(&c, b, "text/plain", "period=2026-11-28").await;
     assert_problem("retry form as text", &got, 415, "unsupported-media-type");
     let form = format!("period=2026-11-28&creator=0x{}&token=wrong", "1".repeat(40));
-    let got = text(
-        c.post(format!("{b}/dashboard/retry"))
-            .header("content-type", "application/x-www-form-urlencoded")
-            .body(form)
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let got = post_retry(&c, b, "application/x-www-form-urlencoded", form).await;
     assert_problem("retry with a wrong token", &got, 401, "unauthorized");
     // Security headers on pages, API answers and problems alike.
     for path in ["/", "/workers", "/locks", "/healthz", "/openapi.json", "/nope"] {
@@ -310,20 +303,10 @@ async fn every_error_is_problem_json_every_answer_has_security_headers_and_forei
         .await;
         assert_problem(path, &got, 421, "unknown-host");
     }
-    let ok = c
-        .get(format!("{b}/"))
-        .header("host", "localhost:1234")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(ok.status(), 200, "localhost is this server's name");
-    let probe = c
-        .get(format!("{b}/healthz"))
-        .header("host", "10.1.2.3")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(probe.status(), 200);
+    for (path, host) in [("/", "localhost:1234"), ("/healthz", "10.1.2.3")] {
+        let answer = c.get(format!("{b}{path}")).header("host", host).send().await.unwrap();
+        assert_eq!(answer.status(), 200, "{path} for host {host}");
+    }
     // Hold reasons are one line of text: control characters and direction
     // overrides are refused, naming the field.
     let creator = env
@@ -366,26 +349,17 @@ async fn the_lock_view_hides_other_sessions_literals_unless_the_token_is_sent() 
         .execute(&mut *tx)
         .await
         .unwrap();
-    let c = reqwest::Client::new();
-    let page = c
-        .get(format!("{}/locks", server.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let locks = |token: Option<&str>| {
+        let mut request = reqwest::Client::new().get(format!("{}/locks", server.base));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        async move { request.send().await.unwrap().text().await.unwrap() }
+    };
+    let page = locks(None).await;
     assert!(page.contains(&format!("CREATE ROLE {role} LOGIN PASSWORD ?")), "{page}");
     assert!(!page.contains("S3cr3t"), "the lock view showed a password");
-    let page = c
-        .get(format!("{}/locks", server.base))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = locks(Some(TOKEN)).await;
     assert!(page.contains("S3cr3t-pw"), "with the token the query is shown whole");
     tx.rollback().await.unwrap();
 }
