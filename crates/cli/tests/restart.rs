@@ -22,6 +22,7 @@ async fn own_server(db: &str) -> (LocalPostgres, String) {
         throwaway: true,
         remove_on_stop: true,
         max_connections: 100,
+        settings: Vec::new(),
     };
     let server = tokio::task::spawn_blocking(move || LocalPostgres::start(&opts))
         .await

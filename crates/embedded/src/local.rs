@@ -42,6 +42,13 @@ pub fn find_binaries() -> Result<PgBinaries> {
     if let Some(path) = std::env::var_os("PATH") {
         for dir in std::env::split_paths(&path) {
             if has_server(&dir) {
+                // A directory of links (e.g. /usr/local/bin -> the version's
+                // bin) may hold only some programs: use where pg_ctl really is.
+                let dir = fs::canonicalize(dir.join("pg_ctl"))
+                    .ok()
+                    .and_then(|p| p.parent().map(Path::to_path_buf))
+                    .filter(|d| has_server(d))
+                    .unwrap_or(dir);
                 return Ok(PgBinaries { dir });
             }
         }
@@ -74,6 +81,8 @@ pub struct LocalOptions {
     pub remove_on_stop: bool,
     /// `max_connections` of the server.
     pub max_connections: u32,
+    /// More server settings, `name=value` each (given as `-c name=value`).
+    pub settings: Vec<String>,
 }
 
 impl LocalOptions {
@@ -84,6 +93,7 @@ impl LocalOptions {
             throwaway: false,
             remove_on_stop: false,
             max_connections: 300,
+            settings: Vec::new(),
         }
     }
 }
@@ -145,6 +155,7 @@ impl LocalPostgres {
             format!("-c max_connections={}", opts.max_connections),
             "-c shared_buffers=256MB".to_string(),
         ];
+        settings.extend(opts.settings.iter().map(|s| format!("-c {s}")));
         if opts.throwaway {
             settings.extend(
                 ["fsync=off", "synchronous_commit=off", "full_page_writes=off"]
@@ -250,6 +261,46 @@ impl LocalPostgres {
             .arg(&log)
             .process_group(0);
         run_program(cmd, self.run_as, "pg_ctl restart")
+    }
+
+    /// Crashes the server: an immediate shutdown, as a power cut looks to
+    /// PostgreSQL (no checkpoint; what was not yet in the WAL is gone).
+    pub fn crash(&self) -> Result<()> {
+        let mut cmd = Command::new(self.bin.program("pg_ctl"));
+        cmd.arg("stop")
+            .arg("-D")
+            .arg(&self.pgdata)
+            .args(["-m", "immediate", "-w", "-t", "60"])
+            .process_group(0);
+        run_program(cmd, self.run_as, "pg_ctl stop -m immediate")
+    }
+
+    /// Promotes a standby to primary and waits until it takes writes.
+    pub fn promote(&self) -> Result<()> {
+        let mut cmd = Command::new(self.bin.program("pg_ctl"));
+        cmd.arg("promote")
+            .arg("-D")
+            .arg(&self.pgdata)
+            .args(["-w", "-t", "60"])
+            .process_group(0);
+        run_program(cmd, self.run_as, "pg_ctl promote")
+    }
+
+    /// Makes a streaming standby of this server in `<data_dir>/pgdata`
+    /// (`pg_basebackup -R`, so it follows this server when started with
+    /// [`LocalPostgres::start`] on `data_dir`). Returns the data directory
+    /// to start it from (moved like the server's own when the server user
+    /// cannot reach `data_dir`).
+    pub fn base_backup(&self, data_dir: &Path) -> Result<PathBuf> {
+        let (dir, _) = reachable_data_dir(data_dir, self.run_as)?;
+        let mut cmd = Command::new(self.bin.program("pg_basebackup"));
+        cmd.arg("-D")
+            .arg(dir.join("pgdata"))
+            .args(["-R", "-X", "stream", "-c", "fast", "-U", "postgres", "-h"])
+            .arg(&self.socket_dir)
+            .args(["-p", &self.port.to_string()]);
+        run_program(cmd, self.run_as, "pg_basebackup")?;
+        Ok(dir)
     }
 
     /// Stops the server but keeps it (data, socket, options): [`restart`]

@@ -12,6 +12,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use chrono::NaiveDate;
 use sqlx::{PgConnection, PgPool};
@@ -352,7 +353,21 @@ impl<H: RunHooks> Job<H> {
                 settled,
             });
         }
-        let finished = self.finish_if_drained(pool, run.id, scope, worker.id()).await?;
+        // The database may be failing over right now: a transient error
+        // here is retried (the finish is one transaction, decided by the
+        // run row's lock), not a reason to leave the run unfinished.
+        let mut backoff = Duration::from_millis(250);
+        let started = std::time::Instant::now();
+        let finished = loop {
+            match self.finish_if_drained(pool, run.id, scope, worker.id()).await {
+                Err(err) if err.is_transient() && started.elapsed() < FINISH_RETRY_FOR => {
+                    tracing::warn!(run = run.id, scope, error = %err, "finishing the run failed; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+                other => break other?,
+            }
+        };
         Ok(WorkOutcome::Drained {
             run_id: run.id,
             settled,
@@ -360,6 +375,11 @@ impl<H: RunHooks> Job<H> {
         })
     }
 }
+
+/// How long a worker retries finishing a drained run through transient
+/// errors (a restart, a failover) before it gives up and leaves the finish
+/// to the next worker or daemon.
+pub const FINISH_RETRY_FOR: Duration = Duration::from_secs(300);
 
 /// What a drain works on: the run and scope, who works, and how.
 #[derive(Debug, Clone, Copy)]

@@ -5,10 +5,14 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use anyhow::Context;
 use settled_embedded::{LocalOptions, LocalPostgres};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
+
+use crate::failover::{Follower, Hosts};
 
 /// Name of the database created on the private server.
 pub const EMBEDDED_DATABASE: &str = "settled";
@@ -54,6 +58,8 @@ pub struct Database {
     pub url: String,
     connect: PgConnectOptions,
     role: Option<&'static str>,
+    /// Follows the primary when `DATABASE_URL` names several hosts.
+    follower: Option<Arc<Follower>>,
     server: Option<LocalPostgres>,
 }
 
@@ -79,21 +85,37 @@ impl Database {
                 (url, Some(server))
             }
         };
-        let connect = PgConnectOptions::from_str_checked(&url)?
-            .application_name(&opts.application_name)
-            .log_statements(tracing::log::LevelFilter::Trace)
-            .log_slow_statements(tracing::log::LevelFilter::Debug, Duration::from_secs(5));
+        let (connect, follower) = match Hosts::parse(&url)? {
+            None => (
+                PgConnectOptions::from_str_checked(&url)?
+                    .application_name(&opts.application_name)
+                    .log_statements(tracing::log::LevelFilter::Trace)
+                    .log_slow_statements(tracing::log::LevelFilter::Debug, Duration::from_secs(5)),
+                None,
+            ),
+            Some(hosts) => {
+                let at = hosts.find_within(acquire_timeout(), &opts.application_name).await?;
+                tracing::info!(host = %hosts.labels[at], hosts = hosts.labels.len(), "using database host");
+                let follower = Follower::new(hosts, at, &opts.application_name);
+                (follower.options(&opts.application_name)?, Some(follower))
+            }
+        };
         let role = opts.role;
         debug_assert!(role.is_none_or(|r| ROLES.contains(&r)));
-        let pool = pool_options(role, opts.max_connections)
+        let pool = pool_options(role, opts.max_connections, follower.clone())
             .connect_with(connect.clone())
             .await
             .with_context(|| format!("connecting to {}", redact_url(&url)))?;
+        if let Some(follower) = &follower {
+            follower.follow(&pool);
+            follower.spawn();
+        }
         let db = Database {
             pool,
             url,
             connect,
             role,
+            follower,
             server,
         };
         match role {
@@ -117,10 +139,18 @@ impl Database {
     /// Another pool on the same database, role and settings, of at most
     /// `max_connections` (e.g. `serve`'s pool for costly pages).
     pub async fn another_pool(&self, max_connections: u32, application_name: &str) -> anyhow::Result<PgPool> {
-        pool_options(self.role, max_connections)
-            .connect_with(self.connect.clone().application_name(application_name))
+        let connect = match &self.follower {
+            Some(follower) => follower.options(application_name)?,
+            None => self.connect.clone().application_name(application_name),
+        };
+        let pool = pool_options(self.role, max_connections, self.follower.clone())
+            .connect_with(connect)
             .await
-            .with_context(|| format!("connecting to {}", redact_url(&self.url)))
+            .with_context(|| format!("connecting to {}", redact_url(&self.url)))?;
+        if let Some(follower) = &self.follower {
+            follower.follow(&pool);
+        }
+        Ok(pool)
     }
 
     /// The private server, when one is in use by this process.
@@ -129,9 +159,14 @@ impl Database {
     }
 }
 
-/// A pool that takes `role` (a constant of [`ROLES`]) on every connection.
-fn pool_options(role: Option<&'static str>, max_connections: u32) -> PgPoolOptions {
+/// A pool that takes `role` (a constant of [`ROLES`]) on every connection
+/// and, with a follower, drops connections opened before a failover.
+fn pool_options(role: Option<&'static str>, max_connections: u32, follower: Option<Arc<Follower>>) -> PgPoolOptions {
     PgPoolOptions::new()
+        .before_acquire(move |_conn, meta| {
+            let fresh = follower.as_ref().is_none_or(|f| f.is_fresh(meta.age));
+            Box::pin(async move { Ok(fresh) })
+        })
         .after_connect(move |conn, _| {
             Box::pin(async move {
                 if let Some(role) = role {

@@ -17,6 +17,7 @@ pub mod cmd;
 pub mod config;
 pub mod db;
 pub mod demo;
+pub mod failover;
 pub mod import;
 pub mod money;
 pub mod period;

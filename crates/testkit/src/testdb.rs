@@ -26,6 +26,7 @@ pub fn shared_test_server() -> std::result::Result<&'static LocalPostgres, Strin
                 throwaway: true,
                 remove_on_stop: true,
                 max_connections: 400,
+                settings: Vec::new(),
             };
             LocalPostgres::start(&opts).map_err(|e| e.to_string())
         })

@@ -166,6 +166,7 @@ pub async fn bench(opts: &BenchOptions) -> anyhow::Result<BenchReport> {
                 throwaway: false,
                 remove_on_stop: true,
                 max_connections: 300,
+                settings: Vec::new(),
             };
             eprintln!("bench: starting a private PostgreSQL (fsync on) for the run");
             let server = tokio::task::spawn_blocking(move || LocalPostgres::start(&local)).await??;

@@ -152,6 +152,7 @@ pub async fn chaos(opts: ChaosOptions) -> anyhow::Result<ChaosReport> {
                 throwaway: true,
                 remove_on_stop: true,
                 max_connections: 300,
+                settings: Vec::new(),
             };
             let server = tokio::task::spawn_blocking(move || LocalPostgres::start(&local)).await??;
             let url = server.url("postgres");

@@ -1,0 +1,167 @@
+//! A primary and its streaming standby (`pg_basebackup -R`), workers
+//! connected by a libpq multi-host URL with `target_session_attrs=read-write`;
+//! the primary crashes mid-run (`pg_ctl stop -m immediate`) and the standby is
+//! promoted. The workers follow the primary to the standby by themselves and
+//! finish the run there, every creator paid once, `settled verify` passes.
+//! Once with asynchronous and once with synchronous replication.
+
+mod common;
+
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{wait_bounded, SETTLED};
+use settled_testkit::{LocalOptions, LocalPostgres};
+use sqlx::{Connection, PgConnection};
+
+const PERIOD: &str = "2026-11-28";
+const CREATORS: i64 = 6000;
+
+/// A primary and a standby that follows it; both stopped and removed on drop.
+struct Pair {
+    primary: Option<LocalPostgres>,
+    standby: Option<LocalPostgres>,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Pair {
+    fn drop(&mut self) {
+        for server in [self.primary.take(), self.standby.take()].into_iter().flatten() {
+            let _ = server.stop();
+        }
+    }
+}
+
+fn options(data_dir: std::path::PathBuf, settings: Vec<String>) -> LocalOptions {
+    LocalOptions {
+        data_dir,
+        // Durable: a crash must lose only what was not in the WAL yet.
+        throwaway: false,
+        remove_on_stop: true,
+        max_connections: 100,
+        settings,
+    }
+}
+
+fn start_pair(synchronous: bool) -> Pair {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = if synchronous {
+        vec!["synchronous_standby_names='*'".to_string(), "synchronous_commit=on".to_string()]
+    } else {
+        Vec::new()
+    };
+    let primary = LocalPostgres::start(&options(dir.path().join("primary"), settings)).expect("start the primary");
+    let standby_dir = primary.base_backup(&dir.path().join("standby")).expect("pg_basebackup");
+    let standby = LocalPostgres::start(&options(standby_dir, Vec::new())).expect("start the standby");
+    Pair {
+        primary: Some(primary),
+        standby: Some(standby),
+        _dir: dir,
+    }
+}
+
+/// libpq's multi-host form over the two servers' sockets.
+fn multi_host_url(pair: &Pair) -> String {
+    let (p, s) = (pair.primary.as_ref().unwrap(), pair.standby.as_ref().unwrap());
+    format!(
+        "postgres://postgres@localhost/settled?host={},{}&port={},{}&target_session_attrs=read-write",
+        p.socket_dir().display(),
+        s.socket_dir().display(),
+        p.port(),
+        s.port()
+    )
+}
+
+fn settled(url: &str, args: &[&str]) -> std::process::Command {
+    let mut cmd = std::process::Command::new(SETTLED);
+    cmd.args(args)
+        .env("DATABASE_URL", url)
+        .env("SETTLED_LOG", "info")
+        .stdin(Stdio::null());
+    cmd
+}
+
+fn run_ok(url: &str, args: &[&str]) -> String {
+    let out = settled(url, args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "settled {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+async fn count(url: &str, sql: &str) -> i64 {
+    let mut conn = PgConnection::connect(url).await.unwrap();
+    sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap()
+}
+
+async fn crash_mid_run_and_promote(synchronous: bool) {
+    let mut pair = start_pair(synchronous);
+    let primary_url = pair.primary.as_ref().unwrap().url("postgres");
+    let mut admin = PgConnection::connect(&primary_url).await.unwrap();
+    sqlx::query("CREATE DATABASE settled").execute(&mut admin).await.unwrap();
+    drop(admin);
+    let url = multi_host_url(&pair);
+    run_ok(&url, &["seed", "--period", PERIOD, "--creators", &CREATORS.to_string()]);
+    let logs = tempfile::tempdir().unwrap();
+    let mut workers: Vec<Child> = (0..3)
+        .map(|i| {
+            let log = std::fs::File::create(logs.path().join(format!("worker-{i}.log"))).unwrap();
+            settled(
+                &url,
+                &["lab-worker", "--period", PERIOD, "--concurrency", "2", "--chunk", "50", "--work-ms", "4"],
+            )
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap()
+        })
+        .collect();
+    // Mid-run: a sixth of the creators paid.
+    let on_primary = pair.primary.as_ref().unwrap().url("settled");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while count(&on_primary, "SELECT count(*) FROM settlement.reward_ledger").await < CREATORS / 6 {
+        assert!(Instant::now() < deadline, "the run did not get going");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let primary = pair.primary.take().unwrap();
+    primary.crash().expect("crash the primary");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    pair.standby.as_ref().unwrap().promote().expect("promote the standby");
+    for (i, worker) in workers.iter_mut().enumerate() {
+        let status = tokio::task::block_in_place(|| wait_bounded(worker, 180));
+        let log = std::fs::read_to_string(logs.path().join(format!("worker-{i}.log"))).unwrap();
+        assert!(status.success(), "worker {i} exited {status:?}:\n{log}");
+        assert_eq!(
+            log.matches("following the primary to another host").count(),
+            1,
+            "worker {i} says once that it follows the primary:\n{log}"
+        );
+    }
+    let _ = primary.stop();
+    // On the new primary: the run finished, every creator paid once.
+    let on_new = pair.standby.as_ref().unwrap().url("settled");
+    assert_eq!(count(&on_new, "SELECT count(*) FROM settlement.reward_ledger").await, CREATORS);
+    assert_eq!(
+        count(&on_new, "SELECT count(DISTINCT creator) FROM settlement.reward_ledger").await,
+        CREATORS
+    );
+    assert_eq!(
+        count(&on_new, "SELECT count(*) FROM settled_engine.runs WHERE state = 'finished'").await,
+        1
+    );
+    let verified = run_ok(&url, &["verify", "--period", PERIOD]);
+    assert!(verified.contains("OK"), "{verified}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn workers_follow_a_failover_to_the_promoted_standby_and_pay_once_with_asynchronous_replication() {
+    crash_mid_run_and_promote(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn workers_follow_a_failover_to_the_promoted_standby_and_pay_once_with_synchronous_replication() {
+    crash_mid_run_and_promote(true).await;
+}
