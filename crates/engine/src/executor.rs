@@ -268,7 +268,17 @@ where
     let mut failures = 0u32;
     let mut transient_streak = 0u32;
     while !stats.stop.load(Ordering::Relaxed) {
-        match step().await {
+        let stepped = step().await;
+        if stepped.is_ok() && transient_streak > 0 {
+            // One line when the database is back, not one per attempt.
+            tracing::info!(
+                run = run_id,
+                scope,
+                retries = transient_streak,
+                "claim loop working again"
+            );
+        }
+        match stepped {
             Ok(Step::Worked) => {
                 failures = 0;
                 transient_streak = 0;
@@ -286,7 +296,11 @@ where
                 } else {
                     failures += 1;
                 }
-                tracing::warn!(run = run_id, scope, transient, failures, error = %err, "chunk rolled back");
+                // A transient streak (a restart, a failover) is said once,
+                // at its start; every other failure is said each time.
+                if !transient || transient_streak == 1 {
+                    tracing::warn!(run = run_id, scope, transient, failures, error = %err, "chunk rolled back");
+                }
                 if failures >= cfg.max_consecutive_failures {
                     return Err(EngineError::TooManyFailures {
                         attempts: failures,
