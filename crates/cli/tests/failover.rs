@@ -10,7 +10,7 @@ mod common;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{wait_bounded, SETTLED};
+use common::{free_port, wait_bounded, ProviderSim, LEASED_FAST, SETTLED};
 use settled_testkit::{LocalOptions, LocalPostgres};
 use sqlx::{Connection, PgConnection};
 
@@ -101,7 +101,16 @@ async fn count(url: &str, sql: &str) -> i64 {
     sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap()
 }
 
-async fn crash_mid_run_and_promote(synchronous: bool) {
+/// How the workers pay.
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    /// Ledger and item in one transaction.
+    InTransaction,
+    /// Leases, then the provider simulator, then a fenced completion.
+    Leased,
+}
+
+async fn crash_mid_run_and_promote(synchronous: bool, mode: Mode) {
     let mut pair = start_pair(synchronous);
     let primary_url = pair.primary.as_ref().unwrap().url("postgres");
     let mut admin = PgConnection::connect(&primary_url).await.unwrap();
@@ -112,30 +121,39 @@ async fn crash_mid_run_and_promote(synchronous: bool) {
     drop(admin);
     let url = multi_host_url(&pair);
     run_ok(&url, &["seed", "--period", PERIOD, "--creators", &CREATORS.to_string()]);
+    let sim = (mode == Mode::Leased).then(|| ProviderSim::start(&[]));
+    let mut args = vec![
+        "lab-worker",
+        "--period",
+        PERIOD,
+        "--concurrency",
+        "2",
+        "--chunk",
+        "50",
+        "--work-ms",
+        "4",
+    ];
+    if let Some(sim) = &sim {
+        args.extend_from_slice(LEASED_FAST);
+        args.extend(["--provider-url", sim.url.as_str()]);
+    }
     let logs = tempfile::tempdir().unwrap();
     let mut workers: Vec<Child> = (0..3)
         .map(|i| {
             let log = std::fs::File::create(logs.path().join(format!("worker-{i}.log"))).unwrap();
-            settled(
-                &url,
-                &[
-                    "lab-worker",
-                    "--period",
-                    PERIOD,
-                    "--concurrency",
-                    "2",
-                    "--chunk",
-                    "50",
-                    "--work-ms",
-                    "4",
-                ],
-            )
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap()
+            settled(&url, &args).stdout(Stdio::null()).stderr(log).spawn().unwrap()
         })
         .collect();
+    // An API server on the same URL: it answers 503 during the failover and
+    // recovers by itself.
+    let port = free_port();
+    let mut serve = settled(&url, &["serve", "--bind", &format!("127.0.0.1:{port}")])
+        .env("SETTLED_API_TOKEN", "t")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let api = format!("http://127.0.0.1:{port}");
     // Mid-run: a sixth of the creators paid.
     let on_primary = pair.primary.as_ref().unwrap().url("settled");
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -171,6 +189,39 @@ async fn crash_mid_run_and_promote(synchronous: bool) {
         }
     }
     let _ = primary.stop();
+    // The API server is on the new primary too.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let ready = reqwest::get(format!("{api}/readyz"))
+            .await
+            .map(|r| r.status().as_u16())
+            .ok();
+        if ready == Some(200) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "serve did not recover: {ready:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let creator: String = {
+        let mut conn = PgConnection::connect(&pair.standby.as_ref().unwrap().url("settled"))
+            .await
+            .unwrap();
+        sqlx::query_scalar("SELECT creator FROM settlement.creator_balance ORDER BY balance DESC LIMIT 1")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap()
+    };
+    let paid = reqwest::Client::new()
+        .post(format!("{api}/v1/payouts"))
+        .bearer_auth("t")
+        .header("Idempotency-Key", "after-failover")
+        .json(&serde_json::json!({ "creator": creator, "amount": "1" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(paid.status(), 201, "a payout after the failover");
+    let _ = serve.kill();
+    let _ = serve.wait();
     // On the new primary: the run finished, every creator paid once.
     let on_new = pair.standby.as_ref().unwrap().url("settled");
     assert_eq!(
@@ -191,14 +242,31 @@ async fn crash_mid_run_and_promote(synchronous: bool) {
     );
     let verified = run_ok(&url, &["verify", "--period", PERIOD]);
     assert!(verified.contains("OK"), "{verified}");
+    if let Some(sim) = &sim {
+        // Outside the database, one payment per creator: what the old
+        // primary lost was paid again under the same idempotency key.
+        let counters = sim.counters().await;
+        assert_eq!(counters["applied"], CREATORS, "{counters}");
+        assert_eq!(counters["conflicts"], 0, "{counters}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn workers_follow_a_failover_to_the_promoted_standby_and_pay_once_with_asynchronous_replication() {
-    crash_mid_run_and_promote(false).await;
+    crash_mid_run_and_promote(false, Mode::InTransaction).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn workers_follow_a_failover_to_the_promoted_standby_and_pay_once_with_synchronous_replication() {
-    crash_mid_run_and_promote(true).await;
+    crash_mid_run_and_promote(true, Mode::InTransaction).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn leased_workers_follow_a_failover_and_the_provider_is_paid_once_per_creator_with_asynchronous_replication() {
+    crash_mid_run_and_promote(false, Mode::Leased).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn leased_workers_follow_a_failover_and_the_provider_is_paid_once_per_creator_with_synchronous_replication() {
+    crash_mid_run_and_promote(true, Mode::Leased).await;
 }
