@@ -28,6 +28,7 @@ const SCHEMA_SQL: &[&str] = &[
         status      text        NOT NULL DEFAULT 'eligible',
         attempt     integer     NOT NULL DEFAULT 0,
         attempt_base integer    NOT NULL DEFAULT 0,
+        fence_epoch  integer    NOT NULL DEFAULT 0,
         lease_owner uuid,
         lease_until timestamptz,
         not_before  timestamptz,

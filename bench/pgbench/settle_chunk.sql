@@ -4,7 +4,7 @@
 -- Variables: :period (date), :run (run id), :chunk. Do not edit: a test compares it.
 BEGIN;
 SELECT coalesce(array_agg(key), '{}') AS keys, coalesce(array_agg(fence), '{}') AS fences FROM (
-SELECT t.creator::text AS key, t.attempt + 1 AS fence
+SELECT t.creator::text AS key, (t.attempt + 1)::bigint AS fence
                  FROM settlement.token_trade_volume t
                  WHERE t.period = CAST(:period AS date)
                    AND t.status = 'eligible'

@@ -19,7 +19,7 @@ const TABLE_SQL: &[&str] = &[
     "CREATE TABLE jobs.items (
         day date NOT NULL, item text NOT NULL,
         status text NOT NULL DEFAULT 'eligible', attempt integer NOT NULL DEFAULT 0,
-        attempt_base integer NOT NULL DEFAULT 0, lease_owner uuid, lease_until timestamptz,
+        attempt_base integer NOT NULL DEFAULT 0, fence_epoch integer NOT NULL DEFAULT 0, lease_owner uuid, lease_until timestamptz,
         not_before timestamptz, last_error text, updated_at timestamptz NOT NULL DEFAULT now(),
         PRIMARY KEY (day, item))",
     "CREATE INDEX ON jobs.items (day, item) WHERE status = 'eligible'",

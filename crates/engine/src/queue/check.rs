@@ -18,6 +18,10 @@ pub const REQUIRED_COLUMNS: &[(&str, &str)] = &[
         "attempt_base",
         "integer NOT NULL DEFAULT 0: attempts before the last operator retry (not counted toward the limit)",
     ),
+    (
+        "fence_epoch",
+        "integer NOT NULL DEFAULT 0: the timeline of the primary that granted the lease (with attempt, the fence)",
+    ),
     ("lease_owner", "uuid: the worker holding a lease"),
     ("lease_until", "timestamptz: when the lease expires (database clock)"),
     ("not_before", "timestamptz: do not claim before (retry backoff)"),

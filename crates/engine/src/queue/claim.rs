@@ -8,6 +8,7 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::{fetch_items, Names, WorkQueue, MAX_CHUNK_ITEMS};
+use crate::fence::ROW_FENCE;
 use crate::{ClaimedItem, EngineError};
 
 #[derive(Debug, Clone)]
@@ -27,7 +28,7 @@ impl Sql {
             // locks exactly the rows returned, never more. The fence is the
             // attempt the commit will write.
             in_tx: format!(
-                "SELECT t.{key}::text AS key, t.attempt + 1 AS fence
+                "SELECT t.{key}::text AS key, (t.attempt + 1)::bigint AS fence
                  FROM {table} t
                  WHERE t.{scope} = CAST($1 AS {scope_type})
                    AND t.status = 'eligible'
@@ -38,7 +39,7 @@ impl Sql {
             ),
             // Re-locks chosen keys (retrying halves of a failed chunk).
             keys_in_tx: format!(
-                "SELECT t.{key}::text AS key, t.attempt + 1 AS fence
+                "SELECT t.{key}::text AS key, (t.attempt + 1)::bigint AS fence
                  FROM {table} t
                  WHERE t.{scope} = CAST($1 AS {scope_type})
                    AND t.{key} = ANY(CAST($2 AS {key_type}[]))
@@ -60,10 +61,11 @@ impl Sql {
                      FOR NO KEY UPDATE OF t SKIP LOCKED)
                  UPDATE {table} t
                  SET status = 'processing', attempt = t.attempt + 1, lease_owner = $4,
-                     lease_until = now() + $5 * interval '1 millisecond', updated_at = now()
+                     lease_until = now() + $5 * interval '1 millisecond', updated_at = now(),
+                     fence_epoch = settled_engine.fence_epoch()
                  FROM picked
                  WHERE t.{scope} = picked.scope AND t.{key} = picked.key AND t.status = 'eligible'
-                 RETURNING t.{key}::text AS key, t.attempt AS fence"
+                 RETURNING t.{key}::text AS key, {ROW_FENCE} AS fence"
             ),
         }
     }

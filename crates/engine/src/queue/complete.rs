@@ -5,6 +5,7 @@
 use sqlx::PgConnection;
 
 use super::{keys_and_fences, Names, WorkQueue};
+use crate::fence::ROW_FENCE;
 use crate::{ClaimedItem, EngineError};
 
 #[derive(Debug, Clone)]
@@ -42,17 +43,17 @@ impl Sql {
                 "UPDATE {table} t
                  SET status = 'settled', lease_owner = NULL, lease_until = NULL,
                      last_error = NULL, not_before = NULL, updated_at = now()
-                 FROM unnest(CAST($2 AS {key_type}[]), CAST($3 AS integer[])) AS f(key, fence)
+                 FROM unnest(CAST($2 AS {key_type}[]), CAST($3 AS bigint[])) AS f(key, fence)
                  WHERE t.{scope} = CAST($1 AS {scope_type})
-                   AND t.{key} = f.key AND t.attempt = f.fence AND t.status = 'processing'
+                   AND t.{key} = f.key AND {ROW_FENCE} = f.fence AND t.status = 'processing'
                  RETURNING t.{key}::text AS key"
             ),
             held_fenced: format!(
                 "UPDATE {table} t
                  SET status = 'held', lease_owner = NULL, lease_until = NULL, updated_at = now()
-                 FROM unnest(CAST($2 AS {key_type}[]), CAST($3 AS integer[])) AS f(key, fence)
+                 FROM unnest(CAST($2 AS {key_type}[]), CAST($3 AS bigint[])) AS f(key, fence)
                  WHERE t.{scope} = CAST($1 AS {scope_type})
-                   AND t.{key} = f.key AND t.attempt = f.fence AND t.status = 'processing'"
+                   AND t.{key} = f.key AND {ROW_FENCE} = f.fence AND t.status = 'processing'"
             ),
         }
     }

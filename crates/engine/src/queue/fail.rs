@@ -6,6 +6,7 @@
 use sqlx::PgConnection;
 
 use super::{keys_and_fences, Names, WorkQueue};
+use crate::fence::ROW_FENCE;
 use crate::{ClaimedItem, EngineError};
 
 /// Default attempts before `failed`.
@@ -92,9 +93,9 @@ impl Sql {
             fenced: format!(
                 "UPDATE {table} t
                  SET {}
-                 FROM unnest(CAST($2 AS {key_type}[]), CAST($8 AS integer[])) AS f(key, fence)
+                 FROM unnest(CAST($2 AS {key_type}[]), CAST($8 AS bigint[])) AS f(key, fence)
                  WHERE t.{scope} = CAST($1 AS {scope_type})
-                   AND t.{key} = f.key AND t.attempt = f.fence AND t.status = 'processing'
+                   AND t.{key} = f.key AND {ROW_FENCE} = f.fence AND t.status = 'processing'
                  RETURNING t.status",
                 retry_set("t.attempt", "$3", "$4", "$5", "$6", "$7")
             ),

@@ -8,6 +8,7 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::{fetch_items, keys_and_fences, Names, WorkQueue};
+use crate::fence::ROW_FENCE;
 use crate::{ClaimedItem, EngineError};
 
 #[derive(Debug, Clone)]
@@ -28,10 +29,10 @@ impl Sql {
             renew: format!(
                 "UPDATE {table} t
                  SET lease_until = now() + $2 * interval '1 millisecond'
-                 FROM unnest(CAST($3 AS {key_type}[]), CAST($4 AS integer[])) AS f(key, fence)
-                 WHERE t.{key} = f.key AND t.attempt = f.fence
+                 FROM unnest(CAST($3 AS {key_type}[]), CAST($4 AS bigint[])) AS f(key, fence)
+                 WHERE t.{key} = f.key AND {ROW_FENCE} = f.fence
                    AND t.status = 'processing' AND t.lease_owner = $1
-                 RETURNING t.{key}::text AS key, t.attempt AS fence"
+                 RETURNING t.{key}::text AS key, {ROW_FENCE} AS fence"
             ),
             // Graceful shutdown: give back what a worker holds, attempt kept.
             release_own: format!(

@@ -171,8 +171,8 @@ async fn fetch_items<'q>(
 }
 
 /// Splits items into the two arrays the fenced statements bind.
-fn keys_and_fences(items: &[ClaimedItem]) -> (Vec<String>, Vec<i32>) {
-    items.iter().map(|i| (i.key.clone(), i.fence.get())).unzip()
+fn keys_and_fences(items: &[ClaimedItem]) -> (Vec<String>, Vec<i64>) {
+    items.iter().map(|i| (i.key.clone(), i.fence.packed())).unzip()
 }
 
 #[cfg(test)]
