@@ -270,3 +270,132 @@ async fn leased_workers_follow_a_failover_and_the_provider_is_paid_once_per_crea
 async fn leased_workers_follow_a_failover_and_the_provider_is_paid_once_per_creator_with_synchronous_replication() {
     crash_mid_run_and_promote(true, Mode::Leased).await;
 }
+
+async fn wait_for(url: &str, sql: &str, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut conn = PgConnection::connect(url).await.unwrap();
+        if sqlx::query_scalar::<_, bool>(sql).fetch_one(&mut conn).await.unwrap() {
+            return;
+        }
+        assert!(Instant::now() < deadline, "waited too long for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The fence question. With asynchronous replication a failover loses the
+/// commits the standby had not received; a leased claim among them comes
+/// back on the new primary as a claim with the same attempt number. The
+/// fence carries the primary's timeline too, so the zombie holding the lost
+/// claim is refused, where the attempt alone would have let it complete in
+/// the new claim's name. (Past the fence, the ledger's key and the
+/// provider's idempotency key stop a second payment anyway: see the leased
+/// failover tests.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_claim_lost_in_a_failover_gets_its_attempt_number_again_and_the_timeline_in_the_fence_refuses_its_zombie() {
+    let mut pair = start_pair(false);
+    let mut admin = PgConnection::connect(&pair.primary.as_ref().unwrap().url("postgres"))
+        .await
+        .unwrap();
+    sqlx::query("CREATE DATABASE settled")
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    drop(admin);
+    run_ok(
+        &multi_host_url(&pair),
+        &["seed", "--period", PERIOD, "--creators", "20"],
+    );
+    let (old_url, new_url) = (
+        pair.primary.as_ref().unwrap().url("settled"),
+        pair.standby.as_ref().unwrap().url("settled"),
+    );
+    let job = settled::settlement::job();
+    let old = sqlx::PgPool::connect(&old_url).await.unwrap();
+    let run = job.start_or_join(&old, PERIOD, None).await.unwrap().run;
+    // The standby has all of that; then it stops receiving.
+    let lsn: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
+        .fetch_one(&old)
+        .await
+        .unwrap();
+    wait_for(
+        &new_url,
+        &format!("SELECT pg_last_wal_replay_lsn() >= '{lsn}'::pg_lsn"),
+        "the standby to replay the run",
+    )
+    .await;
+    let mut standby = PgConnection::connect(&new_url).await.unwrap();
+    sqlx::query("ALTER SYSTEM SET primary_conninfo = ''")
+        .execute(&mut standby)
+        .await
+        .unwrap();
+    sqlx::query("SELECT pg_reload_conf()")
+        .execute(&mut standby)
+        .await
+        .unwrap();
+    drop(standby);
+    wait_for(
+        &old_url,
+        "SELECT count(*) = 0 FROM pg_stat_replication",
+        "replication to stop",
+    )
+    .await;
+    // The zombie's claim commits on the primary only.
+    let ttl = Duration::from_secs(600);
+    let mut conn = old.acquire().await.unwrap();
+    let zombie = job
+        .queue()
+        .claim_leased(&mut conn, PERIOD, 5, run.id, uuid::Uuid::new_v4(), ttl)
+        .await
+        .unwrap();
+    assert_eq!(zombie.len(), 5);
+    drop(conn);
+    old.close().await;
+    pair.primary.take().unwrap().crash().unwrap();
+    pair.standby.as_ref().unwrap().promote().unwrap();
+    // The new primary never saw that claim: it hands out the same attempt
+    // numbers again, on a new timeline.
+    let new = sqlx::PgPool::connect(&new_url).await.unwrap();
+    let mut conn = new.acquire().await.unwrap();
+    let live = job
+        .queue()
+        .claim_leased(&mut conn, PERIOD, 20, run.id, uuid::Uuid::new_v4(), ttl)
+        .await
+        .unwrap();
+    assert_eq!(live.len(), 20);
+    for z in &zombie {
+        let l = live
+            .iter()
+            .find(|l| l.key == z.key)
+            .expect("the zombie's item is claimed again");
+        assert_eq!(
+            l.fence.get(),
+            z.fence.get(),
+            "the same attempt number, handed out twice"
+        );
+        assert!(l.fence.epoch() > z.fence.epoch(), "{} vs {}", l.fence, z.fence);
+    }
+    // By attempt alone the zombie would complete in the live claim's name...
+    let keys: Vec<String> = zombie.iter().map(|z| z.key.clone()).collect();
+    let attempts: Vec<i32> = zombie.iter().map(|z| z.fence.get()).collect();
+    let by_attempt: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM settlement.token_trade_volume t
+         JOIN unnest($1::text[], $2::int[]) AS z(creator, attempt) USING (creator)
+         WHERE t.period = $3::date AND t.attempt = z.attempt AND t.status = 'processing'",
+    )
+    .bind(&keys)
+    .bind(&attempts)
+    .bind(PERIOD)
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap();
+    assert_eq!(by_attempt, 5);
+    drop(conn);
+    // ...the fence refuses it, and accepts the live claim.
+    let mut tx = new.begin().await.unwrap();
+    let accepted = job.queue().complete_fenced(&mut tx, PERIOD, &zombie).await.unwrap();
+    assert!(accepted.is_empty(), "the zombie completed: {accepted:?}");
+    let accepted = job.queue().complete_fenced(&mut tx, PERIOD, &live).await.unwrap();
+    assert_eq!(accepted.len(), 20);
+    tx.commit().await.unwrap();
+}
