@@ -38,6 +38,49 @@ pub struct DaemonConfig {
     /// before the daemon gives up; meanwhile it retries with backoff and
     /// logs one line when the outage starts and one when it ends.
     pub max_outage: Duration,
+    /// Where to LISTEN for run and item changes: a pool whose connections
+    /// are sessions (the job's own pool, or a direct one when the job's pool
+    /// goes through a transaction pooler). None: poll only.
+    pub notifications: Option<PgPool>,
+}
+
+/// Channel of the daemon's start-up self-test.
+const SELF_TEST_CHANNEL: &str = "settled_engine_self_test";
+
+/// LISTENs on `listen` and proves it with a NOTIFY sent through `pool` (so
+/// both reach the same database). None, with a warning, when that fails.
+async fn listener(listen: &PgPool, pool: &PgPool, worker: &Worker) -> Option<sqlx::postgres::PgListener> {
+    let connected = async {
+        let mut listener = sqlx::postgres::PgListener::connect_with(listen).await?;
+        listener.listen_all([RUNS_CHANNEL, ITEMS_CHANNEL, SELF_TEST_CHANNEL]).await?;
+        let token = worker.id().to_string();
+        sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(SELF_TEST_CHANNEL) // $1
+            .bind(&token) // $2
+            .execute(pool)
+            .await?;
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while let Ok(Ok(n)) = tokio::time::timeout(deadline.saturating_duration_since(Instant::now()), listener.recv()).await {
+            if n.channel() == SELF_TEST_CHANNEL && n.payload() == token {
+                return Ok::<_, sqlx::Error>(Some(listener));
+            }
+        }
+        Ok(None)
+    };
+    match connected.await {
+        Ok(Some(listener)) => {
+            tracing::info!("notifications: LISTEN (self-test passed)");
+            Some(listener)
+        }
+        Ok(None) => {
+            tracing::warn!("notifications: the LISTEN self-test got no NOTIFY back within 3 s (a transaction pooler?); polling instead");
+            None
+        }
+        Err(err) => {
+            tracing::warn!(error = %err, "notifications: cannot LISTEN; polling instead");
+            None
+        }
+    }
 }
 
 /// Runs the daemon until `worker`'s stop is requested.
@@ -55,13 +98,16 @@ pub async fn run<H: RunHooks, D: Drainer>(
             daemon.catch_up_days
         )));
     }
-    let mut listener = sqlx::postgres::PgListener::connect_with(pool)
-        .await
-        .map_err(EngineError::db("connecting the daemon's listener"))?;
-    listener
-        .listen_all([RUNS_CHANNEL, ITEMS_CHANNEL])
-        .await
-        .map_err(EngineError::db("listening for run changes"))?;
+    let listener = match &daemon.notifications {
+        Some(listen) => listener(listen, pool, worker).await,
+        None => {
+            tracing::info!(
+                max_poll_ms = daemon.max_poll.as_millis() as u64,
+                "notifications: none (behind a transaction pooler without a direct URL); polling"
+            );
+            None
+        }
+    };
     tracing::info!(
         job = job.name(), worker = %worker.id(), schedule = daemon.schedule.expression(),
         tz = %daemon.schedule.tz(), catch_up_days = daemon.catch_up_days, "daemon started"
@@ -109,7 +155,7 @@ pub const MAX_OUTAGE_BACKOFF: Duration = Duration::from_secs(5);
 struct LoopState {
     warned: HashSet<String>,
     poll: Duration,
-    listener: sqlx::postgres::PgListener,
+    listener: Option<sqlx::postgres::PgListener>,
 }
 
 /// One look: reopen, start what is due, work on the running run, or wait.
@@ -153,8 +199,14 @@ async fn step<H: RunHooks, D: Drainer>(
         .and_then(|t| (t - now).to_std().ok())
         .unwrap_or(daemon.max_poll);
     let wait = state.poll.min(until_due + Duration::from_millis(50));
+    let notified = async {
+        match state.listener.as_mut() {
+            Some(listener) => listener.recv().await,
+            None => std::future::pending().await,
+        }
+    };
     tokio::select! {
-        notification = state.listener.recv() => {
+        notification = notified => {
             match notification {
                 Ok(n) => tracing::debug!(channel = n.channel(), payload = n.payload(), "woken by notification"),
                 // The listener reconnects on its next call; meanwhile the

@@ -79,6 +79,7 @@ async fn the_example_runs_as_a_daemon_with_schedule_finish_retry_and_cancel() {
                 catch_up_days: 1,
                 max_poll: Duration::from_millis(500),
                 max_outage: Duration::from_secs(60),
+                notifications: Some(pool.clone()),
             };
             let job = email_digest::job();
             settled_engine::daemon::run(

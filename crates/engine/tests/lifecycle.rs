@@ -391,6 +391,7 @@ async fn ten_daemons_make_one_run_per_due_time_and_settle_it_once() {
                 catch_up_days: 1,
                 max_poll: Duration::from_millis(300),
                 max_outage: Duration::from_secs(60),
+                notifications: Some(pool.clone()),
             };
             settled_engine::daemon::run(&job(), &pool, &drainer(&[]), &config(20, 2), &worker, &daemon).await
         }));

@@ -44,6 +44,23 @@ pub struct DbOptions {
     /// Least-privilege role to `SET ROLE` to on every connection (None: the
     /// login role). With a role, migrations are checked, not applied.
     pub role: Option<&'static str>,
+    /// What sits between this process and PostgreSQL.
+    pub pooler: Pooler,
+    /// A URL without the transaction pooler (migrations, LISTEN).
+    pub direct_url: Option<String>,
+}
+
+/// What sits between settled and PostgreSQL.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Pooler {
+    /// Nothing, or a proxy that keeps one server connection per client.
+    #[default]
+    None,
+    /// A session pooler: a server connection per client session; nothing changes.
+    Session,
+    /// A transaction pooler (PgBouncer `pool_mode = transaction`): a server
+    /// connection per transaction, so no session state lasts.
+    Transaction,
 }
 
 /// The least-privilege roles the migrations create.
@@ -61,6 +78,8 @@ pub struct Database {
     /// Follows the primary when `DATABASE_URL` names several hosts.
     follower: Option<Arc<Follower>>,
     server: Option<LocalPostgres>,
+    pooler: Pooler,
+    direct_url: Option<String>,
 }
 
 impl Database {
@@ -72,6 +91,8 @@ impl Database {
             max_connections,
             application_name: application_name.to_string(),
             role: None,
+            pooler: Pooler::None,
+            direct_url: None,
         })
         .await
     }
@@ -102,6 +123,16 @@ impl Database {
         };
         let role = opts.role;
         debug_assert!(role.is_none_or(|r| ROLES.contains(&r)));
+        let connect = if opts.pooler == Pooler::Transaction {
+            anyhow::ensure!(
+                role.is_none(),
+                "--role-per-command cannot work behind a transaction pooler (its SET ROLE is session state the pooler does not keep): log in as the role instead"
+            );
+            // Unnamed statements in one round trip (vendor/sqlx-postgres/PATCH.md).
+            connect.statement_cache_capacity(0)
+        } else {
+            connect
+        };
         let pool = pool_options(role, opts.max_connections, follower.clone())
             .connect_with(connect.clone())
             .await
@@ -117,10 +148,28 @@ impl Database {
             role,
             follower,
             server,
+            pooler: opts.pooler,
+            direct_url: opts.direct_url.clone(),
         };
-        match role {
-            None => migrate(&db.pool).await?,
-            Some(role) => check_migrated(&db.pool, role).await?,
+        match (role, opts.pooler, &opts.direct_url) {
+            (Some(role), _, _) => check_migrated(&db.pool, role).await?,
+            (None, Pooler::Transaction, Some(direct)) => {
+                // The migrator holds a session advisory lock: not through the pooler.
+                let direct_pool = PgPoolOptions::new()
+                    .max_connections(1)
+                    .acquire_timeout(acquire_timeout())
+                    .connect_with(PgConnectOptions::from_str_checked(direct)?.application_name(&opts.application_name))
+                    .await
+                    .with_context(|| format!("connecting to SETTLED_DIRECT_URL {}", redact_url(direct)))?;
+                migrate(&direct_pool).await?;
+                direct_pool.close().await;
+            }
+            (None, Pooler::Transaction, None) => check_migrated(&db.pool, "the login role").await.map_err(|_| {
+                anyhow::anyhow!(
+                    "behind a transaction pooler the migrations need a session: set SETTLED_DIRECT_URL (or --direct-url) to a URL that reaches PostgreSQL without the pooler"
+                )
+            })?,
+            (None, _, _) => migrate(&db.pool).await?,
         }
         Ok(db)
     }
@@ -151,6 +200,22 @@ impl Database {
             follower.follow(&pool);
         }
         Ok(pool)
+    }
+
+    /// Where LISTEN can go: None behind a transaction pooler without a
+    /// direct URL (poll instead); otherwise a one-connection pool (the
+    /// direct URL's, or this database's own options).
+    pub async fn listen_pool(&self) -> anyhow::Result<Option<PgPool>> {
+        match (self.pooler, &self.direct_url) {
+            (Pooler::Transaction, None) => Ok(None),
+            (Pooler::Transaction, Some(direct)) => Ok(Some(
+                PgPoolOptions::new()
+                    .max_connections(1)
+                    .acquire_timeout(acquire_timeout())
+                    .connect_lazy_with(PgConnectOptions::from_str_checked(direct)?.application_name("settled-listen")),
+            )),
+            _ => Ok(Some(self.pool.clone())),
+        }
     }
 
     /// The private server, when one is in use by this process.

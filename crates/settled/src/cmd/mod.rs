@@ -50,6 +50,19 @@ pub struct Global {
     #[arg(long, env = "SETTLED_ROLE_PER_COMMAND", global = true)]
     pub role_per_command: bool,
 
+    /// What sits between settled and PostgreSQL: none, a session pooler, or
+    /// a transaction pooler (PgBouncer `pool_mode = transaction`). Behind a
+    /// transaction pooler statements are unnamed and sent in one round trip,
+    /// migrations and LISTEN use --direct-url, and --role-per-command is
+    /// refused (its SET ROLE is session state).
+    #[arg(long, env = "SETTLED_POOLER", value_enum, default_value_t = Pooler::None, global = true)]
+    pub pooler: Pooler,
+
+    /// A URL that reaches PostgreSQL without the transaction pooler, for what
+    /// needs a session: migrations (a session advisory lock) and LISTEN.
+    #[arg(long, env = "SETTLED_DIRECT_URL", global = true, hide_env_values = true)]
+    pub direct_url: Option<String>,
+
     /// Log format on stderr: human, or json (one object per line).
     #[arg(long, env = "SETTLED_LOG_FORMAT", value_enum, default_value_t = LogFormat::Human, global = true)]
     pub log_format: LogFormat,
@@ -61,6 +74,8 @@ impl Global {
         self.database_url.clone().filter(|u| !u.is_empty())
     }
 }
+
+pub use crate::db::Pooler;
 
 /// How log lines look.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -122,6 +137,8 @@ impl<C: DbCommand> Runnable for OnDatabase<C> {
                 max_connections: self.0.connections(),
                 role: if global.role_per_command { C::ROLE } else { None },
                 application_name: C::APPLICATION_NAME.to_string(),
+                pooler: global.pooler,
+                direct_url: global.direct_url.clone().filter(|u| !u.is_empty()),
             };
             let db = Database::open(&opts).await?;
             let result = self.0.run(&db).await;

@@ -140,6 +140,7 @@ impl Args {
                 catch_up_days: self.catch_up_days,
                 max_poll: Duration::from_millis(self.max_poll_ms),
                 max_outage: Duration::from_secs(self.max_outage_secs),
+                notifications: db.listen_pool().await?,
             };
             crate::worker::run_daemon(&db.pool, &opts, drainer, &daemon).await?;
             println!("worker daemon stopped");
