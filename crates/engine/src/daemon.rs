@@ -52,7 +52,9 @@ const SELF_TEST_CHANNEL: &str = "settled_engine_self_test";
 async fn listener(listen: &PgPool, pool: &PgPool, worker: &Worker) -> Option<sqlx::postgres::PgListener> {
     let connected = async {
         let mut listener = sqlx::postgres::PgListener::connect_with(listen).await?;
-        listener.listen_all([RUNS_CHANNEL, ITEMS_CHANNEL, SELF_TEST_CHANNEL]).await?;
+        listener
+            .listen_all([RUNS_CHANNEL, ITEMS_CHANNEL, SELF_TEST_CHANNEL])
+            .await?;
         let token = worker.id().to_string();
         sqlx::query("SELECT pg_notify($1, $2)")
             .bind(SELF_TEST_CHANNEL) // $1
@@ -60,7 +62,9 @@ async fn listener(listen: &PgPool, pool: &PgPool, worker: &Worker) -> Option<sql
             .execute(pool)
             .await?;
         let deadline = Instant::now() + Duration::from_secs(3);
-        while let Ok(Ok(n)) = tokio::time::timeout(deadline.saturating_duration_since(Instant::now()), listener.recv()).await {
+        while let Ok(Ok(n)) =
+            tokio::time::timeout(deadline.saturating_duration_since(Instant::now()), listener.recv()).await
+        {
             if n.channel() == SELF_TEST_CHANNEL && n.payload() == token {
                 return Ok::<_, sqlx::Error>(Some(listener));
             }

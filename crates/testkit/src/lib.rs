@@ -2,7 +2,9 @@
 //! (`TestDb`), for the test suites only. The server itself is
 //! `settled-embedded`, re-exported here for tests' convenience.
 
+mod pgbouncer;
 mod testdb;
 
+pub use pgbouncer::{find_pgbouncer, PgBouncer};
 pub use settled_embedded::{find_binaries, with_database, Error, LocalOptions, LocalPostgres, PgBinaries, Result};
 pub use testdb::{shared_test_server, TestDb};
