@@ -22,6 +22,8 @@ pub const CONFIG_KEYS: &[(&str, &str)] = &[
     ("max_outage_secs", "SETTLED_MAX_OUTAGE_SECS"),
     ("log", "SETTLED_LOG"),
     ("token_decimals", "SETTLED_TOKEN_DECIMALS"),
+    ("pooler", "SETTLED_POOLER"),
+    ("direct_url", "SETTLED_DIRECT_URL"),
 ];
 
 /// Largest config file read.
