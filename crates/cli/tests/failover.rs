@@ -399,3 +399,170 @@ async fn a_claim_lost_in_a_failover_gets_its_attempt_number_again_and_the_timeli
     assert_eq!(accepted.len(), 20);
     tx.commit().await.unwrap();
 }
+
+/// Settles 10 creators through `url`, waits until the standby has replayed
+/// it all, then stops the standby's replication: what the primary commits
+/// from now on, the standby never gets.
+async fn settle_then_cut_replication(pair: &Pair, url: &str) -> String {
+    let mut admin = PgConnection::connect(&pair.primary.as_ref().unwrap().url("postgres"))
+        .await
+        .unwrap();
+    sqlx::query("CREATE DATABASE settled")
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    drop(admin);
+    run_ok(url, &["seed", "--period", PERIOD, "--creators", "10"]);
+    run_ok(url, &["worker", "--period", PERIOD]);
+    let (old_url, new_url) = (
+        pair.primary.as_ref().unwrap().url("settled"),
+        pair.standby.as_ref().unwrap().url("settled"),
+    );
+    let mut old = PgConnection::connect(&old_url).await.unwrap();
+    let creator: String =
+        sqlx::query_scalar("SELECT creator FROM settlement.creator_balance ORDER BY balance DESC LIMIT 1")
+            .fetch_one(&mut old)
+            .await
+            .unwrap();
+    let lsn: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
+        .fetch_one(&mut old)
+        .await
+        .unwrap();
+    wait_for(
+        &new_url,
+        &format!("SELECT pg_last_wal_replay_lsn() >= '{lsn}'::pg_lsn"),
+        "the standby to replay the settlement",
+    )
+    .await;
+    let mut standby = PgConnection::connect(&new_url).await.unwrap();
+    sqlx::query("ALTER SYSTEM SET primary_conninfo = ''")
+        .execute(&mut standby)
+        .await
+        .unwrap();
+    sqlx::query("SELECT pg_reload_conf()")
+        .execute(&mut standby)
+        .await
+        .unwrap();
+    wait_for(
+        &old_url,
+        "SELECT count(*) = 0 FROM pg_stat_replication",
+        "replication to stop",
+    )
+    .await;
+    creator
+}
+
+/// `settled serve` on `url` with `extra` flags; killed on drop.
+struct Api(Child, String);
+
+impl Drop for Api {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn api(url: &str, extra: &[&str]) -> Api {
+    let port = free_port();
+    let bind = format!("127.0.0.1:{port}");
+    let mut args = vec!["serve", "--bind", bind.as_str()];
+    args.extend_from_slice(extra);
+    let server = Api(
+        settled(url, &args)
+            .env("SETTLED_API_TOKEN", "t")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+        format!("http://127.0.0.1:{port}"),
+    );
+    for _ in 0..200 {
+        let ready = reqwest::get(format!("{}/readyz", server.1)).await;
+        if ready.is_ok_and(|r| r.status() == 200) {
+            return server;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("serve did not come up");
+}
+
+async fn pay(base: &str, key: &str, creator: &str) -> (u16, serde_json::Value) {
+    let response = reqwest::Client::new()
+        .post(format!("{base}/v1/payouts"))
+        .bearer_auth("t")
+        .header("Idempotency-Key", key)
+        .json(&serde_json::json!({ "creator": creator, "amount": "1000" }))
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or_default())
+}
+
+/// Crashes the primary, promotes the standby, and waits until `api` takes
+/// writes again.
+async fn fail_over(pair: &mut Pair, api: &Api) {
+    pair.primary.take().unwrap().crash().unwrap();
+    pair.standby.as_ref().unwrap().promote().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while reqwest::get(format!("{}/readyz", api.1))
+        .await
+        .map(|r| r.status().as_u16())
+        .ok()
+        != Some(200)
+    {
+        assert!(Instant::now() < deadline, "serve did not follow the failover");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_acknowledged_payout_can_vanish_in_an_asynchronous_failover_and_its_retry_pays_once() {
+    let mut pair = start_pair(false);
+    let url = multi_host_url(&pair);
+    let creator = settle_then_cut_replication(&pair, &url).await;
+    let server = api(&url, &[]).await;
+    let (status, first) = pay(&server.1, "ack-1", &creator).await;
+    assert_eq!(status, 201, "{first}");
+    fail_over(&mut pair, &server).await;
+    let new_url = pair.standby.as_ref().unwrap().url("settled");
+    assert_eq!(
+        count(&new_url, "SELECT count(*) FROM settlement.payouts").await,
+        0,
+        "the 201 was acknowledged by a primary whose commit the standby never got"
+    );
+    // The client retries with its key: one payout, on the new primary.
+    let (status, again) = pay(&server.1, "ack-1", &creator).await;
+    assert_eq!(status, 201, "{again}");
+    let (status, replayed) = pay(&server.1, "ack-1", &creator).await;
+    assert_eq!((status, &replayed["id"]), (201, &again["id"]));
+    assert_eq!(count(&new_url, "SELECT count(*) FROM settlement.payouts").await, 1);
+    let verified = run_ok(&url, &["verify", "--period", PERIOD]);
+    assert!(verified.contains("OK"), "{verified}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_remote_apply_no_payout_is_acknowledged_before_the_standby_has_it() {
+    let mut pair = start_pair(true);
+    let url = multi_host_url(&pair);
+    let creator = settle_then_cut_replication(&pair, &url).await;
+    // The standby gets nothing now: a payout must not be answered 201, even
+    // after the API's 5 s statement timeout (PostgreSQL would turn a
+    // cancelled wait for the standby into a successful commit).
+    let server = api(
+        &url,
+        &["--synchronous-commit", "remote-apply", "--request-timeout-ms", "7000"],
+    )
+    .await;
+    let (status, answer) = pay(&server.1, "ack-2", &creator).await;
+    assert_eq!(status, 503, "{answer}");
+    assert_eq!(answer["type"], "/problems/request-timeout", "{answer}");
+    fail_over(&mut pair, &server).await;
+    let new_url = pair.standby.as_ref().unwrap().url("settled");
+    assert_eq!(count(&new_url, "SELECT count(*) FROM settlement.payouts").await, 0);
+    let (status, paid) = pay(&server.1, "ack-2", &creator).await;
+    assert_eq!(status, 201, "{paid}");
+    assert_eq!(count(&new_url, "SELECT count(*) FROM settlement.payouts").await, 1);
+    let verified = run_ok(&url, &["verify", "--period", PERIOD]);
+    assert!(verified.contains("OK"), "{verified}");
+}

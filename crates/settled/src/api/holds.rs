@@ -29,8 +29,8 @@ pub use crate::settlement::Hold;
 /// Places the hold under the creator's balance-row lock, the lock every
 /// payout takes before it reads holds: once this commits, no payout that
 /// has not yet committed can pay the creator.
-async fn place_hold(pool: &sqlx::PgPool, creator: &CreatorAddress, reason: &str) -> Result<Hold, sqlx::Error> {
-    let mut tx = super::begin(pool).await?;
+async fn place_hold(state: &AppState, creator: &CreatorAddress, reason: &str) -> Result<Hold, sqlx::Error> {
+    let mut tx = super::begin(state).await?;
     sqlx::query("SELECT 1 FROM settlement.creator_balance WHERE creator = $1 FOR NO KEY UPDATE")
         .bind(creator.as_str()) // $1
         .execute(&mut *tx)
@@ -43,7 +43,7 @@ async fn place_hold(pool: &sqlx::PgPool, creator: &CreatorAddress, reason: &str)
     .bind(reason) // $2
     .fetch_one(&mut *tx)
     .await?;
-    tx.commit().await?;
+    super::commit(state, tx).await?;
     Ok(hold)
 }
 
@@ -80,7 +80,7 @@ pub async fn create(
     {
         return Err(Problem::not_found("unknown-creator", format!("creator {creator} is unknown")).field("creator"));
     }
-    let inserted = place_hold(&state.pool, &creator, reason).await;
+    let inserted = place_hold(state, &creator, reason).await;
     match inserted {
         Ok(row) => Ok((StatusCode::CREATED, axum::Json(row)).into_response()),
         Err(err) if settled_engine::error::is_unique_violation(&err, "creator_holds_one_active") => {
@@ -118,7 +118,7 @@ pub async fn release(
     let id: i64 = id
         .parse()
         .map_err(|_| Problem::bad_request("invalid-id", "hold id must be an integer").field("id"))?;
-    let tx = super::begin(&state.pool).await.map_err(Problem::unavailable)?;
+    let tx = super::begin(state).await.map_err(Problem::unavailable)?;
     let released = crate::settlement::release_hold(&state.pool, tx, id)
         .await
         .map_err(Problem::unavailable)?;

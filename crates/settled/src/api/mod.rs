@@ -65,6 +65,8 @@ pub struct AppState {
     pub decimals: u32,
     /// Connection and request limits.
     pub limits: HttpLimits,
+    /// `synchronous_commit` of payouts and holds (None: the server's).
+    pub synchronous_commit: Option<SynchronousCommit>,
 }
 
 impl AppState {
@@ -79,6 +81,7 @@ impl AppState {
             verifications: Arc::default(),
             decimals: crate::money::DEFAULT_DECIMALS,
             limits: HttpLimits::default(),
+            synchronous_commit: None,
         }
     }
 }
@@ -165,17 +168,66 @@ pub const API_LOCK_TIMEOUT: &str = "2s";
 /// `statement_timeout` of the API's transactions.
 pub const API_STATEMENT_TIMEOUT: &str = "5s";
 
-/// Begins a transaction with the API's lock and statement timeouts. They
-/// are transaction-local (`set_config(..., true)`): they end with it, and
-/// hold behind a transaction pooler.
-pub async fn begin(pool: &PgPool) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, sqlx::Error> {
-    let mut tx = pool.begin().await?;
-    sqlx::query("SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $2, true)")
-        .bind(API_LOCK_TIMEOUT) // $1
-        .bind(API_STATEMENT_TIMEOUT) // $2
-        .execute(&mut *tx)
-        .await?;
+/// Begins a write transaction of the API (payouts, holds) with its lock and
+/// statement timeouts and, when configured, its `synchronous_commit` (so a
+/// 201 is sent only once a synchronous standby has the commit). All are
+/// transaction-local (`set_config(..., true)`): they end with it, and hold
+/// behind a transaction pooler.
+pub async fn begin(state: &AppState) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, sqlx::Error> {
+    let mut tx = state.pool.begin().await?;
+    sqlx::query(
+        "SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $2, true),
+                CASE WHEN $3::text IS NULL THEN NULL ELSE set_config('synchronous_commit', $3, true) END",
+    )
+    .bind(API_LOCK_TIMEOUT) // $1
+    .bind(API_STATEMENT_TIMEOUT) // $2
+    .bind(state.synchronous_commit.map(SynchronousCommit::as_str)) // $3
+    .execute(&mut *tx)
+    .await?;
     Ok(tx)
+}
+
+/// Commits an API write transaction. With a `synchronous_commit` configured,
+/// the statement timeout is lifted first, so that nothing but the standby
+/// ends the wait for it: PostgreSQL answers a cancelled wait with a
+/// successful COMMIT (and a warning), which would send a 201 for a payout
+/// the standby never got. The request timeout still bounds the wait; a
+/// payout cut off that way answers 503 ("may or may not have taken
+/// effect": the client retries with its key).
+pub async fn commit(state: &AppState, mut tx: sqlx::Transaction<'static, sqlx::Postgres>) -> Result<(), sqlx::Error> {
+    if state.synchronous_commit.is_some() {
+        sqlx::query("SELECT set_config('statement_timeout', '0', true)")
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await
+}
+
+/// `synchronous_commit` of the API's write transactions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SynchronousCommit {
+    /// The local WAL flush only (acknowledged payouts can be lost in an
+    /// asynchronous failover).
+    Local,
+    /// The server's `on`: with `synchronous_standby_names`, the standby has flushed it.
+    On,
+    /// The standby has written it (not flushed).
+    RemoteWrite,
+    /// The standby has applied it: visible there, so a failover to it keeps
+    /// every acknowledged payout.
+    RemoteApply,
+}
+
+impl SynchronousCommit {
+    /// As PostgreSQL spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SynchronousCommit::Local => "local",
+            SynchronousCommit::On => "on",
+            SynchronousCommit::RemoteWrite => "remote_write",
+            SynchronousCommit::RemoteApply => "remote_apply",
+        }
+    }
 }
 
 /// Reads the body (at most [`MAX_BODY_BYTES`]) of a request whose

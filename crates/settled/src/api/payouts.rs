@@ -199,7 +199,7 @@ async fn pay(
     creator: &CreatorAddress,
     amount: Amount,
 ) -> anyhow::Result<Answer> {
-    let mut tx = super::begin(&state.pool).await?;
+    let mut tx = super::begin(state).await?;
     let earlier: Option<EarlierPayout> = sqlx::query_as(
         "SELECT id, creator, amount::text AS amount, status, created_at, request_hash
          FROM settlement.payouts WHERE idempotency_key = $1",
@@ -243,7 +243,7 @@ async fn pay(
         },
     };
     idempotency::finish(&mut tx, PAYOUTS_SCOPE, key, status.as_u16(), &body).await?;
-    tx.commit().await?;
+    super::commit(state, tx).await?;
     Ok(Answer { status, body, replayed })
 }
 

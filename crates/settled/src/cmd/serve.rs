@@ -49,6 +49,12 @@ pub struct Args {
     #[arg(long, env = "SETTLED_TOKEN_DECIMALS", default_value_t = crate::money::DEFAULT_DECIMALS,
           value_parser = clap::value_parser!(u32).range(0..=crate::money::MAX_DECIMALS as i64))]
     token_decimals: u32,
+    /// `synchronous_commit` of payouts and holds. With a synchronous standby
+    /// (`synchronous_standby_names`), `remote-apply` answers 201 only once the
+    /// standby has applied the payout, so a failover to it loses none that
+    /// was acknowledged. Unset: the server's setting.
+    #[arg(long, env = "SETTLED_API_SYNCHRONOUS_COMMIT", value_enum)]
+    synchronous_commit: Option<crate::api::SynchronousCommit>,
 }
 
 impl DbCommand for Args {
@@ -77,6 +83,7 @@ impl DbCommand for Args {
             },
             allowed_hosts: AllowedHosts::for_bind(self.bind, &self.allowed_hosts),
             decimals: self.token_decimals,
+            synchronous_commit: self.synchronous_commit,
             limits,
             ..crate::api::AppState::new(db.pool.clone(), reads)
         };
