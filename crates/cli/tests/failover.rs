@@ -10,7 +10,7 @@ mod common;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{free_port, wait_bounded, ProviderSim, LEASED_FAST, SETTLED};
+use common::{free_port, spawn_server, wait_bounded, ProviderSim, Server, LEASED_FAST, SETTLED};
 use settled_testkit::{LocalOptions, LocalPostgres};
 use sqlx::{Connection, PgConnection};
 
@@ -112,13 +112,7 @@ enum Mode {
 
 async fn crash_mid_run_and_promote(synchronous: bool, mode: Mode) {
     let mut pair = start_pair(synchronous);
-    let primary_url = pair.primary.as_ref().unwrap().url("postgres");
-    let mut admin = PgConnection::connect(&primary_url).await.unwrap();
-    sqlx::query("CREATE DATABASE settled")
-        .execute(&mut admin)
-        .await
-        .unwrap();
-    drop(admin);
+    create_database(&pair).await;
     let url = multi_host_url(&pair);
     run_ok(&url, &["seed", "--period", PERIOD, "--creators", &CREATORS.to_string()]);
     let sim = (mode == Mode::Leased).then(|| ProviderSim::start(&[]));
@@ -294,14 +288,7 @@ async fn wait_for(url: &str, sql: &str, what: &str) {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_claim_lost_in_a_failover_gets_its_attempt_number_again_and_the_timeline_in_the_fence_refuses_its_zombie() {
     let mut pair = start_pair(false);
-    let mut admin = PgConnection::connect(&pair.primary.as_ref().unwrap().url("postgres"))
-        .await
-        .unwrap();
-    sqlx::query("CREATE DATABASE settled")
-        .execute(&mut admin)
-        .await
-        .unwrap();
-    drop(admin);
+    create_database(&pair).await;
     run_ok(
         &multi_host_url(&pair),
         &["seed", "--period", PERIOD, "--creators", "20"],
@@ -314,32 +301,7 @@ async fn a_claim_lost_in_a_failover_gets_its_attempt_number_again_and_the_timeli
     let old = sqlx::PgPool::connect(&old_url).await.unwrap();
     let run = job.start_or_join(&old, PERIOD, None).await.unwrap().run;
     // The standby has all of that; then it stops receiving.
-    let lsn: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
-        .fetch_one(&old)
-        .await
-        .unwrap();
-    wait_for(
-        &new_url,
-        &format!("SELECT pg_last_wal_replay_lsn() >= '{lsn}'::pg_lsn"),
-        "the standby to replay the run",
-    )
-    .await;
-    let mut standby = PgConnection::connect(&new_url).await.unwrap();
-    sqlx::query("ALTER SYSTEM SET primary_conninfo = ''")
-        .execute(&mut standby)
-        .await
-        .unwrap();
-    sqlx::query("SELECT pg_reload_conf()")
-        .execute(&mut standby)
-        .await
-        .unwrap();
-    drop(standby);
-    wait_for(
-        &old_url,
-        "SELECT count(*) = 0 FROM pg_stat_replication",
-        "replication to stop",
-    )
-    .await;
+    cut_replication(&pair).await;
     // The zombie's claim commits on the primary only.
     let ttl = Duration::from_secs(600);
     let mut conn = old.acquire().await.unwrap();
@@ -400,10 +362,8 @@ async fn a_claim_lost_in_a_failover_gets_its_attempt_number_again_and_the_timeli
     tx.commit().await.unwrap();
 }
 
-/// Settles 10 creators through `url`, waits until the standby has replayed
-/// it all, then stops the standby's replication: what the primary commits
-/// from now on, the standby never gets.
-async fn settle_then_cut_replication(pair: &Pair, url: &str) -> String {
+/// Creates the `settled` database on the primary (the standby follows).
+async fn create_database(pair: &Pair) {
     let mut admin = PgConnection::connect(&pair.primary.as_ref().unwrap().url("postgres"))
         .await
         .unwrap();
@@ -411,19 +371,16 @@ async fn settle_then_cut_replication(pair: &Pair, url: &str) -> String {
         .execute(&mut admin)
         .await
         .unwrap();
-    drop(admin);
-    run_ok(url, &["seed", "--period", PERIOD, "--creators", "10"]);
-    run_ok(url, &["worker", "--period", PERIOD]);
+}
+
+/// Waits until the standby has replayed all the primary has, then stops its
+/// replication: what the primary commits from now on, the standby never gets.
+async fn cut_replication(pair: &Pair) {
     let (old_url, new_url) = (
         pair.primary.as_ref().unwrap().url("settled"),
         pair.standby.as_ref().unwrap().url("settled"),
     );
     let mut old = PgConnection::connect(&old_url).await.unwrap();
-    let creator: String =
-        sqlx::query_scalar("SELECT creator FROM settlement.creator_balance ORDER BY balance DESC LIMIT 1")
-            .fetch_one(&mut old)
-            .await
-            .unwrap();
     let lsn: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
         .fetch_one(&mut old)
         .await
@@ -431,59 +388,50 @@ async fn settle_then_cut_replication(pair: &Pair, url: &str) -> String {
     wait_for(
         &new_url,
         &format!("SELECT pg_last_wal_replay_lsn() >= '{lsn}'::pg_lsn"),
-        "the standby to replay the settlement",
+        "the standby to replay what the primary has",
     )
     .await;
     let mut standby = PgConnection::connect(&new_url).await.unwrap();
-    sqlx::query("ALTER SYSTEM SET primary_conninfo = ''")
-        .execute(&mut standby)
-        .await
-        .unwrap();
-    sqlx::query("SELECT pg_reload_conf()")
-        .execute(&mut standby)
-        .await
-        .unwrap();
+    for sql in ["ALTER SYSTEM SET primary_conninfo = ''", "SELECT pg_reload_conf()"] {
+        sqlx::query(sql).execute(&mut standby).await.unwrap();
+    }
     wait_for(
         &old_url,
         "SELECT count(*) = 0 FROM pg_stat_replication",
         "replication to stop",
     )
     .await;
+}
+
+/// Settles 10 creators through `url`, waits until the standby has replayed
+/// it all, then stops the standby's replication: what the primary commits
+/// from now on, the standby never gets.
+async fn settle_then_cut_replication(pair: &Pair, url: &str) -> String {
+    create_database(pair).await;
+    run_ok(url, &["seed", "--period", PERIOD, "--creators", "10"]);
+    run_ok(url, &["worker", "--period", PERIOD]);
+    let mut old = PgConnection::connect(&pair.primary.as_ref().unwrap().url("settled"))
+        .await
+        .unwrap();
+    let creator: String =
+        sqlx::query_scalar("SELECT creator FROM settlement.creator_balance ORDER BY balance DESC LIMIT 1")
+            .fetch_one(&mut old)
+            .await
+            .unwrap();
+    drop(old);
+    cut_replication(pair).await;
     creator
 }
 
-/// `settled serve` on `url` with `extra` flags; killed on drop.
-struct Api(Child, String);
-
-impl Drop for Api {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-async fn api(url: &str, extra: &[&str]) -> Api {
+/// `settled serve` on `url` with `extra` flags, once it is ready.
+async fn api(url: &str, extra: &[&str]) -> Server {
     let port = free_port();
     let bind = format!("127.0.0.1:{port}");
     let mut args = vec!["serve", "--bind", bind.as_str()];
     args.extend_from_slice(extra);
-    let server = Api(
-        settled(url, &args)
-            .env("SETTLED_API_TOKEN", "t")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-        format!("http://127.0.0.1:{port}"),
-    );
-    for _ in 0..200 {
-        let ready = reqwest::get(format!("{}/readyz", server.1)).await;
-        if ready.is_ok_and(|r| r.status() == 200) {
-            return server;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("serve did not come up");
+    let mut cmd = settled(url, &args);
+    cmd.env("SETTLED_API_TOKEN", "t");
+    spawn_server(cmd, port, "/readyz").await
 }
 
 async fn pay(base: &str, key: &str, creator: &str) -> (u16, serde_json::Value) {
@@ -501,11 +449,11 @@ async fn pay(base: &str, key: &str, creator: &str) -> (u16, serde_json::Value) {
 
 /// Crashes the primary, promotes the standby, and waits until `api` takes
 /// writes again.
-async fn fail_over(pair: &mut Pair, api: &Api) {
+async fn fail_over(pair: &mut Pair, api: &Server) {
     pair.primary.take().unwrap().crash().unwrap();
     pair.standby.as_ref().unwrap().promote().unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
-    while reqwest::get(format!("{}/readyz", api.1))
+    while reqwest::get(format!("{}/readyz", api.base))
         .await
         .map(|r| r.status().as_u16())
         .ok()
@@ -522,7 +470,7 @@ async fn an_acknowledged_payout_can_vanish_in_an_asynchronous_failover_and_its_r
     let url = multi_host_url(&pair);
     let creator = settle_then_cut_replication(&pair, &url).await;
     let server = api(&url, &[]).await;
-    let (status, first) = pay(&server.1, "ack-1", &creator).await;
+    let (status, first) = pay(&server.base, "ack-1", &creator).await;
     assert_eq!(status, 201, "{first}");
     fail_over(&mut pair, &server).await;
     let new_url = pair.standby.as_ref().unwrap().url("settled");
@@ -532,9 +480,9 @@ async fn an_acknowledged_payout_can_vanish_in_an_asynchronous_failover_and_its_r
         "the 201 was acknowledged by a primary whose commit the standby never got"
     );
     // The client retries with its key: one payout, on the new primary.
-    let (status, again) = pay(&server.1, "ack-1", &creator).await;
+    let (status, again) = pay(&server.base, "ack-1", &creator).await;
     assert_eq!(status, 201, "{again}");
-    let (status, replayed) = pay(&server.1, "ack-1", &creator).await;
+    let (status, replayed) = pay(&server.base, "ack-1", &creator).await;
     assert_eq!((status, &replayed["id"]), (201, &again["id"]));
     assert_eq!(count(&new_url, "SELECT count(*) FROM settlement.payouts").await, 1);
     let verified = run_ok(&url, &["verify", "--period", PERIOD]);
@@ -554,13 +502,13 @@ async fn with_remote_apply_no_payout_is_acknowledged_before_the_standby_has_it()
         &["--synchronous-commit", "remote-apply", "--request-timeout-ms", "7000"],
     )
     .await;
-    let (status, answer) = pay(&server.1, "ack-2", &creator).await;
+    let (status, answer) = pay(&server.base, "ack-2", &creator).await;
     assert_eq!(status, 503, "{answer}");
     assert_eq!(answer["type"], "/problems/request-timeout", "{answer}");
     fail_over(&mut pair, &server).await;
     let new_url = pair.standby.as_ref().unwrap().url("settled");
     assert_eq!(count(&new_url, "SELECT count(*) FROM settlement.payouts").await, 0);
-    let (status, paid) = pay(&server.1, "ack-2", &creator).await;
+    let (status, paid) = pay(&server.base, "ack-2", &creator).await;
     assert_eq!(status, 201, "{paid}");
     assert_eq!(count(&new_url, "SELECT count(*) FROM settlement.payouts").await, 1);
     let verified = run_ok(&url, &["verify", "--period", PERIOD]);

@@ -8,7 +8,7 @@ mod common;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{free_port, wait_bounded, Env, SETTLED};
+use common::{free_port, spawn_server, wait_bounded, Env, Server, SETTLED};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::{json, Value};
@@ -184,34 +184,11 @@ async fn daemons_through_pgbouncer_start_one_run_per_due_time_and_poll_or_listen
 }
 
 /// A `settled serve` through the pooler; killed on drop.
-struct Serve(Child, String);
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-async fn serve(url: &str) -> Serve {
+async fn serve(url: &str) -> Server {
     let port = free_port();
-    let server = Serve(
-        pooled(url, &["serve", "--bind", &format!("127.0.0.1:{port}")])
-            .env("SETTLED_API_TOKEN", "t")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-        format!("http://127.0.0.1:{port}"),
-    );
-    for _ in 0..200 {
-        let health = reqwest::get(format!("{}/healthz", server.1)).await;
-        if health.is_ok_and(|r| r.status() == 200) {
-            return server;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("serve through the pooler did not come up");
+    let mut cmd = pooled(url, &["serve", "--bind", &format!("127.0.0.1:{port}")]);
+    cmd.env("SETTLED_API_TOKEN", "t");
+    spawn_server(cmd, port, "/healthz").await
 }
 
 async fn post(base: &str, path: &str, key: Option<&str>, body: &Value) -> (u16, Value) {
@@ -241,7 +218,7 @@ async fn two_api_servers_through_pgbouncer_pay_a_key_once_and_a_hold_refuses_pay
     let body = json!({ "creator": creators[0], "amount": "777" });
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..100 {
-        let base = if i % 2 == 0 { a.1.clone() } else { b.1.clone() };
+        let base = if i % 2 == 0 { a.base.clone() } else { b.base.clone() };
         let body = body.clone();
         tasks.spawn(async move { post(&base, "/v1/payouts", Some("pooled-key"), &body).await });
     }
@@ -261,7 +238,7 @@ async fn two_api_servers_through_pgbouncer_pay_a_key_once_and_a_hold_refuses_pay
     // Holds: of 20 racing, one; then payouts of that creator are refused.
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..20 {
-        let base = if i % 2 == 0 { a.1.clone() } else { b.1.clone() };
+        let base = if i % 2 == 0 { a.base.clone() } else { b.base.clone() };
         let body = json!({ "creator": creators[1], "reason": "review" });
         tasks.spawn(async move { post(&base, "/v1/holds", None, &body).await.0 });
     }
@@ -275,7 +252,7 @@ async fn two_api_servers_through_pgbouncer_pay_a_key_once_and_a_hold_refuses_pay
     }
     assert_eq!(created, 1);
     let (status, refused) = post(
-        &b.1,
+        &b.base,
         "/v1/payouts",
         Some("held-key"),
         &json!({ "creator": creators[1], "amount": "1" }),

@@ -172,6 +172,23 @@ pub fn wait_bounded(child: &mut std::process::Child, secs: u64) -> std::process:
     }
 }
 
+/// Starts `cmd`, a server listening on 127.0.0.1:`port`, and waits until
+/// `path` answers 200.
+pub async fn spawn_server(mut cmd: Command, port: u16, path: &str) -> Server {
+    let server = Server {
+        child: cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap(),
+        base: format!("http://127.0.0.1:{port}"),
+    };
+    for _ in 0..200 {
+        let answer = reqwest::get(format!("{}{path}", server.base)).await;
+        if answer.is_ok_and(|r| r.status() == 200) {
+            return server;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("the server did not come up: {cmd:?}");
+}
+
 /// A `settled serve` process on a free port; killed on drop.
 pub struct Server {
     pub child: std::process::Child,
