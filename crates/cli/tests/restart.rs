@@ -209,3 +209,67 @@ async fn an_idle_daemon_rides_out_an_outage_then_settles_the_due_run() {
         .unwrap()
         .unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_gives_up_after_its_outage_limit_and_another_finishes_the_run_once() {
+    let (server, url) = own_server("outage_limit").await;
+    let settled = |args: &[&str]| {
+        let mut cmd = Command::new(common::SETTLED);
+        cmd.args(args)
+            .env("DATABASE_URL", &url)
+            .env("SETTLED_LOG", "error")
+            .stdin(Stdio::null());
+        cmd
+    };
+    assert!(settled(&["seed", "--period", "2026-11-28", "--creators", "2000"])
+        .status()
+        .unwrap()
+        .success());
+    let mut worker = settled(&[
+        "lab-worker",
+        "--period",
+        "2026-11-28",
+        "--work-ms",
+        "5",
+        "--max-outage-secs",
+        "2",
+    ])
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut conn = PgConnection::connect(&url).await.unwrap();
+    while sqlx::query_scalar::<_, i64>("SELECT count(*) FROM settlement.reward_ledger")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap()
+        < 100
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    drop(conn);
+    // The database goes away for longer than the worker's limit.
+    tokio::task::block_in_place(|| server.take_down()).unwrap();
+    let status = tokio::task::block_in_place(|| common::wait_bounded(&mut worker, 60));
+    let mut stderr = String::new();
+    use std::io::Read;
+    worker.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("unavailable"), "the error names the outage: {stderr}");
+    // Back: another worker finishes the run, every creator paid once.
+    tokio::task::block_in_place(|| server.restart()).unwrap();
+    assert!(settled(&["worker", "--period", "2026-11-28"])
+        .status()
+        .unwrap()
+        .success());
+    let out = settled(&["verify", "--period", "2026-11-28"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    let mut conn = PgConnection::connect(&url).await.unwrap();
+    let paid: i64 = sqlx::query_scalar("SELECT count(DISTINCT creator) FROM settlement.reward_ledger")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(paid, 2000);
+    drop(conn);
+    tokio::task::block_in_place(|| server.stop()).unwrap();
+}

@@ -130,6 +130,10 @@ pub struct DrainConfig {
     pub max_consecutive_failures: u32,
     /// Attempts and backoff of failed items.
     pub retry: RetryPolicy,
+    /// How long a loop keeps retrying while the database is away (lost
+    /// connections, a restart, a failover) before it gives up with
+    /// [`EngineError::Unavailable`].
+    pub max_outage: Duration,
 }
 
 impl Default for DrainConfig {
@@ -140,6 +144,7 @@ impl Default for DrainConfig {
             idle_poll: Duration::from_millis(50),
             max_consecutive_failures: 10,
             retry: RetryPolicy::default(),
+            max_outage: Duration::from_secs(900),
         }
     }
 }
@@ -267,8 +272,12 @@ where
 {
     let mut failures = 0u32;
     let mut transient_streak = 0u32;
+    let mut outage_since: Option<std::time::Instant> = None;
     while !stats.stop.load(Ordering::Relaxed) {
         let stepped = step().await;
+        if stepped.is_ok() {
+            outage_since = None;
+        }
         if stepped.is_ok() && transient_streak > 0 {
             // One line when the database is back, not one per attempt.
             tracing::info!(
@@ -293,6 +302,13 @@ where
                 let transient = err.is_transient();
                 if transient {
                     transient_streak += 1;
+                    let since = *outage_since.get_or_insert_with(std::time::Instant::now);
+                    if since.elapsed() > cfg.max_outage {
+                        return Err(EngineError::Unavailable {
+                            secs: since.elapsed().as_secs(),
+                            last: err.to_string(),
+                        });
+                    }
                 } else {
                     failures += 1;
                 }

@@ -65,6 +65,8 @@ pub struct WorkerOptions {
     pub retry: RetryPolicy,
     /// Where to serve this worker's Prometheus metrics (None: nowhere).
     pub metrics_bind: Option<std::net::SocketAddr>,
+    /// How long claim loops ride out the database being away.
+    pub max_outage: Duration,
 }
 
 impl WorkerOptions {
@@ -73,6 +75,7 @@ impl WorkerOptions {
             chunk: self.chunk,
             concurrency: self.concurrency,
             retry: self.retry,
+            max_outage: self.max_outage,
             ..DrainConfig::default()
         }
     }

@@ -244,6 +244,7 @@ async fn engine_drain(pool: &PgPool, args: &ChildArgs, mode: Mode, chunk: u32) -
         chunk,
         retry: RetryPolicy::default(),
         metrics_bind: None,
+        max_outage: settled_engine::DrainConfig::default().max_outage,
     };
     let drainer = crate::simulate::drainer(
         mode,

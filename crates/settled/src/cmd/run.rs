@@ -95,6 +95,7 @@ impl Args {
             chunk: self.chunk,
             retry: Default::default(),
             metrics_bind: None,
+            max_outage: settled_engine::DrainConfig::default().max_outage,
         };
         let total = queue()
             .count_by_status(&mut *pool.acquire().await?, &scope)

@@ -50,9 +50,10 @@ pub struct Args {
     /// Longest pause between two looks when idle, in milliseconds.
     #[arg(long, default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(100..=60_000))]
     pub max_poll_ms: u64,
-    /// How long the daemon keeps going while the database is away (lost
-    /// connections, a restart, a failover), retrying with backoff and
-    /// logging one line per outage, before it exits with an error; seconds.
+    /// How long the worker (idle daemon or claim loops) keeps going while
+    /// the database is away (lost connections, a restart, a failover),
+    /// retrying with backoff and logging one line per outage, before it
+    /// exits with an error; seconds.
     #[arg(long, env = "SETTLED_MAX_OUTAGE_SECS", default_value_t = 900, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub max_outage_secs: u64,
     #[command(flatten)]
@@ -128,6 +129,7 @@ impl Args {
             chunk: self.chunk,
             retry: self.engine.retry(),
             metrics_bind: self.metrics_bind,
+            max_outage: Duration::from_secs(self.max_outage_secs),
         }
     }
 
