@@ -38,17 +38,20 @@ async fn own_server(db: &str) -> (LocalPostgres, String) {
     (server, url)
 }
 
+/// `settled ARGS` on `url`, logging errors only.
+fn settled_on(url: &str, args: &[&str]) -> Command {
+    let mut cmd = Command::new(common::SETTLED);
+    cmd.args(args)
+        .env("DATABASE_URL", url)
+        .env("SETTLED_LOG", "error")
+        .stdin(Stdio::null());
+    cmd
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn workers_survive_a_postgres_restart_mid_run() {
     let (server, url) = own_server("restart_test").await;
-    let settled = |args: &[&str]| {
-        let mut cmd = Command::new(common::SETTLED);
-        cmd.args(args)
-            .env("DATABASE_URL", &url)
-            .env("SETTLED_LOG", "error")
-            .stdin(Stdio::null());
-        cmd
-    };
+    let settled = |args: &[&str]| settled_on(&url, args);
     assert!(settled(&["seed", "--period", "2026-11-28", "--creators", "2000"])
         .status()
         .unwrap()
@@ -213,14 +216,7 @@ async fn an_idle_daemon_rides_out_an_outage_then_settles_the_due_run() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_worker_gives_up_after_its_outage_limit_and_another_finishes_the_run_once() {
     let (server, url) = own_server("outage_limit").await;
-    let settled = |args: &[&str]| {
-        let mut cmd = Command::new(common::SETTLED);
-        cmd.args(args)
-            .env("DATABASE_URL", &url)
-            .env("SETTLED_LOG", "error")
-            .stdin(Stdio::null());
-        cmd
-    };
+    let settled = |args: &[&str]| settled_on(&url, args);
     assert!(settled(&["seed", "--period", "2026-11-28", "--creators", "2000"])
         .status()
         .unwrap()
