@@ -154,6 +154,14 @@ impl LocalPostgres {
             format!("-c unix_socket_directories='{}'", socket_dir.display()),
             format!("-c max_connections={}", opts.max_connections),
             "-c shared_buffers=256MB".to_string(),
+            // A settlement writes its WAL in one burst: with the default
+            // 1 GB, a million creators checkpoint every few seconds, and each
+            // checkpoint makes the next writes log full pages again. Durable
+            // still: fsync, synchronous_commit and full_page_writes stay on.
+            "-c max_wal_size=4GB".to_string(),
+            "-c checkpoint_timeout=15min".to_string(),
+            "-c wal_compression=lz4".to_string(),
+            "-c wal_buffers=64MB".to_string(),
         ];
         settings.extend(opts.settings.iter().map(|s| format!("-c {s}")));
         if opts.throwaway {

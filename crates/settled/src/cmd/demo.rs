@@ -1,9 +1,16 @@
 //! `settled demo`.
 
-use crate::cmd::{exit_code, DbCommand, Outcome, DEFAULT_CHUNK, DEFAULT_CONCURRENCY};
+use crate::cmd::{exit_code, DbCommand, Outcome};
 use crate::db::Database;
 use crate::money::FeeBps;
 use crate::settlement::DEFAULT_FEE_BPS;
+
+/// Claim loops per demo worker process. The demo's worker processes share
+/// one machine with their PostgreSQL: one loop each with large chunks
+/// measured fastest there (docs/benchmarks.md, "The demo at a million").
+pub const DEMO_CONCURRENCY: u32 = 1;
+/// Creators per claim in the demo (see [`DEMO_CONCURRENCY`]).
+pub const DEMO_CHUNK: u32 = 5000;
 
 /// Seed a period, settle it with several worker processes, verify, summarize.
 ///
@@ -18,10 +25,10 @@ pub struct Args {
     #[arg(long, default_value_t = 4)]
     workers: u32,
     /// Claim loops per worker process, 1..=256.
-    #[arg(long, default_value_t = DEFAULT_CONCURRENCY, value_parser = clap::value_parser!(u32).range(1..=256))]
+    #[arg(long, default_value_t = DEMO_CONCURRENCY, value_parser = clap::value_parser!(u32).range(1..=256))]
     concurrency: u32,
     /// Creators per claim, 1..=10000.
-    #[arg(long, default_value_t = DEFAULT_CHUNK, value_parser = clap::value_parser!(u32).range(1..=10000))]
+    #[arg(long, default_value_t = DEMO_CHUNK, value_parser = clap::value_parser!(u32).range(1..=10000))]
     chunk: u32,
     /// Seed of the synthetic data.
     #[arg(long, default_value_t = 1)]
