@@ -160,9 +160,11 @@ impl LocalPostgres {
             // still: fsync, synchronous_commit and full_page_writes stay on.
             "-c max_wal_size=4GB".to_string(),
             "-c checkpoint_timeout=15min".to_string(),
-            "-c wal_compression=lz4".to_string(),
             "-c wal_buffers=64MB".to_string(),
         ];
+        if has_lz4(&bin) {
+            settings.push("-c wal_compression=lz4".to_string());
+        }
         settings.extend(opts.settings.iter().map(|s| format!("-c {s}")));
         if opts.throwaway {
             settings.extend(
@@ -510,6 +512,15 @@ fn run_program(mut cmd: Command, run_as: Option<RunAs>, name: &str) -> Result<()
         program: name.into(),
         output: text,
     })
+}
+
+/// True when the server was built with lz4 (`pg_config --configure`), so
+/// `wal_compression = lz4` is a value it takes.
+fn has_lz4(bin: &PgBinaries) -> bool {
+    Command::new(bin.program("pg_config"))
+        .arg("--configure")
+        .output()
+        .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).contains("--with-lz4"))
 }
 
 fn tail_of_file(path: &Path, lines: usize) -> String {
