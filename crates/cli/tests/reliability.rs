@@ -80,6 +80,10 @@ async fn a_zombies_completion_is_refused_by_the_fence_and_nothing_is_paid_twice(
         "1",
         "--work-ms",
         "100",
+        // One call at a time: the pause lands while it works (paid some of
+        // its chunk, not all), not inside its completion's transaction.
+        "--provider-concurrency",
+        "1",
         "--provider-url",
         &sim.url,
     ]);
@@ -232,7 +236,9 @@ async fn sigterm_gives_back_held_items_and_exits_zero() {
     let env = Env::new().await;
     env.run_ok(&["seed", "--period", PERIOD, "--creators", "100"]);
     let mut args = LEASED_FAST.to_vec();
-    args.extend(["--chunk", "20", "--concurrency", "2", "--work-ms", "400"]);
+    // One item at a time per loop, so a chunk's later items are held but
+    // not started when SIGTERM comes.
+    args.extend(["--chunk", "20", "--concurrency", "2", "--work-ms", "400", "--provider-concurrency", "2"]);
     let mut child = worker(&env, &args);
     wait_until(30, "the worker to hold leases", || async {
         processing_of(&env).await > 0

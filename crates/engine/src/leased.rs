@@ -72,7 +72,16 @@ pub struct LeaseConfig {
     /// After a stop request, how long in-flight work may continue before
     /// the rest is released.
     pub shutdown_grace: Duration,
+    /// Items worked at once by this process, over all its claim loops
+    /// (1..=[`MAX_CALLS_IN_FLIGHT`]): a chunk's calls run concurrently, up to
+    /// this many, each started only while its lease is known to be held.
+    pub calls_in_flight: usize,
 }
+
+/// Most items a process works at once in leased mode.
+pub const MAX_CALLS_IN_FLIGHT: usize = 1024;
+/// Default of [`LeaseConfig::calls_in_flight`].
+pub const DEFAULT_CALLS_IN_FLIGHT: usize = 64;
 
 impl Default for LeaseConfig {
     fn default() -> Self {
@@ -80,6 +89,7 @@ impl Default for LeaseConfig {
             ttl: Duration::from_secs(30),
             rescue_interval: Duration::from_secs(10),
             shutdown_grace: Duration::from_secs(10),
+            calls_in_flight: DEFAULT_CALLS_IN_FLIGHT,
         }
     }
 }
@@ -216,6 +226,13 @@ pub async fn drain_leased<H: LeasedHandler>(
             "lease ttl must be {MIN_LEASE_TTL_MS}..={MAX_LEASE_TTL_MS} ms, got {ttl_ms}"
         )));
     }
+    if !(1..=MAX_CALLS_IN_FLIGHT).contains(&leases.calls_in_flight) {
+        return Err(EngineError::Config(format!(
+            "calls in flight must be 1..={MAX_CALLS_IN_FLIGHT}, got {}",
+            leases.calls_in_flight
+        )));
+    }
+    let calls = Arc::new(tokio::sync::Semaphore::new(leases.calls_in_flight));
     let keeper = LeaseKeeper::new(worker, leases.ttl);
     let renewing = tokio::spawn(keeper.clone().keep_renewing(pool.clone(), queue.clone()));
     let rescuing = tokio::spawn(crate::rescuer::keep_rescuing(
@@ -247,6 +264,7 @@ pub async fn drain_leased<H: LeasedHandler>(
             stats: stats.clone(),
             keeper: keeper.clone(),
             hard_stop: hard_stop.clone(),
+            calls: calls.clone(),
         };
         loops.spawn(
             async move { run_loop(&ctx.stats, &ctx.cfg, ctx.run_id, &ctx.scope, || ctx.lease_one_chunk()).await },
@@ -286,6 +304,8 @@ struct LoopCtx<H> {
     stats: Arc<DrainStats>,
     keeper: Arc<LeaseKeeper>,
     hard_stop: Arc<std::sync::atomic::AtomicBool>,
+    /// Slots for items being worked, shared by the process's loops.
+    calls: Arc<tokio::sync::Semaphore>,
 }
 
 impl<H: LeasedHandler> LoopCtx<H> {
@@ -348,18 +368,30 @@ impl<H: LeasedHandler> LoopCtx<H> {
         let mut done = Vec::new();
         let mut failed: Vec<(ClaimedItem, HandlerError)> = Vec::new();
         let mut abandoned = Vec::new();
-        for item in chunk.items.iter().filter(|i| !held.contains(&i.key)) {
+        // The chunk's items are worked concurrently, as many at once as the
+        // process has slots. Each is checked once its slot is granted: an
+        // item whose lease lapsed while it waited, or after a stop, is not
+        // worked. The completion waits for every call, each bounded by the
+        // handler's own timeout (the provider's).
+        let batch = &batch;
+        let work = chunk.items.iter().filter(|i| !held.contains(&i.key)).map(|item| async move {
+            let _slot = self.calls.acquire().await.ok()?;
             if self.hard_stop.load(Ordering::Relaxed) || !self.keeper.is_held(item) {
-                abandoned.push(item.clone());
-                continue;
+                return None;
             }
             let working = Instant::now();
-            let worked = self.handler.work_item(&batch, chunk, item).await;
+            let worked = self.handler.work_item(batch, chunk, item).await;
             metrics::histogram!(crate::telemetry::HANDLER_DURATION, "mode" => "leased")
                 .record(working.elapsed().as_secs_f64());
-            match worked {
-                Ok(()) => done.push(item.clone()),
-                Err(err) => failed.push((item.clone(), err)),
+            Some(worked)
+        });
+        let outcomes = futures_util::future::join_all(work).await;
+        let worked_items = chunk.items.iter().filter(|i| !held.contains(&i.key));
+        for (item, outcome) in worked_items.zip(outcomes) {
+            match outcome {
+                None => abandoned.push(item.clone()),
+                Some(Ok(())) => done.push(item.clone()),
+                Some(Err(err)) => failed.push((item.clone(), err)),
             }
         }
         if !done.is_empty() {

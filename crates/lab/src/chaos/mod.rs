@@ -113,6 +113,7 @@ impl Harness {
                 "1000",
             ])
             .args(["--provider-timeout-ms", "500", "--shutdown-grace-ms", "2000"])
+            .args(["--provider-concurrency", &in_flight_per_worker(&self.opts).to_string()])
             .env("DATABASE_URL", &self.url)
             .env("SETTLED_LOG", "warn")
             .stdin(Stdio::null())
@@ -249,8 +250,10 @@ async fn run_chaos(
     let http = reqwest::Client::new();
 
     let duration = Duration::from_secs(opts.duration);
-    // Spread the work over the schedule: total work / parallel loops ~ 80% of it.
-    let loops = u64::from(opts.workers * opts.concurrency);
+    // Spread the work over the schedule: total work / items worked at once
+    // ~ 80% of it. In leased mode a chunk's items are worked concurrently,
+    // up to --provider-concurrency per worker (here four per claim loop).
+    let loops = u64::from(opts.workers) * u64::from(in_flight_per_worker(&opts));
     let work_ms = (duration.as_millis() as u64 * loops * 8 / 10 / opts.creators).clamp(1, 200);
     let faults = schedule(opts.seed, duration, opts.workers, opts.mode, server.is_some());
     let mut harness = Harness {
@@ -473,5 +476,15 @@ impl ChaosReport {
             "result: FAILED\n"
         });
         out
+    }
+}
+
+/// Items a chaos worker works at once: one per claim loop in tx mode; in
+/// leased mode four per loop (at most a chunk), so the concurrent calls of a
+/// chunk are under the faults too.
+fn in_flight_per_worker(opts: &ChaosOptions) -> u32 {
+    match opts.mode {
+        Mode::Leased => (opts.concurrency * 4).min(opts.concurrency * opts.chunk).max(1),
+        _ => opts.concurrency,
     }
 }

@@ -93,6 +93,11 @@ pub struct EngineFlags {
     /// rest is given back, in milliseconds.
     #[arg(long, default_value_t = 10_000)]
     pub shutdown_grace_ms: u64,
+    /// Leased mode: provider calls in flight at once per worker process, over
+    /// all its claim loops (a chunk's calls run concurrently), 1..=1024.
+    #[arg(long, env = "SETTLED_PROVIDER_CONCURRENCY", default_value_t = settled_engine::leased::DEFAULT_CALLS_IN_FLIGHT as u32,
+          value_parser = clap::value_parser!(u32).range(1..=settled_engine::leased::MAX_CALLS_IN_FLIGHT as i64))]
+    pub provider_concurrency: u32,
 }
 
 impl EngineFlags {
@@ -102,6 +107,7 @@ impl EngineFlags {
             ttl: Duration::from_millis(self.lease_ttl_ms),
             rescue_interval: Duration::from_millis(self.rescue_interval_ms),
             shutdown_grace: Duration::from_millis(self.shutdown_grace_ms),
+            calls_in_flight: self.provider_concurrency as usize,
         }
     }
 
