@@ -238,7 +238,16 @@ async fn sigterm_gives_back_held_items_and_exits_zero() {
     let mut args = LEASED_FAST.to_vec();
     // One item at a time per loop, so a chunk's later items are held but
     // not started when SIGTERM comes.
-    args.extend(["--chunk", "20", "--concurrency", "2", "--work-ms", "400", "--provider-concurrency", "2"]);
+    args.extend([
+        "--chunk",
+        "20",
+        "--concurrency",
+        "2",
+        "--work-ms",
+        "400",
+        "--provider-concurrency",
+        "2",
+    ]);
     let mut child = worker(&env, &args);
     wait_until(30, "the worker to hold leases", || async {
         processing_of(&env).await > 0

@@ -81,7 +81,7 @@ pub struct LeaseConfig {
 /// Most items a process works at once in leased mode.
 pub const MAX_CALLS_IN_FLIGHT: usize = 1024;
 /// Default of [`LeaseConfig::calls_in_flight`].
-pub const DEFAULT_CALLS_IN_FLIGHT: usize = 64;
+pub const DEFAULT_CALLS_IN_FLIGHT: usize = 128;
 
 impl Default for LeaseConfig {
     fn default() -> Self {
@@ -374,17 +374,21 @@ impl<H: LeasedHandler> LoopCtx<H> {
         // worked. The completion waits for every call, each bounded by the
         // handler's own timeout (the provider's).
         let batch = &batch;
-        let work = chunk.items.iter().filter(|i| !held.contains(&i.key)).map(|item| async move {
-            let _slot = self.calls.acquire().await.ok()?;
-            if self.hard_stop.load(Ordering::Relaxed) || !self.keeper.is_held(item) {
-                return None;
-            }
-            let working = Instant::now();
-            let worked = self.handler.work_item(batch, chunk, item).await;
-            metrics::histogram!(crate::telemetry::HANDLER_DURATION, "mode" => "leased")
-                .record(working.elapsed().as_secs_f64());
-            Some(worked)
-        });
+        let work = chunk
+            .items
+            .iter()
+            .filter(|i| !held.contains(&i.key))
+            .map(|item| async move {
+                let _slot = self.calls.acquire().await.ok()?;
+                if self.hard_stop.load(Ordering::Relaxed) || !self.keeper.is_held(item) {
+                    return None;
+                }
+                let working = Instant::now();
+                let worked = self.handler.work_item(batch, chunk, item).await;
+                metrics::histogram!(crate::telemetry::HANDLER_DURATION, "mode" => "leased")
+                    .record(working.elapsed().as_secs_f64());
+                Some(worked)
+            });
         let outcomes = futures_util::future::join_all(work).await;
         let worked_items = chunk.items.iter().filter(|i| !held.contains(&i.key));
         for (item, outcome) in worked_items.zip(outcomes) {
