@@ -253,7 +253,7 @@ async fn run_chaos(
     // Spread the work over the schedule: total work / items worked at once
     // ~ 80% of it. In leased mode a chunk's items are worked concurrently,
     // up to --provider-concurrency per worker (here four per claim loop).
-    let loops = u64::from(opts.workers) * u64::from(in_flight_per_worker(&opts));
+    let loops = u64::from(opts.workers) * u64::from(in_flight_per_worker(opts));
     let work_ms = (duration.as_millis() as u64 * loops * 8 / 10 / opts.creators).clamp(1, 200);
     let faults = schedule(opts.seed, duration, opts.workers, opts.mode, server.is_some());
     let mut harness = Harness {
