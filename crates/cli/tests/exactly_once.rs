@@ -228,3 +228,30 @@ async fn a_policy_change_racing_a_run_start_never_splits_a_period_between_two_fe
         assert_eq!(fee, if policy_won { 900 } else { 100 });
     }
 }
+
+/// Commands run one right after another on the private PostgreSQL (no
+/// `DATABASE_URL`): each starts the server and stops it as it exits, and the
+/// watchdog of one must not stop the server the next one just started.
+#[test]
+fn commands_run_back_to_back_on_the_private_postgres_each_keep_their_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(common::SETTLED)
+            .args(args)
+            .env_remove("DATABASE_URL")
+            .env("SETTLED_DATA_DIR", dir.path().join("data"))
+            .env("SETTLED_LOG", "error")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "settled {args:?} after another command: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(&["seed", "--period", "2026-11-28", "--creators", "10"]);
+    for _ in 0..3 {
+        run(&["status", "--period", "2026-11-28"]);
+        run(&["runs"]);
+    }
+}

@@ -333,9 +333,24 @@ impl LocalPostgres {
     /// SIGKILL; after a clean [`stop`](Self::stop) it finds nothing to do.
     fn spawn_watchdog(&self) -> Result<()> {
         let pg_ctl = self.bin.program("pg_ctl");
+        // Only the server this process started: when this process has
+        // stopped it and another command has started a new one on the same
+        // data directory (two commands run back to back), the new server's
+        // postmaster has another pid, and is left alone.
+        let postmaster = fs::read_to_string(self.pgdata.join("postmaster.pid"))
+            .ok()
+            .and_then(|text| text.lines().next().map(|l| l.trim().to_string()))
+            .filter(|pid| pid.bytes().all(|b| b.is_ascii_digit()) && !pid.is_empty());
+        let ours = match &postmaster {
+            Some(pid) => format!(
+                "[ \"$(head -n 1 '{}/postmaster.pid' 2>/dev/null)\" = '{pid}' ]",
+                self.pgdata.display()
+            ),
+            None => format!("[ -f '{}/postmaster.pid' ]", self.pgdata.display()),
+        };
         let mut script = format!(
             "while [ -d /proc/{pid} ]; do sleep 0.5; done; \
-             if [ -f '{pgdata}/postmaster.pid' ]; then '{pg_ctl}' stop -D '{pgdata}' -m fast -w -t 60 >/dev/null 2>&1; fi; \
+             if {ours}; then '{pg_ctl}' stop -D '{pgdata}' -m fast -w -t 60 >/dev/null 2>&1; fi; \
              rm -rf '{sock}'",
             pid = std::process::id(),
             pgdata = self.pgdata.display(),
