@@ -374,24 +374,20 @@ impl<H: LeasedHandler> LoopCtx<H> {
         // worked. The completion waits for every call, each bounded by the
         // handler's own timeout (the provider's).
         let batch = &batch;
-        let work = chunk
-            .items
-            .iter()
-            .filter(|i| !held.contains(&i.key))
-            .map(|item| async move {
-                let _slot = self.calls.acquire().await.ok()?;
-                if self.hard_stop.load(Ordering::Relaxed) || !self.keeper.is_held(item) {
-                    return None;
-                }
-                let working = Instant::now();
-                let worked = self.handler.work_item(batch, chunk, item).await;
-                metrics::histogram!(crate::telemetry::HANDLER_DURATION, "mode" => "leased")
-                    .record(working.elapsed().as_secs_f64());
-                Some(worked)
-            });
+        let to_work: Vec<&ClaimedItem> = chunk.items.iter().filter(|i| !held.contains(&i.key)).collect();
+        let work = to_work.iter().map(|&item| async move {
+            let _slot = self.calls.acquire().await.ok()?;
+            if self.hard_stop.load(Ordering::Relaxed) || !self.keeper.is_held(item) {
+                return None;
+            }
+            let working = Instant::now();
+            let worked = self.handler.work_item(batch, chunk, item).await;
+            metrics::histogram!(crate::telemetry::HANDLER_DURATION, "mode" => "leased")
+                .record(working.elapsed().as_secs_f64());
+            Some(worked)
+        });
         let outcomes = futures_util::future::join_all(work).await;
-        let worked_items = chunk.items.iter().filter(|i| !held.contains(&i.key));
-        for (item, outcome) in worked_items.zip(outcomes) {
+        for (item, outcome) in to_work.into_iter().zip(outcomes) {
             match outcome {
                 None => abandoned.push(item.clone()),
                 Some(Ok(())) => done.push(item.clone()),

@@ -108,10 +108,7 @@ impl Database {
         };
         let (connect, follower) = match Hosts::parse(&url)? {
             None => (
-                PgConnectOptions::from_str_checked(&url)?
-                    .application_name(&opts.application_name)
-                    .log_statements(tracing::log::LevelFilter::Trace)
-                    .log_slow_statements(tracing::log::LevelFilter::Debug, Duration::from_secs(5)),
+                with_settings(PgConnectOptions::from_str_checked(&url)?, &opts.application_name),
                 None,
             ),
             Some(hosts) => {
@@ -222,6 +219,15 @@ impl Database {
     pub fn private_server(&self) -> Option<&LocalPostgres> {
         self.server.as_ref()
     }
+}
+
+/// The settings every connection of settled has: its application name, and
+/// statements logged at trace level (slow ones, over 5 s, at debug).
+pub fn with_settings(options: PgConnectOptions, application_name: &str) -> PgConnectOptions {
+    options
+        .application_name(application_name)
+        .log_statements(tracing::log::LevelFilter::Trace)
+        .log_slow_statements(tracing::log::LevelFilter::Debug, Duration::from_secs(5))
 }
 
 /// A pool that takes `role` (a constant of [`ROLES`]) on every connection

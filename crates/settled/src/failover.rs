@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use sqlx::postgres::PgConnectOptions;
-use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
+use sqlx::{Connection, PgConnection, PgPool};
 
 /// How often the follower checks the host in use.
 pub const CHECK_INTERVAL: Duration = Duration::from_secs(1);
@@ -136,15 +136,12 @@ impl Hosts {
         Ok(Some(Hosts { urls, labels, target }))
     }
 
-    /// Connect options of host `i`, with the settings of `base` applied.
+    /// Connect options of host `i`, with settled's connection settings.
     pub fn options(&self, i: usize, application_name: &str) -> anyhow::Result<PgConnectOptions> {
         let options: PgConnectOptions = self.urls[i]
             .parse()
             .map_err(|e| anyhow::anyhow!("DATABASE_URL host {}: {e}", self.labels[i]))?;
-        Ok(options
-            .application_name(application_name)
-            .log_statements(tracing::log::LevelFilter::Trace)
-            .log_slow_statements(tracing::log::LevelFilter::Debug, Duration::from_secs(5)))
+        Ok(crate::db::with_settings(options, application_name))
     }
 
     /// True when host `i` connects and is what the target asks.

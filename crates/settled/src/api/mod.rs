@@ -235,14 +235,10 @@ impl SynchronousCommit {
 /// JSON object of `T` (an array or a scalar is refused), naming the field at
 /// fault.
 pub async fn read_json<T: DeserializeOwned>(headers: &HeaderMap, body: Body) -> Result<(T, Bytes), Problem> {
-    if !is_json(headers) {
-        return Err(Problem::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "unsupported-media-type",
-            "Unsupported media type",
+    if !has_media_type(headers, "application/json") {
+        return Err(unsupported_media_type(
             "the body must be JSON, sent with `Content-Type: application/json`",
-        )
-        .field("Content-Type"));
+        ));
     }
     let bytes = read_body(body).await?;
     let value: serde_json::Value = serde_json::from_slice(&bytes)
@@ -260,13 +256,9 @@ pub async fn read_json<T: DeserializeOwned>(headers: &HeaderMap, body: Body) -> 
 /// field at fault.
 pub async fn read_form<T: DeserializeOwned>(headers: &HeaderMap, body: Body) -> Result<T, Problem> {
     if !has_media_type(headers, "application/x-www-form-urlencoded") {
-        return Err(Problem::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "unsupported-media-type",
-            "Unsupported media type",
+        return Err(unsupported_media_type(
             "the form must be sent with `Content-Type: application/x-www-form-urlencoded`",
-        )
-        .field("Content-Type"));
+        ));
     }
     let bytes = read_body(body).await?;
     let fields = serde_urlencoded::Deserializer::new(form_urlencoded::parse(&bytes));
@@ -303,11 +295,18 @@ fn problem_at<E: std::fmt::Display>(e: serde_path_to_error::Error<E>, kind: &'st
     }
 }
 
-/// True for `application/json`, with or without parameters.
-fn is_json(headers: &HeaderMap) -> bool {
-    has_media_type(headers, "application/json")
+/// 415, naming the Content-Type header.
+fn unsupported_media_type(detail: &str) -> Problem {
+    Problem::new(
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "unsupported-media-type",
+        "Unsupported media type",
+        detail,
+    )
+    .field("Content-Type")
 }
 
+/// True when the Content-Type is `wanted`, with or without parameters.
 fn has_media_type(headers: &HeaderMap, wanted: &str) -> bool {
     headers
         .get(axum::http::header::CONTENT_TYPE)
