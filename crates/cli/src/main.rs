@@ -39,6 +39,7 @@ enum Command {
     Retry(cmd::retry::Args),
     Status(cmd::status::Args),
     Verify(cmd::verify::Args),
+    Archive(cmd::archive::Args),
     Demo(cmd::demo::Args),
     // The lab.
     ProviderSim(lab::provider_sim::Args),
@@ -65,6 +66,7 @@ fn dispatch(command: Command) -> Box<dyn Runnable> {
         Command::Retry(args) => on_database(args),
         Command::Status(args) => on_database(args),
         Command::Verify(args) => on_database(args),
+        Command::Archive(args) => on_database(args),
         Command::Demo(args) => on_database(args),
         Command::ProviderSim(args) => Box::new(args),
         Command::Chaos(args) => Box::new(args),

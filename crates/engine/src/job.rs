@@ -171,7 +171,7 @@ impl<H: RunHooks> Job<H> {
             // Input loaded moments ago may be unknown to the planner; a role
             // that does not own the table cannot analyze, and autovacuum will.
             let mut conn = acquire(pool).await?;
-            if let Err(err) = self.queue.refresh_statistics(&mut conn).await {
+            if let Err(err) = self.queue.refresh_statistics(&mut conn, scope).await {
                 tracing::warn!(job = self.name(), error = %err, "could not refresh the work table's statistics");
             }
         }

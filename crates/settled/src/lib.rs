@@ -13,6 +13,7 @@
 
 pub mod address;
 pub mod api;
+pub mod archive;
 pub mod cmd;
 pub mod config;
 pub mod db;
@@ -20,6 +21,7 @@ pub mod demo;
 pub mod failover;
 pub mod import;
 pub mod money;
+pub mod partitions;
 pub mod period;
 pub mod progress;
 pub mod provider;

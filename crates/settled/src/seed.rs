@@ -91,6 +91,7 @@ pub async fn seed(
     if runs::find(&mut tx, JOB, &period.to_string()).await?.is_some() {
         anyhow::bail!("period {period} got a run while seeding; nothing was written");
     }
+    crate::partitions::ensure(&mut tx, period).await?;
     let mut inserted = 0u64;
     let mut from = 1u64;
     while from <= creators {
@@ -110,7 +111,9 @@ pub async fn seed(
     tx.commit().await?;
     // Fresh rows: give the planner their statistics before any worker plans a claim.
     let mut conn = pool.acquire().await?;
-    crate::settlement::queue().refresh_statistics(&mut conn).await?;
+    crate::settlement::queue()
+        .refresh_statistics(&mut conn, &period.to_string())
+        .await?;
     progress.finish();
     Ok(SeedOutcome {
         inserted,

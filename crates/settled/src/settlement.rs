@@ -57,17 +57,26 @@ pub struct Settlement;
 impl RunHooks for Settlement {
     /// A run needs the period's policy; the policy row is held FOR SHARE
     /// while the run is inserted, so a concurrent policy change either lands
-    /// before the run or is refused by the freeze trigger.
+    /// before the run or is refused by the freeze trigger. The period's
+    /// partitions are created if it has none yet (an archived period is
+    /// refused).
     async fn before_start(&self, tx: &mut PgConnection, scope: &str) -> Result<(), EngineError> {
         let period = Period::parse(scope).map_err(EngineError::Config)?;
         let fee: Option<i32> =
             sqlx::query_scalar("SELECT fee_bps FROM settlement.settlement_policy WHERE period = $1 FOR SHARE")
                 .bind(period.date()) // $1
-                .fetch_optional(tx)
+                .fetch_optional(&mut *tx)
                 .await
                 .map_err(EngineError::db("reading the period's policy"))?;
         match fee {
-            Some(_) => Ok(()),
+            Some(_) => crate::partitions::ensure(tx, period)
+                .await
+                .map(|_| ())
+                .map_err(|e| EngineError::StartRefused {
+                    job: JOB.into(),
+                    scope: scope.into(),
+                    reason: format!("{e:#}"),
+                }),
             None => Err(EngineError::StartRefused {
                 job: JOB.into(),
                 scope: scope.into(),

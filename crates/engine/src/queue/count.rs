@@ -13,7 +13,7 @@ pub(super) struct Sql {
     by_status: String,
     all_by_status: String,
     has_items: String,
-    analyze: String,
+    scope_relation: String,
 }
 
 /// Exact counts of a scope's items, one per status.
@@ -72,7 +72,11 @@ impl Sql {
             ),
             all_by_status: format!("SELECT status, count(*) AS items FROM {table} GROUP BY status"),
             has_items: format!("SELECT EXISTS (SELECT 1 FROM {table} WHERE {scope} = CAST($1 AS {scope_type}))"),
-            analyze: format!("ANALYZE {table}"),
+            // The relation holding the scope's rows: the table itself, or
+            // the partition of a table partitioned by scope.
+            scope_relation: format!(
+                "SELECT tableoid::regclass::text FROM {table} WHERE {scope} = CAST($1 AS {scope_type}) LIMIT 1"
+            ),
         }
     }
 }
@@ -137,22 +141,34 @@ impl WorkQueue {
             .map_err(EngineError::db("looking for a scope's items"))
     }
 
-    /// Refreshes the planner's statistics of the work table. A scope loaded
-    /// just before its run (and not yet seen by autovacuum) otherwise looks
-    /// empty to the planner, which then scans the whole scope per statement
-    /// instead of looking items up by key. Needs ownership of the table.
-    /// Skipped (returning false) while the statistics are fresh: fewer than
-    /// 10% of the rows changed since the last analyze.
-    pub async fn refresh_statistics(&self, conn: &mut PgConnection) -> Result<bool, EngineError> {
+    /// Refreshes the planner's statistics of the relation holding `scope`'s
+    /// items: the work table, or its partition when the table is
+    /// partitioned by scope (so one period's load never re-samples every
+    /// other period). A scope loaded just before its run (and not yet seen
+    /// by autovacuum) otherwise looks empty to the planner, which then scans
+    /// the whole scope per statement instead of looking items up by key.
+    /// Needs ownership of the table. Skipped (returning false) while the
+    /// statistics are fresh (fewer than 10% of the rows changed since the
+    /// last analyze) or the scope has no items.
+    pub async fn refresh_statistics(&self, conn: &mut PgConnection, scope: &str) -> Result<bool, EngineError> {
+        let relation: Option<String> = sqlx::query_scalar(&self.sql.count.scope_relation)
+            .bind(scope) // $1
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(EngineError::db("finding the relation of a scope's items"))?;
+        let Some(relation) = relation else {
+            return Ok(false);
+        };
         let stale: Option<bool> = sqlx::query_scalar(STALE_STATISTICS_SQL)
-            .bind(&self.spec.table) // $1
+            .bind(&relation) // $1
             .fetch_optional(&mut *conn)
             .await
             .map_err(EngineError::db("reading the work table's statistics"))?;
         if stale == Some(false) {
             return Ok(false);
         }
-        sqlx::query(&self.sql.count.analyze)
+        // `relation` is regclass output: a name PostgreSQL quoted itself.
+        sqlx::query(&format!("ANALYZE {relation}"))
             .execute(conn)
             .await
             .map_err(EngineError::db("analyzing the work table"))?;

@@ -36,8 +36,8 @@ pub(super) async fn prepare_case(ctx: &Ctx, creators: u64) -> anyhow::Result<Cas
     let period = bench_period();
     settled::seed::seed(&db.pool, period, creators, BENCH_SEED, None, &Progress::hidden()).await?;
     let mut conn = db.pool.acquire().await?;
-    sqlx::query("ANALYZE settlement.token_trade_volume")
-        .execute(&mut *conn)
+    settled::settlement::queue()
+        .refresh_statistics(&mut conn, &period.to_string())
         .await?;
     drop(conn);
     let run_id = settled::settlement::job()

@@ -6,6 +6,7 @@
 //! (verification failed, a worker failed, bad input); 2 it could not start
 //! (bad usage, no database and no PostgreSQL server binaries).
 
+pub mod archive;
 pub mod demo;
 pub mod import;
 pub mod lease;

@@ -16,8 +16,13 @@ use crate::period::Period;
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// The period (YYYY-MM-DD).
-    #[arg(long)]
-    period: Period,
+    #[arg(long, required_unless_present = "archive", conflicts_with = "archive")]
+    period: Option<Period>,
+    /// Re-check an archive file written by `settled archive` (the .csv or
+    /// its .manifest.json): its SHA-256, row count and total against its
+    /// manifest and this database's record, and every row well-formed.
+    #[arg(long, value_name = "FILE")]
+    archive: Option<std::path::PathBuf>,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -32,10 +37,20 @@ impl DbCommand for Args {
 
     async fn run(self, db: &Database) -> Outcome {
         let mut conn = db.pool.acquire().await?;
-        let mut report = crate::verify::verify(&mut conn, self.period).await?;
+        if let Some(file) = &self.archive {
+            let report = crate::archive::verify_archive(&mut conn, file).await?;
+            if self.json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", report.render());
+            }
+            return Ok(exit_code(report.ok));
+        }
+        let period = self.period.expect("clap requires --period without --archive");
+        let mut report = crate::verify::verify(&mut conn, period).await?;
         if let Some(url) = self.provider_url {
             let provider = crate::provider::HttpProvider::new(&url, Duration::from_secs(60))?;
-            crate::verify::reconcile_provider(&mut conn, self.period, &provider, &mut report).await?;
+            crate::verify::reconcile_provider(&mut conn, period, &provider, &mut report).await?;
         }
         if self.json {
             println!("{}", serde_json::to_string_pretty(&report)?);

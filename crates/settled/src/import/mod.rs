@@ -351,6 +351,11 @@ pub async fn import(pool: &PgPool, opts: &ImportOptions) -> anyhow::Result<Impor
             );
         }
     }
+    for StagedPeriod { period, new_rows, .. } in &periods {
+        if *new_rows > 0 {
+            crate::partitions::ensure(&mut tx, crate::period::Period::from_date(*period)).await?;
+        }
+    }
     let inserted = sqlx::query(
         "INSERT INTO settlement.token_trade_volume (period, creator, volume)
          SELECT period, creator, volume FROM import_staging ORDER BY period, creator
@@ -366,7 +371,11 @@ pub async fn import(pool: &PgPool, opts: &ImportOptions) -> anyhow::Result<Impor
     flush(&mut sink)?;
     if inserted > 0 {
         let mut conn = pool.acquire().await?;
-        crate::settlement::queue().refresh_statistics(&mut conn).await?;
+        for staged in periods.iter().filter(|p| p.new_rows > 0) {
+            crate::settlement::queue()
+                .refresh_statistics(&mut conn, &staged.period.to_string())
+                .await?;
+        }
     }
     Ok(outcome)
 }
