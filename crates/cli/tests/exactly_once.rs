@@ -81,8 +81,10 @@ async fn eight_worker_processes_settle_20000_creators_exactly_once() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_run_needs_a_policy_and_freezes_it() {
     let env = Env::new().await;
-    sqlx::query(
-        "INSERT INTO settlement.token_trade_volume (period, creator, volume)
+    // Loaded by hand: the period's partitions first, as import and seed make them.
+    sqlx::raw_sql(
+        "SELECT settlement.ensure_period_partitions('2026-11-01');
+         INSERT INTO settlement.token_trade_volume (period, creator, volume)
          VALUES ('2026-11-01', '0x00000000000000000000000000000000000000aa', 10000)",
     )
     .execute(&env.pool)

@@ -557,6 +557,10 @@ async fn a_balance_past_78_digits_keeps_growing_and_a_run_without_a_date_scope_l
         .execute(&env.pool)
         .await
         .unwrap();
+    sqlx::query("SELECT settlement.ensure_period_partitions('2026-11-28')")
+        .execute(&env.pool)
+        .await
+        .unwrap();
     sqlx::query(
         "INSERT INTO settlement.token_trade_volume (period, creator, volume)
          VALUES ('2026-11-28', $1, 2::numeric ^ 255)",

@@ -132,7 +132,7 @@ async fn offset_paging_locks_every_row_it_skips() {
     .await
     .unwrap();
     assert_eq!(page.len(), 10);
-    let locked: i64 = sqlx::query_scalar("SELECT count(*) FROM pgrowlocks('settlement.token_trade_volume')")
+    let locked: i64 = sqlx::query_scalar("SELECT count(*) FROM pgrowlocks('settlement.token_trade_volume_p20261128')")
         .fetch_one(&env.pool)
         .await
         .unwrap();
@@ -144,7 +144,7 @@ async fn offset_paging_locks_every_row_it_skips() {
     env.run_ok(&["run", "--period", "2026-11-28"]);
     let run_id = env.scalar_i64("SELECT id FROM settled_engine.runs").await;
     let claimed = engine_claim(&mut pager, run_id).await;
-    let locked: i64 = sqlx::query_scalar("SELECT count(*) FROM pgrowlocks('settlement.token_trade_volume')")
+    let locked: i64 = sqlx::query_scalar("SELECT count(*) FROM pgrowlocks('settlement.token_trade_volume_p20261128')")
         .fetch_one(&env.pool)
         .await
         .unwrap();

@@ -1,7 +1,8 @@
 //! `settled archive`: old periods leave the hot tables whole. For each
 //! settled period before a date, in one transaction (all or nothing):
 //!
-//! 1. its two partitions are locked against writers (SHARE);
+//! 1. its two partitions are locked against writers (SHARE ROW EXCLUSIVE;
+//!    one archive runs at a time, behind a transaction advisory lock);
 //! 2. its ledger partition is exported with COPY, in creator order, to
 //!    `DIR/ledger-YYYY-MM-DD.csv`, with a manifest beside it
 //!    (`.manifest.json`: rows, total, SHA-256 of the file's bytes); the file
@@ -115,6 +116,11 @@ async fn archive_in_tx(
     opts: &ArchiveOptions,
     written: &mut Vec<PathBuf>,
 ) -> anyhow::Result<Vec<Archived>> {
+    // One archive at a time: a second one waits here, then finds the
+    // periods the first archived gone (and never touches its files).
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('settled archive'))")
+        .execute(&mut *conn)
+        .await?;
     // Periods that still have a partition in either table: the partition
     // names carry the period (settlement.ensure_period_partitions names them).
     let periods: Vec<chrono::NaiveDate> = sqlx::query_scalar(
@@ -134,7 +140,7 @@ async fn archive_in_tx(
         let period = Period::from_date(date);
         let (work, ledger) = partitions::names(period);
         sqlx::query(&format!(
-            "LOCK TABLE settlement.{work}, settlement.{ledger} IN SHARE MODE"
+            "LOCK TABLE settlement.{work}, settlement.{ledger} IN SHARE ROW EXCLUSIVE MODE"
         ))
         .execute(&mut *conn)
         .await

@@ -28,6 +28,17 @@ impl Env {
         Env { db, pool }
     }
 
+    /// A fresh database with no migrations applied.
+    pub async fn unmigrated() -> Env {
+        let db = TestDb::create().await.expect("test database");
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(8)
+            .connect(&db.url)
+            .await
+            .expect("connect");
+        Env { db, pool }
+    }
+
     /// A `settled` command bound to this test's database.
     pub fn cmd(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new(SETTLED);

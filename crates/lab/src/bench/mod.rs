@@ -17,6 +17,7 @@ mod markdown;
 mod peers;
 mod plot;
 mod report;
+pub mod soak;
 mod strategy;
 mod targets;
 
@@ -128,6 +129,12 @@ pub struct BenchOptions {
     pub floors: bool,
     /// Claim loops of the one worker process whose memory is measured (0: skip).
     pub memory_concurrency: u32,
+    /// The soak instead of the cases: this many daily periods on one database.
+    pub days: Option<u32>,
+    /// The soak's retention: periods older than this many days are archived (0: never).
+    pub retain_days: u32,
+    /// The held-snapshot pair instead of the cases.
+    pub held_xmin: bool,
     /// Where to write results.json, results.md and the plots.
     #[serde(skip)]
     pub out: Option<PathBuf>,
@@ -139,6 +146,86 @@ pub struct BenchOptions {
 }
 
 /// Runs the benchmark and returns its report (also written to `opts.out`).
+/// What a long-life benchmark measured.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(untagged)]
+pub enum LongLife {
+    /// `--days`.
+    Soak(soak::SoakReport),
+    /// `--held-xmin`.
+    HeldXmin(Vec<soak::HeldXminCase>),
+}
+
+impl LongLife {
+    /// The markdown rendering.
+    pub fn markdown(&self, creators: u64) -> String {
+        match self {
+            LongLife::Soak(r) => r.markdown(),
+            LongLife::HeldXmin(cases) => soak::held_xmin_markdown(creators, cases),
+        }
+    }
+}
+
+/// The soak (`opts.days`) or the held-snapshot pair (`opts.held_xmin`), on
+/// DATABASE_URL's server or a private one started for it.
+pub async fn long_life(opts: &BenchOptions) -> anyhow::Result<LongLife> {
+    anyhow::ensure!(
+        (1..=MAX_BENCH_CREATORS).contains(&opts.creators),
+        "--creators must be 1..={MAX_BENCH_CREATORS}"
+    );
+    if let Some(days) = opts.days {
+        anyhow::ensure!((1..=3650).contains(&days), "--days must be 1..=3650");
+    }
+    let scratch = tempfile::Builder::new().prefix("settled-bench-").tempdir()?;
+    let (server, admin_url) = start_server(opts, scratch.path()).await?;
+    let ctx = Ctx {
+        admin_url,
+        exe: std::env::current_exe().context("locating the settled binary")?,
+        scratch: scratch.path().to_path_buf(),
+        opts: opts.clone(),
+    };
+    let result = async {
+        let mut admin = PgConnection::connect(&ctx.admin_url).await?;
+        let version: String = sqlx::query_scalar("SELECT version()").fetch_one(&mut admin).await?;
+        admin.close().await?;
+        match opts.days {
+            Some(days) => anyhow::Ok(LongLife::Soak(soak::soak(&ctx, days, opts.retain_days, version).await?)),
+            None => anyhow::Ok(LongLife::HeldXmin(soak::held_xmin(&ctx).await?)),
+        }
+    }
+    .await;
+    if let Some(server) = server {
+        tokio::task::spawn_blocking(move || server.stop()).await??;
+    }
+    let report = result?;
+    if let Some(out) = &opts.out {
+        std::fs::create_dir_all(out)?;
+        std::fs::write(out.join("results.json"), serde_json::to_string_pretty(&report)?)?;
+        std::fs::write(out.join("results.md"), report.markdown(opts.creators))?;
+        eprintln!("bench: wrote results.json and results.md to {}", out.display());
+    }
+    Ok(report)
+}
+
+async fn start_server(opts: &BenchOptions, scratch: &Path) -> anyhow::Result<(Option<LocalPostgres>, String)> {
+    Ok(match &opts.database_url {
+        Some(url) => (None, url.clone()),
+        None => {
+            let local = LocalOptions {
+                data_dir: scratch.join("pg"),
+                throwaway: false,
+                remove_on_stop: true,
+                max_connections: 300,
+                settings: Vec::new(),
+            };
+            eprintln!("bench: starting a private PostgreSQL (fsync on) for the run");
+            let server = tokio::task::spawn_blocking(move || LocalPostgres::start(&local)).await??;
+            let url = server.url("postgres");
+            (Some(server), url)
+        }
+    })
+}
+
 pub async fn bench(opts: &BenchOptions) -> anyhow::Result<BenchReport> {
     anyhow::ensure!(!opts.workers.is_empty(), "--workers: give at least one worker count");
     anyhow::ensure!(
@@ -158,22 +245,7 @@ pub async fn bench(opts: &BenchOptions) -> anyhow::Result<BenchReport> {
         );
     }
     let scratch = tempfile::Builder::new().prefix("settled-bench-").tempdir()?;
-    let (server, admin_url) = match &opts.database_url {
-        Some(url) => (None, url.clone()),
-        None => {
-            let local = LocalOptions {
-                data_dir: scratch.path().join("pg"),
-                throwaway: false,
-                remove_on_stop: true,
-                max_connections: 300,
-                settings: Vec::new(),
-            };
-            eprintln!("bench: starting a private PostgreSQL (fsync on) for the run");
-            let server = tokio::task::spawn_blocking(move || LocalPostgres::start(&local)).await??;
-            let url = server.url("postgres");
-            (Some(server), url)
-        }
-    };
+    let (server, admin_url) = start_server(opts, scratch.path()).await?;
     let ctx = Ctx {
         admin_url,
         exe: std::env::current_exe().context("locating the settled binary")?,

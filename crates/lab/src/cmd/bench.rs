@@ -69,6 +69,21 @@ pub struct Args {
     /// Claim loops of the one worker process whose peak memory is measured (0: skip).
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(0..=256))]
     memory_concurrency: u32,
+    /// The soak instead of the cases: this many consecutive daily periods of
+    /// --creators creators on one database, settled by the first --workers
+    /// count of processes (default 4) with --chunk; per day throughput,
+    /// claim latency, table sizes, dead tuples and autovacuum runs.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=3650), conflicts_with = "held_xmin")]
+    days: Option<u32>,
+    /// The soak's retention: after each day, periods older than this many
+    /// days are archived (settled archive --drop-ledger); 0 keeps them all.
+    #[arg(long, default_value_t = 7, requires = "days")]
+    retain_days: u32,
+    /// The held-snapshot pair instead of the cases: --creators settled twice
+    /// on fresh databases, without and with an idle-in-transaction session
+    /// holding a REPEATABLE READ snapshot through the run.
+    #[arg(long)]
+    held_xmin: bool,
     /// Write results.json, results.md and plots (SVG, PNG) here.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -106,6 +121,9 @@ impl Args {
             peer_time_limit: self.peer_time_limit,
             floors: !self.no_floors,
             memory_concurrency: self.memory_concurrency,
+            days: self.days,
+            retain_days: self.retain_days,
+            held_xmin: self.held_xmin,
             out: self.out,
             database_url: global.database_url(),
             command: std::iter::once("settled".to_string())
@@ -132,6 +150,16 @@ impl Runnable for Args {
                 return Ok(ExitCode::SUCCESS);
             }
             let json = self.json;
+            if self.days.is_some() || self.held_xmin {
+                let opts = self.options(&global);
+                let report = crate::bench::long_life(&opts).await?;
+                if json {
+                    println!("{}", serde_json::to_string_pretty(&report)?);
+                } else {
+                    print!("{}", report.markdown(opts.creators));
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
             let report = crate::bench::bench(&self.options(&global)).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);

@@ -1,0 +1,348 @@
+//! Periods are partitions: an unpartitioned database migrates to them with
+//! its money intact; `settled archive` retires settled periods all or
+//! nothing, its files re-check with `verify --archive`, and an archived
+//! period can never take items (so never be paid) again.
+
+mod common;
+
+use std::path::Path;
+
+use common::Env;
+
+/// The migrations before the partitioning one, both crates', in version order.
+async fn migrate_to_unpartitioned(env: &Env) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    for dir in ["engine/migrations", "settled/migrations"] {
+        let mut migrator = sqlx::migrate::Migrator::new(root.join(dir)).await.expect("migrations");
+        migrator.migrations = migrator
+            .migrations
+            .iter()
+            .filter(|m| m.version < 20261201000105)
+            .cloned()
+            .collect::<Vec<_>>()
+            .into();
+        migrator.set_ignore_missing(true);
+        migrator.run(&env.pool).await.expect("old migrations");
+    }
+}
+
+async fn exec(env: &Env, sql: &str) {
+    sqlx::raw_sql(sql).execute(&env.pool).await.expect(sql);
+}
+
+fn partitions_of(table: &str) -> String {
+    format!(
+        "SELECT coalesce(string_agg(c.relname, ',' ORDER BY c.relname), '') FROM pg_inherits i
+         JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = '{table}'::regclass"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unpartitioned_database_with_settled_periods_moves_to_partitions_and_still_proves_its_money() {
+    let env = Env::unmigrated().await;
+    migrate_to_unpartitioned(&env).await;
+    assert_eq!(
+        env.scalar_text("SELECT relkind::text FROM pg_class WHERE oid = 'settlement.token_trade_volume'::regclass")
+            .await,
+        "r"
+    );
+    // The old layout holding one settled period (300 creators paid, their
+    // balances credited, its run finished) and one loaded but not started.
+    exec(
+        &env,
+        "INSERT INTO settlement.settlement_policy (period, fee_bps) VALUES ('2026-11-27', 250), ('2026-11-28', 300);
+         INSERT INTO settled_engine.runs (job, scope, state, finished_at)
+             VALUES ('creator-rewards', '2026-11-27', 'finished', now());
+         INSERT INTO settlement.token_trade_volume (period, creator, volume, status, attempt)
+             SELECT '2026-11-27', '0x' || lpad(to_hex(i), 40, '0'), i::numeric * 10 ^ 18 + 7, 'settled', 1
+             FROM generate_series(1, 300) i;
+         INSERT INTO settlement.reward_ledger (period, creator, amount, run_id, attempt)
+             SELECT period, creator, settlement.reward(volume, 250), (SELECT id FROM settled_engine.runs), 1
+             FROM settlement.token_trade_volume WHERE period = '2026-11-27';
+         INSERT INTO settlement.creator_balance (creator, balance)
+             SELECT creator, amount FROM settlement.reward_ledger;
+         INSERT INTO settlement.token_trade_volume (period, creator, volume)
+             SELECT '2026-11-28', '0x' || lpad(to_hex(i), 40, '0'), i::numeric * 10 ^ 20 + 3
+             FROM generate_series(100, 399) i;",
+    )
+    .await;
+    env.run_ok(&["verify", "--period", "2026-11-27"]);
+
+    env.run_ok(&["migrate"]);
+    assert_eq!(
+        env.scalar_text("SELECT relkind::text FROM pg_class WHERE oid = 'settlement.token_trade_volume'::regclass")
+            .await,
+        "p"
+    );
+    assert_eq!(
+        env.scalar_text(&partitions_of("settlement.token_trade_volume")).await,
+        "token_trade_volume_p20261127,token_trade_volume_p20261128"
+    );
+    assert_eq!(
+        env.scalar_text(&partitions_of("settlement.reward_ledger")).await,
+        "reward_ledger_p20261127,reward_ledger_p20261128"
+    );
+    assert_eq!(
+        env.scalar_i64("SELECT count(*) FROM settlement.reward_ledger_p20261127")
+            .await,
+        300
+    );
+    let verified = env.run_ok(&["verify", "--period", "2026-11-27"]);
+    assert!(verified.contains("OK, every check holds"), "{verified}");
+
+    // Every partition keeps the ledger's guarantees: one row per creator,
+    // no edit, no truncate, through the parent or the partition itself.
+    let creator = "0x0000000000000000000000000000000000000001";
+    for table in ["settlement.reward_ledger", "settlement.reward_ledger_p20261127"] {
+        let second = sqlx::query(&format!(
+            "INSERT INTO {table} (period, creator, amount, run_id, attempt)
+             VALUES ('2026-11-27', $1, 1, (SELECT id FROM settled_engine.runs), 2)"
+        ))
+        .bind(creator)
+        .execute(&env.pool)
+        .await
+        .unwrap_err();
+        assert_eq!(second.as_database_error().unwrap().code().unwrap(), "23505", "{second}");
+        for edit in [
+            format!("UPDATE {table} SET amount = amount + 1 WHERE creator = '{creator}'"),
+            format!("DELETE FROM {table} WHERE creator = '{creator}'"),
+            format!("TRUNCATE {table}"),
+        ] {
+            let err = sqlx::query(&edit).execute(&env.pool).await.unwrap_err();
+            assert!(err.to_string().contains("append-only"), "{edit}: {err}");
+        }
+    }
+    // A period without partitions takes no rows until it gets them.
+    let orphan =
+        sqlx::query("INSERT INTO settlement.token_trade_volume (period, creator, volume) VALUES ('2026-12-30', $1, 1)")
+            .bind(creator)
+            .execute(&env.pool)
+            .await
+            .unwrap_err();
+    assert!(orphan.to_string().contains("no partition"), "{orphan}");
+
+    // The period that was waiting settles on the new layout, and balances
+    // (carried across both periods) still prove.
+    env.run_ok(&["run", "--period", "2026-11-28", "--wait"]);
+    let verified = env.run_ok(&["verify", "--period", "2026-11-28"]);
+    assert!(verified.contains("OK, every check holds"), "{verified}");
+    assert_eq!(
+        env.scalar_i64("SELECT count(*) FROM settlement.reward_ledger_p20261128")
+            .await,
+        300
+    );
+}
+
+fn seed_and_settle(env: &Env, period: &str, creators: &str) {
+    env.run_ok(&["seed", "--period", period, "--creators", creators]);
+    env.run_ok(&["run", "--period", period, "--wait"]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn archive_round_trips_through_verify_refuses_unfinished_periods_and_an_archived_period_is_never_paid_again() {
+    let env = Env::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let dir_arg = dir.path().to_str().unwrap();
+    seed_and_settle(&env, "2026-11-25", "200");
+    seed_and_settle(&env, "2026-11-26", "250");
+    env.run_ok(&["seed", "--period", "2026-11-27", "--creators", "150"]);
+    // A run in progress (started, nobody working it): refused, with the
+    // items that have no run at all, and nothing archived.
+    env.run_ok(&["run", "--period", "2026-11-27"]);
+    let refused = env.run(&["archive", "--before", "2026-11-28", "--dir", dir_arg]);
+    assert_eq!(refused.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("2026-11-27: its run is running"), "{stderr}");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "no file is left");
+    assert_eq!(
+        env.scalar_i64("SELECT count(*) FROM settlement.archived_periods").await,
+        0
+    );
+    assert_eq!(
+        env.scalar_text(&partitions_of("settlement.reward_ledger")).await,
+        "reward_ledger_p20261125,reward_ledger_p20261126,reward_ledger_p20261127"
+    );
+
+    let out = env.run_ok(&["archive", "--before", "2026-11-27", "--dir", dir_arg]);
+    assert!(out.contains("archived 2026-11-25: 200 ledger rows"), "{out}");
+    assert!(out.contains("archived 2026-11-26: 250 ledger rows"), "{out}");
+    assert_eq!(
+        env.scalar_text(&partitions_of("settlement.token_trade_volume")).await,
+        "token_trade_volume_p20261127"
+    );
+    assert_eq!(
+        env.scalar_text(&partitions_of("settlement.reward_ledger")).await,
+        "reward_ledger_p20261127"
+    );
+    // Kept outside the ledger, still append-only.
+    assert_eq!(
+        env.scalar_i64("SELECT count(*) FROM settlement_archive.reward_ledger_p20261125")
+            .await,
+        200
+    );
+    let err = sqlx::query("DELETE FROM settlement_archive.reward_ledger_p20261125")
+        .execute(&env.pool)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("append-only"), "{err}");
+    // Nothing left to do before that date: a second call archives nothing.
+    let again = env.run_ok(&["archive", "--before", "2026-11-27", "--dir", dir_arg]);
+    assert!(again.contains("nothing to archive"), "{again}");
+
+    for period in ["2026-11-25", "2026-11-26"] {
+        let file = dir.path().join(format!("ledger-{period}.csv"));
+        let checked = env.run_ok(&["verify", "--archive", file.to_str().unwrap()]);
+        assert!(checked.contains("OK, every check holds"), "{checked}");
+        let verified = env.run_ok(&["verify", "--period", period]);
+        assert!(
+            verified.contains("OK, every check holds") && verified.contains("period_archived"),
+            "{verified}"
+        );
+    }
+    // The balances keep proving with the archived totals carried: settle the
+    // third period (its creators recur from the first two) and verify.
+    env.run_ok(&["worker", "--period", "2026-11-27"]);
+    let verified = env.run_ok(&["verify", "--period", "2026-11-27"]);
+    assert!(verified.contains("OK, every check holds"), "{verified}");
+
+    // Tampering with a file, one digit of one amount, or one row removed, is caught.
+    let file = dir.path().join("ledger-2026-11-25.csv");
+    let original = std::fs::read_to_string(&file).unwrap();
+    let mut lines: Vec<String> = original.lines().map(str::to_string).collect();
+    let mut fields: Vec<String> = lines[7].split(',').map(str::to_string).collect();
+    let amount = fields[2].clone();
+    let bumped = format!(
+        "{}{}",
+        &amount[..amount.len() - 1],
+        (amount.as_bytes()[amount.len() - 1] - b'0' + 1) % 10
+    );
+    fields[2] = bumped;
+    lines[7] = fields.join(",");
+    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+    let tampered = env.run(&["verify", "--archive", file.to_str().unwrap()]);
+    assert_eq!(tampered.status.code(), Some(1));
+    let report = String::from_utf8_lossy(&tampered.stdout);
+    assert!(report.contains("[FAIL] file_matches_manifest_sha256"), "{report}");
+    assert!(report.contains("[FAIL] total_matches_manifest"), "{report}");
+    assert!(report.contains("[FAIL] database_record_matches"), "{report}");
+    let mut lines: Vec<&str> = original.lines().collect();
+    lines.remove(9);
+    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+    let short = env.run(&["verify", "--archive", file.to_str().unwrap()]);
+    assert_eq!(short.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&short.stdout).contains("[FAIL] row_count_matches_manifest"));
+
+    // An archived period takes no items again, however they come.
+    let reseed = env.run(&["seed", "--period", "2026-11-25", "--creators", "10"]);
+    assert_eq!(reseed.status.code(), Some(1));
+    let csv = dir.path().join("again.csv");
+    std::fs::write(
+        &csv,
+        "period,creator,volume\n2026-11-25,0x00000000000000000000000000000000000000aa,1000\n",
+    )
+    .unwrap();
+    let import = env.run(&["import", csv.to_str().unwrap()]);
+    assert_eq!(
+        import.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&import.stderr)
+    );
+    let direct = sqlx::query("SELECT settlement.ensure_period_partitions('2026-11-25')")
+        .execute(&env.pool)
+        .await
+        .unwrap_err();
+    assert!(direct.to_string().contains("is archived"), "{direct}");
+    assert_eq!(
+        env.scalar_text(&partitions_of("settlement.token_trade_volume")).await,
+        "token_trade_volume_p20261127"
+    );
+
+    // --drop-ledger: the file is the record, the partition goes.
+    let out = env.run_ok(&["archive", "--before", "2026-11-28", "--dir", dir_arg, "--drop-ledger"]);
+    assert!(out.contains("archived 2026-11-27: 150 ledger rows"), "{out}");
+    assert_eq!(
+        env.scalar_i64("SELECT count(*) FROM pg_class WHERE relname = 'reward_ledger_p20261127'")
+            .await,
+        0
+    );
+    let checked = env.run_ok(&[
+        "verify",
+        "--archive",
+        dir.path().join("ledger-2026-11-27.manifest.json").to_str().unwrap(),
+    ]);
+    assert!(checked.contains("OK, every check holds"), "{checked}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_archives_at_once_while_workers_settle_the_next_period_archive_once_and_lose_nothing() {
+    let env = Env::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let dir_arg = dir.path().to_str().unwrap().to_string();
+    seed_and_settle(&env, "2026-11-24", "3000");
+    seed_and_settle(&env, "2026-11-25", "3000");
+    env.run_ok(&["seed", "--period", "2026-11-26", "--creators", "20000"]);
+    env.run_ok(&["run", "--period", "2026-11-26"]);
+    // Three worker processes settle the next period (small chunks, so they
+    // are still at it) while two archive processes retire the first two.
+    let workers: Vec<_> = (0..3)
+        .map(|_| {
+            env.cmd(&[
+                "worker",
+                "--period",
+                "2026-11-26",
+                "--chunk",
+                "50",
+                "--concurrency",
+                "2",
+            ])
+            .spawn()
+            .unwrap()
+        })
+        .collect();
+    let archivers: Vec<_> = (0..2)
+        .map(|_| {
+            env.cmd(&["archive", "--before", "2026-11-26", "--dir", &dir_arg])
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let outputs: Vec<String> = archivers
+        .into_iter()
+        .map(|a| {
+            let out = a.wait_with_output().unwrap();
+            assert!(out.status.success(), "an archive failed");
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        })
+        .collect();
+    let archived_lines = outputs
+        .iter()
+        .flat_map(|o| o.lines())
+        .filter(|l| l.starts_with("archived "))
+        .count();
+    assert_eq!(archived_lines, 2, "each period archived once: {outputs:?}");
+    assert!(outputs.iter().any(|o| o.contains("nothing to archive")), "{outputs:?}");
+    for mut w in workers {
+        assert!(w.wait().unwrap().success());
+    }
+    for period in ["2026-11-24", "2026-11-25"] {
+        let file = dir.path().join(format!("ledger-{period}.csv"));
+        let checked = env.run_ok(&["verify", "--archive", file.to_str().unwrap()]);
+        assert!(checked.contains("OK, every check holds"), "{checked}");
+    }
+    // The period settled meanwhile: once each, balances proving with both
+    // archived periods carried.
+    let verified = env.run_ok(&["verify", "--period", "2026-11-26"]);
+    assert!(verified.contains("OK, every check holds"), "{verified}");
+    assert_eq!(
+        env.scalar_i64("SELECT count(*) FROM settlement.reward_ledger WHERE period = '2026-11-26'")
+            .await,
+        20_000
+    );
+    assert_eq!(
+        env.scalar_text("SELECT (sum(amount) = (SELECT sum(ledger_total) FROM settlement.archived_periods))::text FROM settlement.ledger_carry")
+            .await,
+        "true"
+    );
+}
