@@ -112,6 +112,47 @@ async fn an_unpartitioned_database_with_settled_periods_moves_to_partitions_and_
             assert!(err.to_string().contains("append-only"), "{edit}: {err}");
         }
     }
+    // A ledger row needs its item and a run of its own period, checked per
+    // statement through the parent and through a partition alike; a paid
+    // item cannot be deleted.
+    for table in ["settlement.reward_ledger", "settlement.reward_ledger_p20261128"] {
+        let no_item = sqlx::query(&format!(
+            "INSERT INTO {table} (period, creator, amount, run_id, attempt)
+             VALUES ('2026-11-28', '0x00000000000000000000000000000000000000ff', 1, (SELECT id FROM settled_engine.runs), 1)"
+        ))
+        .execute(&env.pool)
+        .await
+        .unwrap_err();
+        assert_eq!(
+            no_item.as_database_error().unwrap().constraint(),
+            Some("reward_ledger_rows_have_items"),
+            "{no_item}"
+        );
+        // The item exists, but the run is 2026-11-27's.
+        let wrong_run = sqlx::query(&format!(
+            "INSERT INTO {table} (period, creator, amount, run_id, attempt)
+             VALUES ('2026-11-28', '0x0000000000000000000000000000000000000100', 1, (SELECT id FROM settled_engine.runs), 1)"
+        ))
+        .execute(&env.pool)
+        .await
+        .unwrap_err();
+        assert_eq!(
+            wrong_run.as_database_error().unwrap().constraint(),
+            Some("reward_ledger_rows_have_items"),
+            "{wrong_run}"
+        );
+    }
+    let delete = sqlx::query("DELETE FROM settlement.token_trade_volume WHERE period = '2026-11-27' AND creator = $1")
+        .bind(creator)
+        .execute(&env.pool)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        delete.as_database_error().unwrap().constraint(),
+        Some("settled_items_stay"),
+        "{delete}"
+    );
+
     // A period without partitions takes no rows until it gets them.
     let orphan =
         sqlx::query("INSERT INTO settlement.token_trade_volume (period, creator, volume) VALUES ('2026-12-30', $1, 1)")

@@ -71,19 +71,62 @@ CREATE TABLE settlement.reward_ledger (
     period     date          NOT NULL,
     creator    text          NOT NULL,
     amount     numeric(78,0) NOT NULL CONSTRAINT reward_ledger_amount_check CHECK (amount >= 0),
-    run_id     bigint        NOT NULL CONSTRAINT reward_ledger_run_id_fkey REFERENCES settled_engine.runs (id),
+    run_id     bigint        NOT NULL,
     attempt    integer       NOT NULL CONSTRAINT reward_ledger_attempt_check CHECK (attempt >= 1),
     created_at timestamptz   NOT NULL DEFAULT now(),
     -- No creator is paid twice for a period: the key includes the partition
     -- key, so each partition's unique index is the whole period's.
-    PRIMARY KEY (period, creator),
-    CONSTRAINT reward_ledger_period_creator_fkey
-        FOREIGN KEY (period, creator) REFERENCES settlement.token_trade_volume (period, creator)
+    PRIMARY KEY (period, creator)
 ) PARTITION BY RANGE (period);
 
+-- Every ledger row has its item, and its run is a run of its period: checked
+-- once per statement over the rows it inserted (a transition table), not
+-- per row. The two foreign keys this replaces ((period, creator) to the
+-- work table, run_id to the runs) ran two lookups and a row lock per row,
+-- half of a million-row insert's time (docs/scale.md, "Ledger checks"); the
+-- statement check is a third of theirs and also proves the run's period,
+-- which the foreign key did not. What the keys also gave, refusing to
+-- delete an item that was paid, is the trigger below.
+CREATE FUNCTION settlement.refuse_ledger_rows_without_items() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    bad record;
+BEGIN
+    SELECT n.period, n.creator, n.run_id INTO bad FROM new_rows n
+    WHERE NOT EXISTS (SELECT 1 FROM settlement.token_trade_volume v
+                      WHERE v.period = n.period AND v.creator = n.creator)
+       OR NOT EXISTS (SELECT 1 FROM settled_engine.runs r
+                      WHERE r.id = n.run_id AND r.scope = to_char(n.period, 'YYYY-MM-DD'))
+    LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'ledger row (%, %) of run % has no item of its period, or its run is not one of that period',
+                        bad.period, bad.creator, bad.run_id
+            USING ERRCODE = 'foreign_key_violation', CONSTRAINT = 'reward_ledger_rows_have_items';
+    END IF;
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER reward_ledger_rows_have_items
+    AFTER INSERT ON settlement.reward_ledger REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION settlement.refuse_ledger_rows_without_items();
+
+-- A paid item stays while its period is in the hot tables (archive retires
+-- both partitions together).
+CREATE FUNCTION settlement.refuse_settled_item_delete() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'item (%, %) is settled: its ledger row needs it', OLD.period, OLD.creator
+        USING ERRCODE = 'foreign_key_violation', CONSTRAINT = 'settled_items_stay';
+END
+$$;
+CREATE TRIGGER token_trade_volume_settled_items_stay
+    BEFORE DELETE ON settlement.token_trade_volume
+    FOR EACH ROW WHEN (OLD.status = 'settled') EXECUTE FUNCTION settlement.refuse_settled_item_delete();
+
 -- Row triggers on the parent are cloned onto every partition, present and
--- future; TRUNCATE is a statement trigger, which PostgreSQL does not clone,
--- so settlement.ensure_period_partitions adds it to each ledger partition.
+-- future; statement triggers (TRUNCATE, the rows-have-items check) are not,
+-- and fire only for statements naming the parent, so
+-- settlement.ensure_period_partitions adds them to each ledger partition.
 CREATE TRIGGER reward_ledger_append_only
     BEFORE UPDATE OR DELETE ON settlement.reward_ledger
     FOR EACH ROW EXECUTE FUNCTION settlement.refuse_ledger_change();
@@ -120,7 +163,7 @@ BEGIN
     -- takes SHARE UPDATE EXCLUSIVE on the parent, which lets workers and
     -- readers of other periods go on (PARTITION OF would take ACCESS
     -- EXCLUSIVE until the caller commits). The empty table's scan is free;
-    -- ATTACH adds the parent's indexes, foreign keys and row triggers.
+    -- ATTACH adds the parent's indexes and row triggers.
     IF to_regclass(format('settlement.%I', work)) IS NULL THEN
         EXECUTE format('CREATE TABLE settlement.%I (LIKE settlement.token_trade_volume
                         INCLUDING DEFAULTS INCLUDING CONSTRAINTS)', work);
@@ -133,6 +176,9 @@ BEGIN
                         INCLUDING DEFAULTS INCLUDING CONSTRAINTS)', ledger);
         EXECUTE format('CREATE TRIGGER reward_ledger_no_truncate BEFORE TRUNCATE ON settlement.%I
                         FOR EACH STATEMENT EXECUTE FUNCTION settlement.refuse_ledger_change()', ledger);
+        EXECUTE format('CREATE TRIGGER reward_ledger_rows_have_items AFTER INSERT ON settlement.%I
+                        REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT
+                        EXECUTE FUNCTION settlement.refuse_ledger_rows_without_items()', ledger);
         EXECUTE format('ALTER TABLE settlement.reward_ledger ATTACH PARTITION settlement.%I
                         FOR VALUES FROM (%L) TO (%L)', ledger, p, p + 1);
         made := true;

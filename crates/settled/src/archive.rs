@@ -322,8 +322,8 @@ async fn retire(conn: &mut PgConnection, period: Period, drop_ledger: bool) -> a
             .await?;
         None
     } else {
-        // Its foreign keys would pin the work partition and the runs; its
-        // rows were checked against both when they were written.
+        // Any foreign key (a schema that added one) would pin the work
+        // partition; its rows were checked when they were written.
         let fkeys: Vec<String> = sqlx::query_scalar(
             "SELECT conname::text FROM pg_constraint WHERE conrelid = to_regclass($1) AND contype = 'f' AND conparentid = 0",
         )
