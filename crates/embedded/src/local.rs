@@ -153,7 +153,7 @@ impl LocalPostgres {
             format!("-c port={port}"),
             format!("-c unix_socket_directories='{}'", socket_dir.display()),
             format!("-c max_connections={}", opts.max_connections),
-            "-c shared_buffers=256MB".to_string(),
+            format!("-c shared_buffers={}MB", shared_buffers_mib()),
             // A settlement writes its WAL in one burst: with the default
             // 1 GB, a million creators checkpoint every few seconds, and each
             // checkpoint makes the next writes log full pages again. Durable
@@ -542,4 +542,20 @@ fn tail_of_file(path: &Path, lines: usize) -> String {
     let text = fs::read_to_string(path).unwrap_or_default();
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// The private server's shared buffers: an eighth of the machine's memory,
+/// 256 MiB to 2 GiB. A million-creator period's tables and indexes are
+/// about 1 GiB; with the former fixed 256 MiB every backend spent its time
+/// evicting (and writing out) the pages the next chunk needed again.
+fn shared_buffers_mib() -> u64 {
+    let total_kib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .unwrap_or(2 * 1024 * 1024);
+    (total_kib / 1024 / 8).clamp(256, 2048)
 }

@@ -222,8 +222,9 @@ pub async fn drain_in_transactions<H: ChunkHandler>(
             scope.to_string(),
         );
         loops.spawn(async move {
+            let cursor = ClaimCursor::default();
             run_loop(&stats, &cfg, run_id, &scope, || {
-                settle_one_chunk(&pool, &queue, run_id, &scope, &*handler, &cfg, &stats)
+                settle_one_chunk(&pool, &queue, run_id, &scope, &*handler, &cfg, &stats, &cursor)
             })
             .await
         });
@@ -349,7 +350,62 @@ pub(crate) async fn idle_or_drained(
     })
 }
 
+/// Where a claim loop goes on from: the last key of its last chunk. A loop
+/// starts at a random key (so loops spread over the key space), claims
+/// forward from its cursor, and wraps to a claim from the start when the
+/// cursor's range runs short; an empty claim from the start is the only one
+/// that asks whether the run is drained. Nothing is skipped for good: what
+/// lies behind a cursor is claimed after the wrap.
+#[derive(Debug, Default)]
+struct ClaimCursor {
+    /// None until the loop chose its start; then the key to claim after.
+    state: std::sync::Mutex<Option<Option<String>>>,
+}
+
+impl ClaimCursor {
+    fn get(&self) -> Option<Option<String>> {
+        self.state.lock().expect("cursor lock").clone()
+    }
+
+    fn set(&self, after: Option<String>) {
+        *self.state.lock().expect("cursor lock") = Some(after);
+    }
+}
+
+/// Claims a chunk from the loop's cursor (see [`ClaimCursor`]).
+async fn claim_from_cursor(
+    tx: &mut PgConnection,
+    queue: &WorkQueue,
+    run_id: i64,
+    scope: &str,
+    limit: u32,
+    cursor: &ClaimCursor,
+) -> Result<Vec<ClaimedItem>, EngineError> {
+    let after = match cursor.get() {
+        Some(after) => after,
+        None => queue.random_start_key(tx, scope).await?,
+    };
+    let mut claimed = Vec::new();
+    let mut from_cursor = false;
+    if let Some(after) = &after {
+        claimed = queue.claim_chunk_in_tx_after(tx, scope, limit, run_id, after).await?;
+        from_cursor = !claimed.is_empty();
+    }
+    if claimed.is_empty() {
+        claimed = queue.claim_chunk_in_tx(tx, scope, limit, run_id).await?;
+    }
+    // A range that ran short ends here: the next claim starts from the start.
+    let next = if from_cursor && claimed.len() < limit as usize {
+        None
+    } else {
+        claimed.iter().map(|i| i.key.clone()).max()
+    };
+    cursor.set(next);
+    Ok(claimed)
+}
+
 /// One transaction: claim, handle, mark settled, commit.
+#[allow(clippy::too_many_arguments)]
 async fn settle_one_chunk<H: ChunkHandler>(
     pool: &PgPool,
     queue: &WorkQueue,
@@ -358,10 +414,11 @@ async fn settle_one_chunk<H: ChunkHandler>(
     handler: &H,
     cfg: &DrainConfig,
     stats: &DrainStats,
+    cursor: &ClaimCursor,
 ) -> Result<Step, EngineError> {
     let mut tx = pool.begin().await.map_err(EngineError::db("beginning a transaction"))?;
     let started = Instant::now();
-    let claimed = queue.claim_chunk_in_tx(&mut tx, scope, cfg.chunk, run_id).await?;
+    let claimed = claim_from_cursor(&mut tx, queue, run_id, scope, cfg.chunk, cursor).await?;
     stats.claims.fetch_add(1, Ordering::Relaxed);
     metrics::histogram!(crate::telemetry::CLAIM_DURATION, "mode" => "tx").record(started.elapsed().as_secs_f64());
     stats
