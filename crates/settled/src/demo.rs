@@ -132,7 +132,7 @@ pub async fn demo(pool: &PgPool, url: &str, opts: &DemoOptions) -> anyhow::Resul
         anyhow::bail!("a worker process failed ({bad}); run `settled status --period {period}` to see what is left");
     }
 
-    let report = verify::verify(&mut conn, period).await?;
+    let report = verify::verify_pool(pool, period).await?;
     let status = status::period_status(&mut conn, period).await?;
     let secs = elapsed.as_secs_f64();
     Ok((

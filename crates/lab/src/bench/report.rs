@@ -292,6 +292,7 @@ mod tests {
             ledger_total: "0".into(),
             expected_total: "1".into(),
             checks: vec![],
+            seconds: 0.0,
         });
         assert!(!c.ok());
         assert_eq!(c.rate(), None);

@@ -47,7 +47,9 @@ impl DbCommand for Args {
             return Ok(exit_code(report.ok));
         }
         let period = self.period.expect("clap requires --period without --archive");
-        let mut report = crate::verify::verify(&mut conn, period).await?;
+        drop(conn);
+        let mut report = crate::verify::verify_pool(&db.pool, period).await?;
+        let mut conn = db.pool.acquire().await?;
         if let Some(url) = self.provider_url {
             let provider = crate::provider::HttpProvider::new(&url, Duration::from_secs(60))?;
             crate::verify::reconcile_provider(&mut conn, period, &provider, &mut report).await?;
