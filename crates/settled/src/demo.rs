@@ -53,6 +53,17 @@ pub struct DemoSummary {
     pub creators_per_second: u64,
     /// Verification result.
     pub verified: bool,
+    /// Peak resident memory of the largest worker process, MiB.
+    pub worker_peak_rss_mib: f64,
+    /// Peak resident memory of the demo process itself, MiB.
+    pub demo_peak_rss_mib: f64,
+}
+
+/// The peak memory a worker's last line reports (`...; peak memory 13.9 MiB`).
+fn reported_peak_mib(out: &str) -> Option<f64> {
+    out.lines()
+        .rev()
+        .find_map(|l| l.rsplit_once("peak memory ")?.1.strip_suffix(" MiB")?.parse().ok())
 }
 
 /// Runs the demo against `pool`; workers connect to `url`.
@@ -93,7 +104,7 @@ pub async fn demo(pool: &PgPool, url: &str, opts: &DemoOptions) -> anyhow::Resul
                 std::env::var("SETTLED_LOG").unwrap_or_else(|_| "warn".into()),
             )
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
             .context("starting a worker process")?;
@@ -104,8 +115,16 @@ pub async fn demo(pool: &PgPool, url: &str, opts: &DemoOptions) -> anyhow::Resul
     // when the last worker exits, not at the next progress tick.
     let mut waits = tokio::task::JoinSet::new();
     for mut child in children {
-        waits.spawn(async move { child.wait().await });
+        waits.spawn(async move {
+            let mut out = String::new();
+            if let Some(mut stdout) = child.stdout.take() {
+                use tokio::io::AsyncReadExt;
+                let _ = stdout.read_to_string(&mut out).await;
+            }
+            child.wait().await.map(|status| (status, reported_peak_mib(&out)))
+        });
     }
+    let mut worker_peak_rss_mib = 0.0f64;
     let mut tick = tokio::time::interval(Duration::from_millis(DEMO_PROGRESS_POLL_MS));
     let mut failed = None;
     loop {
@@ -113,7 +132,8 @@ pub async fn demo(pool: &PgPool, url: &str, opts: &DemoOptions) -> anyhow::Resul
             exited = waits.join_next() => match exited {
                 None => break,
                 Some(exit) => {
-                    let status = exit.context("waiting for a worker")?.context("waiting for a worker")?;
+                    let (status, peak) = exit.context("waiting for a worker")?.context("waiting for a worker")?;
+                    worker_peak_rss_mib = worker_peak_rss_mib.max(peak.unwrap_or(0.0));
                     if !status.success() {
                         failed.get_or_insert(status);
                     }
@@ -144,6 +164,8 @@ pub async fn demo(pool: &PgPool, url: &str, opts: &DemoOptions) -> anyhow::Resul
             settle_seconds: (secs * 1000.0).round() / 1000.0,
             creators_per_second: (status.total as f64 / secs.max(1e-9)) as u64,
             verified: report.ok,
+            worker_peak_rss_mib,
+            demo_peak_rss_mib: crate::cmd::worker::peak_rss_mib(),
         },
         report,
     ))
@@ -175,6 +197,7 @@ impl DemoSummary {
              \x20 total paid           {} (token base units)\n\
              \x20 wall time (settle)   {:.3} s\n\
              \x20 creators per second  {}\n\
+             \x20 peak memory          {:.1} MiB per worker process (largest), {:.1} MiB this process\n\
              \x20 verification         {}\n",
             self.period,
             self.creators,
@@ -182,6 +205,8 @@ impl DemoSummary {
             self.total_paid,
             self.settle_seconds,
             self.creators_per_second,
+            self.worker_peak_rss_mib,
+            self.demo_peak_rss_mib,
             if self.verified {
                 "OK: every creator paid exactly once, ledger = expected = balances"
             } else {

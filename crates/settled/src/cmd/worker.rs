@@ -155,9 +155,21 @@ impl Args {
             return Ok(ExitCode::SUCCESS);
         }
         let outcome = crate::worker::run_worker(&db.pool, &opts, drainer).await?;
-        println!("{}", describe(&outcome));
+        println!("{}; peak memory {:.1} MiB", describe(&outcome), peak_rss_mib());
         Ok(ExitCode::SUCCESS)
     }
+}
+
+/// This process's peak resident memory (VmHWM), MiB; 0 where /proc has none.
+pub fn peak_rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        })
+        .map_or(0.0, |kib| kib / 1024.0)
 }
 
 /// The line a worker prints when it ends.
