@@ -387,3 +387,59 @@ async fn two_archives_at_once_while_workers_settle_the_next_period_archive_once_
         "true"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_daemon_archives_settled_periods_older_than_its_setting() {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let env = Env::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let today = chrono::Utc::now().date_naive();
+    let old = (today - chrono::Duration::days(10)).to_string();
+    let recent = (today - chrono::Duration::days(2)).to_string();
+    seed_and_settle(&env, &old, "300");
+    seed_and_settle(&env, &recent, "300");
+    let mut daemon = env
+        .cmd(&[
+            "worker",
+            "--archive-after-days",
+            "5",
+            "--archive-dir",
+            dir.path().to_str().unwrap(),
+            "--catch-up-days",
+            "0",
+            "--max-poll-ms",
+            "200",
+        ])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let pool = env.pool.clone();
+    common::wait_until(60, "the daemon to archive the old period", || {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM settlement.archived_periods")
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+                == 1
+        }
+    })
+    .await;
+    kill(Pid::from_raw(daemon.id() as i32), Signal::SIGTERM).unwrap();
+    assert!(common::wait_bounded(&mut daemon, 30).success());
+    assert_eq!(
+        env.scalar_text("SELECT period::text FROM settlement.archived_periods")
+            .await,
+        old
+    );
+    let file = dir.path().join(format!("ledger-{old}.csv"));
+    let checked = env.run_ok(&["verify", "--archive", file.to_str().unwrap()]);
+    assert!(checked.contains("OK, every check holds"), "{checked}");
+    // The recent period stays in the hot tables.
+    let verified = env.run_ok(&["verify", "--period", &recent]);
+    assert!(
+        verified.contains("OK, every check holds") && !verified.contains("period_archived"),
+        "{verified}"
+    );
+}

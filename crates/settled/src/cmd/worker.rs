@@ -56,8 +56,54 @@ pub struct Args {
     /// exits with an error; seconds.
     #[arg(long, env = "SETTLED_MAX_OUTAGE_SECS", default_value_t = 900, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub max_outage_secs: u64,
+    /// Daemon: archive (`settled archive --before TODAY-N`) settled periods
+    /// older than this many days, at start and every hour. Needs the login
+    /// role that owns the tables (not with --role-per-command). A period
+    /// that cannot be archived yet (run unfinished, items held or failed)
+    /// is logged and retried at the next hour; nothing is archived then.
+    #[arg(long, env = "SETTLED_ARCHIVE_AFTER_DAYS", value_parser = clap::value_parser!(u32).range(1..=36_500))]
+    pub archive_after_days: Option<u32>,
+    /// Daemon: where --archive-after-days writes the archive files.
+    #[arg(long, env = "SETTLED_ARCHIVE_DIR", default_value = "archive")]
+    pub archive_dir: std::path::PathBuf,
     #[command(flatten)]
     pub engine: EngineFlags,
+}
+
+/// How often the daemon's archiver looks for periods to archive.
+pub const ARCHIVE_EVERY: Duration = Duration::from_secs(3_600);
+
+/// The daemon's archiver: archives what is older than `days`, now and every
+/// [`ARCHIVE_EVERY`], until aborted.
+async fn archive_loop(pool: sqlx::PgPool, days: u32, dir: std::path::PathBuf) {
+    loop {
+        let before = chrono::Utc::now().date_naive() - chrono::Duration::days(i64::from(days));
+        let opts = crate::archive::ArchiveOptions {
+            before,
+            dir: dir.clone(),
+            drop_ledger: false,
+        };
+        let archived = match pool.acquire().await {
+            Ok(mut conn) => crate::archive::archive(&mut conn, &opts).await,
+            Err(err) => Err(err.into()),
+        };
+        match archived {
+            Ok(list) => {
+                for a in list {
+                    tracing::info!(
+                        period = %a.manifest.period,
+                        rows = a.manifest.rows,
+                        file = %a.path.display(),
+                        "period archived"
+                    );
+                }
+            }
+            Err(err) => {
+                tracing::warn!(before = %before, error = %format!("{err:#}"), "archiving refused or failed; trying again in an hour")
+            }
+        }
+        tokio::time::sleep(ARCHIVE_EVERY).await;
+    }
 }
 
 /// Engine settings of commands that run workers.
@@ -150,7 +196,14 @@ impl Args {
                 max_outage: Duration::from_secs(self.max_outage_secs),
                 notifications: db.listen_pool().await?,
             };
-            crate::worker::run_daemon(&db.pool, &opts, drainer, &daemon).await?;
+            let archiver = self
+                .archive_after_days
+                .map(|days| tokio::spawn(archive_loop(db.pool.clone(), days, self.archive_dir.clone())));
+            let ran = crate::worker::run_daemon(&db.pool, &opts, drainer, &daemon).await;
+            if let Some(archiver) = archiver {
+                archiver.abort();
+            }
+            ran?;
             println!("worker daemon stopped");
             return Ok(ExitCode::SUCCESS);
         }
