@@ -351,11 +351,13 @@ pub(crate) async fn idle_or_drained(
 }
 
 /// Where a claim loop goes on from: the last key of its last chunk. A loop
-/// starts at a random key (so loops spread over the key space), claims
-/// forward from its cursor, and wraps to a claim from the start when the
-/// cursor's range runs short; an empty claim from the start is the only one
-/// that asks whether the run is drained. Nothing is skipped for good: what
-/// lies behind a cursor is claimed after the wrap.
+/// starts at a random key (so loops spread over the key space) and claims
+/// forward from its cursor; when its range runs short it jumps to a new
+/// random key. Only when a claim after the cursor finds nothing does it
+/// claim from the start of the index (the one scan that walks past every
+/// entry settled rows left behind), and only an empty claim from the start
+/// asks whether the run is drained. Nothing is skipped for good: what lies
+/// behind a cursor is claimed from the start at the end.
 #[derive(Debug, Default)]
 struct ClaimCursor {
     /// None until the loop chose its start; then the key to claim after.
@@ -369,6 +371,10 @@ impl ClaimCursor {
 
     fn set(&self, after: Option<String>) {
         *self.state.lock().expect("cursor lock") = Some(after);
+    }
+
+    fn reset(&self) {
+        *self.state.lock().expect("cursor lock") = None;
     }
 }
 
@@ -394,13 +400,13 @@ async fn claim_from_cursor(
     if claimed.is_empty() {
         claimed = queue.claim_chunk_in_tx(tx, scope, limit, run_id).await?;
     }
-    // A range that ran short ends here: the next claim starts from the start.
-    let next = if from_cursor && claimed.len() < limit as usize {
-        None
+    // A range that ran short ends here: the next claim starts at a new
+    // random key.
+    if from_cursor && claimed.len() < limit as usize {
+        cursor.reset();
     } else {
-        claimed.iter().map(|i| i.key.clone()).max()
-    };
-    cursor.set(next);
+        cursor.set(claimed.iter().map(|i| i.key.clone()).max());
+    }
     Ok(claimed)
 }
 

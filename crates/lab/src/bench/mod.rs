@@ -135,6 +135,9 @@ pub struct BenchOptions {
     pub retain_days: u32,
     /// The held-snapshot pair instead of the cases.
     pub held_xmin: bool,
+    /// The soak: set the balances' fillfactor to this before day 1 (None:
+    /// the migrations' setting).
+    pub balance_fillfactor: Option<u32>,
     /// Where to write results.json, results.md and the plots.
     #[serde(skip)]
     pub out: Option<PathBuf>,
@@ -177,7 +180,14 @@ pub async fn long_life(opts: &BenchOptions) -> anyhow::Result<LongLife> {
         anyhow::ensure!((1..=3650).contains(&days), "--days must be 1..=3650");
     }
     let scratch = tempfile::Builder::new().prefix("settled-bench-").tempdir()?;
-    let (server, admin_url) = start_server(opts, scratch.path()).await?;
+    // A soak day takes seconds, not 24 hours: autovacuum looks every second
+    // (instead of every minute) so it gets its chances between days.
+    let settings = if opts.days.is_some() {
+        vec![format!("autovacuum_naptime={}s", soak::SOAK_NAPTIME_SECS)]
+    } else {
+        Vec::new()
+    };
+    let (server, admin_url) = start_server_with(opts, scratch.path(), settings).await?;
     let ctx = Ctx {
         admin_url,
         exe: std::env::current_exe().context("locating the settled binary")?,
@@ -208,6 +218,14 @@ pub async fn long_life(opts: &BenchOptions) -> anyhow::Result<LongLife> {
 }
 
 async fn start_server(opts: &BenchOptions, scratch: &Path) -> anyhow::Result<(Option<LocalPostgres>, String)> {
+    start_server_with(opts, scratch, Vec::new()).await
+}
+
+async fn start_server_with(
+    opts: &BenchOptions,
+    scratch: &Path,
+    settings: Vec<String>,
+) -> anyhow::Result<(Option<LocalPostgres>, String)> {
     Ok(match &opts.database_url {
         Some(url) => (None, url.clone()),
         None => {
@@ -216,7 +234,7 @@ async fn start_server(opts: &BenchOptions, scratch: &Path) -> anyhow::Result<(Op
                 throwaway: false,
                 remove_on_stop: true,
                 max_connections: 300,
-                settings: Vec::new(),
+                settings,
             };
             eprintln!("bench: starting a private PostgreSQL (fsync on) for the run");
             let server = tokio::task::spawn_blocking(move || LocalPostgres::start(&local)).await??;

@@ -24,6 +24,20 @@ use super::{child, CaseSpec, Ctx, Strategy, BENCH_SEED, CASE_TIMEOUT_SECS};
 use settled::period::Period;
 use settled::progress::Progress;
 
+/// The soak's private server's `autovacuum_naptime` (seconds): its days take
+/// seconds, so autovacuum must look more often than once a minute to see
+/// them as a real day's idle hours would let it.
+pub const SOAK_NAPTIME_SECS: u64 = 1;
+/// After each day, how long the soak waits for autovacuum to bring every
+/// settlement table under its threshold (what the hours until the next
+/// 05:00 would do).
+pub const SOAK_VACUUM_WAIT: Duration = Duration::from_secs(5);
+
+/// Settlement tables autovacuum still owes a visit (dead tuples above the
+/// default threshold, 50 + 20% of live).
+const VACUUM_DUE_SQL: &str = "SELECT count(*) FROM pg_stat_user_tables
+     WHERE schemaname = 'settlement' AND n_dead_tup > 50 + 0.2 * n_live_tup";
+
 /// One day of the soak.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct SoakDay {
@@ -57,6 +71,10 @@ pub struct SoakDay {
     pub autoanalyzes: i64,
     /// Periods archived after the day.
     pub archived: usize,
+    /// Seconds waited after the day for autovacuum (at most [`SOAK_VACUUM_WAIT`]).
+    pub vacuum_wait_seconds: f64,
+    /// Settlement tables still over autovacuum's threshold after the wait.
+    pub vacuum_due: i64,
     /// Whether `settled verify` held for the day's period.
     pub verified: bool,
 }
@@ -76,6 +94,8 @@ pub struct SoakReport {
     pub chunk: u32,
     /// Days kept in the hot tables (0: never archived).
     pub retain_days: u32,
+    /// The balances' fillfactor during the soak.
+    pub balance_fillfactor: u32,
     /// The days.
     pub days: Vec<SoakDay>,
 }
@@ -195,9 +215,23 @@ pub(super) async fn soak(ctx: &Ctx, days: u32, retain_days: u32, server_version:
             workers,
             chunk: opts.chunk,
             retain_days,
+            balance_fillfactor: 100,
             days: Vec::new(),
         };
         let mut conn = db.pool.acquire().await?;
+        if let Some(ff) = opts.balance_fillfactor {
+            sqlx::query(&format!("ALTER TABLE settlement.creator_balance SET (fillfactor = {ff})"))
+                .execute(&mut *conn)
+                .await?;
+        }
+        report.balance_fillfactor = sqlx::query_scalar(
+            "SELECT coalesce((SELECT substring(o from 'fillfactor=([0-9]+)')::int4
+                              FROM unnest(reloptions) o WHERE o LIKE 'fillfactor=%'), 100)
+             FROM pg_class WHERE oid = 'settlement.creator_balance'::regclass",
+        )
+        .fetch_one(&mut *conn)
+        .await
+        .map(|ff: i32| ff as u32)?;
         let mut before: TableStats = sqlx::query_as(TABLE_STATS_SQL).fetch_one(&mut *conn).await?;
         let archive_dir = ctx.scratch.join("soak-archive");
         for day in 1..=days {
@@ -231,9 +265,17 @@ pub(super) async fn soak(ctx: &Ctx, days: u32, retain_days: u32, server_version:
                 .await?
                 .len();
             }
-            // Workers have exited (their statistics are flushed); give the
-            // statistics a moment, as a monitoring scrape would see them.
-            tokio::time::sleep(Duration::from_millis(500)).await;
+            // The hours until the next day: let autovacuum do what it owes.
+            let waited = Instant::now();
+            let mut vacuum_due: i64 = 0;
+            while waited.elapsed() < SOAK_VACUUM_WAIT {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                vacuum_due = sqlx::query_scalar(VACUUM_DUE_SQL).fetch_one(&mut *conn).await?;
+                if vacuum_due == 0 {
+                    break;
+                }
+            }
+            let vacuum_wait_seconds = waited.elapsed().as_secs_f64();
             let now: TableStats = sqlx::query_as(TABLE_STATS_SQL).fetch_one(&mut *conn).await?;
             let d = SoakDay {
                 day,
@@ -253,6 +295,8 @@ pub(super) async fn soak(ctx: &Ctx, days: u32, retain_days: u32, server_version:
                 autovacuums: (now.autovacuums - before.autovacuums).max(0),
                 autoanalyzes: (now.autoanalyzes - before.autoanalyzes).max(0),
                 archived,
+                vacuum_wait_seconds,
+                vacuum_due,
                 verified,
             };
             eprintln!(
@@ -285,12 +329,13 @@ impl SoakReport {
     /// The markdown table, with day 1 against the last day.
     pub fn markdown(&self) -> String {
         let mut out = format!(
-            "Soak: {} creators a day, {} worker processes, chunk {}, {}\n\n\
-             | day | s | creators/s | claim p50 ms | claim p99 ms | work MiB | ledger MiB | balances MiB | dead work | dead ledger | dead balances | autovacuums | archived | verify |\n\
-             |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+            "Soak: {} creators a day, {} worker processes, chunk {}, balances fillfactor {}, {}\n\n\
+             | day | s | creators/s | claim p50 ms | claim p99 ms | work MiB | ledger MiB | balances MiB | dead work | dead ledger | dead balances | autovacuums | vacuum wait s | archived | verify |\n\
+             |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
             self.creators,
             self.workers,
             self.chunk,
+            self.balance_fillfactor,
             if self.retain_days > 0 {
                 format!("periods older than {} days archived", self.retain_days)
             } else {
@@ -300,7 +345,7 @@ impl SoakReport {
         let mib = |b: i64| b as f64 / (1024.0 * 1024.0);
         for d in &self.days {
             out.push_str(&format!(
-                "| {} | {:.2} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {} | {} | {} | {} | {} |\n",
+                "| {} | {:.2} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {} | {} | {} | {:.1} | {} | {} |\n",
                 d.day,
                 d.seconds,
                 d.creators_per_second,
@@ -313,6 +358,7 @@ impl SoakReport {
                 d.ledger_dead,
                 d.balance_dead,
                 d.autovacuums,
+                d.vacuum_wait_seconds,
                 d.archived,
                 if d.verified { "ok" } else { "FAILED" }
             ));

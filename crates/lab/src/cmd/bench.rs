@@ -84,6 +84,10 @@ pub struct Args {
     /// holding a REPEATABLE READ snapshot through the run.
     #[arg(long)]
     held_xmin: bool,
+    /// The soak: set settlement.creator_balance's fillfactor to this before
+    /// day 1 (to compare with the migrations' setting).
+    #[arg(long, requires = "days", value_parser = clap::value_parser!(u32).range(10..=100))]
+    balance_fillfactor: Option<u32>,
     /// Write results.json, results.md and plots (SVG, PNG) here.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -124,6 +128,7 @@ impl Args {
             days: self.days,
             retain_days: self.retain_days,
             held_xmin: self.held_xmin,
+            balance_fillfactor: self.balance_fillfactor,
             out: self.out,
             database_url: global.database_url(),
             command: std::iter::once("settled".to_string())

@@ -11,13 +11,20 @@ use crate::address::CreatorAddress;
 /// Ledger entries shown per creator (newest first).
 pub const MAX_LEDGER_ENTRIES_SHOWN: i64 = 100;
 
-/// True when the creator has a balance or any item.
+/// True when the creator has a balance or an item in one of the last
+/// [`MAX_LEDGER_ENTRIES_SHOWN`] periods. Each period is looked up by its
+/// key `(period, creator)`: the tables are partitioned by period, and a
+/// creator-only condition would read every partition's whole index.
 pub async fn known(pool: &PgPool, creator: &CreatorAddress) -> Result<bool, sqlx::Error> {
     sqlx::query_scalar(
         "SELECT EXISTS (SELECT 1 FROM settlement.creator_balance WHERE creator = $1)
-             OR EXISTS (SELECT 1 FROM settlement.token_trade_volume WHERE creator = $1)",
+             OR EXISTS (SELECT 1
+                        FROM (SELECT period FROM settlement.settlement_policy ORDER BY period DESC LIMIT $2) p
+                        JOIN LATERAL (SELECT 1 FROM settlement.token_trade_volume v
+                                      WHERE v.period = p.period AND v.creator = $1) v ON true)",
     )
     .bind(creator.as_str())
+    .bind(MAX_LEDGER_ENTRIES_SHOWN)
     .fetch_one(pool)
     .await
 }
@@ -48,8 +55,11 @@ pub async fn show(State(state): State<AppState>, Path(address): Path<String>) ->
     .await
     .map_err(Problem::unavailable)?;
     let ledger: Vec<LedgerEntry> = sqlx::query_as(
-        "SELECT period, amount::text AS amount, run_id, created_at FROM settlement.reward_ledger
-         WHERE creator = $1 ORDER BY period DESC LIMIT $2",
+        "SELECT l.period, l.amount::text AS amount, l.run_id, l.created_at
+         FROM (SELECT period FROM settlement.settlement_policy ORDER BY period DESC LIMIT $2) p
+         JOIN LATERAL (SELECT * FROM settlement.reward_ledger l
+                       WHERE l.period = p.period AND l.creator = $1) l ON true
+         ORDER BY l.period DESC",
     )
     .bind(creator.as_str())
     .bind(MAX_LEDGER_ENTRIES_SHOWN)
