@@ -171,12 +171,9 @@ async fn archive_in_tx(
 
 /// Why `period` may not be archived, if it may not.
 async fn refusal(conn: &mut PgConnection, period: Period) -> anyhow::Result<Option<String>> {
-    let run_state: Option<String> =
-        sqlx::query_scalar("SELECT state FROM settled_engine.runs WHERE job = $1 AND scope = $2")
-            .bind(JOB) // $1
-            .bind(period.to_string()) // $2
-            .fetch_optional(&mut *conn)
-            .await?;
+    let run_state = settled_engine::runs::find(&mut *conn, JOB, &period.to_string())
+        .await?
+        .map(|run| run.state.as_str().to_string());
     let unsettled: Vec<(String, i64)> = sqlx::query_as(
         "SELECT status, count(*) FROM settlement.token_trade_volume
          WHERE period = $1 AND status <> 'settled' GROUP BY status ORDER BY status",

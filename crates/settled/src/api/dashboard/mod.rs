@@ -5,7 +5,7 @@
 //! only joins the two.
 
 mod pages;
-mod queries;
+pub(crate) mod queries;
 pub mod sql_text;
 
 pub use pages::REFRESH_SECS;

@@ -91,6 +91,10 @@ pub struct StoredReport {
     pub items: i64,
     /// Eligible or processing when it finished (0 unless cancelled).
     pub unfinished: i64,
+    /// Eligible when it finished.
+    pub eligible: i64,
+    /// Processing when it finished.
+    pub processing: i64,
     /// Settled items.
     pub settled: i64,
     /// Failed items.
@@ -108,6 +112,8 @@ impl StoredReport {
         Some(StoredReport {
             items: report["items"].as_i64()?,
             unfinished: count("eligible")? + count("processing")?,
+            eligible: count("eligible")?,
+            processing: count("processing")?,
             settled: count("settled")?,
             failed: count("failed")?,
             held: count("held")?,
