@@ -85,6 +85,11 @@ async fn every_page_answers_with_its_content() {
         ))
         .await;
     assert_eq!(status, "eligible");
+    // The reopened run still carries its last stored report: the front page
+    // counts a running run live (29 done, one eligible again), never from it.
+    let (status, runs) = get(&server.base).await;
+    assert_eq!(status, 200);
+    assert!(runs.contains("running") && runs.contains("data-done=\"29\""), "{runs}");
 }
 
 /// Headless Chromium, as the Debian package installs it (CI installs it).

@@ -319,22 +319,6 @@ async fn retire(conn: &mut PgConnection, period: Period, drop_ledger: bool) -> a
             .await?;
         None
     } else {
-        // Any foreign key (a schema that added one) would pin the work
-        // partition; its rows were checked when they were written.
-        let fkeys: Vec<String> = sqlx::query_scalar(
-            "SELECT conname::text FROM pg_constraint WHERE conrelid = to_regclass($1) AND contype = 'f' AND conparentid = 0",
-        )
-        .bind(format!("settlement.{ledger}")) // $1
-        .fetch_all(&mut *conn)
-        .await?;
-        for fk in fkeys {
-            sqlx::query(&format!(
-                "ALTER TABLE settlement.{ledger} DROP CONSTRAINT \"{}\"",
-                fk.replace('"', "\"\"")
-            ))
-            .execute(&mut *conn)
-            .await?;
-        }
         sqlx::query(&format!(
             "ALTER TABLE settlement.{ledger} SET SCHEMA settlement_archive"
         ))

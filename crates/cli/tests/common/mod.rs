@@ -18,14 +18,9 @@ pub struct Env {
 
 impl Env {
     pub async fn new() -> Env {
-        let db = TestDb::create().await.expect("test database");
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(8)
-            .connect(&db.url)
-            .await
-            .expect("connect");
-        settled::db::migrate(&pool).await.expect("migrate");
-        Env { db, pool }
+        let env = Env::unmigrated().await;
+        settled::db::migrate(&env.pool).await.expect("migrate");
+        env
     }
 
     /// A fresh database with no migrations applied.

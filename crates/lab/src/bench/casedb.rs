@@ -63,12 +63,19 @@ pub(super) async fn finish_case(ctx: &Ctx, db: &CaseDb) -> anyhow::Result<settle
         anyhow::Ok(report)
     }
     .await;
+    drop_database(ctx, &db.name).await?;
+    verified
+}
+
+/// Drops a benchmark database (`name` is generated, never input), its
+/// sessions included.
+pub(super) async fn drop_database(ctx: &Ctx, name: &str) -> anyhow::Result<()> {
     let mut admin = PgConnection::connect(&ctx.admin_url).await?;
-    sqlx::query(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", db.name))
+    sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
         .execute(&mut admin)
         .await?;
     admin.close().await?;
-    verified
+    Ok(())
 }
 
 /// CPU seconds (user + system) of this process's children that have ended

@@ -15,6 +15,7 @@ use settled_engine::{Chunk, ChunkHandler, ClaimedItem, Fence, LeaseConfig, Retry
 use sqlx::PgPool;
 
 use super::Strategy;
+use settled::cmd::worker::peak_rss_kib;
 use settled::period::Period;
 use settled::settlement::{self, SettleRewards};
 use settled::worker::{self, Mode, WorkerOptions, WorkerOutcome};
@@ -84,6 +85,17 @@ pub fn new_histogram() -> hdrhistogram::Histogram<u64> {
     hdrhistogram::Histogram::new_with_bounds(1, MAX_LATENCY_US, 3).expect("valid histogram bounds")
 }
 
+/// The claim latencies of several workers' reports in one histogram.
+pub fn merged_latency(reports: &[ChildReport]) -> anyhow::Result<hdrhistogram::Histogram<u64>> {
+    let mut latency = new_histogram();
+    for r in reports {
+        for &(value, count) in &r.latency_us {
+            latency.record_n(value, count)?;
+        }
+    }
+    Ok(latency)
+}
+
 /// A new shared latency histogram.
 pub fn new_latency() -> Latency {
     Arc::new(Mutex::new(new_histogram()))
@@ -125,19 +137,6 @@ impl metrics::Recorder for ClaimRecorder {
             metrics::Histogram::noop()
         }
     }
-}
-
-/// Peak resident set size of this process, KiB (0 where /proc is missing).
-pub fn peak_rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|status| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix("VmHWM:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        })
-        .unwrap_or(0)
 }
 
 /// Runs one benchmark worker against `url`.

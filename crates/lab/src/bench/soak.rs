@@ -14,13 +14,11 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use sqlx::{Connection, PgConnection};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::casedb::{prepare_case, CaseDb};
-use super::strategy::start_child;
-use super::{child, CaseSpec, Ctx, Strategy, BENCH_SEED, CASE_TIMEOUT_SECS};
+use super::casedb::{drop_database, prepare_case, CaseDb};
+use super::strategy::{go_and_wait, start_child};
+use super::{child, CaseSpec, Ctx, Strategy, BENCH_SEED};
 use settled::period::Period;
 use settled::progress::Progress;
 
@@ -133,7 +131,8 @@ SELECT coalesce(sum(bytes) FILTER (WHERE kind = 'work'), 0)::int8 AS work_bytes,
        coalesce(sum(aa), 0)::int8 AS autoanalyzes
 FROM t";
 
-/// Starts the case's workers, lets them settle, and merges what they measured.
+/// Starts the case's workers and lets them settle: the time from `go` to
+/// the last exit, and their reports.
 async fn settle_with_children(
     ctx: &Ctx,
     spec: &CaseSpec,
@@ -143,43 +142,11 @@ async fn settle_with_children(
     for index in 0..spec.workers {
         children.push(start_child(ctx, spec, db, index).await?);
     }
-    let started = Instant::now();
-    let mut waits = Vec::new();
-    for mut c in children {
-        c.stdin.write_all(b"go\n").await?;
-        c.stdin.flush().await?;
-        waits.push(tokio::spawn(async move {
-            let mut out = String::new();
-            c.stdout.read_to_string(&mut out).await?;
-            let status = c.child.wait().await?;
-            let ended = Instant::now();
-            anyhow::ensure!(status.success(), "a bench worker failed ({status})");
-            let last = out.lines().last().unwrap_or_default();
-            let report: child::ChildReport =
-                serde_json::from_str(last).with_context(|| format!("a bench worker's report: {last:?}"))?;
-            anyhow::Ok((report, ended))
-        }));
-    }
-    let deadline = tokio::time::Instant::from_std(started) + Duration::from_secs(CASE_TIMEOUT_SECS);
-    let mut reports = Vec::new();
-    let mut last = started;
-    for w in &mut waits {
-        let (report, ended) = tokio::time::timeout_at(deadline, w)
-            .await
-            .context("the workers did not finish in time")???;
-        last = last.max(ended);
-        reports.push(report);
-    }
-    Ok((last - started, reports))
+    go_and_wait(children).await
 }
 
 fn percentiles(reports: &[child::ChildReport]) -> anyhow::Result<(f64, f64)> {
-    let mut latency = child::new_histogram();
-    for r in reports {
-        for &(value, count) in &r.latency_us {
-            latency.record_n(value, count)?;
-        }
-    }
+    let latency = child::merged_latency(reports)?;
     Ok((
         latency.value_at_quantile(0.5) as f64 / 1e3,
         latency.value_at_quantile(0.99) as f64 / 1e3,
@@ -317,11 +284,7 @@ pub(super) async fn soak(ctx: &Ctx, days: u32, retain_days: u32, server_version:
         anyhow::Ok(report)
     }
     .await;
-    let mut admin = PgConnection::connect(&ctx.admin_url).await?;
-    sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        .execute(&mut admin)
-        .await?;
-    admin.close().await?;
+    drop_database(ctx, &name).await?;
     result
 }
 
@@ -443,11 +406,7 @@ pub(super) async fn held_xmin(ctx: &Ctx) -> anyhow::Result<Vec<HeldXminCase>> {
             })
         }
         .await;
-        let mut admin = PgConnection::connect(&ctx.admin_url).await?;
-        sqlx::query(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", db.name))
-            .execute(&mut admin)
-            .await?;
-        admin.close().await?;
+        drop_database(ctx, &db.name).await?;
         let case = measured?;
         eprintln!(
             "held-xmin: snapshot held {}: {:.2} s, {:.0} creators/s, claim p99 {:.1} ms",

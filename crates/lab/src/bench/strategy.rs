@@ -102,6 +102,59 @@ pub(super) async fn start_child(ctx: &Ctx, spec: &CaseSpec, db: &CaseDb, index: 
     Ok(ReadyChild { child, stdin, stdout })
 }
 
+/// Sends `go` to every started worker at once and waits for all of them
+/// (at most [`CASE_TIMEOUT_SECS`]; past it they are killed): the time from
+/// `go` to the last exit, and each worker's report. Every worker is waited
+/// for; the first failure is returned after.
+pub(super) async fn go_and_wait(children: Vec<ReadyChild>) -> anyhow::Result<(Duration, Vec<child::ChildReport>)> {
+    let started = Instant::now();
+    let mut waits = Vec::new();
+    for mut c in children {
+        c.stdin.write_all(b"go\n").await?;
+        c.stdin.flush().await?;
+        waits.push(tokio::spawn(async move {
+            let mut out = String::new();
+            c.stdout.read_to_string(&mut out).await?;
+            let status = c.child.wait().await?;
+            let ended = Instant::now();
+            drop(c.stdin);
+            anyhow::ensure!(status.success(), "a bench worker failed ({status})");
+            let last = out.lines().last().unwrap_or_default();
+            let report: child::ChildReport =
+                serde_json::from_str(last).with_context(|| format!("a bench worker's report: {last:?}"))?;
+            anyhow::Ok((report, ended))
+        }));
+    }
+    let mut reports = Vec::new();
+    let mut last_exit = started;
+    let mut first_error = None;
+    let deadline = tokio::time::Instant::from_std(started) + Duration::from_secs(CASE_TIMEOUT_SECS);
+    for i in 0..waits.len() {
+        match tokio::time::timeout_at(deadline, &mut waits[i]).await {
+            Ok(joined) => match joined? {
+                Ok((report, ended)) => {
+                    last_exit = last_exit.max(ended);
+                    reports.push(report);
+                }
+                Err(err) => {
+                    first_error.get_or_insert(err);
+                }
+            },
+            Err(_) => {
+                // Dropping the aborted tasks kills their processes.
+                for w in &waits {
+                    w.abort();
+                }
+                anyhow::bail!("the case did not finish within {CASE_TIMEOUT_SECS} s; its workers were killed");
+            }
+        }
+    }
+    match first_error {
+        Some(err) => Err(err),
+        None => Ok((last_exit - started, reports)),
+    }
+}
+
 pub(super) async fn run_strategy_case(ctx: &Ctx, spec: &CaseSpec) -> CaseResult {
     let mut case = CaseResult::new(
         "strategy",
@@ -130,67 +183,17 @@ pub(super) async fn measure_strategy(ctx: &Ctx, spec: &CaseSpec, case: &mut Case
         let before = transactions(&mut admin, &db.name).await?;
         let stop = Arc::new(AtomicBool::new(false));
         let sampler = tokio::spawn(sample_locks(ctx.admin_url.clone(), db.name.clone(), stop.clone()));
-        let started = Instant::now();
-        let mut waits = Vec::new();
-        for mut c in children {
-            c.stdin.write_all(b"go\n").await?;
-            c.stdin.flush().await?;
-            waits.push(tokio::spawn(async move {
-                let mut out = String::new();
-                c.stdout.read_to_string(&mut out).await?;
-                let status = c.child.wait().await?;
-                let ended = Instant::now();
-                drop(c.stdin);
-                anyhow::ensure!(status.success(), "a bench worker failed ({status})");
-                let last = out.lines().last().unwrap_or_default();
-                let report: child::ChildReport =
-                    serde_json::from_str(last).with_context(|| format!("a bench worker's report: {last:?}"))?;
-                anyhow::Ok((report, ended))
-            }));
-        }
-        let mut reports = Vec::new();
-        let mut last_exit = started;
-        let mut first_error = None;
-        let deadline = tokio::time::Instant::from_std(started) + Duration::from_secs(CASE_TIMEOUT_SECS);
-        for i in 0..waits.len() {
-            match tokio::time::timeout_at(deadline, &mut waits[i]).await {
-                Ok(joined) => match joined? {
-                    Ok((report, ended)) => {
-                        last_exit = last_exit.max(ended);
-                        reports.push(report);
-                    }
-                    Err(err) => {
-                        first_error.get_or_insert(err);
-                    }
-                },
-                Err(_) => {
-                    // Dropping the aborted tasks kills their processes.
-                    for w in &waits {
-                        w.abort();
-                    }
-                    stop.store(true, Ordering::Relaxed);
-                    anyhow::bail!("the case did not finish within {CASE_TIMEOUT_SECS} s; its workers were killed");
-                }
-            }
-        }
-        let elapsed = last_exit - started;
+        let waited = go_and_wait(children).await;
         case.client_cpu_seconds = Some(client_cpu() - cpu_before);
         stop.store(true, Ordering::Relaxed);
         let locks = sampler.await??;
-        if let Some(err) = first_error {
-            return Err(err);
-        }
+        let (elapsed, reports) = waited?;
         wait_disconnected(&mut admin, &db.name).await?;
         let after = transactions(&mut admin, &db.name).await?;
         admin.close().await?;
         case.record_time(elapsed);
         case.transactions_per_item = Some((after - before) as f64 / spec.creators as f64);
-        let mut latency = child::new_histogram();
-        for r in &reports {
-            for &(value, count) in &r.latency_us {
-                latency.record_n(value, count)?;
-            }
-        }
+        let latency = child::merged_latency(&reports)?;
         case.claims = Some(latency.len());
         case.claim_p50_ms = Some(latency.value_at_quantile(0.5) as f64 / 1e3);
         case.claim_p99_ms = Some(latency.value_at_quantile(0.99) as f64 / 1e3);

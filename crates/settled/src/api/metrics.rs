@@ -12,6 +12,10 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
+use settled_engine::queue::StatusCounts;
+use settled_engine::ItemStatus;
+
+use super::dashboard::queries::StoredReport;
 use super::{AppState, Problem};
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
@@ -39,7 +43,7 @@ const RUNS_COUNTED: i64 = 100_000;
 
 /// The database's exact state at scrape time.
 struct Snapshot {
-    items: settled_engine::queue::StatusCounts,
+    items: StatusCounts,
     runs: settled_engine::runs::RunCounts,
     workers: settled_engine::workers::WorkerTotals,
     payouts: i64,
@@ -56,40 +60,20 @@ async fn snapshot(state: &AppState) -> anyhow::Result<Snapshot> {
     // at ten million). Every settled item has exactly one ledger row
     // (`settled verify` proves it), so the ledger's entries are the settled
     // items.
-    let mut stored = [0i64; 5];
-    for run in settled_engine::runs::list(&mut conn, job.name(), RUNS_COUNTED).await? {
-        if run.state == settled_engine::RunState::Running {
-            continue;
-        }
-        if let Some(r) = run
-            .report
-            .as_ref()
-            .and_then(super::dashboard::queries::StoredReport::read)
-        {
-            for (slot, n) in stored
-                .iter_mut()
-                .zip([r.eligible, r.processing, r.settled, r.failed, r.held])
-            {
-                *slot += n;
-            }
-        }
-    }
-    let stored: Vec<(String, i64)> = ["eligible", "processing", "settled", "failed", "held"]
-        .iter()
-        .zip(stored)
-        .map(|(s, n)| (s.to_string(), n))
-        .collect();
     let live = match settled_engine::runs::running(&mut conn, job.name()).await? {
-        Some(run) => Some(job.queue().count_by_status(&mut conn, &run.scope).await?),
-        None => None,
+        Some(run) => vec![job.queue().count_by_status(&mut conn, &run.scope).await?],
+        None => Vec::new(),
     };
-    let items = settled_engine::queue::StatusCounts {
-        counts: settled_engine::ItemStatus::ALL
+    let stored: Vec<_> = settled_engine::runs::list(&mut conn, job.name(), RUNS_COUNTED)
+        .await?
+        .iter()
+        .filter_map(StoredReport::of)
+        .map(|r| r.counts)
+        .collect();
+    let items = StatusCounts {
+        counts: ItemStatus::ALL
             .iter()
-            .map(|status| {
-                let stored = stored.iter().find(|(s, _)| s == status.as_str()).map_or(0, |(_, n)| *n);
-                (*status, stored + live.as_ref().map_or(0, |l| l.get(*status)))
-            })
+            .map(|s| (*s, stored.iter().chain(&live).map(|c| c.get(*s)).sum()))
             .collect(),
     };
     let runs = settled_engine::runs::count_by_state(&mut conn, job.name()).await?;
@@ -97,7 +81,7 @@ async fn snapshot(state: &AppState) -> anyhow::Result<Snapshot> {
     let payouts: i64 = sqlx::query_scalar("SELECT count(*) FROM settlement.payouts")
         .fetch_one(&mut *conn)
         .await?;
-    let ledger_entries = items.get(settled_engine::ItemStatus::Settled);
+    let ledger_entries = items.get(ItemStatus::Settled);
     Ok(Snapshot {
         items,
         runs,

@@ -215,14 +215,20 @@ impl Args {
 
 /// This process's peak resident memory (VmHWM), MiB; 0 where /proc has none.
 pub fn peak_rss_mib() -> f64 {
+    peak_rss_kib() as f64 / 1024.0
+}
+
+/// This process's peak resident memory (VmHWM), KiB; 0 where /proc has none.
+pub fn peak_rss_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| {
-            s.lines()
+        .and_then(|status| {
+            status
+                .lines()
                 .find_map(|l| l.strip_prefix("VmHWM:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         })
-        .map_or(0.0, |kib| kib / 1024.0)
+        .unwrap_or(0)
 }
 
 /// The line a worker prints when it ends.

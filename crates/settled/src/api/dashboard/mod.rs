@@ -104,16 +104,9 @@ impl Verifications {
         }
         metrics::counter!("settled_dashboard_verifications_total").increment(1);
         let result = match Period::parse(scope) {
-            Ok(period) => match pool.acquire().await {
-                Ok(conn) => {
-                    // verify_pool takes two sessions of its own.
-                    drop(conn);
-                    crate::verify::verify_pool(pool, period)
-                        .await
-                        .map_err(|e| e.to_string())
-                }
-                Err(e) => Err(e.to_string()),
-            },
+            Ok(period) => crate::verify::verify_pool(pool, period)
+                .await
+                .map_err(|e| e.to_string()),
             Err(e) => Err(e),
         };
         let done = Verified {
@@ -137,11 +130,7 @@ pub async fn run_report(State(state): State<AppState>, Path(id): Path<String>) -
         .await
         .map_err(Problem::unavailable)?
         .ok_or_else(|| Problem::not_found("unknown-run", format!("no run {id}")))?;
-    let items = run
-        .report
-        .as_ref()
-        .and_then(queries::StoredReport::read)
-        .map(|r| r.items);
+    let items = queries::StoredReport::of(&run).map(|r| r.counts.total());
     let items = match items {
         Some(n) => n,
         None => crate::settlement::queue()

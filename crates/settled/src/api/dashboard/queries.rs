@@ -1,7 +1,8 @@
 //! What the dashboard reads: exact queries on committed state, as rows
 //! with names. No HTML here.
 
-use settled_engine::{ItemStatus, Run};
+use settled_engine::queue::StatusCounts;
+use settled_engine::{ItemStatus, Run, RunState};
 use sqlx::PgPool;
 
 /// Runs listed on the front page.
@@ -53,25 +54,19 @@ pub async fn runs_with_progress(pool: &PgPool) -> anyhow::Result<Vec<RunProgress
         // A finished run's counts and total are its stored report (exact,
         // computed once by its finisher): the page reads no finished period
         // again, so it costs the same at 10 million items as at 100.
-        if let Some(stored) = run.report.as_ref().and_then(StoredReport::read) {
-            out.push(RunProgress {
-                total: stored.items,
-                done: stored.items - stored.unfinished,
-                settled: stored.settled,
-                failed: stored.failed,
-                held: stored.held,
-                paid: stored.paid,
-                run,
-            });
-            continue;
-        }
-        let counts = job.queue().count_by_status(&mut conn, &run.scope).await?;
-        let paid: String = sqlx::query_scalar(
-            "SELECT coalesce(sum(amount), 0)::text FROM settlement.reward_ledger WHERE period = $1::date",
-        )
-        .bind(&run.scope) // $1
-        .fetch_one(&mut *conn)
-        .await?;
+        let (counts, paid) = match StoredReport::of(&run) {
+            Some(stored) => (stored.counts, stored.paid),
+            None => {
+                let counts = job.queue().count_by_status(&mut conn, &run.scope).await?;
+                let paid: String = sqlx::query_scalar(
+                    "SELECT coalesce(sum(amount), 0)::text FROM settlement.reward_ledger WHERE period = $1::date",
+                )
+                .bind(&run.scope) // $1
+                .fetch_one(&mut *conn)
+                .await?;
+                (counts, paid)
+            }
+        };
         out.push(RunProgress {
             total: counts.total(),
             done: counts.counts.iter().filter(|(s, _)| s.is_final()).map(|(_, n)| n).sum(),
@@ -85,38 +80,30 @@ pub async fn runs_with_progress(pool: &PgPool) -> anyhow::Result<Vec<RunProgress
     Ok(out)
 }
 
-/// What a finished run's stored report says (see `Settlement::report`).
+/// What a finished run's stored report says (see `Settlement::report`):
+/// its period's exact counts and the total paid.
 pub struct StoredReport {
-    /// Items of the period.
-    pub items: i64,
-    /// Eligible or processing when it finished (0 unless cancelled).
-    pub unfinished: i64,
-    /// Eligible when it finished.
-    pub eligible: i64,
-    /// Processing when it finished.
-    pub processing: i64,
-    /// Settled items.
-    pub settled: i64,
-    /// Failed items.
-    pub failed: i64,
-    /// Held items.
-    pub held: i64,
+    /// Items by status.
+    pub counts: StatusCounts,
     /// Paid (base units).
     pub paid: String,
 }
 
 impl StoredReport {
-    /// Reads a stored report; None if it lacks a field.
-    pub fn read(report: &serde_json::Value) -> Option<StoredReport> {
-        let count = |status: &str| report["counts"][status].as_i64();
+    /// The stored report of a run that is not running (a reopened run keeps
+    /// its last report until it finishes again, so a running one is counted
+    /// live); None as well if the report lacks a field.
+    pub fn of(run: &Run) -> Option<StoredReport> {
+        if run.state == RunState::Running {
+            return None;
+        }
+        let report = run.report.as_ref()?;
+        let counts = ItemStatus::ALL
+            .iter()
+            .map(|s| Some((*s, report["counts"][s.as_str()].as_i64()?)))
+            .collect::<Option<Vec<_>>>()?;
         Some(StoredReport {
-            items: report["items"].as_i64()?,
-            unfinished: count("eligible")? + count("processing")?,
-            eligible: count("eligible")?,
-            processing: count("processing")?,
-            settled: count("settled")?,
-            failed: count("failed")?,
-            held: count("held")?,
+            counts: StatusCounts { counts },
             paid: report["paid"].as_str()?.to_string(),
         })
     }
