@@ -46,7 +46,7 @@ pub const CASE_TIMEOUT_SECS: u64 = 3_600;
 /// How long a worker process may take to connect and say `ready`.
 pub const READY_TIMEOUT_SECS: u64 = 60;
 /// The peers measured by default (directories of `--peers-dir`).
-pub const DEFAULT_PEERS: [&str; 4] = ["graphile-worker", "pg-boss", "pgqueuer", "apalis"];
+pub const DEFAULT_PEERS: [&str; 5] = ["graphile-worker", "pg-boss", "pgqueuer", "apalis", "awa"];
 /// Seed of the synthetic creators (the same data in every case).
 pub const BENCH_SEED: u64 = 1;
 

@@ -53,7 +53,7 @@ pub struct Args {
     #[arg(long, env = "SETTLED_BENCH_REDIS_URL", default_value = "redis://127.0.0.1:6379")]
     redis_url: String,
     /// Peer job queues to measure, comma separated, or `none`
-    /// [default: graphile-worker,pg-boss,pgqueuer,apalis; quick: none].
+    /// [default: graphile-worker,pg-boss,pgqueuer,apalis,awa; quick: none].
     #[arg(long, value_delimiter = ',')]
     peers: Option<Vec<String>>,
     /// Directory of the peer scripts.
