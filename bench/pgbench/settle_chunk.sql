@@ -1,36 +1,54 @@
 -- One chunk of the in-transaction settlement, generated from the product's own
--- statements (settled-engine's queue, settled's settlement): claim with SKIP LOCKED,
--- look up holds, pay with the claim's fences, mark settled, commit.
+-- statement (settled-engine's one-statement chunk with settled's effects and holds):
+-- claim with SKIP LOCKED, mark settled, pay, credit, in one statement; commit.
 -- Variables: :period (date), :run (run id), :chunk. Do not edit: a test compares it.
 BEGIN;
-SELECT coalesce(array_agg(key), '{}') AS keys, coalesce(array_agg(fence), '{}') AS fences FROM (
-SELECT t.creator::text AS key, (t.attempt + 1)::bigint AS fence
-                 FROM settlement.token_trade_volume t
-                 WHERE t.period = CAST(:period AS date)
-                   AND t.status = 'eligible'
-                   AND (t.not_before IS NULL OR t.not_before <= now())
-                   AND EXISTS (SELECT 1 FROM settled_engine.runs r WHERE r.id = :run AND r.state = 'running')
-                 LIMIT :chunk
-                 FOR NO KEY UPDATE OF t SKIP LOCKED) claimed \gset
-SELECT creator FROM settlement.creator_holds WHERE released_at IS NULL AND creator = ANY(:keys);
-WITH credited AS (
+WITH run AS (SELECT CAST(:run AS bigint) AS id),
+         picked AS (
+             SELECT t.tableoid AS engine_rel, t.ctid AS engine_tid, t.period, t.creator
+             FROM settlement.token_trade_volume t
+             WHERE t.period = CAST(:period AS date)
+               AND t.status = 'eligible'
+               AND (t.not_before IS NULL OR t.not_before <= now())
+               AND EXISTS (SELECT 1 FROM settled_engine.runs r WHERE r.id = :run AND r.state = 'running')
+             LIMIT :chunk
+             FOR NO KEY UPDATE OF t SKIP LOCKED),
+         held AS MATERIALIZED (SELECT h.creator AS key FROM settlement.creator_holds h
+     WHERE h.released_at IS NULL AND h.creator IN (SELECT creator FROM picked)),
+         marked AS (
+             UPDATE settlement.token_trade_volume t
+             SET status = CASE WHEN h.key IS NULL THEN 'settled' ELSE 'held' END,
+                 attempt = t.attempt + 1, lease_owner = NULL, lease_until = NULL,
+                 last_error = CASE WHEN h.key IS NULL THEN NULL ELSE t.last_error END,
+                 not_before = CASE WHEN h.key IS NULL THEN NULL ELSE t.not_before END,
+                 updated_at = now()
+             FROM picked p LEFT JOIN held h ON h.key = p.creator
+             WHERE t.period = CAST(:period AS date)
+               AND t.tableoid = p.engine_rel AND t.ctid = p.engine_tid
+               AND t.creator = p.creator AND t.status = 'eligible'
+             RETURNING t.*),
+         settled AS (SELECT * FROM marked WHERE status = 'settled'),
+         
+credited AS (
     INSERT INTO settlement.reward_ledger (period, creator, amount, run_id, attempt)
-    SELECT v.period, v.creator, settlement.reward(v.volume, p.fee_bps), :run, f.fence
-    FROM (SELECT t.period, t.creator, t.volume FROM settlement.token_trade_volume t
-          WHERE t.period = :period::date AND t.creator = ANY(:keys) OFFSET 0) v
-    JOIN unnest(:keys::text[], :fences::integer[]) AS f(creator, fence) ON f.creator = v.creator
-    JOIN settlement.settlement_policy p ON p.period = v.period
-    ORDER BY v.creator
+    SELECT s.period, s.creator, settlement.reward(s.volume, p.fee_bps), r.id, s.attempt
+    FROM settled s
+    JOIN settlement.settlement_policy p ON p.period = s.period
+    CROSS JOIN run r
+    ORDER BY s.creator
     RETURNING creator, amount
+),
+effects AS (
+    INSERT INTO settlement.creator_balance AS b (creator, balance)
+    SELECT creator, amount FROM credited ORDER BY creator
+    ON CONFLICT (creator) DO UPDATE
+    SET balance = b.balance + EXCLUDED.balance, updated_at = now()
+    RETURNING creator
 )
-INSERT INTO settlement.creator_balance AS b (creator, balance)
-SELECT creator, amount FROM credited ORDER BY creator
-ON CONFLICT (creator) DO UPDATE
-SET balance = b.balance + EXCLUDED.balance, updated_at = now();
-UPDATE settlement.token_trade_volume
-                 SET status = 'settled', attempt = attempt + 1, lease_owner = NULL,
-                     lease_until = NULL, last_error = NULL, not_before = NULL, updated_at = now()
-                 WHERE period = CAST(:period AS date)
-                   AND creator = ANY(CAST(:keys AS text[]))
-                   AND status = 'eligible';
+         SELECT (SELECT count(*) FROM picked) AS claimed,
+                (SELECT count(*) FROM marked) AS marked,
+                (SELECT count(*) FROM settled) AS settled,
+                (SELECT count(*) FROM effects) AS effects,
+                (SELECT max(p.creator)::text FROM picked p) AS last_key,
+                (SELECT array_agg(m.creator::text) FROM marked m WHERE m.status = 'held') AS held_keys;
 COMMIT;

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::{PgConnection, PgPool};
 
-use crate::queue::{Failure, RetryPolicy, MAX_CHUNK_ITEMS};
+use crate::queue::{ChunkDone, ChunkSql, ChunkStatements, Failure, RetryPolicy, MAX_CHUNK_ITEMS};
 use crate::{EngineError, Fence, HandlerError, WorkQueue};
 
 /// Largest number of claim loops one process may run.
@@ -93,6 +93,14 @@ pub trait ChunkHandler: Send + Sync + 'static {
         tx: &'a mut PgConnection,
         chunk: &'a Chunk,
     ) -> impl Future<Output = Result<Handled, HandlerError>> + Send + 'a;
+
+    /// The same effects in SQL, if the handler can say them so: the engine
+    /// then claims, marks and runs them as one statement per chunk (see
+    /// [`ChunkSql`]) and never calls [`ChunkHandler::handle_chunk`]. Both
+    /// must do the same thing.
+    fn chunk_sql(&self) -> Option<ChunkSql> {
+        None
+    }
 }
 
 /// Marks a handled chunk: held keys `held`, the rest `settled`.
@@ -212,6 +220,33 @@ pub async fn drain_in_transactions<H: ChunkHandler>(
 ) -> Result<(), EngineError> {
     check_config(cfg)?;
     let mut loops = tokio::task::JoinSet::new();
+    if let Some(sql) = handler.chunk_sql() {
+        let statements = Arc::new(queue.chunk_statements(&sql));
+        for _ in 0..cfg.concurrency {
+            let (pool, queue, statements, stats, cfg, scope) = (
+                pool.clone(),
+                queue.clone(),
+                statements.clone(),
+                stats.clone(),
+                cfg.clone(),
+                scope.to_string(),
+            );
+            loops.spawn(async move {
+                let cursor = ClaimCursor::default();
+                let chunk = ChunkTarget {
+                    pool: &pool,
+                    queue: &queue,
+                    statements: &statements,
+                    run_id,
+                    scope: &scope,
+                    cfg: &cfg,
+                    stats: &stats,
+                };
+                run_loop(&stats, &cfg, run_id, &scope, || settle_one_statement(&chunk, &cursor)).await
+            });
+        }
+        return join_loops(loops, &stats).await;
+    }
     for _ in 0..cfg.concurrency {
         let (pool, queue, handler, stats, cfg, scope) = (
             pool.clone(),
@@ -464,6 +499,190 @@ async fn settle_one_chunk<H: ChunkHandler>(
             Ok(Step::Worked)
         }
     }
+}
+
+/// What a claim loop of the one-statement path works on.
+struct ChunkTarget<'a> {
+    pool: &'a PgPool,
+    queue: &'a WorkQueue,
+    statements: &'a ChunkStatements,
+    run_id: i64,
+    scope: &'a str,
+    cfg: &'a DrainConfig,
+    stats: &'a DrainStats,
+}
+
+impl ChunkTarget<'_> {
+    /// Counts a committed chunk.
+    fn committed(&self, done: &ChunkDone) {
+        self.stats.chunks_committed.fetch_add(1, Ordering::Relaxed);
+        self.stats.items_settled.fetch_add(done.settled, Ordering::Relaxed);
+        self.stats
+            .items_held
+            .fetch_add(done.held.len() as u64, Ordering::Relaxed);
+    }
+}
+
+/// One transaction of the one-statement path: claim from the loop's cursor
+/// (see [`ClaimCursor`]), mark and pay in one statement, commit.
+async fn settle_one_statement(t: &ChunkTarget<'_>, cursor: &ClaimCursor) -> Result<Step, EngineError> {
+    let mut tx = t
+        .pool
+        .begin()
+        .await
+        .map_err(EngineError::db("beginning a transaction"))?;
+    let after = match cursor.get() {
+        Some(after) => after,
+        None => t.queue.random_start_key(&mut tx, t.scope).await?,
+    };
+    let mut picks = Vec::with_capacity(2);
+    if let Some(after) = after {
+        picks.push(Some(after));
+    }
+    picks.push(None);
+    for after in picks {
+        let started = Instant::now();
+        let ran = t
+            .statements
+            .run(&mut tx, t.scope, t.cfg.chunk, t.run_id, after.as_deref())
+            .await?;
+        t.stats.claims.fetch_add(1, Ordering::Relaxed);
+        metrics::histogram!(crate::telemetry::CLAIM_DURATION, "mode" => "tx").record(started.elapsed().as_secs_f64());
+        t.stats
+            .claim_micros
+            .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+        let done = match ran {
+            Ok(done) => done,
+            Err(err) => {
+                let _ = tx.rollback().await;
+                return statement_failed(t, after.as_deref(), err).await;
+            }
+        };
+        if done.claimed == 0 {
+            continue;
+        }
+        t.stats.items_claimed.fetch_add(done.claimed, Ordering::Relaxed);
+        tx.commit().await.map_err(EngineError::db("committing a chunk"))?;
+        t.committed(&done);
+        // A range that ran short ends here: the next claim starts at a new
+        // random key.
+        if after.is_some() && done.claimed < u64::from(t.cfg.chunk) {
+            cursor.reset();
+        } else {
+            cursor.set(done.last_key);
+        }
+        return Ok(Step::Worked);
+    }
+    cursor.set(None);
+    let step = idle_or_drained(&mut tx, t.queue, t.run_id, t.scope).await?;
+    tx.rollback().await.map_err(EngineError::db("ending an empty claim"))?;
+    Ok(step)
+}
+
+/// A chunk statement failed (and was rolled back). A transient failure is
+/// retried by the loop; a permanent one is narrowed down: the same claim is
+/// made again without effects to learn its keys, then the keys are settled
+/// in halves until the failing item is alone.
+async fn statement_failed(t: &ChunkTarget<'_>, after: Option<&str>, err: HandlerError) -> Result<Step, EngineError> {
+    let first_key = after.map_or_else(|| "(from the start)".to_string(), |a| format!("after {a}"));
+    if !err.is_permanent() {
+        return Err(EngineError::Handler {
+            items: t.cfg.chunk as usize,
+            first_key,
+            source: err,
+        });
+    }
+    let mut tx = t
+        .pool
+        .begin()
+        .await
+        .map_err(EngineError::db("beginning a transaction"))?;
+    let claimed = match after {
+        Some(after) => {
+            t.queue
+                .claim_chunk_in_tx_after(&mut tx, t.scope, t.cfg.chunk, t.run_id, after)
+                .await?
+        }
+        None => {
+            t.queue
+                .claim_chunk_in_tx(&mut tx, t.scope, t.cfg.chunk, t.run_id)
+                .await?
+        }
+    };
+    tx.rollback().await.map_err(EngineError::db("ending a claim"))?;
+    let keys: Vec<String> = claimed.into_iter().map(|i| i.key).collect();
+    if keys.is_empty() {
+        // Others took the rows meanwhile; nothing to narrow down here.
+        return Ok(Step::Worked);
+    }
+    tracing::warn!(run = t.run_id, scope = t.scope, items = keys.len(), error = %err, "chunk failed; retrying it in halves");
+    isolate_statement_failure(t, keys, err).await?;
+    Ok(Step::Worked)
+}
+
+/// [`isolate_failure`] for the one-statement path.
+async fn isolate_statement_failure(
+    t: &ChunkTarget<'_>,
+    keys: Vec<String>,
+    err: HandlerError,
+) -> Result<(), EngineError> {
+    let mut pending = vec![(keys, err)];
+    while let Some((keys, err)) = pending.pop() {
+        if keys.len() == 1 {
+            let mut conn = t
+                .pool
+                .acquire()
+                .await
+                .map_err(EngineError::db("acquiring a connection"))?;
+            let outcome = t
+                .queue
+                .fail_unclaimed(
+                    &mut conn,
+                    t.scope,
+                    &keys,
+                    Failure {
+                        error: &err.to_string(),
+                        permanent: err.is_permanent(),
+                    },
+                    &t.cfg.retry,
+                )
+                .await?;
+            t.stats.items_failed.fetch_add(outcome.failed, Ordering::Relaxed);
+            t.stats.items_retried.fetch_add(outcome.retried, Ordering::Relaxed);
+            tracing::warn!(
+                run = t.run_id, scope = t.scope, item = %keys[0],
+                failed = outcome.failed == 1, error = %err, "item failed"
+            );
+            continue;
+        }
+        t.stats.chunks_split.fetch_add(1, Ordering::Relaxed);
+        let mid = keys.len() / 2;
+        for half in [keys[..mid].to_vec(), keys[mid..].to_vec()] {
+            let mut tx = t
+                .pool
+                .begin()
+                .await
+                .map_err(EngineError::db("beginning a transaction"))?;
+            match t.statements.run_keys(&mut tx, t.scope, t.run_id, &half).await? {
+                Ok(done) => {
+                    tx.commit().await.map_err(EngineError::db("committing a chunk"))?;
+                    t.committed(&done);
+                }
+                Err(half_err) => {
+                    let _ = tx.rollback().await;
+                    if !half_err.is_permanent() {
+                        return Err(EngineError::Handler {
+                            items: half.len(),
+                            first_key: half[0].clone(),
+                            source: half_err,
+                        });
+                    }
+                    pending.push((half, half_err));
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Retries a failed chunk in halves, each in its own transaction, until the

@@ -37,6 +37,16 @@ impl<H: ChunkHandler> ChunkHandler for SimulatedWork<H> {
         }
         Ok(handled)
     }
+
+    /// Without simulated work, the real handler's one-statement chunks (the
+    /// product's path); with it, `handle_chunk`, where the work can sit.
+    fn chunk_sql(&self) -> Option<settled_engine::ChunkSql> {
+        if self.per_item.is_zero() {
+            self.inner.chunk_sql()
+        } else {
+            None
+        }
+    }
 }
 
 impl<H: LeasedHandler> LeasedHandler for SimulatedWork<H> {

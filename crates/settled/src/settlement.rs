@@ -3,16 +3,16 @@
 //! report is the period's exact status), and the handlers that pay a chunk
 //! (ledger rows and balance credits in one set-based statement).
 //!
-//! The money path, top to bottom: `settled_engine::queue::claim` claims a
-//! chunk with SKIP LOCKED and hands out each item's fence,
-//! [`SettleRewards::handle_chunk`] pays it on the same transaction with
-//! those fences, and `settled_engine::executor` marks it settled and commits.
+//! The money path, top to bottom: the engine's chunk statement claims a
+//! chunk with SKIP LOCKED, marks it settled (attempt + 1: each item's
+//! fence) and runs [`CHUNK_EFFECTS_SQL`] on the rows it marked, all in one
+//! statement; `settled_engine::executor` checks its counts and commits.
 
 use std::sync::{Arc, OnceLock};
 
 use settled_engine::{
-    Chunk, ChunkHandler, ClaimedItem, EngineError, Handled, HandlerError, Job, LeasedHandler, QueueSpec, RunHooks,
-    WorkQueue,
+    Chunk, ChunkHandler, ChunkSql, ClaimedItem, EngineError, Handled, HandlerError, Job, LeasedHandler, QueueSpec,
+    RunHooks, WorkQueue,
 };
 use sqlx::{PgConnection, PgPool};
 
@@ -136,7 +136,36 @@ SELECT creator, amount FROM credited ORDER BY creator
 ON CONFLICT (creator) DO UPDATE
 SET balance = b.balance + EXCLUDED.balance, updated_at = now()";
 
-/// The settlement handler for in-transaction mode.
+/// [`PAY_CHUNK_SQL`] as the effects of the engine's one-statement chunk:
+/// the same ledger rows and balance credits, read from the rows the chunk
+/// settles (`settled`, with `attempt` the fence) instead of looking each
+/// item up again. The last CTE, `effects`, returns one row per credited
+/// creator.
+pub const CHUNK_EFFECTS_SQL: &str = "
+credited AS (
+    INSERT INTO settlement.reward_ledger (period, creator, amount, run_id, attempt)
+    SELECT s.period, s.creator, settlement.reward(s.volume, p.fee_bps), r.id, s.attempt
+    FROM settled s
+    JOIN settlement.settlement_policy p ON p.period = s.period
+    CROSS JOIN run r
+    ORDER BY s.creator
+    RETURNING creator, amount
+),
+effects AS (
+    INSERT INTO settlement.creator_balance AS b (creator, balance)
+    SELECT creator, amount FROM credited ORDER BY creator
+    ON CONFLICT (creator) DO UPDATE
+    SET balance = b.balance + EXCLUDED.balance, updated_at = now()
+    RETURNING creator
+)";
+
+/// [`HELD_CREATORS_SQL`] over the engine's `picked` rows.
+pub const CHUNK_HELD_SQL: &str = "SELECT h.creator AS key FROM settlement.creator_holds h
+     WHERE h.released_at IS NULL AND h.creator IN (SELECT creator FROM picked)";
+
+/// The settlement handler for in-transaction mode. The engine runs each
+/// chunk as one statement with [`CHUNK_EFFECTS_SQL`]; `handle_chunk` does
+/// the same in separate statements (for wrappers that add work per item).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SettleRewards;
 
@@ -148,6 +177,13 @@ impl ChunkHandler for SettleRewards {
             pay_chunk(tx, &to_pay).await?;
         }
         Ok(Handled { held })
+    }
+
+    fn chunk_sql(&self) -> Option<ChunkSql> {
+        Some(ChunkSql {
+            effects: CHUNK_EFFECTS_SQL.into(),
+            held: Some(CHUNK_HELD_SQL.into()),
+        })
     }
 }
 

@@ -3,7 +3,8 @@
 //!
 //! Each operation's statement text sits in the file of its operation, beside
 //! the function that binds and runs it: `claim.rs`, `complete.rs`,
-//! `fail.rs`, `lease.rs`, `count.rs`, `manage.rs`. Statements are rendered
+//! `fail.rs`, `lease.rs`, `count.rs`, `manage.rs`, and the whole chunk in
+//! one statement in `statement.rs`. Statements are rendered
 //! once, when the [`WorkQueue`] is built, from identifiers [`QueueSpec`]
 //! validated; values are always bound parameters. `check.rs` proves at start
 //! that the table has what the statements need.
@@ -15,10 +16,12 @@ mod count;
 mod fail;
 mod lease;
 mod manage;
+mod statement;
 
 pub use check::{REQUIRED_COLUMNS, REQUIRED_INDEXES};
 pub use count::StatusCounts;
 pub use fail::{FailOutcome, Failure, RetryPolicy, DEFAULT_MAX_ATTEMPTS};
+pub use statement::{ChunkDone, ChunkSql, ChunkStatements};
 
 use crate::{ClaimedItem, EngineError, Fence};
 

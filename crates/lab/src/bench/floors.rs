@@ -16,31 +16,27 @@ use super::{conclude, prepare_case, scratch_file, transactions, wait_disconnecte
 #[cfg(test)]
 const COMMITTED_SCRIPT: &str = include_str!("../../../../bench/pgbench/settle_chunk.sql");
 
-/// The pgbench script, built from the product's own statements (the
-/// engine's claim and completion, settlement's holds lookup and payment),
-/// so it is, statement for statement, one chunk of `settled worker` and
-/// cannot drift from it. Variables: :period, :run, :chunk.
+/// The pgbench script, built from the product's own statement (the
+/// engine's one-statement chunk with settlement's effects and holds), so it
+/// is one chunk of `settled worker`, claimed from the start of the index,
+/// and cannot drift from it. Variables: :period, :run, :chunk.
 pub fn settle_chunk_script() -> String {
+    use settled_engine::ChunkHandler;
     let queue = settled::settlement::queue();
-    let bind = |sql: &str, names: &[&str]| {
-        let mut out = sql.trim().to_string();
-        for (i, name) in names.iter().enumerate().rev() {
-            out = out.replace(&format!("${}", i + 1), &format!(":{name}"));
-        }
-        out
-    };
-    let claim = bind(queue.claim_in_tx_sql(), &["period", "chunk", "run"]);
-    let holds = bind(settled::settlement::HELD_CREATORS_SQL, &["keys"]);
-    let pay = bind(settled::settlement::PAY_CHUNK_SQL, &["period", "keys", "run", "fences"]);
-    let mark = bind(queue.mark_settled_in_tx_sql(), &["period", "keys"]);
+    let sql = settled::settlement::SettleRewards
+        .chunk_sql()
+        .expect("settlement's handler has a chunk statement");
+    let statements = queue.chunk_statements(&sql);
+    let mut chunk = statements.from_start_sql().trim().to_string();
+    for (i, name) in ["period", "chunk", "run"].iter().enumerate().rev() {
+        chunk = chunk.replace(&format!("${}", i + 1), &format!(":{name}"));
+    }
     format!(
         "-- One chunk of the in-transaction settlement, generated from the product's own\n\
-         -- statements (settled-engine's queue, settled's settlement): claim with SKIP LOCKED,\n\
-         -- look up holds, pay with the claim's fences, mark settled, commit.\n\
+         -- statement (settled-engine's one-statement chunk with settled's effects and holds):\n\
+         -- claim with SKIP LOCKED, mark settled, pay, credit, in one statement; commit.\n\
          -- Variables: :period (date), :run (run id), :chunk. Do not edit: a test compares it.\n\
-         BEGIN;\n\
-         SELECT coalesce(array_agg(key), '{{}}') AS keys, coalesce(array_agg(fence), '{{}}') AS fences FROM (\n{claim}) claimed \\gset\n\
-         {holds};\n{pay};\n{mark};\nCOMMIT;\n"
+         BEGIN;\n{chunk};\nCOMMIT;\n"
     )
 }
 
