@@ -523,3 +523,108 @@ async fn several_processes_drain_one_scope_and_each_item_is_done_once() {
     .await;
     assert_eq!(busy, 4, "each process settled some: SKIP LOCKED split the work");
 }
+
+/// A handler whose chunks are one statement ([`settled_engine::ChunkSql`]):
+/// effects in `jobs.sql_effects` (a CHECK refuses `item-77`), holds from
+/// `jobs.holds`. Its `handle_chunk` fails everything.
+struct InSql;
+
+const SQL_TABLES: &[&str] = &[
+    "CREATE TABLE jobs.sql_effects (day date NOT NULL, item text NOT NULL CHECK (item <> 'item-77'),
+        fence integer NOT NULL, run bigint NOT NULL, PRIMARY KEY (day, item))",
+    "CREATE TABLE jobs.holds (item text PRIMARY KEY)",
+];
+
+impl ChunkHandler for InSql {
+    /// Never called when the handler has a chunk statement: if the engine
+    /// called it, every item would fail and the test with it.
+    async fn handle_chunk(&self, _tx: &mut PgConnection, _chunk: &Chunk) -> Result<Handled, HandlerError> {
+        Err(HandlerError::Permanent(
+            "handle_chunk called for a handler with a chunk statement".into(),
+        ))
+    }
+
+    fn chunk_sql(&self) -> Option<settled_engine::ChunkSql> {
+        Some(settled_engine::ChunkSql {
+            effects: "effects AS (
+                INSERT INTO jobs.sql_effects (day, item, fence, run)
+                SELECT s.day, s.item, s.attempt, r.id FROM settled s CROSS JOIN run r
+                RETURNING item)"
+                .into(),
+            held: Some("SELECT h.item AS key FROM jobs.holds h WHERE h.item IN (SELECT item FROM picked)".into()),
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_statement_chunks_settle_hold_and_isolate_a_failing_item_with_two_workers_at_once() {
+    let env = env(3_000).await;
+    for sql in SQL_TABLES {
+        sqlx::query(sql).execute(&env.pool).await.unwrap();
+    }
+    sqlx::query("INSERT INTO jobs.holds VALUES ('item-5'), ('item-6')")
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    let drainer = InTransaction(Arc::new(InSql));
+    let (a, b) = (
+        Worker::register(&env.pool, "test").await.unwrap(),
+        Worker::register(&env.pool, "test").await.unwrap(),
+    );
+    let (the_job, cfg) = (job(), config(100, 4));
+    let (ra, rb) = tokio::join!(
+        the_job.work(&env.pool, SCOPE, &drainer, &cfg, &a),
+        the_job.work(&env.pool, SCOPE, &drainer, &cfg, &b),
+    );
+    ra.unwrap();
+    rb.unwrap();
+    let (sa, sb) = (a.stats().clone(), b.stats().clone());
+    a.deregister().await;
+    b.deregister().await;
+    let settled = |s: &settled_engine::DrainStats| s.items_settled.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(settled(&sa) + settled(&sb), 2_997, "all but two held and one failing");
+    assert!(settled(&sa) > 0 && settled(&sb) > 0, "both workers worked");
+    assert!(
+        sa.chunks_split.load(std::sync::atomic::Ordering::Relaxed)
+            + sb.chunks_split.load(std::sync::atomic::Ordering::Relaxed)
+            > 0,
+        "the failing chunk was split"
+    );
+    // One effect per settled item (the key refuses a second), each with the
+    // item's own attempt as its fence and the run's id.
+    assert_eq!(count(&env.pool, "SELECT count(*) FROM jobs.sql_effects").await, 2_997);
+    let run = job().find_run(&env.pool, SCOPE).await.unwrap().unwrap();
+    assert_eq!(run.state, RunState::Finished);
+    assert_eq!(
+        count(
+            &env.pool,
+            &format!(
+                "SELECT count(*) FROM jobs.sql_effects e JOIN jobs.items i USING (day, item)
+                 WHERE i.status = 'settled' AND e.fence = i.attempt AND e.run = {}",
+                run.id
+            )
+        )
+        .await,
+        2_997
+    );
+    assert_eq!(
+        count(&env.pool, "SELECT count(*) FROM jobs.items WHERE status = 'held'").await,
+        2
+    );
+    assert_eq!(
+        count(
+            &env.pool,
+            "SELECT count(*) FROM jobs.items WHERE status = 'failed' AND item = 'item-77' AND last_error LIKE '%check%'"
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        count(
+            &env.pool,
+            "SELECT count(*) FROM jobs.sql_effects WHERE item IN ('item-5', 'item-6', 'item-77')"
+        )
+        .await,
+        0
+    );
+}
