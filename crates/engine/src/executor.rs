@@ -629,30 +629,8 @@ async fn isolate_statement_failure(
     let mut pending = vec![(keys, err)];
     while let Some((keys, err)) = pending.pop() {
         if keys.len() == 1 {
-            let mut conn = t
-                .pool
-                .acquire()
-                .await
-                .map_err(EngineError::db("acquiring a connection"))?;
-            let outcome = t
-                .queue
-                .fail_unclaimed(
-                    &mut conn,
-                    t.scope,
-                    &keys,
-                    Failure {
-                        error: &err.to_string(),
-                        permanent: err.is_permanent(),
-                    },
-                    &t.cfg.retry,
-                )
-                .await?;
-            t.stats.items_failed.fetch_add(outcome.failed, Ordering::Relaxed);
-            t.stats.items_retried.fetch_add(outcome.retried, Ordering::Relaxed);
-            tracing::warn!(
-                run = t.run_id, scope = t.scope, item = %keys[0],
-                failed = outcome.failed == 1, error = %err, "item failed"
-            );
+            let failed = fail_alone(t.pool, t.queue, t.cfg, t.stats, t.scope, &keys[0], &err).await?;
+            tracing::warn!(run = t.run_id, scope = t.scope, item = %keys[0], failed, error = %err, "item failed");
             continue;
         }
         t.stats.chunks_split.fetch_add(1, Ordering::Relaxed);
@@ -685,6 +663,38 @@ async fn isolate_statement_failure(
     Ok(())
 }
 
+/// Records the failure of an item found failing alone (retried later, or
+/// failed for good once its attempts are spent); true when it failed for good.
+async fn fail_alone(
+    pool: &PgPool,
+    queue: &WorkQueue,
+    cfg: &DrainConfig,
+    stats: &DrainStats,
+    scope: &str,
+    key: &str,
+    err: &HandlerError,
+) -> Result<bool, EngineError> {
+    let mut conn = pool
+        .acquire()
+        .await
+        .map_err(EngineError::db("acquiring a connection"))?;
+    let outcome = queue
+        .fail_unclaimed(
+            &mut conn,
+            scope,
+            &[key.to_string()],
+            Failure {
+                error: &err.to_string(),
+                permanent: err.is_permanent(),
+            },
+            &cfg.retry,
+        )
+        .await?;
+    stats.items_failed.fetch_add(outcome.failed, Ordering::Relaxed);
+    stats.items_retried.fetch_add(outcome.retried, Ordering::Relaxed);
+    Ok(outcome.failed == 1)
+}
+
 /// Retries a failed chunk in halves, each in its own transaction, until the
 /// failing item is alone; it alone records the failure.
 async fn isolate_failure<H: ChunkHandler>(
@@ -701,27 +711,10 @@ async fn isolate_failure<H: ChunkHandler>(
     while let Some((chunk, err)) = pending.pop() {
         if chunk.items.len() == 1 {
             let item = &chunk.items[0];
-            let mut conn = pool
-                .acquire()
-                .await
-                .map_err(EngineError::db("acquiring a connection"))?;
-            let outcome = queue
-                .fail_unclaimed(
-                    &mut conn,
-                    &chunk.scope,
-                    std::slice::from_ref(&item.key),
-                    Failure {
-                        error: &err.to_string(),
-                        permanent: err.is_permanent(),
-                    },
-                    &cfg.retry,
-                )
-                .await?;
-            stats.items_failed.fetch_add(outcome.failed, Ordering::Relaxed);
-            stats.items_retried.fetch_add(outcome.retried, Ordering::Relaxed);
+            let failed = fail_alone(pool, queue, cfg, stats, &chunk.scope, &item.key, &err).await?;
             tracing::warn!(
                 run = chunk.run_id, scope = %chunk.scope, item = %item.key, attempt = item.fence.get(),
-                failed = outcome.failed == 1, error = %err, "item failed"
+                failed, error = %err, "item failed"
             );
             continue;
         }
