@@ -31,8 +31,10 @@ use crate::{EngineError, HandlerError};
 /// columns) returning, as one column `key`, the keys to put on hold instead
 /// of working on them.
 ///
-/// Values come only from the work rows and the database: the statement
-/// binds nothing the application supplies.
+/// The CTE names `run`, `picked`, `held`, `marked`, `settled` and the
+/// columns `engine_rel`, `engine_tid` are the engine's; the application's
+/// CTEs take other names. Values come only from the work rows and the
+/// database: the statement binds nothing the application supplies.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChunkSql {
     /// The effects CTEs (see above).
