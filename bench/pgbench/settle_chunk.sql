@@ -39,11 +39,11 @@ credited AS (
     RETURNING creator, amount
 ),
 effects AS (
-    INSERT INTO settlement.creator_balance AS b (creator, balance)
-    SELECT creator, amount FROM credited ORDER BY creator
-    ON CONFLICT (creator) DO UPDATE
-    SET balance = b.balance + EXCLUDED.balance, updated_at = now()
-    RETURNING creator
+INSERT INTO settlement.creator_balance AS b (creator, balance)
+SELECT creator, amount FROM credited ORDER BY creator
+ON CONFLICT (creator) DO UPDATE
+SET balance = b.balance + EXCLUDED.balance, updated_at = now()
+RETURNING creator
 )
          SELECT (SELECT count(*) FROM picked) AS claimed,
                 (SELECT count(*) FROM marked) AS marked,

@@ -190,6 +190,17 @@ pub struct DrainStats {
     pub stop: AtomicBool,
 }
 
+impl DrainStats {
+    /// Counts one claim statement and records its time (in the claim
+    /// histogram, labelled with the mode, and in `claim_micros`).
+    pub(crate) fn record_claim(&self, mode: &'static str, elapsed: Duration) {
+        self.claims.fetch_add(1, Ordering::Relaxed);
+        metrics::histogram!(crate::telemetry::CLAIM_DURATION, "mode" => mode).record(elapsed.as_secs_f64());
+        self.claim_micros
+            .fetch_add(elapsed.as_micros() as u64, Ordering::Relaxed);
+    }
+}
+
 pub(crate) fn check_config(cfg: &DrainConfig) -> Result<(), EngineError> {
     if cfg.chunk == 0 || cfg.chunk > MAX_CHUNK_ITEMS {
         return Err(EngineError::Config(format!(
@@ -411,6 +422,31 @@ impl ClaimCursor {
     fn reset(&self) {
         *self.state.lock().expect("cursor lock") = None;
     }
+
+    /// The key the next claim goes on after: the cursor, or a random key
+    /// when the loop starts or its last range ran short (None: from the start).
+    async fn start(
+        &self,
+        tx: &mut PgConnection,
+        queue: &WorkQueue,
+        scope: &str,
+    ) -> Result<Option<String>, EngineError> {
+        match self.get() {
+            Some(after) => Ok(after),
+            None => queue.random_start_key(tx, scope).await,
+        }
+    }
+
+    /// After a claim of `claimed` items ending at `last`: a claim after the
+    /// cursor that ran short ends its range (the next claim starts at a new
+    /// random key); otherwise the loop goes on after `last`.
+    fn advance(&self, after_cursor: bool, claimed: usize, limit: u32, last: Option<String>) {
+        if after_cursor && claimed < limit as usize {
+            self.reset();
+        } else {
+            self.set(last);
+        }
+    }
 }
 
 /// Claims a chunk from the loop's cursor (see [`ClaimCursor`]).
@@ -422,10 +458,7 @@ async fn claim_from_cursor(
     limit: u32,
     cursor: &ClaimCursor,
 ) -> Result<Vec<ClaimedItem>, EngineError> {
-    let after = match cursor.get() {
-        Some(after) => after,
-        None => queue.random_start_key(tx, scope).await?,
-    };
+    let after = cursor.start(tx, queue, scope).await?;
     let mut claimed = Vec::new();
     let mut from_cursor = false;
     if let Some(after) = &after {
@@ -435,13 +468,12 @@ async fn claim_from_cursor(
     if claimed.is_empty() {
         claimed = queue.claim_chunk_in_tx(tx, scope, limit, run_id).await?;
     }
-    // A range that ran short ends here: the next claim starts at a new
-    // random key.
-    if from_cursor && claimed.len() < limit as usize {
-        cursor.reset();
-    } else {
-        cursor.set(claimed.iter().map(|i| i.key.clone()).max());
-    }
+    cursor.advance(
+        from_cursor,
+        claimed.len(),
+        limit,
+        claimed.iter().map(|i| i.key.clone()).max(),
+    );
     Ok(claimed)
 }
 
@@ -460,11 +492,7 @@ async fn settle_one_chunk<H: ChunkHandler>(
     let mut tx = pool.begin().await.map_err(EngineError::db("beginning a transaction"))?;
     let started = Instant::now();
     let claimed = claim_from_cursor(&mut tx, queue, run_id, scope, cfg.chunk, cursor).await?;
-    stats.claims.fetch_add(1, Ordering::Relaxed);
-    metrics::histogram!(crate::telemetry::CLAIM_DURATION, "mode" => "tx").record(started.elapsed().as_secs_f64());
-    stats
-        .claim_micros
-        .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+    stats.record_claim("tx", started.elapsed());
     if claimed.is_empty() {
         let step = idle_or_drained(&mut tx, queue, run_id, scope).await?;
         tx.rollback().await.map_err(EngineError::db("ending an empty claim"))?;
@@ -531,10 +559,7 @@ async fn settle_one_statement(t: &ChunkTarget<'_>, cursor: &ClaimCursor) -> Resu
         .begin()
         .await
         .map_err(EngineError::db("beginning a transaction"))?;
-    let after = match cursor.get() {
-        Some(after) => after,
-        None => t.queue.random_start_key(&mut tx, t.scope).await?,
-    };
+    let after = cursor.start(&mut tx, t.queue, t.scope).await?;
     let mut picks = Vec::with_capacity(2);
     if let Some(after) = after {
         picks.push(Some(after));
@@ -546,11 +571,7 @@ async fn settle_one_statement(t: &ChunkTarget<'_>, cursor: &ClaimCursor) -> Resu
             .statements
             .run(&mut tx, t.scope, t.cfg.chunk, t.run_id, after.as_deref())
             .await?;
-        t.stats.claims.fetch_add(1, Ordering::Relaxed);
-        metrics::histogram!(crate::telemetry::CLAIM_DURATION, "mode" => "tx").record(started.elapsed().as_secs_f64());
-        t.stats
-            .claim_micros
-            .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+        t.stats.record_claim("tx", started.elapsed());
         let done = match ran {
             Ok(done) => done,
             Err(err) => {
@@ -564,13 +585,7 @@ async fn settle_one_statement(t: &ChunkTarget<'_>, cursor: &ClaimCursor) -> Resu
         t.stats.items_claimed.fetch_add(done.claimed, Ordering::Relaxed);
         tx.commit().await.map_err(EngineError::db("committing a chunk"))?;
         t.committed(&done);
-        // A range that ran short ends here: the next claim starts at a new
-        // random key.
-        if after.is_some() && done.claimed < u64::from(t.cfg.chunk) {
-            cursor.reset();
-        } else {
-            cursor.set(done.last_key);
-        }
+        cursor.advance(after.is_some(), done.claimed as usize, t.cfg.chunk, done.last_key);
         return Ok(Step::Worked);
     }
     cursor.set(None);

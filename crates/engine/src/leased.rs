@@ -327,11 +327,7 @@ impl<H: LeasedHandler> LoopCtx<H> {
                 self.ttl,
             )
             .await?;
-        self.stats.claims.fetch_add(1, Ordering::Relaxed);
-        metrics::histogram!(crate::telemetry::CLAIM_DURATION, "mode" => "leased").record(sent.elapsed().as_secs_f64());
-        self.stats
-            .claim_micros
-            .fetch_add(sent.elapsed().as_micros() as u64, Ordering::Relaxed);
+        self.stats.record_claim("leased", sent.elapsed());
         if claimed.is_empty() {
             return idle_or_drained(&mut conn, &self.queue, self.run_id, &self.scope).await;
         }

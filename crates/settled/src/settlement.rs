@@ -111,6 +111,18 @@ impl RunHooks for Settlement {
     }
 }
 
+/// Credits each `credited` (creator, amount) row to the creator's balance,
+/// in creator order (two chunks touching the same creators never
+/// deadlock); both payment statements end with it.
+macro_rules! credit_balances {
+    () => {
+        "INSERT INTO settlement.creator_balance AS b (creator, balance)
+SELECT creator, amount FROM credited ORDER BY creator
+ON CONFLICT (creator) DO UPDATE
+SET balance = b.balance + EXCLUDED.balance, updated_at = now()"
+    };
+}
+
 /// Pays a chunk: one ledger row per creator at the period's fee, recorded
 /// with the fence the engine gave the claim, and the same amount credited
 /// to the creator's balance, in one statement. $1 period, $2 creators,
@@ -120,7 +132,8 @@ impl RunHooks for Settlement {
 /// up first (`OFFSET 0` keeps the planner from folding the lookup into the
 /// join, where it would hash the whole period per chunk), then matched with
 /// their fences.
-pub const PAY_CHUNK_SQL: &str = "
+pub const PAY_CHUNK_SQL: &str = concat!(
+    "
 WITH credited AS (
     INSERT INTO settlement.reward_ledger (period, creator, amount, run_id, attempt)
     SELECT v.period, v.creator, settlement.reward(v.volume, p.fee_bps), $3, f.fence
@@ -131,17 +144,17 @@ WITH credited AS (
     ORDER BY v.creator
     RETURNING creator, amount
 )
-INSERT INTO settlement.creator_balance AS b (creator, balance)
-SELECT creator, amount FROM credited ORDER BY creator
-ON CONFLICT (creator) DO UPDATE
-SET balance = b.balance + EXCLUDED.balance, updated_at = now()";
+",
+    credit_balances!()
+);
 
 /// [`PAY_CHUNK_SQL`] as the effects of the engine's one-statement chunk:
 /// the same ledger rows and balance credits, read from the rows the chunk
 /// settles (`settled`, with `attempt` the fence) instead of looking each
 /// item up again. The last CTE, `effects`, returns one row per credited
 /// creator.
-pub const CHUNK_EFFECTS_SQL: &str = "
+pub const CHUNK_EFFECTS_SQL: &str = concat!(
+    "
 credited AS (
     INSERT INTO settlement.reward_ledger (period, creator, amount, run_id, attempt)
     SELECT s.period, s.creator, settlement.reward(s.volume, p.fee_bps), r.id, s.attempt
@@ -152,12 +165,12 @@ credited AS (
     RETURNING creator, amount
 ),
 effects AS (
-    INSERT INTO settlement.creator_balance AS b (creator, balance)
-    SELECT creator, amount FROM credited ORDER BY creator
-    ON CONFLICT (creator) DO UPDATE
-    SET balance = b.balance + EXCLUDED.balance, updated_at = now()
-    RETURNING creator
-)";
+",
+    credit_balances!(),
+    "
+RETURNING creator
+)"
+);
 
 /// [`HELD_CREATORS_SQL`] over the engine's `picked` rows.
 pub const CHUNK_HELD_SQL: &str = "SELECT h.creator AS key FROM settlement.creator_holds h

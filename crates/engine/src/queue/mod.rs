@@ -63,6 +63,17 @@ struct Names<'a> {
 }
 
 impl<'a> Names<'a> {
+    /// The names of a (validated) spec.
+    fn of(spec: &'a QueueSpec) -> Names<'a> {
+        Names {
+            table: &spec.table,
+            scope: &spec.scope_column,
+            scope_type: &spec.scope_type,
+            key: &spec.key_column,
+            key_type: &spec.key_type,
+        }
+    }
+
     /// (table, scope, scope type, key, key type), for rendering.
     fn parts(&self) -> (&'a str, &'a str, &'a str, &'a str, &'a str) {
         (self.table, self.scope, self.scope_type, self.key, self.key_type)
@@ -118,13 +129,7 @@ impl WorkQueue {
                 value: spec.job.clone(),
             });
         }
-        let names = Names {
-            table: &spec.table,
-            scope: &spec.scope_column,
-            scope_type: &spec.scope_type,
-            key: &spec.key_column,
-            key_type: &spec.key_type,
-        };
+        let names = Names::of(&spec);
         let sql = Statements {
             claim: claim::Sql::render(&names),
             complete: complete::Sql::render(&names),

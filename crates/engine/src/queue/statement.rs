@@ -141,13 +141,7 @@ fn render(n: &Names, sql: &ChunkSql, pick: Pick) -> String {
 impl WorkQueue {
     /// Renders the chunk statements for `sql`.
     pub fn chunk_statements(&self, sql: &ChunkSql) -> ChunkStatements {
-        let names = Names {
-            table: &self.spec.table,
-            scope: &self.spec.scope_column,
-            scope_type: &self.spec.scope_type,
-            key: &self.spec.key_column,
-            key_type: &self.spec.key_type,
-        };
+        let names = Names::of(&self.spec);
         ChunkStatements {
             after: render(&names, sql, Pick::After),
             start: render(&names, sql, Pick::Start),
