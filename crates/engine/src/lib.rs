@@ -41,7 +41,7 @@ pub use executor::{drain_in_transactions, Chunk, ChunkHandler, ClaimedItem, Drai
 pub use fence::Fence;
 pub use job::{ByMode, Cancelled, Drainer, InTransaction, Job, Leased, NoHooks, RunHooks, RunTarget, WorkOutcome};
 pub use leased::{drain_leased, LeaseConfig, LeaseKeeper, LeasedHandler};
-pub use queue::{ChunkDone, ChunkSql, ChunkStatements, FailOutcome, QueueSpec, RetryPolicy, WorkQueue};
+pub use queue::{ChunkDone, ChunkSql, ChunkStatements, FailOutcome, KeyWindow, QueueSpec, RetryPolicy, WorkQueue};
 pub use runs::{Run, RunState};
 pub use schedule::Schedule;
 pub use status::ItemStatus;

@@ -140,6 +140,80 @@ async fn claims_never_overlap_across_many_open_transactions() {
     assert_eq!(seen.len(), 800, "twenty claims of forty, all distinct");
 }
 
+/// The key ranges claim loops share out: each key in exactly one range,
+/// claims within a range in key order and skipping rows others hold, and
+/// what a range's claims skipped found by a claim of the whole scope.
+#[tokio::test(flavor = "multi_thread")]
+async fn key_ranges_cover_every_key_once_and_range_claims_skip_held_rows() {
+    let env = env(3_000).await;
+    // Starting the run refreshes the statistics the ranges come from.
+    let run = job().start_or_join(&env.pool, SCOPE, None).await.unwrap().run;
+    let queue = job().queue().clone();
+    let mut conn = env.pool.acquire().await.unwrap();
+    let bounds = queue.key_ranges(&mut conn, SCOPE, 100).await.unwrap();
+    // 3,000 rows in ranges of 100 or more: at most 30 ranges, more than one.
+    assert!((2..30).contains(&bounds.len()), "{} bounds", bounds.len());
+    assert!(queue.key_ranges(&mut conn, SCOPE, 2_000).await.unwrap().is_empty());
+    assert!(queue.key_ranges(&mut conn, "2026-01-01", 100).await.unwrap().is_empty());
+    // Another transaction holds ten rows in the middle of the first range.
+    let mut holder = env.pool.begin().await.unwrap();
+    let held: Vec<String> = sqlx::query_scalar(
+        "SELECT item FROM jobs.items WHERE day = $1::date AND item <= $2 ORDER BY item DESC LIMIT 10 FOR UPDATE",
+    )
+    .bind(SCOPE)
+    .bind(&bounds[0])
+    .fetch_all(&mut *holder)
+    .await
+    .unwrap();
+    assert_eq!(held.len(), 10);
+    let mut tx = env.pool.begin().await.unwrap();
+    let mut seen = std::collections::HashSet::new();
+    for range in 0..=bounds.len() {
+        let upto = bounds.get(range).map(String::as_str);
+        let mut after = range.checked_sub(1).map(|i| bounds[i].clone());
+        loop {
+            let window = settled_engine::KeyWindow {
+                after: after.as_deref(),
+                upto,
+            };
+            let claimed = queue
+                .claim_chunk_in_tx_window(&mut tx, SCOPE, 40, run.id, window)
+                .await
+                .unwrap();
+            for item in &claimed {
+                assert!(seen.insert(item.key.clone()), "{} claimed twice", item.key);
+                assert!(!held.contains(&item.key), "{} is held by another transaction", item.key);
+                assert!(
+                    window.after.map_or(true, |a| item.key.as_str() > a),
+                    "{} before its range",
+                    item.key
+                );
+                assert!(
+                    upto.map_or(true, |u| item.key.as_str() <= u),
+                    "{} after its range",
+                    item.key
+                );
+            }
+            let keys: Vec<&str> = claimed.iter().map(|i| i.key.as_str()).collect();
+            assert!(keys.windows(2).all(|w| w[0] < w[1]), "a range's claim is in key order");
+            if claimed.len() < 40 {
+                break;
+            }
+            after = keys.last().map(|k| k.to_string());
+        }
+    }
+    assert_eq!(seen.len(), 2_990, "every key not held, in exactly one range");
+    holder.rollback().await.unwrap();
+    // Another transaction, while the first still holds every range's rows.
+    let mut sweep = env.pool.begin().await.unwrap();
+    let rest = queue.claim_chunk_in_tx(&mut sweep, SCOPE, 40, run.id).await.unwrap();
+    let mut rest: Vec<String> = rest.into_iter().map(|i| i.key).collect();
+    let mut held = held;
+    rest.sort();
+    held.sort();
+    assert_eq!(rest, held, "the whole scope's claim finds what the ranges skipped");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_zombies_completion_is_refused_by_its_fence() {
     let env = env(10).await;

@@ -83,7 +83,8 @@ impl Sql {
 
 /// True when the planner's statistics of `table` miss more than 10% of its
 /// rows (or it was never analyzed).
-const STALE_STATISTICS_SQL: &str = "SELECT coalesce(n_mod_since_analyze > greatest(1000, n_live_tup / 10), true)
+const STALE_STATISTICS_SQL: &str = "SELECT coalesce(n_mod_since_analyze > greatest(1000, n_live_tup / 10)
+                         OR (last_analyze IS NULL AND last_autoanalyze IS NULL), true)
      FROM pg_stat_user_tables WHERE relid = to_regclass($1)";
 
 impl WorkQueue {

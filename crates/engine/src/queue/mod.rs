@@ -78,6 +78,105 @@ impl<'a> Names<'a> {
     fn parts(&self) -> (&'a str, &'a str, &'a str, &'a str, &'a str) {
         (self.table, self.scope, self.scope_type, self.key, self.key_type)
     }
+
+    /// A claim's key conditions for `window`'s shape (parameters from `$4`)
+    /// and its order: key order whenever a bound is given, so the largest
+    /// key claimed is where the claim loop goes on from.
+    fn window(&self, window: WindowShape) -> (String, String) {
+        let (key, key_type) = (self.key, self.key_type);
+        let mut filter = String::new();
+        let mut param = 4;
+        if window.after {
+            filter.push_str(&format!("\n               AND t.{key} > CAST(${param} AS {key_type})"));
+            param += 1;
+        }
+        if window.upto {
+            filter.push_str(&format!("\n               AND t.{key} <= CAST(${param} AS {key_type})"));
+        }
+        let order = if window.after || window.upto {
+            format!("\n             ORDER BY t.{key}")
+        } else {
+            String::new()
+        };
+        (filter, order)
+    }
+}
+
+/// Which keys a claim looks at: those after `after` and up to `upto`
+/// (inclusive), each bound optional. Claims with a bound take keys in key
+/// order; a claim without either takes any eligible rows.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KeyWindow<'a> {
+    /// Only keys greater than this one.
+    pub after: Option<&'a str>,
+    /// Only keys up to and including this one.
+    pub upto: Option<&'a str>,
+}
+
+impl KeyWindow<'_> {
+    /// The whole scope.
+    pub const ALL: KeyWindow<'static> = KeyWindow {
+        after: None,
+        upto: None,
+    };
+
+    fn shape(&self) -> WindowShape {
+        WindowShape {
+            after: self.after.is_some(),
+            upto: self.upto.is_some(),
+        }
+    }
+
+    /// Binds the window's bounds (`$4` on) to a query whose other
+    /// parameters are bound already.
+    fn bind<'q, O>(
+        &self,
+        mut query: sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments>,
+    ) -> sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments>
+    where
+        Self: 'q,
+    {
+        if let Some(after) = self.after {
+            query = query.bind(after);
+        }
+        if let Some(upto) = self.upto {
+            query = query.bind(upto);
+        }
+        query
+    }
+}
+
+/// A [`KeyWindow`]'s shape: which bounds it has (one rendered statement each).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct WindowShape {
+    after: bool,
+    upto: bool,
+}
+
+impl WindowShape {
+    /// Every shape, in [`Self::index`] order.
+    const ALL: [WindowShape; 4] = [
+        WindowShape {
+            after: false,
+            upto: false,
+        },
+        WindowShape {
+            after: true,
+            upto: false,
+        },
+        WindowShape {
+            after: false,
+            upto: true,
+        },
+        WindowShape {
+            after: true,
+            upto: true,
+        },
+    ];
+
+    fn index(self) -> usize {
+        usize::from(self.after) | (usize::from(self.upto) << 1)
+    }
 }
 
 /// Every statement of a queue, rendered once.

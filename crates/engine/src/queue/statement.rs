@@ -12,7 +12,7 @@
 
 use sqlx::PgConnection;
 
-use super::{Names, WorkQueue, MAX_CHUNK_ITEMS};
+use super::{KeyWindow, Names, WindowShape, WorkQueue, MAX_CHUNK_ITEMS};
 use crate::{EngineError, HandlerError};
 
 /// A handler's effects in SQL, spliced into the engine's chunk statement.
@@ -46,10 +46,8 @@ pub struct ChunkSql {
 /// Which rows a chunk statement claims.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Pick {
-    /// Eligible rows after a key, in key order ($4: the key).
-    After,
-    /// Eligible rows from the start of the index.
-    Start,
+    /// Eligible rows of a key window (its bounds from $4 on).
+    Window(WindowShape),
     /// Eligible rows among chosen keys ($4: the keys).
     Keys,
 }
@@ -57,8 +55,8 @@ enum Pick {
 /// A queue's chunk statements for one [`ChunkSql`], rendered once per drain.
 #[derive(Debug, Clone)]
 pub struct ChunkStatements {
-    after: String,
-    start: String,
+    /// One per window shape ([`WindowShape::index`]).
+    windows: [String; 4],
     keys: String,
 }
 
@@ -88,11 +86,7 @@ struct DoneRow {
 fn render(n: &Names, sql: &ChunkSql, pick: Pick) -> String {
     let (table, scope, scope_type, key, key_type) = n.parts();
     let (filter, order) = match pick {
-        Pick::After => (
-            format!("\n               AND t.{key} > CAST($4 AS {key_type})"),
-            format!("\n             ORDER BY t.{key}"),
-        ),
-        Pick::Start => (String::new(), String::new()),
+        Pick::Window(shape) => n.window(shape),
         Pick::Keys => (
             format!("\n               AND t.{key} = ANY(CAST($4 AS {key_type}[]))"),
             String::new(),
@@ -143,8 +137,7 @@ impl WorkQueue {
     pub fn chunk_statements(&self, sql: &ChunkSql) -> ChunkStatements {
         let names = Names::of(&self.spec);
         ChunkStatements {
-            after: render(&names, sql, Pick::After),
-            start: render(&names, sql, Pick::Start),
+            windows: WindowShape::ALL.map(|shape| render(&names, sql, Pick::Window(shape))),
             keys: render(&names, sql, Pick::Keys),
         }
     }
@@ -155,11 +148,11 @@ impl ChunkStatements {
     /// must send exactly the engine's statement, such as a pgbench script).
     /// $1 scope, $2 limit, $3 run.
     pub fn from_start_sql(&self) -> &str {
-        &self.start
+        &self.windows[KeyWindow::ALL.shape().index()]
     }
 
-    /// Claims up to `limit` eligible items of `scope` (after `after`, in key
-    /// order, when given), settles or holds them and runs the effects, in
+    /// Claims up to `limit` eligible items of `scope` in `window` (in key
+    /// order when it has a bound), settles or holds them and runs the effects, in
     /// one statement on `tx`. The caller commits; any error means roll
     /// back: the outer one is the engine's (a claimed row not marked), the
     /// inner one the handler's (a failed statement, effects missing).
@@ -169,21 +162,14 @@ impl ChunkStatements {
         scope: &str,
         limit: u32,
         run_id: i64,
-        after: Option<&str>,
+        window: KeyWindow<'_>,
     ) -> Result<Result<ChunkDone, HandlerError>, EngineError> {
         debug_assert!((1..=MAX_CHUNK_ITEMS).contains(&limit));
-        let query = match after {
-            Some(after) => sqlx::query_as::<_, DoneRow>(&self.after)
-                .bind(scope) // $1
-                .bind(i64::from(limit)) // $2
-                .bind(run_id) // $3
-                .bind(after), // $4
-            None => sqlx::query_as::<_, DoneRow>(&self.start)
-                .bind(scope) // $1
-                .bind(i64::from(limit)) // $2
-                .bind(run_id), // $3
-        };
-        match query.fetch_one(tx).await {
+        let query = sqlx::query_as::<_, DoneRow>(&self.windows[window.shape().index()])
+            .bind(scope) // $1
+            .bind(i64::from(limit)) // $2
+            .bind(run_id); // $3
+        match window.bind(query).fetch_one(tx).await {
             Ok(row) => check(row),
             Err(err) => Ok(Err(HandlerError::Database(err))),
         }
