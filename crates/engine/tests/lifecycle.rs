@@ -184,12 +184,12 @@ async fn key_ranges_cover_every_key_once_and_range_claims_skip_held_rows() {
                 assert!(seen.insert(item.key.clone()), "{} claimed twice", item.key);
                 assert!(!held.contains(&item.key), "{} is held by another transaction", item.key);
                 assert!(
-                    window.after.map_or(true, |a| item.key.as_str() > a),
+                    window.after.is_none_or(|a| item.key.as_str() > a),
                     "{} before its range",
                     item.key
                 );
                 assert!(
-                    upto.map_or(true, |u| item.key.as_str() <= u),
+                    upto.is_none_or(|u| item.key.as_str() <= u),
                     "{} after its range",
                     item.key
                 );
