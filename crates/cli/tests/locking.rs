@@ -51,7 +51,7 @@ async fn skip_locked_claimers_pass_each_other_while_plain_for_update_waits() {
         "A and B claimed the same row"
     );
 
-    // C, with a plain FOR UPDATE, queues behind A's row locks.
+    // C, with a plain FOR UPDATE of A's rows, queues behind A's row locks.
     let c_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
         .fetch_one(&mut c)
         .await
@@ -60,12 +60,15 @@ async fn skip_locked_claimers_pass_each_other_while_plain_for_update_waits() {
         .fetch_one(&mut a)
         .await
         .unwrap();
+    let wanted = a_rows.clone();
     let waiter = tokio::spawn(async move {
         sqlx::query("BEGIN").execute(&mut c).await.unwrap();
         let rows: Vec<String> = sqlx::query_scalar(
             "SELECT creator FROM settlement.token_trade_volume
-             WHERE period = '2026-11-28' AND status = 'eligible' ORDER BY creator LIMIT 10 FOR UPDATE",
+             WHERE period = '2026-11-28' AND status = 'eligible' AND creator = ANY($1)
+             ORDER BY creator FOR UPDATE",
         )
+        .bind(wanted)
         .fetch_all(&mut c)
         .await
         .unwrap();
@@ -111,7 +114,9 @@ async fn skip_locked_claimers_pass_each_other_while_plain_for_update_waits() {
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(c_rows, a_rows, "once A is gone, C locks the rows it waited for");
+    let mut a_sorted = a_rows.clone();
+    a_sorted.sort();
+    assert_eq!(c_rows, a_sorted, "once A is gone, C locks the rows it waited for");
     sqlx::query("COMMIT").execute(&mut b).await.unwrap();
 }
 
