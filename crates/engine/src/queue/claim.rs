@@ -100,7 +100,7 @@ impl WorkQueue {
     /// The in-transaction claim's text (for tools that must send exactly
     /// the engine's statement, such as a pgbench script check).
     pub fn claim_in_tx_sql(&self) -> &str {
-        &self.sql.claim.in_tx[WindowShape::ALL[0].index()]
+        &self.sql.claim.in_tx[KeyWindow::ALL.shape().index()]
     }
 
     /// Locks up to `limit` eligible items of `scope` for the current
