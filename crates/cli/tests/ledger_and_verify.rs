@@ -1,5 +1,6 @@
 //! The ledger refuses a second payment and any edit; verify catches every
-//! kind of tampering; the database's reward arithmetic equals Rust's.
+//! kind of tampering; the database's reward arithmetic equals Rust's, and
+//! its creator check accepts exactly the address form.
 
 mod common;
 
@@ -190,4 +191,106 @@ async fn the_database_formula_equals_the_rust_formula_over_the_whole_range() {
         let ours = reward(*volume, FeeBps::new(u32::from(*fee)).unwrap());
         assert_eq!(ours.to_string(), from_db, "volume {volume} fee {fee}");
     }
+}
+
+/// Strings near the address form: right and wrong lengths, cases, prefixes,
+/// multibyte characters, whitespace and newlines.
+fn near_addresses() -> impl Strategy<Value = String> {
+    prop_oneof![
+        "0x[0-9a-f]{40}",
+        "0x[0-9a-fA-F]{38,42}",
+        "[0xX ]{0,3}[0-9a-fg]{39,41}[\\n ]?",
+        "0x[0-9a-f]{0,40}[é€x\\t]?[0-9a-f]{0,40}",
+        "\\PC{0,44}",
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_creator_check_accepts_exactly_the_address_form_in_every_table() {
+    // The check is said without a regular expression (it runs on every
+    // update of a work row); it must accept exactly what the regular
+    // expression it replaced accepted, which is the address parser's
+    // lowercase form.
+    let env = Env::new().await;
+    let mut strings: Vec<String> = proptest::collection::vec(near_addresses(), 5_000)
+        .new_tree(&mut proptest::test_runner::TestRunner::deterministic())
+        .unwrap()
+        .current();
+    strings.extend(
+        [
+            "0x5aaeb6053f3e94c9b9a09f33669435e7ef1beaed",
+            "0x5aaeb6053f3e94c9b9a09f33669435e7ef1beaed\n",
+            "0x5aaeb6053f3e94c9b9a09f33669435e7ef1beae",
+            "0x5aaeb6053f3e94c9b9a09f33669435e7ef1beaedd",
+            "0X5aaeb6053f3e94c9b9a09f33669435e7ef1beaed",
+            "005aaeb6053f3e94c9b9a09f33669435e7ef1beaed",
+            "0x5AAEB6053F3E94C9B9A09F33669435E7EF1BEAED",
+            "0x5aaeb6053f3e94c9b9a09f33669435e7ef1beaé",
+            "0x0x5aaeb6053f3e94c9b9a09f33669435e7ef1bea",
+            " 0x5aaeb6053f3e94c9b9a09f33669435e7ef1bead",
+            "0x",
+            "",
+        ]
+        .map(String::from),
+    );
+    let checks: Vec<(String, String)> = sqlx::query_as(
+        "SELECT conrelid::regclass::text, pg_get_expr(conbin, conrelid) FROM pg_constraint
+         WHERE contype = 'c' AND conname LIKE '%creator_check' AND connamespace = 'settlement'::regnamespace
+           AND NOT conrelid::regclass::text LIKE '%\\_p2%' ORDER BY 1",
+    )
+    .fetch_all(&env.pool)
+    .await
+    .unwrap();
+    let tables: Vec<&str> = checks.iter().map(|(t, _)| t.as_str()).collect();
+    assert_eq!(
+        tables,
+        [
+            "settlement.creator_balance",
+            "settlement.creator_holds",
+            "settlement.ledger_carry",
+            "settlement.payouts",
+            "settlement.token_trade_volume"
+        ]
+    );
+    for (table, expr) in &checks {
+        assert!(!expr.contains('~'), "{table}: {expr}");
+        // The table's own check expression against the regular expression,
+        // over every string.
+        let differing: Vec<String> = sqlx::query_scalar(&format!(
+            "SELECT creator FROM unnest($1::text[]) AS t(creator)
+             WHERE ({expr}) IS DISTINCT FROM (creator ~ '^0x[0-9a-f]{{40}}$')"
+        ))
+        .bind(&strings)
+        .fetch_all(&env.pool)
+        .await
+        .unwrap();
+        assert!(
+            differing.is_empty(),
+            "{table}: {} strings judged unlike the regular expression, such as {:?}",
+            differing.len(),
+            &differing[..differing.len().min(5)]
+        );
+    }
+    let accepted: Vec<String> = sqlx::query_scalar(&format!(
+        "SELECT creator FROM unnest($1::text[]) AS t(creator) WHERE {}",
+        checks[0].1
+    ))
+    .bind(&strings)
+    .fetch_all(&env.pool)
+    .await
+    .unwrap();
+    assert!(accepted.len() > 500, "too few addresses among the strings: {}", accepted.len());
+    let accepted: std::collections::HashSet<String> = accepted.into_iter().collect();
+    for s in &strings {
+        let parsed = settled::address::CreatorAddress::parse(s).map(|a| a.as_str() == s);
+        assert_eq!(accepted.contains(s), parsed == Ok(true), "{s:?}");
+    }
+    // And the check is what refuses a row: a balance one hex digit short.
+    let err = sqlx::query("INSERT INTO settlement.creator_balance (creator, balance) VALUES ($1, 0)")
+        .bind("0x5aaeb6053f3e94c9b9a09f33669435e7ef1beae")
+        .execute(&env.pool)
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&err), "23514", "{err}");
+    assert!(err.to_string().contains("creator_balance_creator_check"), "{err}");
 }
