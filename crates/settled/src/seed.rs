@@ -16,14 +16,17 @@ pub const MAX_SEED_CREATORS: u64 = 100_000_000;
 /// Rows generated per statement (progress is reported between statements).
 pub const SEED_BATCH_ROWS: u64 = 20_000;
 
+/// The rows a seed generates, kept until they are written in key order.
+const SEED_STAGING_SQL: &str = "CREATE TEMPORARY TABLE seed_rows
+    (creator text NOT NULL, volume numeric(78,0) NOT NULL) ON COMMIT DROP";
+
 /// Creator `i`'s address depends on (seed, i) only, so creators recur across
 /// periods; its volume depends on (seed, period, i). Volumes: 5% zero, 0.1%
 /// near 2^256 (to exercise the whole range), the rest
 /// mantissa(1..999999) * 10^(12 + floor(9 r^3)): many small, few large.
 const SEED_BATCH_SQL: &str = "
-INSERT INTO settlement.token_trade_volume (period, creator, volume)
-SELECT $1::date,
-       '0x' || substr(encode(sha256(convert_to('settled-creator:' || $2 || ':' || i, 'UTF8')), 'hex'), 1, 40),
+INSERT INTO seed_rows (creator, volume)
+SELECT '0x' || substr(encode(sha256(convert_to('settled-creator:' || $2 || ':' || i, 'UTF8')), 'hex'), 1, 40),
        CASE
            WHEN hv.h % 20 = 0 THEN 0
            WHEN hv.h % 997 = 1 THEN (2::numeric ^ 256) - 1 - (hv.h % 1000000)
@@ -32,7 +35,16 @@ SELECT $1::date,
        END
 FROM generate_series($3::bigint, $4::bigint) AS i,
 LATERAL (SELECT ('x' || substr(encode(sha256(convert_to(
-             'settled-volume:' || $2 || ':' || $1 || ':' || i, 'UTF8')), 'hex'), 1, 15))::bit(60)::bigint AS h) AS hv
+             'settled-volume:' || $2 || ':' || $1 || ':' || i, 'UTF8')), 'hex'), 1, 15))::bit(60)::bigint AS h) AS hv";
+
+/// The generated rows into the period, in key order, as `settled import`
+/// writes them: a hash-named creator's rows would otherwise lie in the
+/// table in random key order, and claim loops, which take keys in order,
+/// would then visit a different page for nearly every row
+/// (docs/benchmarks.md, "Seeded rows in key order").
+const SEED_WRITE_SQL: &str = "
+INSERT INTO settlement.token_trade_volume (period, creator, volume)
+SELECT $1::date, creator, volume FROM seed_rows ORDER BY creator
 ON CONFLICT (period, creator) DO NOTHING";
 
 /// What a seed call did.
@@ -92,22 +104,27 @@ pub async fn seed(
         anyhow::bail!("period {period} got a run while seeding; nothing was written");
     }
     crate::partitions::ensure(&mut tx, period).await?;
-    let mut inserted = 0u64;
+    sqlx::query(SEED_STAGING_SQL).execute(&mut *tx).await?;
     let mut from = 1u64;
     while from <= creators {
         let to = (from + SEED_BATCH_ROWS - 1).min(creators);
-        inserted += sqlx::query(SEED_BATCH_SQL)
+        sqlx::query(SEED_BATCH_SQL)
             .bind(period.to_string())
             .bind(seed.to_string())
             .bind(from as i64)
             .bind(to as i64)
             .execute(&mut *tx)
             .await
-            .with_context(|| format!("seeding creators {from}..={to}"))?
-            .rows_affected();
+            .with_context(|| format!("generating creators {from}..={to}"))?;
         progress.set(to);
         from = to + 1;
     }
+    let inserted = sqlx::query(SEED_WRITE_SQL)
+        .bind(period.date())
+        .execute(&mut *tx)
+        .await
+        .context("writing the generated creators in key order")?
+        .rows_affected();
     tx.commit().await?;
     // Fresh rows: give the planner their statistics before any worker plans a claim.
     let mut conn = pool.acquire().await?;
