@@ -279,7 +279,11 @@ async fn the_creator_check_accepts_exactly_the_address_form_in_every_table() {
     .fetch_all(&env.pool)
     .await
     .unwrap();
-    assert!(accepted.len() > 500, "too few addresses among the strings: {}", accepted.len());
+    assert!(
+        accepted.len() > 500,
+        "too few addresses among the strings: {}",
+        accepted.len()
+    );
     let accepted: std::collections::HashSet<String> = accepted.into_iter().collect();
     for s in &strings {
         let parsed = settled::address::CreatorAddress::parse(s).map(|a| a.as_str() == s);

@@ -268,3 +268,49 @@ async fn sigterm_gives_back_held_items_and_exits_zero() {
     env.run_ok(&["worker", "--period", PERIOD]);
     env.run_ok(&["verify", "--period", PERIOD]);
 }
+
+async fn deadlocks(env: &Env) -> i64 {
+    env.scalar_i64("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_workers_lease_renewals_and_its_completions_never_deadlock() {
+    // One process's renewal updates every lease it holds in one statement
+    // while its loops complete chunks of the same rows in transactions of
+    // their own: unless the two never lock the same rows at once, each can
+    // hold a row the other waits for. Renewals every 100 ms (the shortest
+    // lease) over four loops' chunks of 100 make that meeting frequent: the
+    // build before measured 9 deadlocks in this run.
+    let env = Env::new().await;
+    let sim = ProviderSim::start(&["--latency-ms", "10"]);
+    env.run_ok(&["seed", "--period", PERIOD, "--creators", "20000"]);
+    let before = deadlocks(&env).await;
+    env.run_ok(&[
+        "worker",
+        "--period",
+        PERIOD,
+        "--mode",
+        "leased",
+        "--provider-url",
+        &sim.url,
+        "--lease-ttl-ms",
+        "300",
+        "--rescue-interval-ms",
+        "600000",
+        "--concurrency",
+        "4",
+        "--chunk",
+        "100",
+        "--provider-concurrency",
+        "64",
+    ]);
+    // A backend's counters reach the shared statistics when it exits; the
+    // worker's have, and this session reads afresh outside a transaction.
+    assert_eq!(deadlocks(&env).await - before, 0, "deadlocks while settling");
+    assert_eq!(
+        env.scalar_i64("SELECT count(*) FROM settlement.reward_ledger").await,
+        20000
+    );
+    env.run_ok(&["verify", "--period", PERIOD, "--provider-url", &sim.url]);
+}

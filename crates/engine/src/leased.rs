@@ -97,11 +97,20 @@ impl Default for LeaseConfig {
 /// The leases one worker holds, and until when each is known to be valid
 /// on this process's monotonic clock (time the renewal was *sent* + ttl:
 /// the database set `now() + ttl` no earlier than that).
+///
+/// A renewal and a loop writing its items' outcome (completion, failure,
+/// hold, release) never lock the same rows at once: each updates many rows
+/// in its own order, so together they could each hold a row the other
+/// waits for (measured: deadlocks at a million in leased mode). A writer
+/// waits out a renewal in flight, then marks its items; renewals leave
+/// marked items alone until the writer is done ([`LeaseKeeper::writing`]).
 #[derive(Debug)]
 pub struct LeaseKeeper {
     worker: Uuid,
     ttl: Duration,
     held: Mutex<HashMap<ClaimedItem, Held>>,
+    /// Held by a renewal for the whole of its statement.
+    renewing: tokio::sync::Mutex<()>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -110,6 +119,27 @@ struct Held {
     committed_by: Instant,
     /// Until when the lease is known to be valid.
     valid_until: Instant,
+    /// A loop is writing the item's outcome: renewals skip it.
+    writing: bool,
+}
+
+/// Items a loop is writing the outcome of; renewals skip them until this
+/// is dropped.
+#[must_use = "renewals skip the items only while this is alive"]
+struct Writing<'k> {
+    keeper: &'k LeaseKeeper,
+    items: Vec<ClaimedItem>,
+}
+
+impl Drop for Writing<'_> {
+    fn drop(&mut self) {
+        let mut held = self.keeper.held.lock().expect("lease map");
+        for item in &self.items {
+            if let Some(lease) = held.get_mut(item) {
+                lease.writing = false;
+            }
+        }
+    }
 }
 
 impl LeaseKeeper {
@@ -119,7 +149,25 @@ impl LeaseKeeper {
             worker,
             ttl,
             held: Mutex::new(HashMap::new()),
+            renewing: tokio::sync::Mutex::new(()),
         })
+    }
+
+    /// Marks `items` as being written by the caller: waits for a renewal in
+    /// flight to finish (it may hold their rows), and keeps later renewals
+    /// off them until the returned guard is dropped.
+    async fn writing(&self, items: &[ClaimedItem]) -> Writing<'_> {
+        let _no_renewal = self.renewing.lock().await;
+        let mut held = self.held.lock().expect("lease map");
+        for item in items {
+            if let Some(lease) = held.get_mut(item) {
+                lease.writing = true;
+            }
+        }
+        Writing {
+            keeper: self,
+            items: items.to_vec(),
+        }
     }
 
     fn add(&self, items: &[ClaimedItem], claim_sent: Instant, committed_by: Instant) {
@@ -128,6 +176,7 @@ impl LeaseKeeper {
             let lease = Held {
                 committed_by,
                 valid_until: claim_sent + self.ttl,
+                writing: false,
             };
             held.insert(item.clone(), lease);
         }
@@ -158,10 +207,18 @@ impl LeaseKeeper {
 
     /// Renews every lease this worker knows it holds (one statement), then extends
     /// the deadlines of those the database still shows as ours and drops
-    /// the others (rescued: lost).
+    /// the others (rescued: lost). Items a loop is writing are left alone.
     pub async fn renew(&self, pool: &PgPool, queue: &WorkQueue) -> Result<usize, EngineError> {
-        let held: Vec<ClaimedItem> = self.held.lock().expect("lease map").keys().cloned().collect();
-        if held.is_empty() {
+        let _renewing = self.renewing.lock().await;
+        let asked: Vec<ClaimedItem> = self
+            .held
+            .lock()
+            .expect("lease map")
+            .iter()
+            .filter(|(_, lease)| !lease.writing)
+            .map(|(item, _)| item.clone())
+            .collect();
+        if asked.is_empty() {
             return Ok(0);
         }
         let sent = Instant::now();
@@ -169,11 +226,14 @@ impl LeaseKeeper {
             .acquire()
             .await
             .map_err(EngineError::db("acquiring a connection"))?;
-        let still_ours = queue.renew_leases(&mut conn, self.worker, self.ttl, &held).await?;
+        let still_ours = queue.renew_leases(&mut conn, self.worker, self.ttl, &asked).await?;
         let still_ours: std::collections::HashSet<ClaimedItem> = still_ours.into_iter().collect();
+        let asked: std::collections::HashSet<ClaimedItem> = asked.into_iter().collect();
         let mut held = self.held.lock().expect("lease map");
         let mut lost = 0;
-        for (key, lease) in held.iter_mut() {
+        // Only the leases this statement asked about: not those being
+        // written, nor those claimed since.
+        for (key, lease) in held.iter_mut().filter(|(key, _)| asked.contains(*key)) {
             if still_ours.contains(key) {
                 lease.valid_until = lease.valid_until.max(sent + self.ttl);
             } else if lease.committed_by < sent && lease.valid_until > sent {
@@ -273,13 +333,16 @@ pub async fn drain_leased<H: LeasedHandler>(
     let result = join_loops(loops, &stats).await;
     grace.abort();
     rescuing.abort();
-    // Anything still tracked was abandoned at shutdown: give it back now.
+    // Anything still tracked was abandoned at shutdown: give it back now,
+    // with no renewal in flight (it could hold the same rows).
+    let no_renewal = keeper.renewing.lock().await;
     if let Ok(mut conn) = pool.acquire().await {
         if let Ok(released) = queue.release_leases(&mut conn, worker, None).await {
             stats.leases_released.fetch_add(released, Ordering::Relaxed);
         }
     }
     renewing.abort();
+    drop(no_renewal);
     result
 }
 
@@ -353,6 +416,7 @@ impl<H: LeasedHandler> LoopCtx<H> {
         let held = self.handler.held(&batch);
         if !held.is_empty() {
             let pairs: Vec<ClaimedItem> = chunk.items.iter().filter(|i| held.contains(&i.key)).cloned().collect();
+            let _writing = self.keeper.writing(&pairs).await;
             let mut conn = self
                 .pool
                 .acquire()
@@ -404,6 +468,7 @@ impl<H: LeasedHandler> LoopCtx<H> {
                 .collect();
             if !still_ours.is_empty() {
                 // Stopping: give back what we still hold, so others take it at once.
+                let _writing = self.keeper.writing(&abandoned).await;
                 let mut conn = self
                     .pool
                     .acquire()
@@ -458,6 +523,7 @@ impl<H: LeasedHandler> LoopCtx<H> {
     }
 
     async fn complete_once(&self, part: &Chunk) -> Result<(), CompleteError> {
+        let _writing = self.keeper.writing(&part.items).await;
         let mut tx = self
             .pool
             .begin()
@@ -497,6 +563,7 @@ impl<H: LeasedHandler> LoopCtx<H> {
         err: &HandlerError,
     ) -> Result<(), EngineError> {
         let pairs: Vec<ClaimedItem> = items.iter().map(|i| (*i).clone()).collect();
+        let _writing = self.keeper.writing(&pairs).await;
         let mut conn = self
             .pool
             .acquire()

@@ -119,6 +119,7 @@ pub async fn seed(
         progress.set(to);
         from = to + 1;
     }
+    progress.println(&format!("seed: writing {creators} generated creators in key order"));
     let inserted = sqlx::query(SEED_WRITE_SQL)
         .bind(period.date())
         .execute(&mut *tx)
