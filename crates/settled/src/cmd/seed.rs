@@ -10,8 +10,9 @@ use crate::progress::Progress;
 ///
 /// Creators get valid EVM addresses (the same creators for the same seed in
 /// every period); volumes are skewed, with some zeros and a few near 2^256.
-/// Refused once the period has a run. Re-running with the same arguments
-/// adds nothing.
+/// The period's rows are written in key order, as `settled import` writes
+/// them. Refused once the period has a run. Re-running with the same
+/// arguments adds nothing.
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// The period (YYYY-MM-DD).
