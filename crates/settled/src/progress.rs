@@ -75,6 +75,15 @@ impl Progress {
         }
     }
 
+    /// Says what the work is doing now, as [`println`](Self::println), but
+    /// nothing when the display is hidden.
+    pub fn note(&self, line: &str) {
+        match &self.bar {
+            Some(bar) if bar.is_hidden() => {}
+            _ => self.println(line),
+        }
+    }
+
     /// Ends the display.
     pub fn finish(&self) {
         if let Some(bar) = &self.bar {

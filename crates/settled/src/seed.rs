@@ -41,7 +41,7 @@ LATERAL (SELECT ('x' || substr(encode(sha256(convert_to(
 /// writes them: a hash-named creator's rows would otherwise lie in the
 /// table in random key order, and claim loops, which take keys in order,
 /// would then visit a different page for nearly every row
-/// (docs/benchmarks.md, "Seeded rows in key order").
+/// (docs/benchmarks.md, "The creator check, and seeded rows in key order").
 const SEED_WRITE_SQL: &str = "
 INSERT INTO settlement.token_trade_volume (period, creator, volume)
 SELECT $1::date, creator, volume FROM seed_rows ORDER BY creator
@@ -119,7 +119,7 @@ pub async fn seed(
         progress.set(to);
         from = to + 1;
     }
-    progress.println(&format!("seed: writing {creators} generated creators in key order"));
+    progress.note(&format!("seed: writing {creators} generated creators in key order"));
     let inserted = sqlx::query(SEED_WRITE_SQL)
         .bind(period.date())
         .execute(&mut *tx)
