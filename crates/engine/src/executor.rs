@@ -433,10 +433,12 @@ impl KeyRanges {
     /// Chunks a range should hold at least. Every process visits every
     /// range once (it cannot know what other processes finished), so more
     /// ranges mean more empty claims; larger ones keep loops that meet
-    /// together longer. Measured at a million with chunk 5,000, same-run
-    /// ratios to the set-based floor: one chunk (the histogram's 102
-    /// buckets, 560 claims) median 1.334 of eight runs, four chunks (34
-    /// ranges, 320 claims) median 1.144 of five (docs/benchmarks.md).
+    /// together longer. Measured at a million with chunk 5,000 and rows in
+    /// random key order, same-run ratios to the set-based floor: one chunk
+    /// (the histogram's 102 buckets, 560 claims) median 1.334 of eight
+    /// runs, four chunks (34 ranges, 320 claims) median 1.144 of five; with
+    /// rows in key order, ranges and no ranges measured alike
+    /// (docs/benchmarks.md).
     const CHUNKS_PER_RANGE: u64 = 1;
 
     fn new(chunk: u32) -> KeyRanges {

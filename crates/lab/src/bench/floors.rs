@@ -3,7 +3,7 @@
 //! transaction that settles the whole period (the floor of any approach).
 
 use std::path::PathBuf;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use sqlx::{Connection, PgConnection};
@@ -120,9 +120,8 @@ async fn measure_pgbench(
         // The strategies' clocks stop when their workers exit, after the
         // last one finished the run (its report counts and sums the
         // period); the floor's clock includes the same finish.
-        let finishing = Instant::now();
-        finish_run(&db).await?;
-        case.record_time(elapsed + finishing.elapsed());
+        let finished = finish_run(&db).await?;
+        case.record_time(elapsed + finished);
         case.transactions_per_item = Some((after - before) as f64 / creators as f64);
         anyhow::Ok(())
     }
@@ -185,9 +184,8 @@ async fn measure_set_based(ctx: &Ctx, creators: u64, case: &mut CaseResult) -> a
         let settled = started.elapsed();
         conn.close().await?;
         // As above: the run's finish is inside every case's clock.
-        let finishing = Instant::now();
-        finish_run(&db).await?;
-        case.record_time(settled + finishing.elapsed());
+        let finished = finish_run(&db).await?;
+        case.record_time(settled + finished);
         case.transactions_per_item = Some(1.0 / creators as f64);
         anyhow::Ok(())
     }
@@ -195,15 +193,18 @@ async fn measure_set_based(ctx: &Ctx, creators: u64, case: &mut CaseResult) -> a
     conclude(ctx, &db, measured, case).await
 }
 
-/// Finishes the case's drained run through the engine, as a worker would.
-async fn finish_run(db: &super::CaseDb) -> anyhow::Result<()> {
+/// Finishes the case's drained run through the engine, as a worker would;
+/// returns how long that took.
+async fn finish_run(db: &super::CaseDb) -> anyhow::Result<Duration> {
+    let started = Instant::now();
     let pool = sqlx::PgPool::connect(&db.url).await?;
     let finished = settled::settlement::job()
         .finish_if_drained(&pool, db.run_id, &db.period.to_string(), uuid::Uuid::nil())
         .await;
+    let took = started.elapsed();
     pool.close().await;
     anyhow::ensure!(finished?, "the floor's run did not finish");
-    Ok(())
+    Ok(took)
 }
 
 #[cfg(test)]
