@@ -23,6 +23,14 @@ pub enum EngineError {
         /// The rejected value.
         value: String,
     },
+    /// A scope that is not a value of the work table's scope type.
+    #[error("scope {scope:?} is not a {scope_type} (a date is written YYYY-MM-DD)")]
+    InvalidScope {
+        /// The scope as given.
+        scope: String,
+        /// The queue's scope type.
+        scope_type: String,
+    },
     /// Another run of the same job is still running.
     #[error(
         "job {job:?} already has a running run (id {run_id}, scope {scope}); it must finish or be cancelled first"

@@ -107,6 +107,7 @@ impl Default for LeaseConfig {
 #[derive(Debug)]
 pub struct LeaseKeeper {
     worker: Uuid,
+    scope: String,
     ttl: Duration,
     held: Mutex<HashMap<ClaimedItem, Held>>,
     /// Held by a renewal for the whole of its statement.
@@ -143,10 +144,11 @@ impl Drop for Writing<'_> {
 }
 
 impl LeaseKeeper {
-    /// A keeper for `worker`'s leases.
-    pub fn new(worker: Uuid, ttl: Duration) -> Arc<LeaseKeeper> {
+    /// A keeper for `worker`'s leases on items of `scope`.
+    pub fn new(worker: Uuid, scope: &str, ttl: Duration) -> Arc<LeaseKeeper> {
         Arc::new(LeaseKeeper {
             worker,
+            scope: scope.to_string(),
             ttl,
             held: Mutex::new(HashMap::new()),
             renewing: tokio::sync::Mutex::new(()),
@@ -226,7 +228,9 @@ impl LeaseKeeper {
             .acquire()
             .await
             .map_err(EngineError::db("acquiring a connection"))?;
-        let still_ours = queue.renew_leases(&mut conn, self.worker, self.ttl, &asked).await?;
+        let still_ours = queue
+            .renew_leases(&mut conn, &self.scope, self.worker, self.ttl, &asked)
+            .await?;
         let still_ours: std::collections::HashSet<ClaimedItem> = still_ours.into_iter().collect();
         let asked: std::collections::HashSet<ClaimedItem> = asked.into_iter().collect();
         let mut held = self.held.lock().expect("lease map");
@@ -293,7 +297,7 @@ pub async fn drain_leased<H: LeasedHandler>(
         )));
     }
     let calls = Arc::new(tokio::sync::Semaphore::new(leases.calls_in_flight));
-    let keeper = LeaseKeeper::new(worker, leases.ttl);
+    let keeper = LeaseKeeper::new(worker, scope, leases.ttl);
     let renewing = tokio::spawn(keeper.clone().keep_renewing(pool.clone(), queue.clone()));
     let rescuing = tokio::spawn(crate::rescuer::keep_rescuing(
         pool.clone(),
@@ -337,7 +341,7 @@ pub async fn drain_leased<H: LeasedHandler>(
     // with no renewal in flight (it could hold the same rows).
     let no_renewal = keeper.renewing.lock().await;
     if let Ok(mut conn) = pool.acquire().await {
-        if let Ok(released) = queue.release_leases(&mut conn, worker, None).await {
+        if let Ok(released) = queue.release_leases(&mut conn, scope, worker, None).await {
             stats.leases_released.fetch_add(released, Ordering::Relaxed);
         }
     }
@@ -476,7 +480,7 @@ impl<H: LeasedHandler> LoopCtx<H> {
                     .map_err(EngineError::db("acquiring a connection"))?;
                 let released = self
                     .queue
-                    .release_leases(&mut conn, self.worker, Some(&still_ours))
+                    .release_leases(&mut conn, &self.scope, self.worker, Some(&still_ours))
                     .await?;
                 self.stats.leases_released.fetch_add(released, Ordering::Relaxed);
             }

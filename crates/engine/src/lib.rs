@@ -16,8 +16,10 @@
 //! A work table needs a scope column (what one run covers, e.g. a date), a
 //! single key column (unique within a scope), the columns in
 //! [`queue::REQUIRED_COLUMNS`] and the indexes in [`queue::REQUIRED_INDEXES`];
-//! [`Job::check_work_table`] names whatever is missing. See
-//! `examples/email_digest.rs` for a job that is not settlement.
+//! [`Job::check_work_table`] names whatever is missing. A work table may be
+//! partitioned by its scope; give the engine sessions with custom plans then
+//! ([`session::use_custom_plans`]). See `examples/email_digest.rs` for a job
+//! that is not settlement.
 
 pub mod daemon;
 pub mod error;
@@ -31,6 +33,7 @@ pub mod queue;
 pub mod rescuer;
 pub mod runs;
 pub mod schedule;
+pub mod session;
 pub mod status;
 pub mod telemetry;
 pub mod workers;

@@ -85,9 +85,45 @@ pub fn paths(dir: &Path, period: Period) -> (PathBuf, PathBuf) {
     )
 }
 
+/// How many times an archive that lost a deadlock is tried in all.
+pub const ARCHIVE_ATTEMPTS: u32 = 5;
+
 /// Archives every period before `opts.before` that still has partitions;
 /// returns what it archived (nothing is archived if any period is refused).
+///
+/// Detaching waits for the parents' ACCESS EXCLUSIVE lock while the archive
+/// holds its periods' partitions. settled's own sessions never lock an old
+/// period's partition (they plan for the period they touch,
+/// [`settled_engine::session`]), but another session that holds a parent
+/// and then asks for an old partition closes a cycle, and PostgreSQL ends
+/// one of the two. When that is the archive, its transaction rolls back
+/// whole (files removed) and it starts over, up to [`ARCHIVE_ATTEMPTS`].
 pub async fn archive(conn: &mut PgConnection, opts: &ArchiveOptions) -> anyhow::Result<Vec<Archived>> {
+    let mut attempt = 1;
+    loop {
+        match archive_once(conn, opts).await {
+            Err(err) if attempt < ARCHIVE_ATTEMPTS && lost_a_deadlock(&err) => {
+                tracing::warn!(attempt, error = %err, "the archive lost a deadlock and rolled back; starting over");
+                tokio::time::sleep(std::time::Duration::from_millis(200 * u64::from(attempt))).await;
+                attempt += 1;
+            }
+            result => return result,
+        }
+    }
+}
+
+/// True when PostgreSQL ended the transaction to break a deadlock.
+fn lost_a_deadlock(err: &anyhow::Error) -> bool {
+    err.chain().any(|e| {
+        e.downcast_ref::<sqlx::Error>()
+            .and_then(|e| e.as_database_error())
+            .and_then(|db| db.code())
+            .is_some_and(|code| code == "40P01")
+    })
+}
+
+/// One try of [`archive`], in one transaction.
+async fn archive_once(conn: &mut PgConnection, opts: &ArchiveOptions) -> anyhow::Result<Vec<Archived>> {
     std::fs::create_dir_all(&opts.dir).with_context(|| format!("creating {}", opts.dir.display()))?;
     sqlx::query("BEGIN").execute(&mut *conn).await?;
     let mut written: Vec<PathBuf> = Vec::new();

@@ -130,7 +130,7 @@ impl Database {
         } else {
             connect
         };
-        let pool = pool_options(role, opts.max_connections, follower.clone())
+        let pool = pool_options(role, opts.pooler, opts.max_connections, follower.clone())
             .connect_with(connect.clone())
             .await
             .with_context(|| format!("connecting to {}", redact_url(&url)))?;
@@ -189,7 +189,7 @@ impl Database {
             Some(follower) => follower.options(application_name)?,
             None => self.connect.clone().application_name(application_name),
         };
-        let pool = pool_options(self.role, max_connections, self.follower.clone())
+        let pool = pool_options(self.role, self.pooler, max_connections, self.follower.clone())
             .connect_with(connect)
             .await
             .with_context(|| format!("connecting to {}", redact_url(&self.url)))?;
@@ -230,9 +230,17 @@ pub fn with_settings(options: PgConnectOptions, application_name: &str) -> PgCon
         .log_slow_statements(tracing::log::LevelFilter::Debug, Duration::from_secs(5))
 }
 
-/// A pool that takes `role` (a constant of [`ROLES`]) on every connection
-/// and, with a follower, drops connections opened before a failover.
-fn pool_options(role: Option<&'static str>, max_connections: u32, follower: Option<Arc<Follower>>) -> PgPoolOptions {
+/// A pool that takes `role` (a constant of [`ROLES`]) on every connection,
+/// plans every statement for its values (on a direct connection: the work
+/// table and the ledger are partitioned by period, see
+/// [`settled_engine::session`]) and, with a follower, drops connections
+/// opened before a failover.
+fn pool_options(
+    role: Option<&'static str>,
+    pooler: Pooler,
+    max_connections: u32,
+    follower: Option<Arc<Follower>>,
+) -> PgPoolOptions {
     PgPoolOptions::new()
         .before_acquire(move |_conn, meta| {
             let fresh = follower.as_ref().is_none_or(|f| f.is_fresh(meta.age));
@@ -242,7 +250,14 @@ fn pool_options(role: Option<&'static str>, max_connections: u32, follower: Opti
             Box::pin(async move {
                 if let Some(role) = role {
                     // A constant from ROLES, never input.
-                    sqlx::query(&format!("SET ROLE {role}")).execute(conn).await?;
+                    sqlx::query(&format!("SET ROLE {role}")).execute(&mut *conn).await?;
+                }
+                // Behind a transaction pooler statements go unnamed, planned
+                // for their values each time; a SET would outlive this client.
+                if pooler != Pooler::Transaction {
+                    settled_engine::session::use_custom_plans(conn)
+                        .await
+                        .map_err(|e| sqlx::Error::Configuration(e.into()))?;
                 }
                 Ok(())
             })

@@ -138,7 +138,7 @@ WITH credited AS (
     INSERT INTO settlement.reward_ledger (period, creator, amount, run_id, attempt)
     SELECT v.period, v.creator, settlement.reward(v.volume, p.fee_bps), $3, f.fence
     FROM (SELECT t.period, t.creator, t.volume FROM settlement.token_trade_volume t
-          WHERE t.period = $1::date AND t.creator = ANY($2) OFFSET 0) v
+          WHERE t.period = $1 AND t.creator = ANY($2) OFFSET 0) v
     JOIN unnest($2::text[], $4::integer[]) AS f(creator, fence) ON f.creator = v.creator
     JOIN settlement.settlement_policy p ON p.period = v.period
     ORDER BY v.creator
@@ -215,8 +215,9 @@ async fn held_creators<'e, E: sqlx::PgExecutor<'e>>(conn: E, chunk: &Chunk) -> R
 /// Writes a chunk's ledger rows and balance credits; refuses (so the caller
 /// rolls back) unless every creator of the chunk was credited exactly once.
 async fn pay_chunk(tx: &mut PgConnection, chunk: &Chunk) -> Result<(), HandlerError> {
+    let period = Period::parse(&chunk.scope).map_err(HandlerError::Permanent)?;
     let credited = sqlx::query(PAY_CHUNK_SQL)
-        .bind(&chunk.scope) // $1
+        .bind(period.date()) // $1
         .bind(chunk.keys()) // $2
         .bind(chunk.run_id) // $3
         .bind(chunk.fences()) // $4
@@ -270,9 +271,9 @@ impl<P: PayoutProvider> LeasedHandler for SettleWithProvider<P> {
             "SELECT v.creator, settlement.reward(v.volume, p.fee_bps)::text AS reward
              FROM settlement.token_trade_volume v
              JOIN settlement.settlement_policy p ON p.period = v.period
-             WHERE v.period = $1::date AND v.creator = ANY($2)",
+             WHERE v.period = $1 AND v.creator = ANY($2)",
         )
-        .bind(&chunk.scope) // $1
+        .bind(period.date()) // $1
         .bind(chunk.keys()) // $2
         .fetch_all(pool)
         .await?;

@@ -89,7 +89,8 @@ impl Sql {
                      lease_until = now() + $5 * interval '1 millisecond', updated_at = now(),
                      fence_epoch = settled_engine.fence_epoch()
                  FROM picked
-                 WHERE t.{scope} = picked.scope AND t.{key} = picked.key AND t.status = 'eligible'
+                 WHERE t.{scope} = CAST($1 AS {scope_type})
+                   AND t.{scope} = picked.scope AND t.{key} = picked.key AND t.status = 'eligible'
                  RETURNING t.{key}::text AS key, {ROW_FENCE} AS fence"
             ),
         }
@@ -129,7 +130,7 @@ impl WorkQueue {
     ) -> Result<Vec<ClaimedItem>, EngineError> {
         debug_assert!((1..=MAX_CHUNK_ITEMS).contains(&limit));
         let query = sqlx::query_as(&self.sql.claim.in_tx[window.shape().index()])
-            .bind(scope) // $1
+            .bind(self.scope_arg(scope)?) // $1
             .bind(i64::from(limit)) // $2
             .bind(run_id); // $3
         fetch_items(window.bind(query), tx, "claiming a chunk").await
@@ -148,7 +149,7 @@ impl WorkQueue {
         min_rows: u64,
     ) -> Result<Vec<String>, EngineError> {
         let row: Option<(Vec<String>, f64)> = sqlx::query_as(&self.sql.claim.key_bounds)
-            .bind(scope) // $1
+            .bind(self.scope_arg(scope)?) // $1
             .bind(&self.spec.key_column) // $2
             .fetch_optional(conn)
             .await
@@ -165,7 +166,7 @@ impl WorkQueue {
         keys: &[String],
     ) -> Result<Vec<ClaimedItem>, EngineError> {
         let query = sqlx::query_as(&self.sql.claim.keys_in_tx)
-            .bind(scope) // $1
+            .bind(self.scope_arg(scope)?) // $1
             .bind(keys); // $2
         fetch_items(query, tx, "re-locking items").await
     }
@@ -184,7 +185,7 @@ impl WorkQueue {
     ) -> Result<Vec<ClaimedItem>, EngineError> {
         debug_assert!((1..=MAX_CHUNK_ITEMS).contains(&limit));
         let query = sqlx::query_as(&self.sql.claim.leased)
-            .bind(scope) // $1
+            .bind(self.scope_arg(scope)?) // $1
             .bind(i64::from(limit)) // $2
             .bind(run_id) // $3
             .bind(worker) // $4

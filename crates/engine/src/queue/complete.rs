@@ -4,6 +4,7 @@
 
 use sqlx::PgConnection;
 
+use super::scope::ScopeArg;
 use super::{keys_and_fences, Names, WorkQueue};
 use crate::fence::ROW_FENCE;
 use crate::{ClaimedItem, EngineError};
@@ -73,7 +74,14 @@ impl WorkQueue {
         scope: &str,
         keys: &[String],
     ) -> Result<(), EngineError> {
-        mark_every_claimed(tx, &self.sql.complete.settled_in_tx, scope, keys, "settled").await
+        mark_every_claimed(
+            tx,
+            &self.sql.complete.settled_in_tx,
+            self.scope_arg(scope)?,
+            keys,
+            "settled",
+        )
+        .await
     }
 
     /// In-transaction mode: marks claimed items `held` (the application
@@ -84,7 +92,7 @@ impl WorkQueue {
         scope: &str,
         keys: &[String],
     ) -> Result<(), EngineError> {
-        mark_every_claimed(tx, &self.sql.complete.held_in_tx, scope, keys, "held").await
+        mark_every_claimed(tx, &self.sql.complete.held_in_tx, self.scope_arg(scope)?, keys, "held").await
     }
 
     /// The fenced completion: marks `settled` exactly those items whose
@@ -99,7 +107,7 @@ impl WorkQueue {
     ) -> Result<Vec<String>, EngineError> {
         let (keys, fences) = keys_and_fences(items);
         sqlx::query_scalar(&self.sql.complete.settled_fenced)
-            .bind(scope) // $1
+            .bind(self.scope_arg(scope)?) // $1
             .bind(keys) // $2
             .bind(fences) // $3
             .fetch_all(tx)
@@ -116,7 +124,7 @@ impl WorkQueue {
     ) -> Result<u64, EngineError> {
         let (keys, fences) = keys_and_fences(items);
         Ok(sqlx::query(&self.sql.complete.held_fenced)
-            .bind(scope) // $1
+            .bind(self.scope_arg(scope)?) // $1
             .bind(keys) // $2
             .bind(fences) // $3
             .execute(conn)
@@ -131,7 +139,7 @@ impl WorkQueue {
 async fn mark_every_claimed(
     tx: &mut PgConnection,
     sql: &str,
-    scope: &str,
+    scope: ScopeArg,
     keys: &[String],
     status: &str,
 ) -> Result<(), EngineError> {

@@ -92,7 +92,7 @@ impl WorkQueue {
     /// from committed state: never SKIP LOCKED, which would hide rows.
     pub async fn count_unfinished(&self, conn: &mut PgConnection, scope: &str) -> Result<i64, EngineError> {
         sqlx::query_scalar(&self.sql.count.unfinished)
-            .bind(scope) // $1
+            .bind(self.scope_arg(scope)?) // $1
             .fetch_one(conn)
             .await
             .map_err(EngineError::db("counting unfinished items"))
@@ -101,7 +101,7 @@ impl WorkQueue {
     /// Exact counts by status for `scope` (every status present, zero if none).
     pub async fn count_by_status(&self, conn: &mut PgConnection, scope: &str) -> Result<StatusCounts, EngineError> {
         let rows: Vec<StatusRow> = sqlx::query_as(&self.sql.count.by_status)
-            .bind(scope) // $1
+            .bind(self.scope_arg(scope)?) // $1
             .fetch_all(conn)
             .await
             .map_err(EngineError::db("counting items by status"))?;
@@ -136,7 +136,7 @@ impl WorkQueue {
     /// True when `scope` has at least one item.
     pub async fn has_items(&self, conn: &mut PgConnection, scope: &str) -> Result<bool, EngineError> {
         sqlx::query_scalar(&self.sql.count.has_items)
-            .bind(scope) // $1
+            .bind(self.scope_arg(scope)?) // $1
             .fetch_one(conn)
             .await
             .map_err(EngineError::db("looking for a scope's items"))
@@ -153,7 +153,7 @@ impl WorkQueue {
     /// last analyze) or the scope has no items.
     pub async fn refresh_statistics(&self, conn: &mut PgConnection, scope: &str) -> Result<bool, EngineError> {
         let relation: Option<String> = sqlx::query_scalar(&self.sql.count.scope_relation)
-            .bind(scope) // $1
+            .bind(self.scope_arg(scope)?) // $1
             .fetch_optional(&mut *conn)
             .await
             .map_err(EngineError::db("finding the relation of a scope's items"))?;

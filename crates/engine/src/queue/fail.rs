@@ -5,6 +5,7 @@
 
 use sqlx::PgConnection;
 
+use super::scope::ScopeArg;
 use super::{keys_and_fences, Names, WorkQueue};
 use crate::fence::ROW_FENCE;
 use crate::{ClaimedItem, EngineError};
@@ -112,7 +113,8 @@ impl Sql {
                  UPDATE {table} t
                  SET {}
                  FROM expired
-                 WHERE t.{scope} = expired.scope AND t.{key} = expired.key
+                 WHERE t.{scope} = CAST($1 AS {scope_type})
+                   AND t.{scope} = expired.scope AND t.{key} = expired.key
                    AND t.status = 'processing' AND t.lease_until < now()
                  RETURNING t.status",
                 retry_set(
@@ -148,7 +150,13 @@ impl WorkQueue {
         failure: Failure<'_>,
         policy: &RetryPolicy,
     ) -> Result<FailOutcome, EngineError> {
-        let query = bind_failure(&self.sql.fail.unclaimed, scope, keys.to_vec(), failure, policy);
+        let query = bind_failure(
+            &self.sql.fail.unclaimed,
+            self.scope_arg(scope)?,
+            keys.to_vec(),
+            failure,
+            policy,
+        );
         record(query, conn).await
     }
 
@@ -163,7 +171,7 @@ impl WorkQueue {
         policy: &RetryPolicy,
     ) -> Result<FailOutcome, EngineError> {
         let (keys, fences) = keys_and_fences(items);
-        let query = bind_failure(&self.sql.fail.fenced, scope, keys, failure, policy).bind(fences); // $8
+        let query = bind_failure(&self.sql.fail.fenced, self.scope_arg(scope)?, keys, failure, policy).bind(fences); // $8
         record(query, conn).await
     }
 
@@ -176,7 +184,7 @@ impl WorkQueue {
         policy: &RetryPolicy,
     ) -> Result<FailOutcome, EngineError> {
         let statuses: Vec<String> = sqlx::query_scalar(&self.sql.fail.rescue_expired)
-            .bind(scope) // $1
+            .bind(self.scope_arg(scope)?) // $1
             .bind(policy.max_attempts) // $2
             .bind(policy.backoff_base_ms as i64) // $3
             .bind(policy.backoff_cap_ms as i64) // $4
@@ -192,7 +200,7 @@ type StatusQuery<'q> = sqlx::query::QueryScalar<'q, sqlx::Postgres, String, sqlx
 /// Binds the parameters both failure statements share ($1..$7).
 fn bind_failure<'q>(
     sql: &'q str,
-    scope: &'q str,
+    scope: ScopeArg,
     keys: Vec<String>,
     failure: Failure<'q>,
     policy: &RetryPolicy,

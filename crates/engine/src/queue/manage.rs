@@ -53,7 +53,7 @@ impl WorkQueue {
         key: Option<&str>,
     ) -> Result<u64, EngineError> {
         Ok(sqlx::query(&self.sql.manage.retry_failed)
-            .bind(scope) // $1
+            .bind(self.scope_arg(scope)?) // $1
             .bind(key) // $2
             .execute(conn)
             .await

@@ -16,6 +16,7 @@ mod count;
 mod fail;
 mod lease;
 mod manage;
+mod scope;
 mod statement;
 
 pub use check::{REQUIRED_COLUMNS, REQUIRED_INDEXES};
@@ -50,6 +51,7 @@ pub struct QueueSpec {
 #[derive(Debug, Clone)]
 pub struct WorkQueue {
     spec: QueueSpec,
+    scope: scope::ScopeKind,
     sql: Statements,
 }
 
@@ -237,7 +239,8 @@ impl WorkQueue {
             count: count::Sql::render(&names),
             manage: manage::Sql::render(&names),
         };
-        Ok(WorkQueue { spec, sql })
+        let scope = scope::ScopeKind::of(&spec.scope_type);
+        Ok(WorkQueue { spec, scope, sql })
     }
 
     /// The spec this queue was built from.
@@ -248,6 +251,12 @@ impl WorkQueue {
     /// The job's name.
     pub fn job(&self) -> &str {
         &self.spec.job
+    }
+
+    /// `scope` as the statements bind it: in the scope column's type where
+    /// the engine knows it ([`scope`]'s text says why).
+    fn scope_arg(&self, scope: &str) -> Result<scope::ScopeArg, EngineError> {
+        self.scope.arg(scope, &self.spec.scope_type)
     }
 }
 

@@ -12,6 +12,7 @@
 
 use sqlx::PgConnection;
 
+use super::scope::{ScopeArg, ScopeKind};
 use super::{KeyWindow, Names, WindowShape, WorkQueue, MAX_CHUNK_ITEMS};
 use crate::{EngineError, HandlerError};
 
@@ -58,6 +59,8 @@ pub struct ChunkStatements {
     /// One per window shape ([`WindowShape::index`]).
     windows: [String; 4],
     keys: String,
+    scope: ScopeKind,
+    scope_type: String,
 }
 
 /// What one chunk statement did.
@@ -139,11 +142,17 @@ impl WorkQueue {
         ChunkStatements {
             windows: WindowShape::ALL.map(|shape| render(&names, sql, Pick::Window(shape))),
             keys: render(&names, sql, Pick::Keys),
+            scope: self.scope,
+            scope_type: self.spec.scope_type.clone(),
         }
     }
 }
 
 impl ChunkStatements {
+    fn scope_arg(&self, scope: &str) -> Result<ScopeArg, EngineError> {
+        self.scope.arg(scope, &self.scope_type)
+    }
+
     /// The statement that claims from the start of the index (for tools that
     /// must send exactly the engine's statement, such as a pgbench script).
     /// $1 scope, $2 limit, $3 run.
@@ -166,7 +175,7 @@ impl ChunkStatements {
     ) -> Result<Result<ChunkDone, HandlerError>, EngineError> {
         debug_assert!((1..=MAX_CHUNK_ITEMS).contains(&limit));
         let query = sqlx::query_as::<_, DoneRow>(&self.windows[window.shape().index()])
-            .bind(scope) // $1
+            .bind(self.scope_arg(scope)?) // $1
             .bind(i64::from(limit)) // $2
             .bind(run_id); // $3
         match window.bind(query).fetch_one(tx).await {
@@ -185,7 +194,7 @@ impl ChunkStatements {
     ) -> Result<Result<ChunkDone, HandlerError>, EngineError> {
         let limit = i64::try_from(keys.len()).unwrap_or(i64::MAX);
         let row = sqlx::query_as::<_, DoneRow>(&self.keys)
-            .bind(scope) // $1
+            .bind(self.scope_arg(scope)?) // $1
             .bind(limit) // $2
             .bind(run_id) // $3
             .bind(keys) // $4
