@@ -11,6 +11,7 @@ WITH run AS (SELECT CAST(:run AS bigint) AS id),
                AND t.status = 'eligible'
                AND (t.not_before IS NULL OR t.not_before <= now())
                AND EXISTS (SELECT 1 FROM settled_engine.runs r WHERE r.id = :run AND r.state = 'running')
+             ORDER BY t.creator
              LIMIT :chunk
              FOR NO KEY UPDATE OF t SKIP LOCKED),
          held AS MATERIALIZED (SELECT h.creator AS key FROM settlement.creator_holds h

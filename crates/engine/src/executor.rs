@@ -390,13 +390,9 @@ pub(crate) async fn idle_or_drained(
     run_id: i64,
     scope: &str,
 ) -> Result<Step, EngineError> {
-    let left = queue.count_unfinished(conn, scope).await?;
+    let left = queue.has_unfinished(conn, scope).await?;
     let running = crate::runs::is_running(conn, run_id).await?;
-    Ok(if left == 0 || !running {
-        Step::Drained
-    } else {
-        Step::Idle
-    })
+    Ok(if !left || !running { Step::Drained } else { Step::Idle })
 }
 
 /// How one process's claim loops share out a scope's keys: the planner's

@@ -194,7 +194,7 @@ impl<H: RunHooks> Job<H> {
         scope: &str,
         worker: Uuid,
     ) -> Result<bool, EngineError> {
-        if self.queue.count_unfinished(&mut *acquire(pool).await?, scope).await? > 0 {
+        if self.queue.has_unfinished(&mut *acquire(pool).await?, scope).await? {
             return Ok(false);
         }
         let mut tx = pool.begin().await.map_err(EngineError::db("beginning a finish"))?;
@@ -203,7 +203,7 @@ impl<H: RunHooks> Job<H> {
             .await
             .map_err(EngineError::db("beginning a finish"))?;
         let still_running = runs::lock_for_finish(&mut tx, run_id).await?;
-        if !still_running || self.queue.count_unfinished(&mut tx, scope).await? > 0 {
+        if !still_running || self.queue.has_unfinished(&mut tx, scope).await? {
             tx.rollback().await.map_err(EngineError::db("ending a finish"))?;
             return Ok(false);
         }

@@ -855,3 +855,47 @@ async fn scopes_drain_in_either_mode_while_another_scopes_partition_is_locked_wh
     drop(pool);
     drop(db);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn anything_left_sees_eligible_and_processing_items_and_nothing_else() {
+    let env = env(3).await;
+    let queue = job().queue().clone();
+    let mut conn = env.pool.acquire().await.unwrap();
+    let set = |status: &'static str, item: &'static str| {
+        let pool = env.pool.clone();
+        async move {
+            sqlx::query(
+                "UPDATE jobs.items SET status = $1,
+                     lease_until = CASE WHEN $1 = 'processing' THEN now() + interval '1 minute' END
+                 WHERE item = $2",
+            )
+            .bind(status)
+            .bind(item)
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+    };
+    assert!(queue.has_unfinished(&mut conn, SCOPE).await.unwrap());
+    set("settled", "item-1").await;
+    set("failed", "item-2").await;
+    assert!(
+        queue.has_unfinished(&mut conn, SCOPE).await.unwrap(),
+        "item-3 is eligible"
+    );
+    set("processing", "item-3").await;
+    assert!(
+        queue.has_unfinished(&mut conn, SCOPE).await.unwrap(),
+        "item-3 is processing"
+    );
+    assert_eq!(queue.count_unfinished(&mut conn, SCOPE).await.unwrap(), 1);
+    set("held", "item-3").await;
+    assert!(!queue.has_unfinished(&mut conn, SCOPE).await.unwrap());
+    assert_eq!(queue.count_unfinished(&mut conn, SCOPE).await.unwrap(), 0);
+    assert!(
+        !queue.has_unfinished(&mut conn, "2026-11-29").await.unwrap(),
+        "an empty scope"
+    );
+    let err = queue.has_unfinished(&mut conn, "28.11.2026").await.unwrap_err();
+    assert!(err.to_string().contains("is not a date"), "{err}");
+}

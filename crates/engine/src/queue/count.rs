@@ -10,6 +10,7 @@ use crate::{EngineError, ItemStatus};
 #[derive(Debug, Clone)]
 pub(super) struct Sql {
     unfinished: String,
+    any_unfinished: String,
     by_status: String,
     all_by_status: String,
     has_items: String,
@@ -58,13 +59,27 @@ struct StatusRow {
 
 impl Sql {
     pub(super) fn render(n: &Names) -> Sql {
-        let (table, scope, scope_type, _, _) = n.parts();
+        let (table, scope, scope_type, key, _) = n.parts();
         Sql {
             // Two counts, each answered from its partial index (eligible,
             // processing), so polling progress stays cheap on a large scope.
             unfinished: format!(
                 "SELECT (SELECT count(*) FROM {table} WHERE {scope} = CAST($1 AS {scope_type}) AND status = 'eligible')
                       + (SELECT count(*) FROM {table} WHERE {scope} = CAST($1 AS {scope_type}) AND status = 'processing')"
+            ),
+            // Is anything left? The first entry of each partial index, in
+            // its own order: the planner then walks the index (past the
+            // entries settled rows left, which claims mark dead as they
+            // pass) instead of trusting statistics taken before the run,
+            // which say every row is eligible and choose a scan of the whole
+            // scope (at a million: 40 ms against 150 to 400 ms for the
+            // counts, at every loop's end). ORDER BY and LIMIT stay outside
+            // EXISTS, which would drop them.
+            any_unfinished: format!(
+                "SELECT (SELECT 1 FROM {table} WHERE {scope} = CAST($1 AS {scope_type}) AND status = 'eligible'
+                         ORDER BY {key} LIMIT 1) IS NOT NULL
+                     OR (SELECT 1 FROM {table} WHERE {scope} = CAST($1 AS {scope_type}) AND status = 'processing'
+                         ORDER BY lease_until LIMIT 1) IS NOT NULL"
             ),
             by_status: format!(
                 "SELECT status, count(*) AS items FROM {table}
@@ -96,6 +111,18 @@ impl WorkQueue {
             .fetch_one(conn)
             .await
             .map_err(EngineError::db("counting unfinished items"))
+    }
+
+    /// True when `scope` has an item still to do (eligible or processing),
+    /// from committed state: the engine's "is anything left?" (after an
+    /// empty claim, before a finish). Cheaper than [`Self::count_unfinished`]
+    /// on a scope just settled.
+    pub async fn has_unfinished(&self, conn: &mut PgConnection, scope: &str) -> Result<bool, EngineError> {
+        sqlx::query_scalar(&self.sql.count.any_unfinished)
+            .bind(self.scope_arg(scope)?) // $1
+            .fetch_one(conn)
+            .await
+            .map_err(EngineError::db("looking for unfinished items"))
     }
 
     /// Exact counts by status for `scope` (every status present, zero if none).

@@ -324,7 +324,7 @@ async fn own_loop(pool: &PgPool, args: &ChildArgs, latency: &Latency, report: &m
                 continue;
             }
             let mut conn = pool.acquire().await?;
-            if queue.count_unfinished(&mut conn, &scope).await? == 0 {
+            if !queue.has_unfinished(&mut conn, &scope).await? {
                 return Ok(());
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
