@@ -31,8 +31,13 @@ use crate::db::{Database, DbOptions};
 
 /// Default claim loops per worker process.
 pub const DEFAULT_CONCURRENCY: u32 = 4;
-/// Default items per claim.
-pub const DEFAULT_CHUNK: u32 = 100;
+/// Default items per claim in tx mode: a chunk is one statement, and at a
+/// million creators 5,000 per claim settles 2.4 times as fast as 100 (one
+/// process of four loops on two cores, docs/benchmarks.md).
+pub const DEFAULT_CHUNK: u32 = 5_000;
+/// Default items per claim in leased mode: each item is a provider call,
+/// and a chunk completes when its slowest call has answered.
+pub const DEFAULT_LEASED_CHUNK: u32 = 100;
 
 /// Flags every command takes.
 #[derive(Debug, Clone, clap::Args)]

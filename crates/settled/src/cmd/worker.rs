@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use settled_engine::{DaemonConfig, Drainer, LeaseConfig, RetryPolicy, WorkOutcome};
 
-use crate::cmd::{DbCommand, Outcome, DEFAULT_CHUNK, DEFAULT_CONCURRENCY};
+use crate::cmd::{DbCommand, Outcome, DEFAULT_CHUNK, DEFAULT_CONCURRENCY, DEFAULT_LEASED_CHUNK};
 use crate::db::Database;
 use crate::period::Period;
 use crate::worker::{Mode, WorkerOptions, WorkerOutcome};
@@ -30,9 +30,10 @@ pub struct Args {
     /// Claim loops in this process (each with its own connection), 1..=256.
     #[arg(long, env = "SETTLED_CONCURRENCY", default_value_t = DEFAULT_CONCURRENCY, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub concurrency: u32,
-    /// Creators per claim (one transaction each), 1..=10000.
-    #[arg(long, env = "SETTLED_CHUNK", default_value_t = DEFAULT_CHUNK, value_parser = clap::value_parser!(u32).range(1..=10000))]
-    pub chunk: u32,
+    /// Creators per claim (one transaction each), 1..=10000 [default: 5000
+    /// in tx mode, 100 in leased mode].
+    #[arg(long, env = "SETTLED_CHUNK", value_parser = clap::value_parser!(u32).range(1..=10000))]
+    pub chunk: Option<u32>,
     /// Cron schedule of the daemon (5 fields, or 6 with seconds first);
     /// each due time settles the previous local day.
     #[arg(long, env = "SETTLED_SCHEDULE", default_value = "0 5 * * *")]
@@ -178,7 +179,10 @@ impl Args {
         WorkerOptions {
             period: self.period,
             concurrency: self.concurrency,
-            chunk: self.chunk,
+            chunk: self.chunk.unwrap_or(match self.engine.mode {
+                Mode::Tx => DEFAULT_CHUNK,
+                Mode::Leased => DEFAULT_LEASED_CHUNK,
+            }),
             retry: self.engine.retry(),
             metrics_bind: self.metrics_bind,
             max_outage: Duration::from_secs(self.max_outage_secs),
