@@ -259,8 +259,9 @@ async fn engine_drain(pool: &PgPool, args: &ChildArgs, mode: Mode, chunk: u32) -
     }
 }
 
-/// The engine's own claim statement with its locking clause replaced: the
-/// two strategies below send exactly what the engine sends, less SKIP LOCKED.
+/// The engine's own claim statement (its filter and its key order) with
+/// its limit and locking clause replaced: the two strategies below send
+/// exactly what the engine sends, less SKIP LOCKED.
 fn claim_without_skip_locked(tail: &str) -> String {
     let engine = settlement::queue().claim_in_tx_sql().to_string();
     let head = engine
@@ -280,7 +281,7 @@ fn for_update_claim() -> String {
 /// `offset`: worker k pages from row k x chunk in key order. FOR UPDATE locks
 /// every row the OFFSET walks over, not only the rows returned.
 fn offset_claim() -> String {
-    claim_without_skip_locked("ORDER BY t.creator OFFSET $4 LIMIT $2 FOR UPDATE OF t")
+    claim_without_skip_locked("OFFSET $4 LIMIT $2 FOR UPDATE OF t")
 }
 
 /// Claim, pay (the product's handler: holds lookup, ledger and balances) and
@@ -351,5 +352,23 @@ async fn own_loop(pool: &PgPool, args: &ChildArgs, latency: &Latency, report: &m
         queue.mark_settled_in_tx(&mut tx, &scope, &chunk.keys()).await?;
         tx.commit().await?;
         report.settled += n;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_lock_waiting_strategies_send_the_engines_claim_in_key_order_less_skip_locked() {
+        for (sql, tail) in [
+            (for_update_claim(), "ORDER BY t.creator\nLIMIT $2 FOR UPDATE OF t"),
+            (offset_claim(), "ORDER BY t.creator\nOFFSET $4 LIMIT $2 FOR UPDATE OF t"),
+        ] {
+            let flat: String = sql.lines().map(str::trim).collect::<Vec<_>>().join("\n");
+            assert_eq!(flat.matches("ORDER BY").count(), 1, "{sql}");
+            assert!(flat.ends_with(tail), "{sql}");
+            assert!(!flat.contains("SKIP LOCKED"), "{sql}");
+        }
     }
 }
