@@ -37,6 +37,7 @@ const SCHEMA_SQL: &[&str] = &[
         PRIMARY KEY (week, subscriber))",
     "CREATE INDEX IF NOT EXISTS outbox_eligible ON digest.outbox (week, subscriber) WHERE status = 'eligible'",
     "CREATE INDEX IF NOT EXISTS outbox_processing ON digest.outbox (week, lease_until) WHERE status = 'processing'",
+    "CREATE INDEX IF NOT EXISTS outbox_held ON digest.outbox (subscriber) WHERE status = 'held'",
     "CREATE TABLE IF NOT EXISTS digest.sent (
         week       date NOT NULL,
         subscriber text NOT NULL,

@@ -24,6 +24,7 @@ const TABLE_SQL: &[&str] = &[
         PRIMARY KEY (day, item))",
     "CREATE INDEX ON jobs.items (day, item) WHERE status = 'eligible'",
     "CREATE INDEX ON jobs.items (day, lease_until) WHERE status = 'processing'",
+    "CREATE INDEX ON jobs.items (item) WHERE status = 'held'",
     // The effect: its primary key refuses a second one.
     "CREATE TABLE jobs.effects (day date NOT NULL, item text NOT NULL, fence integer NOT NULL, PRIMARY KEY (day, item))",
 ];
@@ -518,6 +519,7 @@ async fn a_work_table_missing_columns_and_indexes_is_named_at_start() {
         "lease_until",
         "a unique index on (day, item)",
         "WHERE status = 'eligible'",
+        "an index on (item) WHERE status = 'held'",
     ] {
         assert!(text.contains(missing), "{missing} not named in: {text}");
     }

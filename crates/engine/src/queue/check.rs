@@ -29,12 +29,15 @@ pub const REQUIRED_COLUMNS: &[(&str, &str)] = &[
     ("updated_at", "timestamptz: last change"),
 ];
 
-/// Indexes a work table needs: a unique index on (scope, key), and two
-/// partial indexes so claims and progress counts read only what is left.
+/// Indexes a work table needs: a unique index on (scope, key), two
+/// partial indexes so claims and progress counts read only what is left,
+/// and one on the key of held items, so releasing a key's holds in every
+/// scope (`Job::release_held`) reads those items only, not every scope.
 pub const REQUIRED_INDEXES: &[&str] = &[
     "UNIQUE (scope, key), e.g. the primary key",
     "(scope, key) WHERE status = 'eligible'",
     "(scope, lease_until) WHERE status = 'processing'",
+    "(key) WHERE status = 'held'",
 ];
 
 #[derive(sqlx::FromRow)]
@@ -129,6 +132,12 @@ impl WorkQueue {
             missing.push(format!(
                 "an index on ({scope}, lease_until) WHERE status = 'processing'"
             ));
+        }
+        if !indexes
+            .iter()
+            .any(|i| i.columns.first() == Some(key) && partial_on(i, "held"))
+        {
+            missing.push(format!("an index on ({key}) WHERE status = 'held'"));
         }
         missing
     }
