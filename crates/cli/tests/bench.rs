@@ -148,3 +148,43 @@ fn bench_refuses_bad_worker_counts_by_name() {
         assert!(err.contains(expected), "{workers}: {err}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_pairs_alternate_the_product_and_the_set_based_floor_and_give_the_median() {
+    let env = Env::new().await;
+    let out = tempfile::tempdir().unwrap();
+    let stdout = env.run_ok(&[
+        "bench",
+        "--pairs",
+        "2",
+        "--creators",
+        "1500",
+        "--workers",
+        "2",
+        "--chunk",
+        "100",
+        "--json",
+        "--out",
+        out.path().to_str().unwrap(),
+    ]);
+    let rounds: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let rounds = rounds.as_array().unwrap();
+    assert_eq!(rounds.len(), 2, "{stdout}");
+    assert_eq!(rounds[0]["first"], "skip-locked-chunk");
+    assert_eq!(rounds[1]["first"], "set-based");
+    for r in rounds {
+        let (p, s, ratio) = (
+            r["product_per_second"].as_f64().unwrap(),
+            r["set_based_per_second"].as_f64().unwrap(),
+            r["ratio"].as_f64().unwrap(),
+        );
+        assert!(p > 0.0 && s > 0.0 && (ratio - p / s).abs() < 1e-9, "{r}");
+    }
+    let md = std::fs::read_to_string(out.path().join("results.md")).unwrap();
+    assert!(md.contains("Median ratio: "), "{md}");
+    assert_eq!(
+        md.matches("| skip-locked-chunk |").count() + md.matches("| set-based |").count(),
+        2,
+        "{md}"
+    );
+}

@@ -14,6 +14,7 @@ mod casedb;
 pub mod child;
 mod floors;
 mod markdown;
+pub mod pairs;
 mod peers;
 mod plot;
 mod report;
@@ -138,6 +139,9 @@ pub struct BenchOptions {
     pub retain_days: u32,
     /// The held-snapshot pair instead of the cases.
     pub held_xmin: bool,
+    /// Same-run pairs (product, set-based) instead of the cases: this many.
+    #[serde(default)]
+    pub pairs: Option<u32>,
     /// The soak: set the balances' fillfactor to this before day 1 (None:
     /// the migrations' setting).
     pub balance_fillfactor: Option<u32>,
@@ -160,20 +164,29 @@ pub enum LongLife {
     Soak(soak::SoakReport),
     /// `--held-xmin`.
     HeldXmin(Vec<soak::HeldXminCase>),
+    /// `--pairs`.
+    Pairs(Vec<pairs::PairRound>),
 }
 
 impl LongLife {
     /// The markdown rendering.
-    pub fn markdown(&self, creators: u64) -> String {
+    pub fn markdown(&self, opts: &BenchOptions) -> String {
         match self {
             LongLife::Soak(r) => r.markdown(),
-            LongLife::HeldXmin(cases) => soak::held_xmin_markdown(creators, cases),
+            LongLife::HeldXmin(cases) => soak::held_xmin_markdown(opts.creators, cases),
+            LongLife::Pairs(rounds) => pairs::pairs_markdown(
+                opts.creators,
+                opts.workers.first().copied().unwrap_or(4),
+                opts.chunk,
+                rounds,
+            ),
         }
     }
 }
 
-/// The soak (`opts.days`) or the held-snapshot pair (`opts.held_xmin`), on
-/// DATABASE_URL's server or a private one started for it.
+/// The soak (`opts.days`), the held-snapshot pair (`opts.held_xmin`) or
+/// the same-run pairs (`opts.pairs`), on DATABASE_URL's server or a private
+/// one started for it.
 pub async fn long_life(opts: &BenchOptions) -> anyhow::Result<LongLife> {
     anyhow::ensure!(
         (1..=MAX_BENCH_CREATORS).contains(&opts.creators),
@@ -201,9 +214,10 @@ pub async fn long_life(opts: &BenchOptions) -> anyhow::Result<LongLife> {
         let mut admin = PgConnection::connect(&ctx.admin_url).await?;
         let version: String = sqlx::query_scalar("SELECT version()").fetch_one(&mut admin).await?;
         admin.close().await?;
-        match opts.days {
-            Some(days) => anyhow::Ok(LongLife::Soak(soak::soak(&ctx, days, opts.retain_days, version).await?)),
-            None => anyhow::Ok(LongLife::HeldXmin(soak::held_xmin(&ctx).await?)),
+        match (opts.days, opts.pairs) {
+            (Some(days), _) => anyhow::Ok(LongLife::Soak(soak::soak(&ctx, days, opts.retain_days, version).await?)),
+            (None, Some(rounds)) => anyhow::Ok(LongLife::Pairs(pairs::pairs(&ctx, rounds).await?)),
+            (None, None) => anyhow::Ok(LongLife::HeldXmin(soak::held_xmin(&ctx).await?)),
         }
     }
     .await;
@@ -214,7 +228,7 @@ pub async fn long_life(opts: &BenchOptions) -> anyhow::Result<LongLife> {
     if let Some(out) = &opts.out {
         std::fs::create_dir_all(out)?;
         std::fs::write(out.join("results.json"), serde_json::to_string_pretty(&report)?)?;
-        std::fs::write(out.join("results.md"), report.markdown(opts.creators))?;
+        std::fs::write(out.join("results.md"), report.markdown(opts))?;
         eprintln!("bench: wrote results.json and results.md to {}", out.display());
     }
     Ok(report)

@@ -261,6 +261,7 @@ mod tests {
             days: None,
             retain_days: 7,
             held_xmin: false,
+            pairs: None,
             balance_fillfactor: None,
             out: None,
             database_url: None,

@@ -82,8 +82,15 @@ pub struct Args {
     /// The held-snapshot pair instead of the cases: --creators settled twice
     /// on fresh databases, without and with an idle-in-transaction session
     /// holding a REPEATABLE READ snapshot through the run.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "pairs")]
     held_xmin: bool,
+    /// Same-run pairs instead of the cases: this many rounds, each settling
+    /// --creators with skip-locked-chunk (the first --workers count of
+    /// processes, one loop each, --chunk) and with one set-based
+    /// transaction, back to back, alternating which goes first; prints each
+    /// round's ratio and the median.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100), conflicts_with = "days")]
+    pairs: Option<u32>,
     /// The soak: set settlement.creator_balance's fillfactor to this before
     /// day 1 (to compare with the migrations' setting).
     #[arg(long, requires = "days", value_parser = clap::value_parser!(u32).range(10..=100))]
@@ -128,6 +135,7 @@ impl Args {
             days: self.days,
             retain_days: self.retain_days,
             held_xmin: self.held_xmin,
+            pairs: self.pairs,
             balance_fillfactor: self.balance_fillfactor,
             out: self.out,
             database_url: global.database_url(),
@@ -155,13 +163,13 @@ impl Runnable for Args {
                 return Ok(ExitCode::SUCCESS);
             }
             let json = self.json;
-            if self.days.is_some() || self.held_xmin {
+            if self.days.is_some() || self.held_xmin || self.pairs.is_some() {
                 let opts = self.options(&global);
                 let report = crate::bench::long_life(&opts).await?;
                 if json {
                     println!("{}", serde_json::to_string_pretty(&report)?);
                 } else {
-                    print!("{}", report.markdown(opts.creators));
+                    print!("{}", report.markdown(&opts));
                 }
                 return Ok(ExitCode::SUCCESS);
             }
