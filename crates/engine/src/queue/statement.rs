@@ -160,6 +160,17 @@ impl ChunkStatements {
         &self.windows[KeyWindow::ALL.shape().index()]
     }
 
+    /// The statement that claims keys after `$4` up to `$5` (inclusive),
+    /// in key order: what a claim loop sends inside its key range (for
+    /// tools, as [`Self::from_start_sql`]). $1 scope, $2 limit, $3 run.
+    pub fn range_sql(&self) -> &str {
+        let both = KeyWindow {
+            after: Some(""),
+            upto: Some(""),
+        };
+        &self.windows[both.shape().index()]
+    }
+
     /// Claims up to `limit` eligible items of `scope` in `window` (in key
     /// order when it has a bound), settles or holds them and runs the effects, in
     /// one statement on `tx`. The caller commits; any error means roll

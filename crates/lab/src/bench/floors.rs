@@ -40,6 +40,23 @@ pub fn settle_chunk_script() -> String {
     )
 }
 
+/// [`settle_chunk_script`] for one key range: the engine's claim inside
+/// a range (keys after :lo, up to :hi, in key order). Variables: :period,
+/// :run, :chunk, :lo, :hi.
+pub fn settle_range_script() -> String {
+    use settled_engine::ChunkHandler;
+    let queue = settled::settlement::queue();
+    let sql = settled::settlement::SettleRewards
+        .chunk_sql()
+        .expect("settlement's handler has a chunk statement");
+    let statements = queue.chunk_statements(&sql);
+    let mut chunk = statements.range_sql().trim().to_string();
+    for (i, name) in ["period", "chunk", "run", "lo", "hi"].iter().enumerate().rev() {
+        chunk = chunk.replace(&format!("${}", i + 1), &format!(":{name}"));
+    }
+    format!("BEGIN;\n{chunk};\nCOMMIT;\n")
+}
+
 /// pgbench next to the server binaries, else on PATH.
 pub fn pgbench_program() -> Option<PathBuf> {
     if let Ok(bin) = settled_embedded::find_binaries() {
@@ -123,6 +140,96 @@ async fn measure_pgbench(
         let finished = finish_run(&db).await?;
         case.record_time(elapsed + finished);
         case.transactions_per_item = Some((after - before) as f64 / creators as f64);
+        anyhow::Ok(())
+    }
+    .await;
+    conclude(ctx, &db, measured, case).await
+}
+
+/// The product's own chunk statement under pgbench, `workers` clients,
+/// each alone on its own key range of the period (cut at the period's key
+/// quantiles): no client code, no claim that meets another's rows. The
+/// ceiling of splitting the work with SKIP LOCKED on this server.
+pub async fn pgbench_ranges_case(ctx: &Ctx, pgbench: &PathBuf, workers: u32, creators: u64, chunk: u32) -> CaseResult {
+    let mut case = CaseResult::new("pgbench", "pgbench-ranges", workers, 0, creators);
+    case.chunk = Some(chunk);
+    if let Err(err) = measure_pgbench_ranges(ctx, pgbench, workers, creators, chunk, &mut case).await {
+        case.error = Some(format!("{err:#}"));
+    }
+    case
+}
+
+async fn measure_pgbench_ranges(
+    ctx: &Ctx,
+    pgbench: &PathBuf,
+    workers: u32,
+    creators: u64,
+    chunk: u32,
+    case: &mut CaseResult,
+) -> anyhow::Result<()> {
+    let script = scratch_file(&ctx.scratch, "settle_range.sql", &settle_range_script())?;
+    let db = prepare_case(ctx, creators).await?;
+    let measured = async {
+        let mut conn = PgConnection::connect(&db.url).await?;
+        // Each range's upper key (the last one is the period's largest).
+        let uppers: Vec<String> = sqlx::query_scalar(
+            "SELECT max(creator) FROM (SELECT creator, ntile($2) OVER (ORDER BY creator) AS n
+                                       FROM settlement.token_trade_volume WHERE period = $1) r
+             GROUP BY n ORDER BY n",
+        )
+        .bind(db.period.date())
+        .bind(i32::try_from(workers)?)
+        .fetch_all(&mut conn)
+        .await?;
+        conn.close().await?;
+        let per_range = creators.div_ceil(u64::from(workers));
+        let transactions = (per_range / u64::from(chunk) + 2).to_string();
+        let started = Instant::now();
+        let mut clients = Vec::new();
+        // Below every creator ("0x" and 40 hex digits); pgbench takes no
+        // empty variable.
+        let mut lower = "0x".to_string();
+        for upper in &uppers {
+            clients.push(
+                tokio::process::Command::new(pgbench)
+                    .args(["-n", "-M", "prepared", "-c", "1", "-t", &transactions])
+                    .arg("-f")
+                    .arg(&script)
+                    .args(["-D", &format!("period={}", db.period)])
+                    .args(["-D", &format!("run={}", db.run_id)])
+                    .args(["-D", &format!("chunk={chunk}")])
+                    .args(["-D", &format!("lo={lower}")])
+                    .args(["-D", &format!("hi={upper}")])
+                    .arg(&db.url)
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::piped())
+                    .kill_on_drop(true)
+                    .spawn()
+                    .context("starting pgbench")?,
+            );
+            lower.clone_from(upper);
+        }
+        for client in clients {
+            let out = client.wait_with_output().await.context("running pgbench")?;
+            anyhow::ensure!(
+                out.status.success(),
+                "pgbench failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or_default()
+            );
+        }
+        let elapsed = started.elapsed();
+        let mut conn = PgConnection::connect(&db.url).await?;
+        let left: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM settlement.token_trade_volume WHERE period = $1 AND status <> 'settled'",
+        )
+        .bind(db.period.date())
+        .fetch_one(&mut conn)
+        .await?;
+        anyhow::ensure!(left == 0, "pgbench left {left} items unsettled");
+        conn.close().await?;
+        let finished = finish_run(&db).await?;
+        case.record_time(elapsed + finished);
         anyhow::Ok(())
     }
     .await;
