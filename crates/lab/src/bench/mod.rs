@@ -214,12 +214,10 @@ pub async fn long_life(opts: &BenchOptions) -> anyhow::Result<LongLife> {
         let mut admin = PgConnection::connect(&ctx.admin_url).await?;
         let version: String = sqlx::query_scalar("SELECT version()").fetch_one(&mut admin).await?;
         admin.close().await?;
+        warm_up(&ctx).await;
         match (opts.days, opts.pairs) {
             (Some(days), _) => anyhow::Ok(LongLife::Soak(soak::soak(&ctx, days, opts.retain_days, version).await?)),
-            (None, Some(rounds)) => {
-                warm_up(&ctx).await;
-                anyhow::Ok(LongLife::Pairs(pairs::pairs(&ctx, rounds).await?))
-            }
+            (None, Some(rounds)) => anyhow::Ok(LongLife::Pairs(pairs::pairs(&ctx, rounds).await?)),
             (None, None) => anyhow::Ok(LongLife::HeldXmin(soak::held_xmin(&ctx).await?)),
         }
     }
