@@ -231,9 +231,14 @@ pub async fn drain_in_transactions<H: ChunkHandler>(
 ) -> Result<(), EngineError> {
     check_config(cfg)?;
     let mut loops = tokio::task::JoinSet::new();
-    let ranges = Arc::new(KeyRanges::new(cfg.chunk));
+    let mut conn = pool
+        .acquire()
+        .await
+        .map_err(EngineError::db("acquiring a connection"))?;
+    let ranges = Arc::new(KeyRanges::read(&mut conn, &queue, scope, cfg.chunk).await?);
     if let Some(sql) = handler.chunk_sql() {
-        let statements = Arc::new(queue.chunk_statements(&sql));
+        let statements = Arc::new(queue.chunk_statements_for(&mut conn, scope, &sql).await?);
+        drop(conn);
         for _ in 0..cfg.concurrency {
             let (pool, queue, statements, stats, cfg, scope, ranges) = (
                 pool.clone(),
@@ -260,6 +265,7 @@ pub async fn drain_in_transactions<H: ChunkHandler>(
         }
         return join_loops(loops, &stats).await;
     }
+    drop(conn);
     for _ in 0..cfg.concurrency {
         let (pool, queue, handler, stats, cfg, scope, ranges) = (
             pool.clone(),
@@ -396,7 +402,7 @@ pub(crate) async fn idle_or_drained(
 }
 
 /// How one process's claim loops share out a scope's keys: the planner's
-/// histogram of the keys (read once per drain) cuts the key space into
+/// histogram of the keys (read when the drain starts) cuts the key space into
 /// ranges of about equal size, and each loop works one range at a time,
 /// from its lower end to its upper one, in key order, taking a range no
 /// other loop of this process has taken. Loops of other processes choose at
@@ -409,11 +415,8 @@ pub(crate) async fn idle_or_drained(
 /// was skipped: rows others held and rolled back, retries come due).
 #[derive(Debug)]
 struct KeyRanges {
-    /// Rows a range should hold at least (a chunk's), so a loop claims
-    /// full chunks.
-    min_rows: u64,
-    /// The ranges' bounds, read by the first claim of the drain.
-    bounds: tokio::sync::OnceCell<Vec<String>>,
+    /// The ranges' bounds.
+    bounds: Vec<String>,
     /// Per range: taken by a loop of this process, or done.
     state: std::sync::Mutex<Vec<RangeState>>,
 }
@@ -437,33 +440,33 @@ impl KeyRanges {
     /// (docs/benchmarks.md).
     const CHUNKS_PER_RANGE: u64 = 1;
 
-    fn new(chunk: u32) -> KeyRanges {
-        KeyRanges {
-            min_rows: u64::from(chunk) * Self::CHUNKS_PER_RANGE,
-            bounds: tokio::sync::OnceCell::new(),
-            state: std::sync::Mutex::new(Vec::new()),
-        }
+    /// The ranges of `scope` for chunks of `chunk` items, from the
+    /// histogram (read outside any chunk's transaction, which may run only
+    /// its chunk statements).
+    async fn read(
+        conn: &mut PgConnection,
+        queue: &WorkQueue,
+        scope: &str,
+        chunk: u32,
+    ) -> Result<KeyRanges, EngineError> {
+        // Each range holds at least this many rows, so a loop claims full chunks.
+        let min_rows = u64::from(chunk) * Self::CHUNKS_PER_RANGE;
+        let bounds = queue.key_ranges(conn, scope, min_rows).await?;
+        // n bounds cut n + 1 ranges.
+        let state = std::sync::Mutex::new(vec![RangeState::Free; bounds.len() + 1]);
+        Ok(KeyRanges { bounds, state })
     }
 
-    /// Takes a random free range (its index), reading the histogram first
-    /// if no claim of this drain has; None when none is left.
-    async fn take(&self, tx: &mut PgConnection, queue: &WorkQueue, scope: &str) -> Result<Option<usize>, EngineError> {
-        let bounds = self
-            .bounds
-            .get_or_try_init(|| queue.key_ranges(tx, scope, self.min_rows))
-            .await?;
+    /// Takes a random free range (its index); None when none is left.
+    fn take(&self) -> Option<usize> {
         let mut state = self.state.lock().expect("key ranges lock");
-        if state.is_empty() {
-            // n bounds cut n + 1 ranges.
-            *state = vec![RangeState::Free; bounds.len() + 1];
-        }
         let free: Vec<usize> = (0..state.len()).filter(|&i| state[i] == RangeState::Free).collect();
         if free.is_empty() {
-            return Ok(None);
+            return None;
         }
         let chosen = free[(uuid::Uuid::new_v4().as_u128() % free.len() as u128) as usize];
         state[chosen] = RangeState::Taken;
-        Ok(Some(chosen))
+        Some(chosen)
     }
 
     fn done(&self, range: usize) {
@@ -472,12 +475,11 @@ impl KeyRanges {
 
     /// Range `i` holds the keys after `lower(i)` up to `upper(i)`.
     fn lower(&self, range: usize) -> Option<String> {
-        let bounds = self.bounds.get()?;
-        range.checked_sub(1).map(|i| bounds[i].clone())
+        range.checked_sub(1).map(|i| self.bounds[i].clone())
     }
 
     fn upper(&self, range: usize) -> Option<String> {
-        self.bounds.get()?.get(range).cloned()
+        self.bounds.get(range).cloned()
     }
 }
 
@@ -523,17 +525,15 @@ impl ClaimCursor {
 
     /// The window of the next claim: the loop's range from its cursor, a
     /// newly taken range, or the whole scope when no range is left.
-    async fn window(&self, tx: &mut PgConnection, queue: &WorkQueue, scope: &str) -> Result<Window, EngineError> {
-        let at = self.at.lock().expect("cursor lock").clone();
-        let at = match at {
-            Some(at) => Some(at),
-            None => self.ranges.take(tx, queue, scope).await?.map(|range| Position {
+    fn window(&self) -> Window {
+        let mut at = self.at.lock().expect("cursor lock");
+        if at.is_none() {
+            *at = self.ranges.take().map(|range| Position {
                 range,
                 after: self.ranges.lower(range),
-            }),
-        };
-        *self.at.lock().expect("cursor lock") = at.clone();
-        Ok(match at {
+            });
+        }
+        match at.clone() {
             Some(at) => Window {
                 range: Some(at.range),
                 upto: self.ranges.upper(at.range),
@@ -544,7 +544,7 @@ impl ClaimCursor {
                 after: None,
                 upto: None,
             },
-        })
+        }
     }
 
     /// After a claim of `claimed` items ending at `last` in `window`: a
@@ -574,7 +574,7 @@ async fn claim_from_cursor(
     cursor: &ClaimCursor,
 ) -> Result<Vec<ClaimedItem>, EngineError> {
     loop {
-        let window = cursor.window(tx, queue, scope).await?;
+        let window = cursor.window();
         let claimed = queue
             .claim_chunk_in_tx_window(tx, scope, limit, run_id, window.keys())
             .await?;
@@ -667,13 +667,9 @@ impl ChunkTarget<'_> {
 /// One transaction of the one-statement path: claim from the loop's cursor
 /// (see [`ClaimCursor`]), mark and pay in one statement, commit.
 async fn settle_one_statement(t: &ChunkTarget<'_>, cursor: &ClaimCursor) -> Result<Step, EngineError> {
-    let mut tx = t
-        .pool
-        .begin()
-        .await
-        .map_err(EngineError::db("beginning a transaction"))?;
+    let mut tx = t.statements.begin(t.pool).await?;
     loop {
-        let window = cursor.window(&mut tx, t.queue, t.scope).await?;
+        let window = cursor.window();
         let started = Instant::now();
         let ran = t
             .statements
@@ -698,9 +694,14 @@ async fn settle_one_statement(t: &ChunkTarget<'_>, cursor: &ClaimCursor) -> Resu
             break;
         }
     }
-    let step = idle_or_drained(&mut tx, t.queue, t.run_id, t.scope).await?;
+    // Decided outside the chunk's transaction, which runs only chunk statements.
     tx.rollback().await.map_err(EngineError::db("ending an empty claim"))?;
-    Ok(step)
+    let mut conn = t
+        .pool
+        .acquire()
+        .await
+        .map_err(EngineError::db("acquiring a connection"))?;
+    idle_or_drained(&mut conn, t.queue, t.run_id, t.scope).await
 }
 
 /// A chunk statement failed (and was rolled back). A transient failure is
@@ -755,11 +756,7 @@ async fn isolate_statement_failure(
         t.stats.chunks_split.fetch_add(1, Ordering::Relaxed);
         let mid = keys.len() / 2;
         for half in [keys[..mid].to_vec(), keys[mid..].to_vec()] {
-            let mut tx = t
-                .pool
-                .begin()
-                .await
-                .map_err(EngineError::db("beginning a transaction"))?;
+            let mut tx = t.statements.begin(t.pool).await?;
             match t.statements.run_keys(&mut tx, t.scope, t.run_id, &half).await? {
                 Ok(done) => {
                     tx.commit().await.map_err(EngineError::db("committing a chunk"))?;

@@ -773,10 +773,14 @@ async fn scopes_drain_in_either_mode_while_another_scopes_partition_is_locked_wh
     for sql in &partitioned {
         sqlx::query(sql).execute(&pool).await.unwrap();
     }
+    for sql in SQL_TABLES {
+        sqlx::query(sql).execute(&pool).await.unwrap();
+    }
     for (day, next) in [
         ("2026-11-27", "2026-11-28"),
         ("2026-11-28", "2026-11-29"),
         ("2026-11-29", "2026-11-30"),
+        ("2026-11-30", "2026-12-01"),
     ] {
         let name = day.replace('-', "");
         sqlx::query(&format!(
@@ -789,6 +793,7 @@ async fn scopes_drain_in_either_mode_while_another_scopes_partition_is_locked_wh
     add_items(&pool, "2026-11-27", 10).await;
     add_items(&pool, SCOPE, 2_000).await;
     add_items(&pool, "2026-11-29", 600).await;
+    add_items(&pool, "2026-11-30", 1_500).await;
 
     let mut holder = pool.begin().await.unwrap();
     sqlx::query("LOCK TABLE jobs.items_p20261127 IN ACCESS EXCLUSIVE MODE")
@@ -829,6 +834,27 @@ async fn scopes_drain_in_either_mode_while_another_scopes_partition_is_locked_wh
         matches!(outcome, settled_engine::WorkOutcome::Drained { finished: true, .. }),
         "{outcome:?}"
     );
+
+    // One statement per chunk, on the scope's own partition: 150 chunks, so
+    // the statement's plan is soon a cached generic one, which still names
+    // only that partition; item-77's chunk fails and is retried in halves.
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(120),
+        job().work(
+            &pool,
+            "2026-11-30",
+            &InTransaction(Arc::new(InSql)),
+            &config(10, 2),
+            &worker,
+        ),
+    )
+    .await
+    .expect("the one-statement drain waited on another scope's partition")
+    .unwrap();
+    assert!(
+        matches!(outcome, settled_engine::WorkOutcome::Drained { finished: true, .. }),
+        "{outcome:?}"
+    );
     worker.deregister().await;
 
     // The holder held on throughout.
@@ -842,9 +868,11 @@ async fn scopes_drain_in_either_mode_while_another_scopes_partition_is_locked_wh
     assert!(held);
     holder.rollback().await.unwrap();
     assert_eq!(count(&pool, "SELECT count(*) FROM jobs.effects").await, 2_600);
+    // InSql's effects refuse item-77, which fails alone.
+    assert_eq!(count(&pool, "SELECT count(*) FROM jobs.sql_effects").await, 1_499);
     assert_eq!(
         count(&pool, "SELECT count(*) FROM jobs.items WHERE status = 'settled'").await,
-        2_600
+        4_099
     );
     assert_eq!(
         count(
@@ -854,6 +882,92 @@ async fn scopes_drain_in_either_mode_while_another_scopes_partition_is_locked_wh
         .await,
         10
     );
+    drop(pool);
+    drop(db);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn chunk_statements_name_the_one_relation_of_a_scope_and_claim_nothing_once_it_is_detached() {
+    let db = settled_testkit::TestDb::create().await.unwrap();
+    let pool = PgPoolOptions::new().max_connections(5).connect(&db.url).await.unwrap();
+    settled_engine::migrate::migrate(&pool).await.unwrap();
+    for sql in TABLE_SQL {
+        let sql = match sql.starts_with("CREATE TABLE jobs.items") {
+            true => format!("{sql} PARTITION BY RANGE (day)"),
+            false => sql.to_string(),
+        };
+        sqlx::query(&sql).execute(&pool).await.unwrap();
+    }
+    for sql in [
+        "CREATE TABLE jobs.items_a PARTITION OF jobs.items FOR VALUES FROM ('2026-11-28') TO ('2026-11-29')",
+        "CREATE TABLE jobs.items_empty PARTITION OF jobs.items FOR VALUES FROM ('2026-11-29') TO ('2026-11-30')",
+        // A scope spread over sub-partitions has no one relation.
+        "CREATE TABLE jobs.items_sub PARTITION OF jobs.items FOR VALUES FROM ('2026-11-30') TO ('2026-12-01')
+             PARTITION BY HASH (item)",
+        "CREATE TABLE jobs.items_sub0 PARTITION OF jobs.items_sub FOR VALUES WITH (MODULUS 2, REMAINDER 0)",
+        "CREATE TABLE jobs.items_sub1 PARTITION OF jobs.items_sub FOR VALUES WITH (MODULUS 2, REMAINDER 1)",
+        // A plain table is its own one relation; one with inheritance children is not.
+        "CREATE TABLE jobs.plain (LIKE jobs.items INCLUDING DEFAULTS)",
+        "CREATE TABLE jobs.parent (LIKE jobs.items INCLUDING DEFAULTS)",
+        "CREATE TABLE jobs.child () INHERITS (jobs.parent)",
+    ] {
+        sqlx::query(sql).execute(&pool).await.unwrap();
+    }
+    add_items(&pool, SCOPE, 300).await;
+    add_items(&pool, "2026-11-30", 50).await;
+    let sql = InSql.chunk_sql().unwrap();
+    let queue_on = |table: &str| {
+        let mut spec = job().queue().spec().clone();
+        spec.table = table.into();
+        WorkQueue::new(spec).unwrap()
+    };
+    let mut conn = pool.acquire().await.unwrap();
+    let on_relation = |statements: settled_engine::ChunkStatements| statements.on_scope_relation();
+    let queue: WorkQueue = (**job().queue()).clone();
+    for (queue, scope, expected) in [
+        (&queue, SCOPE, true),
+        (&queue, "2026-11-29", false),
+        (&queue, "2026-11-30", false),
+        (&queue_on("jobs.plain"), SCOPE, true),
+        (&queue_on("jobs.parent"), SCOPE, false),
+    ] {
+        let statements = queue.chunk_statements_for(&mut conn, scope, &sql).await.unwrap();
+        assert_eq!(on_relation(statements), expected, "{} {scope}", queue.spec().table);
+    }
+    for sql in SQL_TABLES {
+        sqlx::query(sql).execute(&pool).await.unwrap();
+    }
+
+    // A drain's statements, then the scope's partition detached under them:
+    // a chunk claims nothing from the table that is no longer the queue's.
+    let run = job().start_or_join(&pool, SCOPE, None).await.unwrap().run;
+    let statements = queue.chunk_statements_for(&mut conn, SCOPE, &sql).await.unwrap();
+    drop(conn);
+    let mut tx = statements.begin(&pool).await.unwrap();
+    let done = statements
+        .run(&mut tx, SCOPE, 100, run.id, settled_engine::KeyWindow::ALL)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((done.claimed, done.settled), (100, 100));
+    tx.commit().await.unwrap();
+    sqlx::query("ALTER TABLE jobs.items DETACH PARTITION jobs.items_a")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let mut tx = statements.begin(&pool).await.unwrap();
+    let done = statements
+        .run(&mut tx, SCOPE, 100, run.id, settled_engine::KeyWindow::ALL)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(done.claimed, 0, "claimed from a detached partition");
+    tx.rollback().await.unwrap();
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM jobs.items_a WHERE status = 'eligible'").await,
+        200
+    );
+    assert_eq!(count(&pool, "SELECT count(*) FROM jobs.sql_effects").await, 100);
     drop(pool);
     drop(db);
 }

@@ -188,6 +188,7 @@ struct Statements {
     lease: lease::Sql,
     count: count::Sql,
     manage: manage::Sql,
+    statement: statement::Sql,
 }
 
 fn check_identifier(field: &'static str, value: &str, allow_schema: bool) -> Result<(), EngineError> {
@@ -236,6 +237,7 @@ impl WorkQueue {
             lease: lease::Sql::render(&names),
             count: count::Sql::render(&names),
             manage: manage::Sql::render(&names),
+            statement: statement::Sql::render(&names),
         };
         let scope = scope::ScopeKind::of(&spec.scope_type);
         Ok(WorkQueue { spec, scope, sql })

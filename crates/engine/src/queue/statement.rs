@@ -9,6 +9,16 @@
 //! instead of looking every item up again. The statement returns counts the
 //! engine checks before it commits: every claimed row marked, one effect
 //! per settled item.
+//!
+//! Where one relation holds every row of the scope (a table that is not
+//! partitioned, or the scope's partition of a table partitioned by scope),
+//! a drain renders the statements on that relation itself
+//! ([`WorkQueue::chunk_statements_for`]): the claimed rows are then updated
+//! by one TID scan of their sorted `ctid`s instead of a join that looks
+//! each one up, and the statement names no partitioned table, so a cached
+//! generic plan can serve every chunk (a generic plan on the partitioned
+//! table would lock every partition). Otherwise (no rows yet, sub-partitions,
+//! inheritance) the statements name the table, as above.
 
 use sqlx::PgConnection;
 
@@ -53,6 +63,26 @@ enum Pick {
     Keys,
 }
 
+/// The one relation that holds every row of a scope (see the module's text).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ScopeRelation {
+    /// Its schema-qualified name, quoted where it must be.
+    name: String,
+    /// When it is a partition: its oid and its table's. Every statement
+    /// then checks that it is still attached, so a drain claims nothing from
+    /// a partition detached under it.
+    partition_of: Option<(u32, u32)>,
+}
+
+/// What a chunk statement names.
+#[derive(Debug, Clone, Copy)]
+enum Target<'a> {
+    /// The queue's table (any layout).
+    Table,
+    /// The scope's one relation.
+    Relation(&'a ScopeRelation),
+}
+
 /// A queue's chunk statements for one [`ChunkSql`], rendered once per drain.
 #[derive(Debug, Clone)]
 pub struct ChunkStatements {
@@ -61,7 +91,19 @@ pub struct ChunkStatements {
     keys: String,
     scope: ScopeKind,
     scope_type: String,
+    /// The statement a chunk's transaction begins with.
+    begin: &'static str,
 }
+
+/// A plain `BEGIN`, for statements that name the queue's table: the session
+/// decides their plans (custom plans, see [`crate::session`]).
+const BEGIN: &str = "BEGIN";
+
+/// `BEGIN`, and for this transaction the planner's default choice between
+/// custom and cached generic plans: statements on the scope's own relation
+/// lock only it whatever their plan, and at a chunk of thousands of items
+/// PostgreSQL soon keeps the generic plan and stops planning every chunk.
+const BEGIN_CACHED_PLANS: &str = "BEGIN; SET LOCAL plan_cache_mode = auto";
 
 /// What one chunk statement did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -86,36 +128,34 @@ struct DoneRow {
     held_keys: Option<Vec<String>>,
 }
 
-fn render(n: &Names, sql: &ChunkSql, pick: Pick) -> String {
-    let (table, scope, scope_type, key, key_type) = n.parts();
-    let (filter, order) = match pick {
+/// The claim's conditions (after the scope and status) for `pick`, and its order.
+fn pick_filter(n: &Names, pick: Pick) -> (String, String) {
+    match pick {
         Pick::Window(shape) => n.window(shape),
         Pick::Keys => (
-            format!("\n               AND t.{key} = ANY(CAST($4 AS {key_type}[]))"),
+            format!(
+                "\n               AND t.{key} = ANY(CAST($4 AS {key_type}[]))",
+                key = n.key,
+                key_type = n.key_type
+            ),
             String::new(),
         ),
-    };
-    let held = sql
-        .held
-        .clone()
-        .unwrap_or_else(|| format!("SELECT CAST(NULL AS {key_type}) AS key WHERE false"));
-    let effects = &sql.effects;
-    format!(
-        "WITH run AS (SELECT CAST($3 AS bigint) AS id),
-         picked AS (
-             SELECT t.tableoid AS engine_rel, t.ctid AS engine_tid, t.{scope}, t.{key}
-             FROM {table} t
-             WHERE t.{scope} = CAST($1 AS {scope_type})
-               AND t.status = 'eligible'{filter}
-               AND (t.not_before IS NULL OR t.not_before <= now())
-               AND EXISTS (SELECT 1 FROM settled_engine.runs r WHERE r.id = $3 AND r.state = 'running'){order}
-             LIMIT $2
-             FOR NO KEY UPDATE OF t SKIP LOCKED),
-         held AS MATERIALIZED ({held}),
-         marked AS (
+    }
+}
+
+/// The `marked` CTE: the claimed rows set `settled`, or `held` for the
+/// holds query's keys, status re-checked.
+fn marked_cte(n: &Names, target: Target) -> String {
+    let (table, scope, scope_type, key, _) = n.parts();
+    const SET: &str = "attempt = t.attempt + 1, lease_owner = NULL, lease_until = NULL,";
+    match target {
+        // Rows of any relation of the table: each found by its partition
+        // and tuple, joined with its pick.
+        Target::Table => format!(
+            "marked AS (
              UPDATE {table} t
              SET status = CASE WHEN h.key IS NULL THEN 'settled' ELSE 'held' END,
-                 attempt = t.attempt + 1, lease_owner = NULL, lease_until = NULL,
+                 {SET}
                  last_error = CASE WHEN h.key IS NULL THEN NULL ELSE t.last_error END,
                  not_before = CASE WHEN h.key IS NULL THEN NULL ELSE t.not_before END,
                  updated_at = now()
@@ -123,34 +163,173 @@ fn render(n: &Names, sql: &ChunkSql, pick: Pick) -> String {
              WHERE t.{scope} = CAST($1 AS {scope_type})
                AND t.tableoid = p.engine_rel AND t.ctid = p.engine_tid
                AND t.{key} = p.{key} AND t.status = 'eligible'
-             RETURNING t.*),
+             RETURNING t.*)"
+        ),
+        // One relation: its tuples by one TID scan. A tuple this statement
+        // locked is the row it picked (nobody else can update or remove it
+        // meanwhile), so the tuple id alone identifies it.
+        Target::Relation(rel) => format!(
+            "marked AS (
+             UPDATE {name} t
+             SET status = CASE WHEN t.{key} IN (SELECT h.key FROM held h) THEN 'held' ELSE 'settled' END,
+                 {SET}
+                 last_error = CASE WHEN t.{key} IN (SELECT h.key FROM held h) THEN t.last_error END,
+                 not_before = CASE WHEN t.{key} IN (SELECT h.key FROM held h) THEN t.not_before END,
+                 updated_at = now()
+             WHERE t.ctid = ANY(ARRAY(SELECT p.engine_tid FROM picked p))
+               AND t.{scope} = CAST($1 AS {scope_type}) AND t.status = 'eligible'
+             RETURNING t.*)",
+            name = rel.name
+        ),
+    }
+}
+
+fn render(n: &Names, sql: &ChunkSql, pick: Pick, target: Target) -> String {
+    let (table, scope, scope_type, key, key_type) = n.parts();
+    let (filter, order) = pick_filter(n, pick);
+    let (from, attached) = match target {
+        Target::Table => (table.to_string(), String::new()),
+        Target::Relation(rel) => (
+            rel.name.clone(),
+            rel.partition_of.map_or_else(String::new, |(part, parent)| {
+                format!(
+                    "\n               AND EXISTS (SELECT 1 FROM pg_inherits i WHERE i.inhrelid = CAST({part} AS oid) AND i.inhparent = CAST({parent} AS oid))"
+                )
+            }),
+        ),
+    };
+    let held = sql
+        .held
+        .clone()
+        .unwrap_or_else(|| format!("SELECT CAST(NULL AS {key_type}) AS key WHERE false"));
+    let marked = marked_cte(n, target);
+    let effects = &sql.effects;
+    format!(
+        "WITH run AS (SELECT CAST($3 AS bigint) AS id),
+         picked AS (
+             SELECT t.tableoid AS engine_rel, t.ctid AS engine_tid, t.{scope}, t.{key}
+             FROM {from} t
+             WHERE t.{scope} = CAST($1 AS {scope_type})
+               AND t.status = 'eligible'{filter}
+               AND (t.not_before IS NULL OR t.not_before <= now())
+               AND EXISTS (SELECT 1 FROM settled_engine.runs r WHERE r.id = $3 AND r.state = 'running'){attached}{order}
+             LIMIT $2
+             FOR NO KEY UPDATE OF t SKIP LOCKED),
+         held AS MATERIALIZED ({held}),
+         {marked},
          settled AS (SELECT * FROM marked WHERE status = 'settled'),
          {effects}
-         SELECT (SELECT count(*) FROM picked) AS claimed,
-                (SELECT count(*) FROM marked) AS marked,
-                (SELECT count(*) FROM settled) AS settled,
-                (SELECT count(*) FROM effects) AS effects,
-                (SELECT max(p.{key})::text FROM picked p) AS last_key,
-                (SELECT array_agg(m.{key}::text) FROM marked m WHERE m.status = 'held') AS held_keys"
+         SELECT c.claimed, m.marked, m.settled, e.effects, c.last_key, m.held_keys
+         FROM (SELECT count(*) AS claimed, max(p.{key})::text AS last_key FROM picked p) c,
+              (SELECT count(*) AS marked, count(*) FILTER (WHERE m.status = 'settled') AS settled,
+                      array_agg(m.{key}::text) FILTER (WHERE m.status = 'held') AS held_keys
+               FROM marked m) m,
+              (SELECT count(*) AS effects FROM effects) e"
     )
 }
 
+/// The statement that finds a scope's relation, rendered once per queue.
+#[derive(Debug, Clone)]
+pub(super) struct Sql {
+    scope_relation: String,
+}
+
+impl Sql {
+    pub(super) fn render(n: &Names) -> Sql {
+        let (table, scope, scope_type, _, _) = n.parts();
+        Sql {
+            // $1 scope, $2 the scope column's name. The table's name was
+            // validated as plain identifiers; the relation's is quoted here.
+            scope_relation: format!(
+                "WITH root AS (SELECT c.oid, c.relkind FROM pg_class c WHERE c.oid = CAST('{table}' AS regclass)),
+                      part AS (SELECT t.tableoid AS oid FROM {table} t
+                               WHERE t.{scope} = CAST($1 AS {scope_type}) LIMIT 1)
+                 SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname) AS name,
+                        c.oid::bigint AS oid,
+                        CASE WHEN r.relkind = 'p' THEN r.oid::bigint END AS parent
+                 FROM root r
+                 LEFT JOIN part p ON r.relkind = 'p'
+                 JOIN pg_class c ON c.oid = CASE WHEN r.relkind = 'p' THEN p.oid ELSE r.oid END
+                 JOIN pg_namespace n ON n.oid = c.relnamespace
+                 WHERE (r.relkind = 'r' AND NOT EXISTS (SELECT 1 FROM pg_inherits i WHERE i.inhparent = r.oid))
+                    OR (r.relkind = 'p'
+                        AND EXISTS (SELECT 1 FROM pg_partitioned_table pt
+                                    JOIN pg_attribute a ON a.attrelid = pt.partrelid AND a.attnum = pt.partattrs[0]
+                                    WHERE pt.partrelid = r.oid AND pt.partnatts = 1 AND pt.partexprs IS NULL
+                                      AND a.attname = $2)
+                        AND EXISTS (SELECT 1 FROM pg_inherits i WHERE i.inhrelid = p.oid AND i.inhparent = r.oid))"
+            ),
+        }
+    }
+}
+
 impl WorkQueue {
-    /// Renders the chunk statements for `sql`.
+    /// Renders the chunk statements for `sql` on the queue's table.
     pub fn chunk_statements(&self, sql: &ChunkSql) -> ChunkStatements {
+        self.render_chunk_statements(sql, Target::Table)
+    }
+
+    /// Renders the chunk statements for `sql` for a drain of `scope`: on
+    /// the one relation that holds the scope's rows when there is one (see
+    /// the module's text), else on the queue's table.
+    pub async fn chunk_statements_for(
+        &self,
+        conn: &mut PgConnection,
+        scope: &str,
+        sql: &ChunkSql,
+    ) -> Result<ChunkStatements, EngineError> {
+        Ok(match self.scope_relation(conn, scope).await? {
+            Some(rel) => self.render_chunk_statements(sql, Target::Relation(&rel)),
+            None => self.chunk_statements(sql),
+        })
+    }
+
+    fn render_chunk_statements(&self, sql: &ChunkSql, target: Target) -> ChunkStatements {
         let names = Names::of(&self.spec);
         ChunkStatements {
-            windows: WindowShape::ALL.map(|shape| render(&names, sql, Pick::Window(shape))),
-            keys: render(&names, sql, Pick::Keys),
+            windows: WindowShape::ALL.map(|shape| render(&names, sql, Pick::Window(shape), target)),
+            keys: render(&names, sql, Pick::Keys, target),
             scope: self.scope,
             scope_type: self.spec.scope_type.clone(),
+            begin: match target {
+                Target::Table => BEGIN,
+                Target::Relation(_) => BEGIN_CACHED_PLANS,
+            },
         }
+    }
+
+    /// The one relation that holds every row of `scope`, if there is one: the
+    /// table itself when it is a plain table without inheritance children;
+    /// when it is partitioned by the scope column alone, the partition that
+    /// holds the scope's rows, if it has rows and is not partitioned again.
+    async fn scope_relation(&self, conn: &mut PgConnection, scope: &str) -> Result<Option<ScopeRelation>, EngineError> {
+        let row: Option<(String, i64, Option<i64>)> = sqlx::query_as(&self.sql.statement.scope_relation)
+            .bind(self.scope_arg(scope)?) // $1
+            .bind(&self.spec.scope_column) // $2
+            .fetch_optional(conn)
+            .await
+            .map_err(EngineError::db("finding the relation that holds a scope"))?;
+        Ok(row.map(|(name, oid, parent)| ScopeRelation {
+            name,
+            partition_of: parent.map(|parent| (oid as u32, parent as u32)),
+        }))
     }
 }
 
 impl ChunkStatements {
     fn scope_arg(&self, scope: &str) -> Result<ScopeArg, EngineError> {
         self.scope.arg(scope, &self.scope_type)
+    }
+
+    /// Begins a chunk's transaction (see [`BEGIN_CACHED_PLANS`]); only these
+    /// statements may run in it.
+    pub async fn begin<'c>(
+        &self,
+        pool: &'c sqlx::PgPool,
+    ) -> Result<sqlx::Transaction<'c, sqlx::Postgres>, EngineError> {
+        pool.begin_with(self.begin)
+            .await
+            .map_err(EngineError::db("beginning a transaction"))
     }
 
     /// The statement that claims from the start of the index (for tools that
@@ -171,6 +350,11 @@ impl ChunkStatements {
         &self.windows[both.shape().index()]
     }
 
+    /// Whether the statements name the scope's own relation (see the
+    /// module's text) rather than the queue's table.
+    pub fn on_scope_relation(&self) -> bool {
+        self.begin == BEGIN_CACHED_PLANS
+    }
     /// Claims up to `limit` eligible items of `scope` in `window` (in key
     /// order when it has a bound), settles or holds them and runs the effects, in
     /// one statement on `tx`. The caller commits; any error means roll

@@ -19,18 +19,54 @@ const COMMITTED_SCRIPT: &str = include_str!("../../../../bench/pgbench/settle_ch
 /// The pgbench script, built from the product's own statement (the
 /// engine's one-statement chunk with settlement's effects and holds), so it
 /// is one chunk of `settled worker`, claimed from the start of the index,
-/// and cannot drift from it. Variables: :period, :run, :chunk.
-pub fn settle_chunk_script() -> String {
+/// and cannot drift from it. This is the form on the partitioned work table
+/// (what the engine sends when a period's partition is not known), which
+/// names no period and so serves `bench/pgbench/compare.sh` on any period;
+/// the bench's own cases send the form a worker sends on the case's
+/// partition ([`case_statements`]). Variables: :period, :run, :chunk.
+#[cfg(test)]
+fn settle_chunk_script() -> String {
+    chunk_script(&table_statements())
+}
+
+#[cfg(test)]
+fn table_statements() -> settled_engine::ChunkStatements {
+    settled::settlement::queue().chunk_statements(&settlement_chunk_sql())
+}
+
+fn settlement_chunk_sql() -> settled_engine::ChunkSql {
     use settled_engine::ChunkHandler;
-    let queue = settled::settlement::queue();
-    let sql = settled::settlement::SettleRewards
+    settled::settlement::SettleRewards
         .chunk_sql()
-        .expect("settlement's handler has a chunk statement");
-    let statements = queue.chunk_statements(&sql);
-    let mut chunk = statements.from_start_sql().trim().to_string();
-    for (i, name) in ["period", "chunk", "run"].iter().enumerate().rev() {
-        chunk = chunk.replace(&format!("${}", i + 1), &format!(":{name}"));
+        .expect("settlement's handler has a chunk statement")
+}
+
+/// The chunk statements a worker's drain of the case's period sends (on
+/// the period's partition).
+async fn case_statements(db: &super::CaseDb) -> anyhow::Result<settled_engine::ChunkStatements> {
+    let mut conn = PgConnection::connect(&db.url).await?;
+    let statements = settled::settlement::queue()
+        .chunk_statements_for(&mut conn, &db.period.to_string(), &settlement_chunk_sql())
+        .await?;
+    conn.close().await?;
+    anyhow::ensure!(
+        statements.on_scope_relation(),
+        "the case's period has no partition of its own"
+    );
+    Ok(statements)
+}
+
+/// `sql` with pgbench variables for its parameters, `names` in order from $1.
+fn with_variables(sql: &str, names: &[&str]) -> String {
+    let mut sql = sql.trim().to_string();
+    for (i, name) in names.iter().enumerate().rev() {
+        sql = sql.replace(&format!("${}", i + 1), &format!(":{name}"));
     }
+    sql
+}
+
+fn chunk_script(statements: &settled_engine::ChunkStatements) -> String {
+    let chunk = with_variables(statements.from_start_sql(), &["period", "chunk", "run"]);
     format!(
         "-- One chunk of the in-transaction settlement, generated from the product's own\n\
          -- statement (settled-engine's one-statement chunk with settled's effects and holds):\n\
@@ -40,20 +76,11 @@ pub fn settle_chunk_script() -> String {
     )
 }
 
-/// [`settle_chunk_script`] for one key range: the engine's claim inside
-/// a range (keys after :lo, up to :hi, in key order). Variables: :period,
-/// :run, :chunk, :lo, :hi.
-pub fn settle_range_script() -> String {
-    use settled_engine::ChunkHandler;
-    let queue = settled::settlement::queue();
-    let sql = settled::settlement::SettleRewards
-        .chunk_sql()
-        .expect("settlement's handler has a chunk statement");
-    let statements = queue.chunk_statements(&sql);
-    let mut chunk = statements.range_sql().trim().to_string();
-    for (i, name) in ["period", "chunk", "run", "lo", "hi"].iter().enumerate().rev() {
-        chunk = chunk.replace(&format!("${}", i + 1), &format!(":{name}"));
-    }
+/// The product's claim inside a key range (keys after :lo, up to :hi, in
+/// key order) on the case's partition, as a pgbench script. Variables:
+/// :period, :run, :chunk, :lo, :hi.
+fn range_script(statements: &settled_engine::ChunkStatements) -> String {
+    let chunk = with_variables(statements.range_sql(), &["period", "chunk", "run", "lo", "hi"]);
     format!("BEGIN;\n{chunk};\nCOMMIT;\n")
 }
 
@@ -90,9 +117,13 @@ async fn measure_pgbench(
     chunk: u32,
     case: &mut CaseResult,
 ) -> anyhow::Result<()> {
-    let script = scratch_file(&ctx.scratch, "settle_chunk.sql", &settle_chunk_script())?;
     let db = prepare_case(ctx, creators).await?;
     let measured = async {
+        let script = scratch_file(
+            &ctx.scratch,
+            "settle_chunk.sql",
+            &chunk_script(&case_statements(&db).await?),
+        )?;
         // Enough transactions for every item, plus slack for the empty claims
         // at the end (as bench/pgbench/compare.sh).
         let per_client = (creators / u64::from(chunk) + u64::from(workers)) / u64::from(workers) + 2;
@@ -167,9 +198,13 @@ async fn measure_pgbench_ranges(
     chunk: u32,
     case: &mut CaseResult,
 ) -> anyhow::Result<()> {
-    let script = scratch_file(&ctx.scratch, "settle_range.sql", &settle_range_script())?;
     let db = prepare_case(ctx, creators).await?;
     let measured = async {
+        let script = scratch_file(
+            &ctx.scratch,
+            "settle_range.sql",
+            &range_script(&case_statements(&db).await?),
+        )?;
         let mut conn = PgConnection::connect(&db.url).await?;
         // Each range's upper key (the last one is the period's largest).
         let uppers: Vec<String> = sqlx::query_scalar(
