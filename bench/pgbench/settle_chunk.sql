@@ -46,10 +46,10 @@ ON CONFLICT (creator) DO UPDATE
 SET balance = b.balance + EXCLUDED.balance, updated_at = now()
 RETURNING creator
 )
-         SELECT (SELECT count(*) FROM picked) AS claimed,
-                (SELECT count(*) FROM marked) AS marked,
-                (SELECT count(*) FROM settled) AS settled,
-                (SELECT count(*) FROM effects) AS effects,
-                (SELECT max(p.creator)::text FROM picked p) AS last_key,
-                (SELECT array_agg(m.creator::text) FROM marked m WHERE m.status = 'held') AS held_keys;
+         SELECT c.claimed, m.marked, m.settled, e.effects, c.last_key, m.held_keys
+         FROM (SELECT count(*) AS claimed, max(p.creator)::text AS last_key FROM picked p) c,
+              (SELECT count(*) AS marked, count(*) FILTER (WHERE m.status = 'settled') AS settled,
+                      array_agg(m.creator::text) FILTER (WHERE m.status = 'held') AS held_keys
+               FROM marked m) m,
+              (SELECT count(*) AS effects FROM effects) e;
 COMMIT;

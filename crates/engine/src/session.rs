@@ -18,6 +18,11 @@
 //! unnamed (the statement cache disabled), every execution is planned with
 //! its values already, and a session setting would leak to the pooler's
 //! other clients: leave it out there.
+//!
+//! The one exception is the engine's own: a chunk statement that names the
+//! scope's partition itself (`queue/statement.rs`) can lock nothing else,
+//! so its transaction asks for PostgreSQL's default choice of plans
+//! (`SET LOCAL`, for that transaction only).
 
 use sqlx::PgConnection;
 
