@@ -13,9 +13,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sqlx::{PgConnection, PgPool};
+use sqlx::{Connection, PgConnection, PgPool};
 
 use crate::queue::{ChunkDone, ChunkSql, ChunkStatements, Failure, KeyWindow, RetryPolicy, MAX_CHUNK_ITEMS};
+use crate::ranges::{KeyRange, RunRanges};
 use crate::{EngineError, Fence, HandlerError, WorkQueue};
 
 /// Largest number of claim loops one process may run.
@@ -235,19 +236,18 @@ pub async fn drain_in_transactions<H: ChunkHandler>(
         .acquire()
         .await
         .map_err(EngineError::db("acquiring a connection"))?;
-    let ranges = Arc::new(KeyRanges::read(&mut conn, &queue, scope, cfg.chunk).await?);
+    let ranges = RunRanges::cut(&mut conn, &queue, run_id, scope, cfg.chunk).await?;
     if let Some(sql) = handler.chunk_sql() {
         let statements = Arc::new(queue.chunk_statements_for(&mut conn, scope, &sql).await?);
         drop(conn);
         for _ in 0..cfg.concurrency {
-            let (pool, queue, statements, stats, cfg, scope, ranges) = (
+            let (pool, queue, statements, stats, cfg, scope) = (
                 pool.clone(),
                 queue.clone(),
                 statements.clone(),
                 stats.clone(),
                 cfg.clone(),
                 scope.to_string(),
-                ranges.clone(),
             );
             loops.spawn(async move {
                 let cursor = ClaimCursor::new(ranges);
@@ -267,14 +267,13 @@ pub async fn drain_in_transactions<H: ChunkHandler>(
     }
     drop(conn);
     for _ in 0..cfg.concurrency {
-        let (pool, queue, handler, stats, cfg, scope, ranges) = (
+        let (pool, queue, handler, stats, cfg, scope) = (
             pool.clone(),
             queue.clone(),
             handler.clone(),
             stats.clone(),
             cfg.clone(),
             scope.to_string(),
-            ranges.clone(),
         );
         loops.spawn(async move {
             let cursor = ClaimCursor::new(ranges);
@@ -306,6 +305,8 @@ pub(crate) async fn join_loops(
 pub(crate) enum Step {
     /// Processed a chunk.
     Worked,
+    /// Found the loop's key range empty: take the next one at once.
+    NextRange,
     /// Nothing left to do in the run.
     Drained,
     /// Nothing claimable now, but work remains (held by others, or waiting).
@@ -348,6 +349,7 @@ where
                 failures = 0;
                 transient_streak = 0;
             }
+            Ok(Step::NextRange) => {}
             Ok(Step::Drained) => return Ok(()),
             Ok(Step::Idle) => {
                 transient_streak = 0;
@@ -401,99 +403,19 @@ pub(crate) async fn idle_or_drained(
     Ok(if !left || !running { Step::Drained } else { Step::Idle })
 }
 
-/// How one process's claim loops share out a scope's keys: the planner's
-/// histogram of the keys (read when the drain starts) cuts the key space into
-/// ranges of about equal size, and each loop works one range at a time,
-/// from its lower end to its upper one, in key order, taking a range no
-/// other loop of this process has taken. Loops of other processes choose at
-/// random, so they mostly work elsewhere; where two meet, SKIP LOCKED
-/// shares the range and both leave it at its end, instead of following each
-/// other to the end of the keys and skipping each other's locked rows on
-/// every claim. This is a hint for speed only: what is claimed, and by
-/// whom, is still decided by the row locks, and when every range is done
-/// the loop claims from the start of the index (the sweep that finds what
-/// was skipped: rows others held and rolled back, retries come due).
-#[derive(Debug)]
-struct KeyRanges {
-    /// The ranges' bounds.
-    bounds: Vec<String>,
-    /// Per range: taken by a loop of this process, or done.
-    state: std::sync::Mutex<Vec<RangeState>>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum RangeState {
-    Free,
-    Taken,
-    Done,
-}
-
-impl KeyRanges {
-    /// Chunks a range should hold at least. Every process visits every
-    /// range once (it cannot know what other processes finished), so more
-    /// ranges mean more empty claims; larger ones keep loops that meet
-    /// together longer. Measured at a million with chunk 5,000 and rows in
-    /// random key order, same-run ratios to the set-based floor: one chunk
-    /// (the histogram's 102 buckets, 560 claims) median 1.334 of eight
-    /// runs, four chunks (34 ranges, 320 claims) median 1.144 of five; with
-    /// rows in key order, ranges and no ranges measured alike
-    /// (docs/benchmarks.md).
-    const CHUNKS_PER_RANGE: u64 = 1;
-
-    /// The ranges of `scope` for chunks of `chunk` items, from the
-    /// histogram (read outside any chunk's transaction, which may run only
-    /// its chunk statements).
-    async fn read(
-        conn: &mut PgConnection,
-        queue: &WorkQueue,
-        scope: &str,
-        chunk: u32,
-    ) -> Result<KeyRanges, EngineError> {
-        // Each range holds at least this many rows, so a loop claims full chunks.
-        let min_rows = u64::from(chunk) * Self::CHUNKS_PER_RANGE;
-        let bounds = queue.key_ranges(conn, scope, min_rows).await?;
-        // n bounds cut n + 1 ranges.
-        let state = std::sync::Mutex::new(vec![RangeState::Free; bounds.len() + 1]);
-        Ok(KeyRanges { bounds, state })
-    }
-
-    /// Takes a random free range (its index); None when none is left.
-    fn take(&self) -> Option<usize> {
-        let mut state = self.state.lock().expect("key ranges lock");
-        let free: Vec<usize> = (0..state.len()).filter(|&i| state[i] == RangeState::Free).collect();
-        if free.is_empty() {
-            return None;
-        }
-        let chosen = free[(uuid::Uuid::new_v4().as_u128() % free.len() as u128) as usize];
-        state[chosen] = RangeState::Taken;
-        Some(chosen)
-    }
-
-    fn done(&self, range: usize) {
-        self.state.lock().expect("key ranges lock")[range] = RangeState::Done;
-    }
-
-    /// Range `i` holds the keys after `lower(i)` up to `upper(i)`.
-    fn lower(&self, range: usize) -> Option<String> {
-        range.checked_sub(1).map(|i| self.bounds[i].clone())
-    }
-
-    fn upper(&self, range: usize) -> Option<String> {
-        self.bounds.get(range).cloned()
-    }
-}
-
-/// Where a claim loop is: the range it works on and the key its next claim
-/// goes on after (see [`KeyRanges`]).
+/// Where a claim loop is: the range of its run it works on (see
+/// [`crate::ranges`]) and the key its next claim goes on after.
 #[derive(Debug)]
 struct ClaimCursor {
-    ranges: Arc<KeyRanges>,
+    ranges: RunRanges,
     at: std::sync::Mutex<Option<Position>>,
+    /// Every range of the run was taken: claim from the start of the scope.
+    exhausted: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Debug, Clone)]
 struct Position {
-    range: usize,
+    range: KeyRange,
     after: Option<String>,
 }
 
@@ -501,7 +423,7 @@ struct Position {
 /// with no range left, the whole scope.
 #[derive(Debug, Clone)]
 struct Window {
-    range: Option<usize>,
+    ranged: bool,
     after: Option<String>,
     upto: Option<String>,
 }
@@ -516,81 +438,75 @@ impl Window {
 }
 
 impl ClaimCursor {
-    fn new(ranges: Arc<KeyRanges>) -> ClaimCursor {
+    fn new(ranges: RunRanges) -> ClaimCursor {
         ClaimCursor {
             ranges,
             at: std::sync::Mutex::new(None),
+            exhausted: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
     /// The window of the next claim: the loop's range from its cursor, a
-    /// newly taken range, or the whole scope when no range is left.
-    fn window(&self) -> Window {
-        let mut at = self.at.lock().expect("cursor lock");
-        if at.is_none() {
-            *at = self.ranges.take().map(|range| Position {
-                range,
-                after: self.ranges.lower(range),
-            });
+    /// range newly taken on `conn` (committed at once: call it outside a
+    /// transaction), or the whole scope when no range is left.
+    async fn window(&self, conn: &mut PgConnection) -> Result<Window, EngineError> {
+        let needs_range = self.at.lock().expect("cursor lock").is_none() && !self.exhausted.load(Ordering::Relaxed);
+        if needs_range {
+            match self.ranges.take(conn).await? {
+                Some(range) => {
+                    *self.at.lock().expect("cursor lock") = Some(Position {
+                        after: range.after.clone(),
+                        range,
+                    })
+                }
+                None => self.exhausted.store(true, Ordering::Relaxed),
+            }
         }
-        match at.clone() {
+        Ok(match self.at.lock().expect("cursor lock").clone() {
             Some(at) => Window {
-                range: Some(at.range),
-                upto: self.ranges.upper(at.range),
+                ranged: true,
                 after: at.after,
+                upto: at.range.upto,
             },
             None => Window {
-                range: None,
+                ranged: false,
                 after: None,
                 upto: None,
             },
-        }
+        })
     }
 
     /// After a claim of `claimed` items ending at `last` in `window`: a
     /// claim that ran short ends the loop's range; otherwise the loop goes
     /// on after `last`.
     fn advance(&self, window: &Window, claimed: usize, limit: u32, last: Option<String>) {
-        let Some(range) = window.range else { return };
+        if !window.ranged {
+            return;
+        }
         let mut at = self.at.lock().expect("cursor lock");
-        if claimed < limit as usize {
-            self.ranges.done(range);
-            *at = None;
-        } else {
-            *at = Some(Position { range, after: last });
+        match at.as_mut() {
+            Some(position) if claimed >= limit as usize => position.after = last,
+            _ => *at = None,
         }
     }
 }
 
-/// Claims a chunk from the loop's cursor (see [`KeyRanges`]): in its range,
-/// then in the next ranges it takes while they are empty, then in the
-/// whole scope.
-async fn claim_from_cursor(
-    tx: &mut PgConnection,
+/// After an empty claim: the next range, or (with none left) done, or
+/// others hold the rest (or it waits for a retry time).
+async fn after_empty_claim(
+    conn: &mut PgConnection,
+    window: &Window,
     queue: &WorkQueue,
     run_id: i64,
     scope: &str,
-    limit: u32,
-    cursor: &ClaimCursor,
-) -> Result<Vec<ClaimedItem>, EngineError> {
-    loop {
-        let window = cursor.window();
-        let claimed = queue
-            .claim_chunk_in_tx_window(tx, scope, limit, run_id, window.keys())
-            .await?;
-        cursor.advance(
-            &window,
-            claimed.len(),
-            limit,
-            claimed.iter().map(|i| i.key.clone()).max(),
-        );
-        if !claimed.is_empty() || window.range.is_none() {
-            return Ok(claimed);
-        }
+) -> Result<Step, EngineError> {
+    if window.ranged {
+        return Ok(Step::NextRange);
     }
+    idle_or_drained(conn, queue, run_id, scope).await
 }
 
-/// One transaction: claim, handle, mark settled, commit.
+/// One transaction: claim (in the loop's window), handle, mark settled, commit.
 #[allow(clippy::too_many_arguments)]
 async fn settle_one_chunk<H: ChunkHandler>(
     pool: &PgPool,
@@ -602,14 +518,22 @@ async fn settle_one_chunk<H: ChunkHandler>(
     stats: &DrainStats,
     cursor: &ClaimCursor,
 ) -> Result<Step, EngineError> {
-    let mut tx = pool.begin().await.map_err(EngineError::db("beginning a transaction"))?;
+    let mut conn = pool
+        .acquire()
+        .await
+        .map_err(EngineError::db("acquiring a connection"))?;
+    let window = cursor.window(&mut conn).await?;
+    let mut tx = conn.begin().await.map_err(EngineError::db("beginning a transaction"))?;
     let started = Instant::now();
-    let claimed = claim_from_cursor(&mut tx, queue, run_id, scope, cfg.chunk, cursor).await?;
+    let claimed = queue
+        .claim_chunk_in_tx_window(&mut tx, scope, cfg.chunk, run_id, window.keys())
+        .await?;
     stats.record_claim("tx", started.elapsed());
+    let last = claimed.iter().map(|i| i.key.clone()).max();
+    cursor.advance(&window, claimed.len(), cfg.chunk, last);
     if claimed.is_empty() {
-        let step = idle_or_drained(&mut tx, queue, run_id, scope).await?;
         tx.rollback().await.map_err(EngineError::db("ending an empty claim"))?;
-        return Ok(step);
+        return after_empty_claim(&mut conn, &window, queue, run_id, scope).await;
     }
     stats.items_claimed.fetch_add(claimed.len() as u64, Ordering::Relaxed);
     let chunk = Chunk::new(run_id, scope, claimed);
@@ -627,6 +551,7 @@ async fn settle_one_chunk<H: ChunkHandler>(
         }
         Err(err) => {
             let _ = tx.rollback().await;
+            drop(conn);
             if !err.is_permanent() {
                 // A lost connection says nothing about the items: retry the
                 // whole chunk later instead of hunting for a culprit.
@@ -664,44 +589,40 @@ impl ChunkTarget<'_> {
     }
 }
 
-/// One transaction of the one-statement path: claim from the loop's cursor
+/// One transaction of the one-statement path: claim in the loop's window
 /// (see [`ClaimCursor`]), mark and pay in one statement, commit.
 async fn settle_one_statement(t: &ChunkTarget<'_>, cursor: &ClaimCursor) -> Result<Step, EngineError> {
-    let mut tx = t.statements.begin(t.pool).await?;
-    loop {
-        let window = cursor.window();
-        let started = Instant::now();
-        let ran = t
-            .statements
-            .run(&mut tx, t.scope, t.cfg.chunk, t.run_id, window.keys())
-            .await?;
-        t.stats.record_claim("tx", started.elapsed());
-        let done = match ran {
-            Ok(done) => done,
-            Err(err) => {
-                let _ = tx.rollback().await;
-                return statement_failed(t, &window, err).await;
-            }
-        };
-        cursor.advance(&window, done.claimed as usize, t.cfg.chunk, done.last_key.clone());
-        if done.claimed > 0 {
-            t.stats.items_claimed.fetch_add(done.claimed, Ordering::Relaxed);
-            tx.commit().await.map_err(EngineError::db("committing a chunk"))?;
-            t.committed(&done);
-            return Ok(Step::Worked);
-        }
-        if window.range.is_none() {
-            break;
-        }
-    }
-    // Decided outside the chunk's transaction, which runs only chunk statements.
-    tx.rollback().await.map_err(EngineError::db("ending an empty claim"))?;
     let mut conn = t
         .pool
         .acquire()
         .await
         .map_err(EngineError::db("acquiring a connection"))?;
-    idle_or_drained(&mut conn, t.queue, t.run_id, t.scope).await
+    let window = cursor.window(&mut conn).await?;
+    let mut tx = t.statements.begin(&mut conn).await?;
+    let started = Instant::now();
+    let ran = t
+        .statements
+        .run(&mut tx, t.scope, t.cfg.chunk, t.run_id, window.keys())
+        .await?;
+    t.stats.record_claim("tx", started.elapsed());
+    let done = match ran {
+        Ok(done) => done,
+        Err(err) => {
+            let _ = tx.rollback().await;
+            drop(conn);
+            return statement_failed(t, &window, err).await;
+        }
+    };
+    cursor.advance(&window, done.claimed as usize, t.cfg.chunk, done.last_key.clone());
+    if done.claimed == 0 {
+        // Decided outside the chunk's transaction, which runs only chunk statements.
+        tx.rollback().await.map_err(EngineError::db("ending an empty claim"))?;
+        return after_empty_claim(&mut conn, &window, t.queue, t.run_id, t.scope).await;
+    }
+    t.stats.items_claimed.fetch_add(done.claimed, Ordering::Relaxed);
+    tx.commit().await.map_err(EngineError::db("committing a chunk"))?;
+    t.committed(&done);
+    Ok(Step::Worked)
 }
 
 /// A chunk statement failed (and was rolled back). A transient failure is
@@ -756,7 +677,12 @@ async fn isolate_statement_failure(
         t.stats.chunks_split.fetch_add(1, Ordering::Relaxed);
         let mid = keys.len() / 2;
         for half in [keys[..mid].to_vec(), keys[mid..].to_vec()] {
-            let mut tx = t.statements.begin(t.pool).await?;
+            let mut conn = t
+                .pool
+                .acquire()
+                .await
+                .map_err(EngineError::db("acquiring a connection"))?;
+            let mut tx = t.statements.begin(&mut conn).await?;
             match t.statements.run_keys(&mut tx, t.scope, t.run_id, &half).await? {
                 Ok(done) => {
                     tx.commit().await.map_err(EngineError::db("committing a chunk"))?;

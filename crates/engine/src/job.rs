@@ -166,16 +166,36 @@ impl<H: RunHooks> Job<H> {
         }
         self.hooks.before_start(&mut tx, scope).await?;
         let joined = runs::start_or_join(&mut tx, self.name(), scope, starter).await?;
-        tx.commit().await.map_err(EngineError::db("committing a run start"))?;
         if joined.started {
-            // Input loaded moments ago may be unknown to the planner; a role
-            // that does not own the table cannot analyze, and autovacuum will.
-            let mut conn = acquire(pool).await?;
-            if let Err(err) = self.queue.refresh_statistics(&mut conn, scope).await {
+            self.refresh_statistics_in(&mut tx, scope).await?;
+        }
+        tx.commit().await.map_err(EngineError::db("committing a run start"))?;
+        Ok(joined)
+    }
+
+    /// Input loaded moments ago may be unknown to the planner: the starter
+    /// analyzes the scope's items before its run start commits, so that
+    /// joiners (who wait for the run's row) plan, and cut the run's key
+    /// ranges, with the same fresh statistics. Best effort, in a savepoint:
+    /// a role that does not own the table cannot analyze, and autovacuum
+    /// will.
+    async fn refresh_statistics_in(&self, tx: &mut PgConnection, scope: &str) -> Result<(), EngineError> {
+        use sqlx::Connection;
+        let mut savepoint = tx.begin().await.map_err(EngineError::db("beginning a savepoint"))?;
+        match self.queue.refresh_statistics(&mut savepoint, scope).await {
+            Ok(_) => savepoint
+                .commit()
+                .await
+                .map_err(EngineError::db("releasing a savepoint"))?,
+            Err(err) => {
+                savepoint
+                    .rollback()
+                    .await
+                    .map_err(EngineError::db("rolling back to a savepoint"))?;
                 tracing::warn!(job = self.name(), error = %err, "could not refresh the work table's statistics");
             }
         }
-        Ok(joined)
+        Ok(())
     }
 
     /// Marks run `run_id` finished when nothing of `scope` is left to do;

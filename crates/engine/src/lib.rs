@@ -30,6 +30,7 @@ pub mod leased;
 pub mod migrate;
 pub mod once;
 pub mod queue;
+mod ranges;
 pub mod rescuer;
 pub mod runs;
 pub mod schedule;

@@ -291,17 +291,24 @@ pub(crate) async fn reopen(
     from: &[RunState],
 ) -> Result<bool, EngineError> {
     let from: Vec<&str> = from.iter().map(|s| s.as_str()).collect();
-    let done = sqlx::query(
-        "UPDATE settled_engine.runs SET state = 'running', finished_at = NULL, finished_by = NULL
-         WHERE job = $1 AND scope = $2 AND state = ANY($3)",
+    // Its key ranges are free again, for the loops that work what it got back.
+    let done: Result<i64, sqlx::Error> = sqlx::query_scalar(
+        "WITH reopened AS (
+             UPDATE settled_engine.runs SET state = 'running', finished_at = NULL, finished_by = NULL
+             WHERE job = $1 AND scope = $2 AND state = ANY($3)
+             RETURNING id),
+         freed AS (
+             UPDATE settled_engine.run_key_ranges r SET taken_at = NULL
+             FROM reopened o WHERE r.run_id = o.id AND r.taken_at IS NOT NULL)
+         SELECT count(*) FROM reopened",
     )
     .bind(job) // $1
     .bind(scope) // $2
     .bind(&from) // $3
-    .execute(&mut *conn)
+    .fetch_one(&mut *conn)
     .await;
     match done {
-        Ok(done) => Ok(done.rows_affected() == 1),
+        Ok(done) => Ok(done == 1),
         Err(err) if crate::error::is_unique_violation(&err, "runs_one_running_per_job") => {
             let other = running(conn, job).await?;
             Err(EngineError::OtherRunActive {

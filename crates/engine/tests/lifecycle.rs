@@ -943,7 +943,8 @@ async fn chunk_statements_name_the_one_relation_of_a_scope_and_claim_nothing_onc
     let run = job().start_or_join(&pool, SCOPE, None).await.unwrap().run;
     let statements = queue.chunk_statements_for(&mut conn, SCOPE, &sql).await.unwrap();
     drop(conn);
-    let mut tx = statements.begin(&pool).await.unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    let mut tx = statements.begin(&mut conn).await.unwrap();
     let done = statements
         .run(&mut tx, SCOPE, 100, run.id, settled_engine::KeyWindow::ALL)
         .await
@@ -955,7 +956,9 @@ async fn chunk_statements_name_the_one_relation_of_a_scope_and_claim_nothing_onc
         .execute(&pool)
         .await
         .unwrap();
-    let mut tx = statements.begin(&pool).await.unwrap();
+    drop(conn);
+    let mut conn = pool.acquire().await.unwrap();
+    let mut tx = statements.begin(&mut conn).await.unwrap();
     let done = statements
         .run(&mut tx, SCOPE, 100, run.id, settled_engine::KeyWindow::ALL)
         .await
@@ -970,6 +973,93 @@ async fn chunk_statements_name_the_one_relation_of_a_scope_and_claim_nothing_onc
     assert_eq!(count(&pool, "SELECT count(*) FROM jobs.sql_effects").await, 100);
     drop(pool);
     drop(db);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn workers_share_one_cut_of_key_ranges_visit_each_range_once_and_a_reopened_run_frees_them() {
+    let env = env(6_000).await;
+    for sql in SQL_TABLES {
+        sqlx::query(sql).execute(&env.pool).await.unwrap();
+    }
+    let drainer = InTransaction(Arc::new(InSql));
+    let cfg = config(100, 2);
+    let workers = [
+        Worker::register(&env.pool, "test").await.unwrap(),
+        Worker::register(&env.pool, "test").await.unwrap(),
+        Worker::register(&env.pool, "test").await.unwrap(),
+        Worker::register(&env.pool, "test").await.unwrap(),
+    ];
+    let the_job = job();
+    let drains = workers
+        .iter()
+        .map(|w| the_job.work(&env.pool, SCOPE, &drainer, &cfg, w));
+    for outcome in futures_util::future::join_all(drains).await {
+        outcome.unwrap();
+    }
+    let load = |get: fn(&settled_engine::DrainStats) -> &std::sync::atomic::AtomicU64| {
+        workers
+            .iter()
+            .map(|w| get(w.stats()).load(std::sync::atomic::Ordering::Relaxed))
+            .sum::<u64>()
+    };
+    let (claims, chunks) = (load(|s| &s.claims), load(|s| &s.chunks_committed));
+    let run = job().find_run(&env.pool, SCOPE).await.unwrap().unwrap();
+    let ranges = count(
+        &env.pool,
+        &format!(
+            "SELECT count(*) FROM settled_engine.run_key_ranges WHERE run_id = {}",
+            run.id
+        ),
+    )
+    .await as u64;
+    let taken = count(
+        &env.pool,
+        &format!(
+            "SELECT count(*) FROM settled_engine.run_key_ranges WHERE run_id = {} AND taken_at IS NOT NULL",
+            run.id
+        ),
+    )
+    .await as u64;
+    // 6,000 items in ranges of a chunk or more: one cut, every range taken.
+    assert!((10..=61).contains(&ranges), "{ranges} ranges");
+    assert_eq!(taken, ranges);
+    // Inside a range, a loop claims its full chunks and at most two short
+    // ones; with no range left, each of the eight loops sweeps the scope and
+    // asks once more. Had every process visited every range (as loops did
+    // before the ranges were shared), the claims would be about
+    // chunks + 4 x ranges.
+    assert!(
+        claims <= chunks + 2 * ranges + 4 * 8,
+        "{claims} claims for {chunks} chunks and {ranges} ranges"
+    );
+    assert_eq!(count(&env.pool, "SELECT count(*) FROM jobs.sql_effects").await, 5_999);
+    // item-77 failed (its effect refused); once its effect is allowed, a
+    // retry reopens the run, which frees the ranges, and it settles.
+    sqlx::query("ALTER TABLE jobs.sql_effects DROP CONSTRAINT sql_effects_item_check")
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    assert_eq!(job().retry_failed(&env.pool, SCOPE, None).await.unwrap(), 1);
+    assert_eq!(
+        count(
+            &env.pool,
+            &format!(
+                "SELECT count(*) FROM settled_engine.run_key_ranges WHERE run_id = {} AND taken_at IS NULL",
+                run.id
+            ),
+        )
+        .await as u64,
+        ranges
+    );
+    job().work(&env.pool, SCOPE, &drainer, &cfg, &workers[0]).await.unwrap();
+    assert_eq!(count(&env.pool, "SELECT count(*) FROM jobs.sql_effects").await, 6_000);
+    assert_eq!(
+        job().find_run(&env.pool, SCOPE).await.unwrap().unwrap().state,
+        RunState::Finished
+    );
+    for worker in workers {
+        worker.deregister().await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

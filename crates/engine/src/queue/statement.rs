@@ -321,13 +321,14 @@ impl ChunkStatements {
         self.scope.arg(scope, &self.scope_type)
     }
 
-    /// Begins a chunk's transaction (see [`BEGIN_CACHED_PLANS`]); only these
-    /// statements may run in it.
+    /// Begins a chunk's transaction on `conn` (see [`BEGIN_CACHED_PLANS`]);
+    /// only these statements may run in it.
     pub async fn begin<'c>(
         &self,
-        pool: &'c sqlx::PgPool,
+        conn: &'c mut PgConnection,
     ) -> Result<sqlx::Transaction<'c, sqlx::Postgres>, EngineError> {
-        pool.begin_with(self.begin)
+        use sqlx::Connection;
+        conn.begin_with(self.begin)
             .await
             .map_err(EngineError::db("beginning a transaction"))
     }
