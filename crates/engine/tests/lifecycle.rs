@@ -1023,6 +1023,17 @@ async fn workers_share_one_cut_of_key_ranges_visit_each_range_once_and_a_reopene
     // 6,000 items in ranges of a chunk or more: one cut, every range taken.
     assert!((10..=61).contains(&ranges), "{ranges} ranges");
     assert_eq!(taken, ranges);
+    // Each taken by its own statement (one statement taking them all would
+    // stamp them with one time).
+    let stamps = count(
+        &env.pool,
+        &format!(
+            "SELECT count(DISTINCT taken_at) FROM settled_engine.run_key_ranges WHERE run_id = {}",
+            run.id
+        ),
+    )
+    .await as u64;
+    assert!(stamps > ranges / 2, "{stamps} take times for {ranges} ranges");
     // Inside a range, a loop claims its full chunks and at most two short
     // ones; with no range left, each of the eight loops sweeps the scope and
     // asks once more. Had every process visited every range (as loops did
