@@ -943,29 +943,25 @@ async fn chunk_statements_name_the_one_relation_of_a_scope_and_claim_nothing_onc
     let run = job().start_or_join(&pool, SCOPE, None).await.unwrap().run;
     let statements = queue.chunk_statements_for(&mut conn, SCOPE, &sql).await.unwrap();
     drop(conn);
-    let mut conn = pool.acquire().await.unwrap();
-    let mut tx = statements.begin(&mut conn).await.unwrap();
-    let done = statements
-        .run(&mut tx, SCOPE, 100, run.id, settled_engine::KeyWindow::ALL)
-        .await
-        .unwrap()
-        .unwrap();
+    // One chunk of up to 100 in its own transaction, committed.
+    let chunk = || async {
+        let mut conn = pool.acquire().await.unwrap();
+        let mut tx = statements.begin(&mut conn).await.unwrap();
+        let done = statements
+            .run(&mut tx, SCOPE, 100, run.id, settled_engine::KeyWindow::ALL)
+            .await
+            .unwrap()
+            .unwrap();
+        tx.commit().await.unwrap();
+        done
+    };
+    let done = chunk().await;
     assert_eq!((done.claimed, done.settled), (100, 100));
-    tx.commit().await.unwrap();
     sqlx::query("ALTER TABLE jobs.items DETACH PARTITION jobs.items_a")
         .execute(&pool)
         .await
         .unwrap();
-    drop(conn);
-    let mut conn = pool.acquire().await.unwrap();
-    let mut tx = statements.begin(&mut conn).await.unwrap();
-    let done = statements
-        .run(&mut tx, SCOPE, 100, run.id, settled_engine::KeyWindow::ALL)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(done.claimed, 0, "claimed from a detached partition");
-    tx.rollback().await.unwrap();
+    assert_eq!(chunk().await.claimed, 0, "claimed from a detached partition");
     assert_eq!(
         count(&pool, "SELECT count(*) FROM jobs.items_a WHERE status = 'eligible'").await,
         200
