@@ -1000,35 +1000,21 @@ async fn workers_share_one_cut_of_key_ranges_visit_each_range_once_and_a_reopene
     };
     let (claims, chunks) = (load(|s| &s.claims), load(|s| &s.chunks_committed));
     let run = job().find_run(&env.pool, SCOPE).await.unwrap().unwrap();
-    let ranges = count(
-        &env.pool,
-        &format!(
-            "SELECT count(*) FROM settled_engine.run_key_ranges WHERE run_id = {}",
+    let of_ranges = |what: &'static str| {
+        let sql = format!(
+            "SELECT {what} FROM settled_engine.run_key_ranges WHERE run_id = {}",
             run.id
-        ),
-    )
-    .await as u64;
-    let taken = count(
-        &env.pool,
-        &format!(
-            "SELECT count(*) FROM settled_engine.run_key_ranges WHERE run_id = {} AND taken_at IS NOT NULL",
-            run.id
-        ),
-    )
-    .await as u64;
+        );
+        let pool = env.pool.clone();
+        async move { count(&pool, &sql).await as u64 }
+    };
+    let (ranges, taken) = (of_ranges("count(*)").await, of_ranges("count(taken_at)").await);
     // 6,000 items in ranges of a chunk or more: one cut, every range taken.
     assert!((10..=61).contains(&ranges), "{ranges} ranges");
     assert_eq!(taken, ranges);
     // Each taken by its own statement (one statement taking them all would
     // stamp them with one time).
-    let stamps = count(
-        &env.pool,
-        &format!(
-            "SELECT count(DISTINCT taken_at) FROM settled_engine.run_key_ranges WHERE run_id = {}",
-            run.id
-        ),
-    )
-    .await as u64;
+    let stamps = of_ranges("count(DISTINCT taken_at)").await;
     assert!(stamps > ranges / 2, "{stamps} take times for {ranges} ranges");
     // Inside a range, a loop claims its full chunks and at most two short
     // ones; with no range left, each of the eight loops sweeps the scope and
@@ -1048,15 +1034,9 @@ async fn workers_share_one_cut_of_key_ranges_visit_each_range_once_and_a_reopene
         .unwrap();
     assert_eq!(job().retry_failed(&env.pool, SCOPE, None).await.unwrap(), 1);
     assert_eq!(
-        count(
-            &env.pool,
-            &format!(
-                "SELECT count(*) FROM settled_engine.run_key_ranges WHERE run_id = {} AND taken_at IS NULL",
-                run.id
-            ),
-        )
-        .await as u64,
-        ranges
+        of_ranges("count(*) - count(taken_at)").await,
+        ranges,
+        "every range free again"
     );
     job().work(&env.pool, SCOPE, &drainer, &cfg, &workers[0]).await.unwrap();
     assert_eq!(count(&env.pool, "SELECT count(*) FROM jobs.sql_effects").await, 6_000);
