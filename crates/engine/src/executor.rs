@@ -232,14 +232,19 @@ pub async fn drain_in_transactions<H: ChunkHandler>(
 ) -> Result<(), EngineError> {
     check_config(cfg)?;
     let mut loops = tokio::task::JoinSet::new();
-    let mut conn = pool
-        .acquire()
-        .await
-        .map_err(EngineError::db("acquiring a connection"))?;
-    let ranges = RunRanges::cut(&mut conn, &queue, run_id, scope, cfg.chunk).await?;
-    if let Some(sql) = handler.chunk_sql() {
-        let statements = Arc::new(queue.chunk_statements_for(&mut conn, scope, &sql).await?);
-        drop(conn);
+    let (ranges, statements) = {
+        let mut conn = pool
+            .acquire()
+            .await
+            .map_err(EngineError::db("acquiring a connection"))?;
+        let ranges = RunRanges::cut(&mut conn, &queue, run_id, scope, cfg.chunk).await?;
+        let statements = match handler.chunk_sql() {
+            Some(sql) => Some(Arc::new(queue.chunk_statements_for(&mut conn, scope, &sql).await?)),
+            None => None,
+        };
+        (ranges, statements)
+    };
+    if let Some(statements) = statements {
         for _ in 0..cfg.concurrency {
             let (pool, queue, statements, stats, cfg, scope) = (
                 pool.clone(),
@@ -265,7 +270,6 @@ pub async fn drain_in_transactions<H: ChunkHandler>(
         }
         return join_loops(loops, &stats).await;
     }
-    drop(conn);
     for _ in 0..cfg.concurrency {
         let (pool, queue, handler, stats, cfg, scope) = (
             pool.clone(),
@@ -403,20 +407,21 @@ pub(crate) async fn idle_or_drained(
     Ok(if !left || !running { Step::Drained } else { Step::Idle })
 }
 
-/// Where a claim loop is: the range of its run it works on (see
-/// [`crate::ranges`]) and the key its next claim goes on after.
+/// Where a claim loop is in its run's key ranges (see [`crate::ranges`]).
 #[derive(Debug)]
 struct ClaimCursor {
     ranges: RunRanges,
-    at: std::sync::Mutex<Option<Position>>,
-    /// Every range of the run was taken: claim from the start of the scope.
-    exhausted: std::sync::atomic::AtomicBool,
+    at: std::sync::Mutex<At>,
 }
 
 #[derive(Debug, Clone)]
-struct Position {
-    range: KeyRange,
-    after: Option<String>,
+enum At {
+    /// Between ranges: take the next free one.
+    NoRange,
+    /// In a range; its `after` is where the next claim goes on.
+    Range(KeyRange),
+    /// Every range of the run was taken: claim from the start of the scope.
+    NoneLeft,
 }
 
 /// The keys of a loop's next claim: within its range after its cursor, or,
@@ -441,8 +446,7 @@ impl ClaimCursor {
     fn new(ranges: RunRanges) -> ClaimCursor {
         ClaimCursor {
             ranges,
-            at: std::sync::Mutex::new(None),
-            exhausted: std::sync::atomic::AtomicBool::new(false),
+            at: std::sync::Mutex::new(At::NoRange),
         }
     }
 
@@ -450,25 +454,22 @@ impl ClaimCursor {
     /// range newly taken on `conn` (committed at once: call it outside a
     /// transaction), or the whole scope when no range is left.
     async fn window(&self, conn: &mut PgConnection) -> Result<Window, EngineError> {
-        let needs_range = self.at.lock().expect("cursor lock").is_none() && !self.exhausted.load(Ordering::Relaxed);
-        if needs_range {
-            match self.ranges.take(conn).await? {
-                Some(range) => {
-                    *self.at.lock().expect("cursor lock") = Some(Position {
-                        after: range.after.clone(),
-                        range,
-                    })
-                }
-                None => self.exhausted.store(true, Ordering::Relaxed),
+        let at = self.at.lock().expect("cursor lock").clone();
+        let at = match at {
+            At::NoRange => {
+                let taken = self.ranges.take(conn).await?.map_or(At::NoneLeft, At::Range);
+                *self.at.lock().expect("cursor lock") = taken.clone();
+                taken
             }
-        }
-        Ok(match self.at.lock().expect("cursor lock").clone() {
-            Some(at) => Window {
+            at => at,
+        };
+        Ok(match at {
+            At::Range(range) => Window {
                 ranged: true,
-                after: at.after,
-                upto: at.range.upto,
+                after: range.after,
+                upto: range.upto,
             },
-            None => Window {
+            At::NoRange | At::NoneLeft => Window {
                 ranged: false,
                 after: None,
                 upto: None,
@@ -484,9 +485,9 @@ impl ClaimCursor {
             return;
         }
         let mut at = self.at.lock().expect("cursor lock");
-        match at.as_mut() {
-            Some(position) if claimed >= limit as usize => position.after = last,
-            _ => *at = None,
+        match &mut *at {
+            At::Range(range) if claimed >= limit as usize => range.after = last,
+            _ => *at = At::NoRange,
         }
     }
 }

@@ -91,8 +91,8 @@ pub struct ChunkStatements {
     keys: String,
     scope: ScopeKind,
     scope_type: String,
-    /// The statement a chunk's transaction begins with.
-    begin: &'static str,
+    /// They name the scope's own relation, not the queue's table.
+    on_relation: bool,
 }
 
 /// A plain `BEGIN`, for statements that name the queue's table: the session
@@ -291,10 +291,7 @@ impl WorkQueue {
             keys: render(&names, sql, Pick::Keys, target),
             scope: self.scope,
             scope_type: self.spec.scope_type.clone(),
-            begin: match target {
-                Target::Table => BEGIN,
-                Target::Relation(_) => BEGIN_CACHED_PLANS,
-            },
+            on_relation: matches!(target, Target::Relation(_)),
         }
     }
 
@@ -328,7 +325,7 @@ impl ChunkStatements {
         conn: &'c mut PgConnection,
     ) -> Result<sqlx::Transaction<'c, sqlx::Postgres>, EngineError> {
         use sqlx::Connection;
-        conn.begin_with(self.begin)
+        conn.begin_with(if self.on_relation { BEGIN_CACHED_PLANS } else { BEGIN })
             .await
             .map_err(EngineError::db("beginning a transaction"))
     }
@@ -354,7 +351,7 @@ impl ChunkStatements {
     /// Whether the statements name the scope's own relation (see the
     /// module's text) rather than the queue's table.
     pub fn on_scope_relation(&self) -> bool {
-        self.begin == BEGIN_CACHED_PLANS
+        self.on_relation
     }
     /// Claims up to `limit` eligible items of `scope` in `window` (in key
     /// order when it has a bound), settles or holds them and runs the effects, in
