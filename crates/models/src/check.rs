@@ -60,6 +60,9 @@ pub struct Outcome<M: Model> {
     /// The path found for each property that has one (counterexamples of
     /// `always` and `eventually`, examples of `sometimes`).
     pub discoveries: HashMap<&'static str, Path<M::State, M::Action>>,
+    /// The whole state space was explored (else the check stopped at the
+    /// discovery it looked for, and the other verdicts are unknown).
+    pub complete: bool,
 }
 
 impl<M: Model> Outcome<M> {
@@ -89,6 +92,7 @@ impl<M: Model> Outcome<M> {
         );
         for (name, expectation, verdict) in &self.verdicts {
             let what = match (expectation, verdict) {
+                _ if !self.complete && !self.discoveries.contains_key(name) => "not explored",
                 (Expectation::Sometimes, Verdict::Held) => "reached",
                 (Expectation::Sometimes, Verdict::Failed) => "NEVER REACHED",
                 (_, Verdict::Held) => "holds",
@@ -112,7 +116,7 @@ where
     M::State: Debug + Clone + Hash + PartialEq + Send + Sync + 'static,
     M::Action: Display + Debug + Clone + PartialEq + Send + Sync + 'static,
 {
-    run(model, HasDiscoveries::All)
+    run(model, HasDiscoveries::All, true)
 }
 
 /// Checks `model` until `property` has a discovery (or the space is spent):
@@ -123,10 +127,10 @@ where
     M::State: Debug + Clone + Hash + PartialEq + Send + Sync + 'static,
     M::Action: Display + Debug + Clone + PartialEq + Send + Sync + 'static,
 {
-    run(model, HasDiscoveries::AnyOf([property].into_iter().collect()))
+    run(model, HasDiscoveries::AnyOf([property].into_iter().collect()), false)
 }
 
-fn run<M>(model: M, finish_when: HasDiscoveries) -> Outcome<M>
+fn run<M>(model: M, finish_when: HasDiscoveries, complete: bool) -> Outcome<M>
 where
     M: Described + Send + Sync + 'static,
     M::State: Debug + Clone + Hash + PartialEq + Send + Sync + 'static,
@@ -163,6 +167,7 @@ where
         elapsed,
         verdicts,
         discoveries,
+        complete,
     }
 }
 
@@ -183,10 +188,23 @@ where
         let (_, action) = &window[0];
         let (after, _) = &window[1];
         let action = action.as_ref().map_or_else(String::new, |a| a.to_string());
-        out.push_str(&format!("  {:>2}. {action}\n        => {}\n", i + 1, model.describe(after)));
+        out.push_str(&format!(
+            "  {:>2}. {action}\n        => {}\n",
+            i + 1,
+            model.describe(after)
+        ));
     }
     out
 }
+
+/// A state on the search's path: its fingerprint, its successors, the next
+/// one to visit, and the action that led into it.
+type Frame<M> = (
+    u64,
+    Vec<(<M as Model>::Action, <M as Model>::State)>,
+    usize,
+    Option<<M as Model>::Action>,
+);
 
 /// Looks for a cycle in the model's state graph (depth first, from every
 /// initial state). Returns the number of distinct states when there is
@@ -212,9 +230,7 @@ where
         if marks.contains_key(&fingerprint(&init)) {
             continue;
         }
-        // Each frame: a state, its successors, the next one to visit, and
-        // the action that led into it.
-        let mut stack: Vec<(u64, Vec<(M::Action, M::State)>, usize, Option<M::Action>)> = Vec::new();
+        let mut stack: Vec<Frame<M>> = Vec::new();
         marks.insert(fingerprint(&init), Mark::OnPath);
         stack.push((fingerprint(&init), model.next_steps(&init), 0, None));
         while let Some(frame) = stack.last_mut() {

@@ -488,6 +488,38 @@ impl LeasedWork {
         }
     }
 
+    /// Deeper bounds (`--deep`): three leased workers.
+    pub fn deep() -> LeasedWork {
+        LeasedWork {
+            leased_workers: 3,
+            ..LeasedWork::ci()
+        }
+    }
+
+    /// Deeper bounds: two failovers.
+    pub fn deep_two_failovers() -> LeasedWork {
+        let mut model = LeasedWork::ci();
+        model.faults.failovers = 2;
+        model
+    }
+
+    /// Deeper bounds: two items (no pauses nor slow renewals).
+    pub fn deep_two_items() -> LeasedWork {
+        let mut model = LeasedWork::ci();
+        model.items = 2;
+        model.faults.pauses = 0;
+        model.faults.slow_renewals = 0;
+        model
+    }
+
+    /// Deeper bounds: two leased workers and one in-transaction worker.
+    pub fn deep_in_transaction() -> LeasedWork {
+        LeasedWork {
+            tx_workers: 1,
+            ..LeasedWork::ci()
+        }
+    }
+
     /// This model without some guards.
     pub fn without(mut self, guards: Guards) -> LeasedWork {
         self.guards = guards;
@@ -521,7 +553,9 @@ impl LeasedWork {
     fn renewed_by_a_running_holder(state: &State, item: u8) -> bool {
         let row = &state.primary[item as usize];
         state.workers.iter().any(|w| {
-            w.running() && w.lease().is_some_and(|l| l.item == item && Some(l.claim) == row.claim && l.held)
+            w.running()
+                && w.lease()
+                    .is_some_and(|l| l.item == item && Some(l.claim) == row.claim && l.held)
         })
     }
 
@@ -584,8 +618,7 @@ impl LeasedWork {
     /// What `renew_leases` finds for a lease: still ours, and the row's lease live.
     fn renewal_finds(&self, state: &State, w: u8, lease: Lease) -> (bool, bool) {
         let row = &state.primary[lease.item as usize];
-        let ours =
-            row.status == Status::Processing && self.fence_holds(row, lease.fence) && row.lease_owner == Some(w);
+        let ours = row.status == Status::Processing && self.fence_holds(row, lease.fence) && row.lease_owner == Some(w);
         (ours, row.lease_live)
     }
 
@@ -612,10 +645,9 @@ impl LeasedWork {
         }
         for item in 0..self.items {
             let row = &state.primary[item as usize];
-            if row.status == Status::Processing && row.lease_live {
-                if !Self::renewed_by_a_running_holder(state, item) || state.budget.slow_renewals > 0 {
-                    actions.push(Action::LeaseExpires { item });
-                }
+            let expirable = !Self::renewed_by_a_running_holder(state, item) || state.budget.slow_renewals > 0;
+            if row.status == Status::Processing && row.lease_live && expirable {
+                actions.push(Action::LeaseExpires { item });
             }
             if row.status == Status::Processing && !row.lease_live {
                 actions.push(Action::RescueExpired { item });
@@ -890,7 +922,9 @@ impl Model for LeasedWork {
                     .iter()
                     .all(|r| (r.effects > 0) == (r.status == Status::Settled))
             }),
-            Property::always(property::NO_STALE_COMPLETION, |_, s: &State| !s.stale_completion_accepted),
+            Property::always(property::NO_STALE_COMPLETION, |_, s: &State| {
+                !s.stale_completion_accepted
+            }),
             Property::always(property::PAID_AT_MOST_ONCE, |m: &LeasedWork, s: &State| {
                 (0..m.items).all(|item| s.payments.iter().filter(|p| p.item == item).count() <= 1)
             }),
@@ -910,9 +944,10 @@ impl Model for LeasedWork {
             }),
         ];
         if self.leased_workers >= 2 {
-            properties.push(Property::sometimes("a zombie's completion is refused", |_, s: &State| {
-                s.stale_completion_refused
-            }));
+            properties.push(Property::sometimes(
+                "a zombie's completion is refused",
+                |_, s: &State| s.stale_completion_refused,
+            ));
         }
         if self.leased_workers >= 2 && self.faults.failovers > 0 && self.replication == Replication::Asynchronous {
             properties.push(Property::sometimes(
@@ -948,7 +983,7 @@ impl Described for LeasedWork {
             format!(", {}", guards.join(", "))
         };
         format!(
-            "leased work ({} item, {} leased + {} in-tx workers, {:?} replication, max attempts {}{guards})",
+            "leased work ({} item(s), {} leased + {} in-tx workers, {:?} replication, max attempts {}{guards})",
             self.items, self.leased_workers, self.tx_workers, self.replication, self.max_attempts
         )
     }
@@ -974,7 +1009,11 @@ impl Described for LeasedWork {
                 None => format!("item{}", p.item),
             })
             .collect();
-        out.push_str(&format!(" | {} | provider paid [{}]", workers.join(", "), paid.join(", ")));
+        out.push_str(&format!(
+            " | {} | provider paid [{}]",
+            workers.join(", "),
+            paid.join(", ")
+        ));
         out
     }
 }

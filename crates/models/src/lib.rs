@@ -20,3 +20,4 @@ pub mod check;
 pub mod leased;
 pub mod payouts;
 pub mod runs;
+pub mod suite;

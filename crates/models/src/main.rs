@@ -1,22 +1,61 @@
-use settled_models::check;
-use settled_models::payouts::{Guards, Payouts, property};
-fn main() {
-    for m in [Payouts::ci_confirmed(), Payouts::ci_two_payouts()] {
-        let out = check::check(m.clone());
-        print!("{}", out.report());
-        println!("cycle: {:?}", check::find_cycle(&m).map_err(|a| a.iter().map(|a| a.to_string()).collect::<Vec<_>>()));
-        for p in out.failed() { if let Some(path) = out.discoveries.get(p) { println!("-- {p}"); print!("{}", check::trace(&m, path)); } }
+//! `settled-models`: checks every model and prints what it found.
+//!
+//! `cargo run --release -p settled-models` checks the bounds `cargo test`
+//! checks; `-- --deep` deeper ones; `-- --counterexamples` prints each
+//! guard's counterexample, one action a line.
+
+use std::process::ExitCode;
+
+use settled_models::suite::{self, Bounds};
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut ok = true;
+    for arg in &args {
+        if !matches!(arg.as_str(), "--deep" | "--counterexamples") {
+            eprintln!("usage: settled-models [--deep] [--counterexamples]\nunknown argument {arg:?}");
+            return ExitCode::from(2);
+        }
     }
-    for (m, g, p) in [
-        (Payouts::ci_confirmed(), Guards { state_condition: false, ..Guards::ALL }, property::RETURNED_AT_MOST_ONCE),
-        (Payouts::ci_confirmed(), Guards { state_condition: false, ..Guards::ALL }, property::RETURNED_ONLY_UNPAID),
-        (Payouts::ci_confirmed(), Guards { state_condition: false, ..Guards::ALL }, property::TOKEN_ONCE),
-        (Payouts::ci_confirmed(), Guards { event_id: false, ..Guards::ALL }, property::EVENT_AT_MOST_ONCE),
-        (Payouts::ci_confirmed(), Guards { idempotency_key: false, ..Guards::ALL }, property::PAID_AT_MOST_ONCE),
-    ] {
-        let m = m.without(g);
-        let out = check::find(m.clone(), p);
-        print!("{}", out.report());
-        if let Some(path) = out.discoveries.get(p) { print!("{}", check::trace(&m, path)); }
+    if args.iter().any(|a| a == "--counterexamples") {
+        for found in suite::counterexamples() {
+            println!(
+                "== without {}: \"{}\" ({})",
+                found.case.guard, found.case.property, found.model
+            );
+            match &found.trace {
+                Some(trace) => print!("{trace}"),
+                None => {
+                    ok = false;
+                    println!("   NO COUNTEREXAMPLE ({} states)", found.states);
+                }
+            }
+            if let Some(test) = found.case.replayed_by {
+                println!("   replayed against the database by {test}");
+            }
+            println!();
+        }
+    } else {
+        let bounds = if args.iter().any(|a| a == "--deep") {
+            Bounds::Deep
+        } else {
+            Bounds::Ci
+        };
+        for summary in suite::check_all(bounds) {
+            print!("{}", summary.report);
+            match &summary.acyclic {
+                Ok(()) => println!(
+                    "  no cycle among its {} states: eventually checked on every behaviour",
+                    summary.searched_states
+                ),
+                Err(around) => println!("  CYCLE:\n{around}"),
+            }
+            ok &= summary.all_held && summary.acyclic.is_ok();
+        }
+    }
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     }
 }

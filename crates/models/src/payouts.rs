@@ -113,7 +113,10 @@ pub enum PayoutState {
 
 impl PayoutState {
     fn returns_funds(self) -> bool {
-        matches!(self, PayoutState::Failed | PayoutState::Cancelled | PayoutState::Expired)
+        matches!(
+            self,
+            PayoutState::Failed | PayoutState::Cancelled | PayoutState::Expired
+        )
     }
 
     /// The states a transition to `self` may start from (the `$from` of
@@ -551,6 +554,38 @@ impl Payouts {
         }
     }
 
+    /// Deeper bounds (`--deep`): two confirmed payouts on a balance for both.
+    pub fn deep_confirmed() -> Payouts {
+        Payouts {
+            payouts: 2,
+            credit: 2,
+            ..Payouts::ci_confirmed()
+        }
+    }
+
+    /// Deeper bounds: three payouts on a balance for two, every fault.
+    pub fn deep_two_payouts() -> Payouts {
+        Payouts {
+            payouts: 3,
+            credit: 2,
+            confirm: false,
+            workers: 2,
+            faults: Faults {
+                crashes: 1,
+                pauses: 1,
+                provider_unavailable: 1,
+                applied_then_timed_out: 1,
+                refusals: 1,
+                provider_failures: 1,
+                webhook_duplicates: 1,
+                webhook_losses: 1,
+                redemptions: 0,
+                cancels: 0,
+            },
+            guards: Guards::ALL,
+        }
+    }
+
     /// This model without some guards.
     pub fn without(mut self, guards: Guards) -> Payouts {
         self.guards = guards;
@@ -578,8 +613,7 @@ impl Payouts {
             .payments
             .iter()
             .enumerate()
-            .filter(|(_, p)| p.payout == payout)
-            .last()
+            .rfind(|(_, p)| p.payout == payout)
             .map(|(i, p)| (i, *p))
     }
 
@@ -638,10 +672,7 @@ impl Payouts {
 
     /// A source may read again only once its earlier read is written.
     fn reading(state: &State, payout: u8, source: Source) -> bool {
-        state
-            .intents
-            .iter()
-            .any(|i| i.payout == payout && i.source == source)
+        state.intents.iter().any(|i| i.payout == payout && i.source == source)
     }
 
     fn payout_actions(&self, state: &State, actions: &mut Vec<Action>) {
@@ -688,7 +719,10 @@ impl Payouts {
             Delivery::Idle => {
                 for (j, job) in state.jobs.iter().enumerate() {
                     if job.status == JobStatus::Eligible {
-                        actions.push(Action::ClaimJob { worker: w, job: j as u8 });
+                        actions.push(Action::ClaimJob {
+                            worker: w,
+                            job: j as u8,
+                        });
                     }
                 }
             }
@@ -1019,7 +1053,9 @@ impl Model for Payouts {
                 m.credit == s.balance + outstanding
             }),
             Property::always(property::RETURNED_AT_MOST_ONCE, |_, s: &State| {
-                s.payouts.iter().all(|p| !matches!(p, Slot::Row(row) if row.returned > 1))
+                s.payouts
+                    .iter()
+                    .all(|p| !matches!(p, Slot::Row(row) if row.returned > 1))
             }),
             Property::always(property::RETURNED_ONLY_UNPAID, |_, s: &State| {
                 s.payouts.iter().enumerate().all(|(i, p)| match p {
@@ -1040,7 +1076,9 @@ impl Model for Payouts {
                     applied <= 1
                 })
             }),
-            Property::always(property::EVENT_AT_MOST_ONCE, |_, s: &State| s.events.iter().all(|n| *n <= 1)),
+            Property::always(property::EVENT_AT_MOST_ONCE, |_, s: &State| {
+                s.events.iter().all(|n| *n <= 1)
+            }),
             Property::eventually(property::EVERY_PAYOUT_ENDS, |_, s: &State| {
                 s.payouts.iter().all(|p| match p {
                     Slot::NotRequested => false,
@@ -1052,7 +1090,9 @@ impl Model for Payouts {
                 })
             }),
             Property::sometimes("a payout is paid", |_, s: &State| {
-                s.payouts.iter().any(|p| matches!(p, Slot::Row(r) if r.state == PayoutState::Paid))
+                s.payouts
+                    .iter()
+                    .any(|p| matches!(p, Slot::Row(r) if r.state == PayoutState::Paid))
             }),
             Property::sometimes("a payout fails and its funds come back", |_, s: &State| {
                 s.payouts
@@ -1062,7 +1102,9 @@ impl Model for Payouts {
         ];
         if self.confirm {
             properties.push(Property::always(property::TOKEN_ONCE, |_, s: &State| {
-                s.payouts.iter().all(|p| !matches!(p, Slot::Row(row) if row.confirmed > 1))
+                s.payouts
+                    .iter()
+                    .all(|p| !matches!(p, Slot::Row(row) if row.confirmed > 1))
             }));
             properties.push(Property::sometimes("an unconfirmed payout expires", |_, s: &State| {
                 s.payouts
@@ -1071,9 +1113,10 @@ impl Model for Payouts {
             }));
         }
         if self.faults.webhook_duplicates > 0 {
-            properties.push(Property::sometimes("a duplicated webhook is answered and ignored", |_, s: &State| {
-                s.events.iter().any(|n| *n == 1) && s.budget.webhook_duplicates == 0 && s.inflight.is_empty()
-            }));
+            properties.push(Property::sometimes(
+                "a duplicated webhook is answered and ignored",
+                |_, s: &State| s.events.contains(&1) && s.budget.webhook_duplicates == 0 && s.inflight.is_empty(),
+            ));
         }
         properties
     }
@@ -1133,7 +1176,14 @@ impl Described for Payouts {
             .payments
             .iter()
             .enumerate()
-            .map(|(i, p)| format!("e{i}:p{}{} {:?}", p.payout, p.attempt.map_or(String::new(), |a| format!("/a{a}")), p.status))
+            .map(|(i, p)| {
+                format!(
+                    "e{i}:p{}{} {:?}",
+                    p.payout,
+                    p.attempt.map_or(String::new(), |a| format!("/a{a}")),
+                    p.status
+                )
+            })
             .collect();
         let inflight: Vec<String> = s.inflight.iter().map(|e| format!("e{e}")).collect();
         let mut out = format!(

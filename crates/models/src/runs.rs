@@ -276,13 +276,28 @@ impl Runs {
     /// The bounds `cargo test` checks.
     pub fn ci() -> Runs {
         Runs {
-            daemons: 2,
+            daemons: 3,
             scopes: 2,
             faults: Faults {
                 crashes: 1,
                 item_failures: 1,
                 cancels: 1,
                 retries: 1,
+            },
+            guards: Guards::ALL,
+        }
+    }
+
+    /// Deeper bounds (`--deep`).
+    pub fn deep() -> Runs {
+        Runs {
+            daemons: 3,
+            scopes: 3,
+            faults: Faults {
+                crashes: 1,
+                item_failures: 2,
+                cancels: 1,
+                retries: 2,
             },
             guards: Guards::ALL,
         }
@@ -312,12 +327,11 @@ impl Runs {
         Some(oldest.0)
     }
 
-    /// A poll would act: a run to reopen, to start, or to work on.
+    /// A poll would act: a run to work on (running), to reopen, or to start.
     fn has_work(&self, state: &State) -> bool {
-        let running = Self::running(state).is_some();
-        (Self::reopen_candidate(state).is_some() && (!running || !self.guards.one_running_per_job))
-            || (!running && (0..self.scopes).any(|s| Self::run_of(state, s).is_none()))
-            || running
+        Self::running(state).is_some()
+            || Self::reopen_candidate(state).is_some()
+            || (0..self.scopes).any(|s| Self::run_of(state, s).is_none())
     }
 
     /// Any update of a run row makes the snapshots that wait for it stale.
@@ -596,9 +610,13 @@ impl Model for Runs {
             Property::always(property::ONE_RUNNING, |_, s: &State| {
                 s.runs.iter().filter(|r| r.state == RunState::Running).count() <= 1
             }),
-            Property::always(property::ONE_FINISHER, |_, s: &State| s.runs.iter().all(|r| r.finishes <= 1)),
+            Property::always(property::ONE_FINISHER, |_, s: &State| {
+                s.runs.iter().all(|r| r.finishes <= 1)
+            }),
             Property::always(property::OLDEST_FIRST, |_, s: &State| {
-                s.runs.iter().all(|r| (0..r.scope).all(|older| Runs::run_of(s, older).is_some()))
+                s.runs
+                    .iter()
+                    .all(|r| (0..r.scope).all(|older| Runs::run_of(s, older).is_some()))
             }),
             Property::eventually(property::EVERY_SCOPE_FINISHED, |m: &Runs, s: &State| m.all_done(s)),
             Property::sometimes("a finisher meets 40001: another finished first", |_, s: &State| {
@@ -607,7 +625,9 @@ impl Model for Runs {
             Property::sometimes("a run finishes while a retry gave its item back", |_, s: &State| {
                 s.finished_with_work
             }),
-            Property::sometimes("a daemon reopens a finished run that has work", |_, s: &State| s.reopened),
+            Property::sometimes("a daemon reopens a finished run that has work", |_, s: &State| {
+                s.reopened
+            }),
         ]
     }
 }
