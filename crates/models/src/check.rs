@@ -206,6 +206,23 @@ type Frame<M> = (
     Option<<M as Model>::Action>,
 );
 
+/// A counterexample cut at the first state where `property` (an `always`)
+/// is false: the checker's threads may report a path that goes on past it.
+pub fn until_broken<M>(model: &M, path: &Path<M::State, M::Action>, property: &'static str) -> Path<M::State, M::Action>
+where
+    M: Model,
+    M::State: Clone + PartialEq,
+    M::Action: Clone + PartialEq,
+{
+    let condition = model.property(property).condition;
+    let steps = path.clone().into_vec();
+    let Some(broken) = steps.iter().position(|(state, _)| !condition(model, state)) else {
+        return path.clone();
+    };
+    let actions: Vec<M::Action> = steps[..broken].iter().filter_map(|(_, a)| a.clone()).collect();
+    Path::from_actions(model, steps[0].0.clone(), &actions).unwrap_or_else(|| path.clone())
+}
+
 /// Looks for a cycle in the model's state graph (depth first, from every
 /// initial state). Returns the number of distinct states when there is
 /// none, or the actions from an initial state around the cycle.

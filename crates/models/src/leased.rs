@@ -982,9 +982,21 @@ impl Described for LeasedWork {
         } else {
             format!(", {}", guards.join(", "))
         };
+        let f = self.faults;
         format!(
-            "leased work ({} item(s), {} leased + {} in-tx workers, {:?} replication, max attempts {}{guards})",
-            self.items, self.leased_workers, self.tx_workers, self.replication, self.max_attempts
+            "leased work ({} item(s), {} leased + {} in-tx workers, {:?} replication, max attempts {}; \
+             faults: {} crash, {} pause, {} slow renewal, {} 503, {} applied-then-timed-out, {} failover{guards})",
+            self.items,
+            self.leased_workers,
+            self.tx_workers,
+            self.replication,
+            self.max_attempts,
+            f.crashes,
+            f.pauses,
+            f.slow_renewals,
+            f.provider_unavailable,
+            f.applied_then_timed_out,
+            f.failovers
         )
     }
 

@@ -563,11 +563,11 @@ impl Payouts {
         }
     }
 
-    /// Deeper bounds: three payouts on a balance for two, every fault.
+    /// Deeper bounds: two payouts on a balance for one, every fault.
     pub fn deep_two_payouts() -> Payouts {
         Payouts {
-            payouts: 3,
-            credit: 2,
+            payouts: 2,
+            credit: 1,
             confirm: false,
             workers: 2,
             faults: Faults {
@@ -1139,12 +1139,25 @@ impl Described for Payouts {
         } else {
             format!(", {}", guards.join(", "))
         };
+        let f = self.faults;
         format!(
-            "payouts ({} payout(s){}, balance {}, {} delivery workers{guards})",
+            "payouts ({} payout(s){}, balance {}, {} delivery workers; {} crash, {} pause, {} 503, \
+             {} applied-then-timed-out, {} refusal, {} failed payment, {} duplicated and {} lost webhook, \
+             {} redemptions, {} cancel{guards})",
             self.payouts,
             if self.confirm { " with confirmation" } else { "" },
             self.credit,
-            self.workers
+            self.workers,
+            f.crashes,
+            f.pauses,
+            f.provider_unavailable,
+            f.applied_then_timed_out,
+            f.refusals,
+            f.provider_failures,
+            f.webhook_duplicates,
+            f.webhook_losses,
+            f.redemptions,
+            f.cancels
         )
     }
 

@@ -639,7 +639,11 @@ impl Described for Runs {
         } else {
             ", no runs_one_running_per_job"
         };
-        format!("runs ({} daemons, {} due scopes{guards})", self.daemons, self.scopes)
+        let f = self.faults;
+        format!(
+            "runs ({} daemons, {} due scopes; {} crash, {} failed item, {} cancel, {} retry{guards})",
+            self.daemons, self.scopes, f.crashes, f.item_failures, f.cancels, f.retries
+        )
     }
 
     fn describe(&self, s: &State) -> String {

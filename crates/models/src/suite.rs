@@ -94,12 +94,12 @@ pub fn payouts_models(bounds: Bounds) -> Vec<payouts::Payouts> {
     }
 }
 
-/// Checks every model at `bounds`, one summary each, in order.
-pub fn check_all(bounds: Bounds) -> Vec<Summary> {
-    let mut out: Vec<Summary> = leased_models(bounds).into_iter().map(check_model).collect();
-    out.extend(runs_models(bounds).into_iter().map(check_model));
-    out.extend(payouts_models(bounds).into_iter().map(check_model));
-    out
+/// Checks every model at `bounds`, in order, handing each summary to
+/// `each` as soon as it is done.
+pub fn check_all(bounds: Bounds, mut each: impl FnMut(Summary)) {
+    leased_models(bounds).into_iter().map(check_model).for_each(&mut each);
+    runs_models(bounds).into_iter().map(check_model).for_each(&mut each);
+    payouts_models(bounds).into_iter().map(check_model).for_each(&mut each);
 }
 
 /// A guard, removed from its model: the property its variant must break.
@@ -138,7 +138,7 @@ where
         .discoveries
         .get(case.property)
         .filter(|_| outcome.failed().contains(&case.property))
-        .map(|path| check::trace(&model, path));
+        .map(|path| check::trace(&model, &check::until_broken(&model, path, case.property)));
     Counterexample {
         case,
         model: outcome.name.clone(),
