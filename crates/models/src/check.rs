@@ -116,21 +116,22 @@ where
     M::State: Debug + Clone + Hash + PartialEq + Send + Sync + 'static,
     M::Action: Display + Debug + Clone + PartialEq + Send + Sync + 'static,
 {
-    run(model, HasDiscoveries::All, true)
+    run(model, HasDiscoveries::All, true, threads())
 }
 
 /// Checks `model` until `property` has a discovery (or the space is spent):
-/// a variant without a guard stops at its first counterexample.
+/// a variant without a guard stops at its first counterexample. One thread,
+/// breadth first: the counterexample is a shortest one, the same every run.
 pub fn find<M>(model: M, property: &'static str) -> Outcome<M>
 where
     M: Described + Send + Sync + 'static,
     M::State: Debug + Clone + Hash + PartialEq + Send + Sync + 'static,
     M::Action: Display + Debug + Clone + PartialEq + Send + Sync + 'static,
 {
-    run(model, HasDiscoveries::AnyOf([property].into_iter().collect()), false)
+    run(model, HasDiscoveries::AnyOf([property].into_iter().collect()), false, 1)
 }
 
-fn run<M>(model: M, finish_when: HasDiscoveries, complete: bool) -> Outcome<M>
+fn run<M>(model: M, finish_when: HasDiscoveries, complete: bool, threads: usize) -> Outcome<M>
 where
     M: Described + Send + Sync + 'static,
     M::State: Debug + Clone + Hash + PartialEq + Send + Sync + 'static,
@@ -141,7 +142,7 @@ where
     let started = Instant::now();
     let checker = model
         .checker()
-        .threads(threads())
+        .threads(threads)
         .finish_when(finish_when)
         .spawn_bfs()
         .join();
