@@ -22,9 +22,10 @@
 //! that is not settlement.
 
 pub mod daemon;
+pub mod drain;
 pub mod error;
-pub mod executor;
 pub mod fence;
+pub mod item;
 pub mod job;
 pub mod leased;
 pub mod migrate;
@@ -40,9 +41,10 @@ pub mod telemetry;
 pub mod workers;
 
 pub use daemon::DaemonConfig;
+pub use drain::{drain_in_transactions, ChunkHandler, DrainConfig, DrainStats};
 pub use error::{EngineError, HandlerError};
-pub use executor::{drain_in_transactions, Chunk, ChunkHandler, ClaimedItem, DrainConfig, DrainStats, Handled};
 pub use fence::Fence;
+pub use item::{Chunk, ClaimedItem, Handled};
 pub use job::{ByMode, Cancelled, Drainer, InTransaction, Job, Leased, NoHooks, RunHooks, RunTarget, WorkOutcome};
 pub use leased::{drain_leased, LeaseConfig, LeaseKeeper, LeasedHandler};
 pub use queue::{ChunkDone, ChunkSql, ChunkStatements, FailOutcome, KeyWindow, QueueSpec, RetryPolicy, WorkQueue};

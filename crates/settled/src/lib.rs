@@ -3,7 +3,7 @@
 //!
 //! The money path reads top to bottom in three files:
 //! `settled_engine::queue::claim` (claim with SKIP LOCKED, hand out fences),
-//! [`settlement`] (pay a chunk with those fences), `settled_engine::executor`
+//! [`settlement`] (pay a chunk with those fences), `settled_engine::drain`
 //! (mark settled, commit).
 //!
 //! This crate is only the product: settlement, its commands ([`cmd`]), the

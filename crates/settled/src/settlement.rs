@@ -6,7 +6,7 @@
 //! The money path, top to bottom: the engine's chunk statement claims a
 //! chunk with SKIP LOCKED, marks it settled (attempt + 1: each item's
 //! fence) and runs [`CHUNK_EFFECTS_SQL`] on the rows it marked, all in one
-//! statement; `settled_engine::executor` checks its counts and commits.
+//! statement; `settled_engine::drain` checks its counts and commits.
 
 use std::sync::{Arc, OnceLock};
 
