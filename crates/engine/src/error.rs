@@ -118,6 +118,16 @@ pub enum HandlerError {
     /// Retrying cannot help: bad data, a refusal.
     #[error("{0}")]
     Permanent(String),
+    /// Not now, and not the job's fault (a provider down or rate limiting):
+    /// try again after `after` without spending an attempt (a continuous
+    /// queue's job); elsewhere the same as [`HandlerError::Transient`].
+    #[error("snoozed for {after:?}: {reason}")]
+    Snooze {
+        /// How long to wait.
+        after: std::time::Duration,
+        /// Why.
+        reason: String,
+    },
 }
 
 impl HandlerError {
@@ -125,7 +135,7 @@ impl HandlerError {
     pub fn is_permanent(&self) -> bool {
         match self {
             HandlerError::Database(err) => !is_transient_sqlx(err),
-            HandlerError::Transient(_) => false,
+            HandlerError::Transient(_) | HandlerError::Snooze { .. } => false,
             HandlerError::Permanent(_) => true,
         }
     }

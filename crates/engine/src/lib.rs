@@ -21,6 +21,7 @@
 //! ([`session::use_custom_plans`]). See `examples/email_digest.rs` for a job
 //! that is not settlement.
 
+pub mod continuous;
 pub mod daemon;
 pub mod drain;
 pub mod error;

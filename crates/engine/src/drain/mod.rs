@@ -20,7 +20,7 @@ mod statement;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sqlx::{PgConnection, PgPool};
 
@@ -244,9 +244,78 @@ pub(crate) enum Step {
     Idle,
 }
 
-/// Repeats `step` until drained or stopped. Transient failures (the database
-/// restarting, a terminated connection) are retried without limit, with a
-/// capped backoff; others give up after `max_consecutive_failures`.
+/// A loop's failures in a row and the outage it may be in: after each
+/// step, whether to go on, how long to back off, or that the loop must
+/// give up. Transient failures (the database restarting, a terminated
+/// connection, a failover) are retried until the outage lasts longer than
+/// allowed; others give up after a number in a row.
+#[derive(Debug)]
+pub(crate) struct Backoff {
+    failures: u32,
+    transient_streak: u32,
+    outage_since: Option<Instant>,
+    max_failures: u32,
+    max_outage: Duration,
+}
+
+impl Backoff {
+    pub(crate) fn new(max_failures: u32, max_outage: Duration) -> Backoff {
+        Backoff {
+            failures: 0,
+            transient_streak: 0,
+            outage_since: None,
+            max_failures,
+            max_outage,
+        }
+    }
+
+    /// A step succeeded (`worked`: it did work, which ends a run of
+    /// failures). Returns the length of the transient streak it ends.
+    pub(crate) fn succeeded(&mut self, worked: bool) -> Option<u32> {
+        self.outage_since = None;
+        if worked {
+            self.failures = 0;
+        }
+        let streak = std::mem::take(&mut self.transient_streak);
+        (streak > 0).then_some(streak)
+    }
+
+    /// A step failed with `err`: the pause before the next step and
+    /// whether to say so (a transient streak is said once, at its start),
+    /// or the error that ends the loop.
+    pub(crate) fn failed(&mut self, err: &EngineError) -> Result<(Duration, bool), EngineError> {
+        let transient = err.is_transient();
+        if transient {
+            self.transient_streak += 1;
+            let since = *self.outage_since.get_or_insert_with(Instant::now);
+            if since.elapsed() > self.max_outage {
+                return Err(EngineError::Unavailable {
+                    secs: since.elapsed().as_secs(),
+                    last: err.to_string(),
+                });
+            }
+        } else {
+            self.failures += 1;
+            if self.failures >= self.max_failures {
+                return Err(EngineError::TooManyFailures {
+                    attempts: self.failures,
+                    last: err.to_string(),
+                });
+            }
+        }
+        let exponent = (self.failures + self.transient_streak).min(10);
+        let pause = Duration::from_millis((25u64 << exponent).min(MAX_RETRY_BACKOFF_MS));
+        Ok((pause, !transient || self.transient_streak == 1))
+    }
+
+    /// Failures in a row that were not transient.
+    pub(crate) fn failures(&self) -> u32 {
+        self.failures
+    }
+}
+
+/// Repeats `step` until drained or stopped, backing off after failures
+/// ([`Backoff`]).
 pub(crate) async fn run_loop<F, Fut>(
     stats: &DrainStats,
     cfg: &DrainConfig,
@@ -258,63 +327,27 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<Step, EngineError>>,
 {
-    let mut failures = 0u32;
-    let mut transient_streak = 0u32;
-    let mut outage_since: Option<std::time::Instant> = None;
+    let mut backoff = Backoff::new(cfg.max_consecutive_failures, cfg.max_outage);
     while !stats.stop.load(Ordering::Relaxed) {
         let stepped = step().await;
-        if stepped.is_ok() {
-            outage_since = None;
-        }
-        if stepped.is_ok() && transient_streak > 0 {
-            // One line when the database is back, not one per attempt.
-            tracing::info!(
-                run = run_id,
-                scope,
-                retries = transient_streak,
-                "claim loop working again"
-            );
+        if let Ok(step) = &stepped {
+            if let Some(retries) = backoff.succeeded(matches!(step, Step::Worked)) {
+                // One line when the database is back, not one per attempt.
+                tracing::info!(run = run_id, scope, retries, "claim loop working again");
+            }
         }
         match stepped {
-            Ok(Step::Worked) => {
-                failures = 0;
-                transient_streak = 0;
-            }
-            Ok(Step::NextRange) => {}
+            Ok(Step::Worked | Step::NextRange) => {}
             Ok(Step::Drained) => return Ok(()),
-            Ok(Step::Idle) => {
-                transient_streak = 0;
-                tokio::time::sleep(cfg.idle_poll).await
-            }
+            Ok(Step::Idle) => tokio::time::sleep(cfg.idle_poll).await,
             Err(err) => {
                 stats.chunks_rolled_back.fetch_add(1, Ordering::Relaxed);
-                let transient = err.is_transient();
-                if transient {
-                    transient_streak += 1;
-                    let since = *outage_since.get_or_insert_with(std::time::Instant::now);
-                    if since.elapsed() > cfg.max_outage {
-                        return Err(EngineError::Unavailable {
-                            secs: since.elapsed().as_secs(),
-                            last: err.to_string(),
-                        });
-                    }
-                } else {
-                    failures += 1;
-                }
-                // A transient streak (a restart, a failover) is said once,
-                // at its start; every other failure is said each time.
-                if !transient || transient_streak == 1 {
+                let (pause, say) = backoff.failed(&err)?;
+                if say {
+                    let (transient, failures) = (err.is_transient(), backoff.failures());
                     tracing::warn!(run = run_id, scope, transient, failures, error = %err, "chunk rolled back");
                 }
-                if failures >= cfg.max_consecutive_failures {
-                    return Err(EngineError::TooManyFailures {
-                        attempts: failures,
-                        last: err.to_string(),
-                    });
-                }
-                let exponent = (failures + transient_streak).min(10);
-                let backoff = (25u64 << exponent).min(MAX_RETRY_BACKOFF_MS);
-                tokio::time::sleep(Duration::from_millis(backoff)).await;
+                tokio::time::sleep(pause).await;
             }
         }
     }

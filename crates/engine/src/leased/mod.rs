@@ -19,6 +19,7 @@ use uuid::Uuid;
 mod keeper;
 
 pub use keeper::LeaseKeeper;
+pub(crate) use keeper::LeaseStore;
 use keeper::ScopeLeases;
 
 use crate::drain::{check_config, idle_or_drained, join_loops, run_loop, Step};
@@ -98,6 +99,23 @@ impl Default for LeaseConfig {
     }
 }
 
+/// Checks a lease config's ranges.
+pub(crate) fn check_lease_config(leases: &LeaseConfig) -> Result<(), EngineError> {
+    let ttl_ms = leases.ttl.as_millis() as u64;
+    if !(MIN_LEASE_TTL_MS..=MAX_LEASE_TTL_MS).contains(&ttl_ms) {
+        return Err(EngineError::Config(format!(
+            "lease ttl must be {MIN_LEASE_TTL_MS}..={MAX_LEASE_TTL_MS} ms, got {ttl_ms}"
+        )));
+    }
+    if !(1..=MAX_CALLS_IN_FLIGHT).contains(&leases.calls_in_flight) {
+        return Err(EngineError::Config(format!(
+            "calls in flight must be 1..={MAX_CALLS_IN_FLIGHT}, got {}",
+            leases.calls_in_flight
+        )));
+    }
+    Ok(())
+}
+
 /// Drains `scope` of run `run_id` in leased mode with `cfg.concurrency`
 /// claim loops. Runs the lease keeper and the rescuer alongside.
 #[allow(clippy::too_many_arguments)]
@@ -113,18 +131,7 @@ pub async fn drain_leased<H: LeasedHandler>(
     stats: Arc<DrainStats>,
 ) -> Result<(), EngineError> {
     check_config(cfg)?;
-    let ttl_ms = leases.ttl.as_millis() as u64;
-    if !(MIN_LEASE_TTL_MS..=MAX_LEASE_TTL_MS).contains(&ttl_ms) {
-        return Err(EngineError::Config(format!(
-            "lease ttl must be {MIN_LEASE_TTL_MS}..={MAX_LEASE_TTL_MS} ms, got {ttl_ms}"
-        )));
-    }
-    if !(1..=MAX_CALLS_IN_FLIGHT).contains(&leases.calls_in_flight) {
-        return Err(EngineError::Config(format!(
-            "calls in flight must be 1..={MAX_CALLS_IN_FLIGHT}, got {}",
-            leases.calls_in_flight
-        )));
-    }
+    check_lease_config(&leases)?;
     let calls = Arc::new(tokio::sync::Semaphore::new(leases.calls_in_flight));
     let keeper = LeaseKeeper::new(worker, leases.ttl);
     let store = ScopeLeases {

@@ -1,0 +1,1 @@
+//! Several processes enqueue and serve at once (written next).
