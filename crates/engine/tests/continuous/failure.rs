@@ -73,7 +73,7 @@ async fn a_refused_or_panicking_job_fails_alone_and_becomes_a_dead_letter_with_i
         .await
         .unwrap();
     assert!(last.contains("panicked"), "{last}");
-    let stats = queue().stats(&mut *env.pool.acquire().await.unwrap()).await.unwrap();
+    let stats = queue().stats(&mut env.pool.acquire().await.unwrap()).await.unwrap();
     assert_eq!(stats.failed, 2);
 
     // Replay one by key, then the rest by filter: they run, once.
