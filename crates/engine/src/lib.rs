@@ -41,6 +41,9 @@ pub mod status;
 pub mod telemetry;
 pub mod workers;
 
+pub use continuous::{
+    serve, serve_leased, ClaimedJob, Enqueued, JobHandler, LeasedJobHandler, NewJob, Queue, ServeConfig, ServeStats,
+};
 pub use daemon::DaemonConfig;
 pub use drain::{drain_in_transactions, ChunkHandler, DrainConfig, DrainStats};
 pub use error::{EngineError, HandlerError};
@@ -48,6 +51,7 @@ pub use fence::Fence;
 pub use item::{Chunk, ClaimedItem, Handled};
 pub use job::{ByMode, Cancelled, Drainer, InTransaction, Job, Leased, NoHooks, RunHooks, RunTarget, WorkOutcome};
 pub use leased::{drain_leased, LeaseConfig, LeaseKeeper, LeasedHandler};
+pub use migrate::migrate;
 pub use queue::{ChunkDone, ChunkSql, ChunkStatements, FailOutcome, KeyWindow, QueueSpec, RetryPolicy, WorkQueue};
 pub use runs::{Run, RunState};
 pub use schedule::Schedule;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::{Job, JobRow, Names, Queue, MAX_BATCH_JOBS};
+use super::{ClaimedJob, JobRow, Names, Queue, MAX_BATCH_JOBS};
 use crate::fence::ROW_FENCE;
 use crate::EngineError;
 
@@ -98,7 +98,7 @@ async fn fetch_jobs<'q>(
     query: sqlx::query::QueryAs<'q, sqlx::Postgres, JobRow, sqlx::postgres::PgArguments>,
     conn: &mut PgConnection,
     context: &'static str,
-) -> Result<Vec<(Job, Duration)>, EngineError> {
+) -> Result<Vec<(ClaimedJob, Duration)>, EngineError> {
     let rows = query.fetch_all(conn).await.map_err(EngineError::db(context))?;
     Ok(rows.into_iter().map(JobRow::into_job).collect())
 }
@@ -107,7 +107,11 @@ impl Queue {
     /// Locks up to `limit` runnable jobs for the caller's transaction, in
     /// run order, skipping rows other transactions hold. With each job, how
     /// long it waited to be claimed.
-    pub async fn claim_in_tx(&self, tx: &mut PgConnection, limit: u32) -> Result<Vec<(Job, Duration)>, EngineError> {
+    pub async fn claim_in_tx(
+        &self,
+        tx: &mut PgConnection,
+        limit: u32,
+    ) -> Result<Vec<(ClaimedJob, Duration)>, EngineError> {
         check_limit(limit)?;
         let query = sqlx::query_as(&self.sql.claim.in_tx)
             .bind(i64::from(limit)) // $1
@@ -121,7 +125,7 @@ impl Queue {
         &self,
         tx: &mut PgConnection,
         keys: &[String],
-    ) -> Result<Vec<Job>, EngineError> {
+    ) -> Result<Vec<ClaimedJob>, EngineError> {
         let query = sqlx::query_as(&self.sql.claim.keys_in_tx).bind(keys); // $1
         Ok(fetch_jobs(query, tx, "locking jobs")
             .await?
@@ -138,7 +142,7 @@ impl Queue {
         limit: u32,
         worker: Uuid,
         ttl: Duration,
-    ) -> Result<Vec<(Job, Duration)>, EngineError> {
+    ) -> Result<Vec<(ClaimedJob, Duration)>, EngineError> {
         check_limit(limit)?;
         let query = sqlx::query_as(&self.sql.claim.leased)
             .bind(i64::from(limit)) // $1

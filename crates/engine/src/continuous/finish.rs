@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use sqlx::PgConnection;
 
-use super::{keys_and_fences, Job, Names, Queue, MAX_ERRORS_KEPT};
+use super::{keys_and_fences, ClaimedJob, Names, Queue, MAX_ERRORS_KEPT};
 use crate::fence::ROW_FENCE;
 use crate::queue::{retry_set, FailOutcome, Failure, RetryPolicy};
 use crate::EngineError;
@@ -112,7 +112,7 @@ pub(crate) enum Held {
 impl Queue {
     /// Marks the jobs `tx` claimed and handled as settled, in the claiming
     /// transaction; refuses (the caller rolls back) unless every one changed.
-    pub async fn complete_in_tx(&self, tx: &mut PgConnection, jobs: &[Job]) -> Result<(), EngineError> {
+    pub async fn complete_in_tx(&self, tx: &mut PgConnection, jobs: &[ClaimedJob]) -> Result<(), EngineError> {
         let keys: Vec<&str> = jobs.iter().map(|j| j.key.as_str()).collect();
         let changed = sqlx::query(&self.sql.finish.complete_in_tx)
             .bind(keys) // $1
@@ -132,7 +132,11 @@ impl Queue {
 
     /// Settles the jobs whose lease still carries these fences; returns the
     /// keys it settled (the others were lost to a rescue or another claim).
-    pub async fn complete_fenced(&self, tx: &mut PgConnection, jobs: &[Job]) -> Result<Vec<String>, EngineError> {
+    pub async fn complete_fenced(
+        &self,
+        tx: &mut PgConnection,
+        jobs: &[ClaimedJob],
+    ) -> Result<Vec<String>, EngineError> {
         let (keys, fences) = keys_and_fences(jobs);
         sqlx::query_scalar(&self.sql.finish.complete_fenced)
             .bind(keys) // $1
@@ -148,7 +152,7 @@ impl Queue {
         &self,
         conn: &mut PgConnection,
         held: Held,
-        jobs: &[Job],
+        jobs: &[ClaimedJob],
         failure: Failure<'_>,
         policy: &RetryPolicy,
     ) -> Result<FailOutcome, EngineError> {
@@ -177,7 +181,7 @@ impl Queue {
         &self,
         conn: &mut PgConnection,
         held: Held,
-        jobs: &[Job],
+        jobs: &[ClaimedJob],
         delay: Duration,
         why: &str,
     ) -> Result<u64, EngineError> {

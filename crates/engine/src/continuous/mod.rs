@@ -132,7 +132,7 @@ impl Queue {
 
 /// A claimed job, as a handler receives it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Job {
+pub struct ClaimedJob {
     /// The job's key: pass it (or a key derived from it) to any external
     /// call as its idempotency key.
     pub key: String,
@@ -148,7 +148,7 @@ pub struct Job {
     pub attempt: i32,
 }
 
-impl Job {
+impl ClaimedJob {
     /// The payload decoded as `T`; a payload that does not decode is a
     /// permanent failure naming the field.
     pub fn payload_as<T: serde::de::DeserializeOwned>(&self) -> Result<T, HandlerError> {
@@ -172,9 +172,9 @@ struct JobRow {
 }
 
 impl JobRow {
-    fn into_job(self) -> (Job, Duration) {
+    fn into_job(self) -> (ClaimedJob, Duration) {
         let waited = Duration::from_secs_f64(self.waited_ms.max(0.0) / 1_000.0);
-        let job = Job {
+        let job = ClaimedJob {
             key: self.key,
             fence: self.fence,
             payload: self.payload,
@@ -187,6 +187,6 @@ impl JobRow {
 }
 
 /// Splits jobs into the key and fence arrays the fenced statements bind.
-fn keys_and_fences(jobs: &[Job]) -> (Vec<String>, Vec<i64>) {
+fn keys_and_fences(jobs: &[ClaimedJob]) -> (Vec<String>, Vec<i64>) {
     jobs.iter().map(|j| (j.key.clone(), j.fence.packed())).unzip()
 }

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use settled_engine::continuous::{Job, JobHandler, LeasedJobHandler, Queue, ServeConfig, ServeStats, Wake};
+use settled_engine::continuous::{ClaimedJob, JobHandler, LeasedJobHandler, Queue, ServeConfig, ServeStats, Wake};
 use settled_engine::{HandlerError, LeaseConfig};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgConnection, PgPool};
@@ -109,7 +109,7 @@ impl TxScripted {
 }
 
 impl Script {
-    fn check(&self, job: &Job) -> Result<(), HandlerError> {
+    fn check(&self, job: &ClaimedJob) -> Result<(), HandlerError> {
         if self.poison.contains(&job.key) {
             return Err(HandlerError::Permanent(format!("{} is poison", job.key)));
         }
@@ -127,7 +127,7 @@ impl Script {
 }
 
 impl JobHandler for TxScripted {
-    async fn handle(&self, tx: &mut PgConnection, job: &Job) -> Result<(), HandlerError> {
+    async fn handle(&self, tx: &mut PgConnection, job: &ClaimedJob) -> Result<(), HandlerError> {
         self.script.check(job)?;
         if !self.script.work.is_zero() {
             tokio::time::sleep(self.script.work).await;
@@ -155,7 +155,7 @@ pub struct LeasedScripted {
 impl LeasedJobHandler for LeasedScripted {
     type Output = bool;
 
-    async fn work(&self, job: &Job) -> Result<bool, HandlerError> {
+    async fn work(&self, job: &ClaimedJob) -> Result<bool, HandlerError> {
         self.script.check(job)?;
         if !self.script.work.is_zero() {
             tokio::time::sleep(self.script.work).await;
@@ -171,7 +171,7 @@ impl LeasedJobHandler for LeasedScripted {
         Ok(first)
     }
 
-    async fn complete(&self, tx: &mut PgConnection, done: &[(Job, bool)]) -> Result<(), HandlerError> {
+    async fn complete(&self, tx: &mut PgConnection, done: &[(ClaimedJob, bool)]) -> Result<(), HandlerError> {
         let keys: Vec<&str> = done.iter().map(|(j, _)| j.key.as_str()).collect();
         let fences: Vec<i64> = done.iter().map(|(j, _)| j.fence.packed()).collect();
         sqlx::query(

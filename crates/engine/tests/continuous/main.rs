@@ -5,6 +5,7 @@
 
 mod common;
 mod enqueue;
+mod example;
 mod failure;
 mod order;
 mod processes;

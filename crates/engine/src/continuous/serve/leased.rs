@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::super::finish::Held;
-use super::super::Job;
+use super::super::ClaimedJob;
 use super::{guarded, Ctx, LeasedJobHandler, Step};
 use crate::leased::{LeaseKeeper, COMPLETION_RETRIES};
 use crate::queue::Failure;
@@ -30,9 +30,9 @@ struct Leased<H> {
 
 /// What became of a batch's jobs.
 struct Outcomes<T> {
-    done: Vec<(Job, T)>,
-    failed: Vec<(Job, HandlerError)>,
-    abandoned: Vec<Job>,
+    done: Vec<(ClaimedJob, T)>,
+    failed: Vec<(ClaimedJob, HandlerError)>,
+    abandoned: Vec<ClaimedJob>,
 }
 
 pub(super) async fn serve<H: LeasedJobHandler>(ctx: Ctx, handler: Arc<H>) -> Result<(), EngineError> {
@@ -76,7 +76,7 @@ async fn hard_stop_after_grace(ctx: Ctx, hard_stop: Arc<AtomicBool>) {
     hard_stop.store(true, Ordering::Relaxed);
 }
 
-fn items(jobs: &[Job]) -> Vec<ClaimedItem> {
+fn items(jobs: &[ClaimedJob]) -> Vec<ClaimedItem> {
     jobs.iter()
         .map(|j| ClaimedItem {
             key: j.key.clone(),
@@ -99,7 +99,7 @@ impl<H: LeasedJobHandler> Leased<H> {
         if claimed.is_empty() {
             return Ok(Step::Idle);
         }
-        let jobs: Vec<Job> = claimed.into_iter().map(|(job, _)| job).collect();
+        let jobs: Vec<ClaimedJob> = claimed.into_iter().map(|(job, _)| job).collect();
         let held = items(&jobs);
         self.keeper.add(&held, sent, Instant::now());
         let result = self.work_and_finish(jobs).await;
@@ -107,7 +107,7 @@ impl<H: LeasedJobHandler> Leased<H> {
         result.map(|()| Step::Worked)
     }
 
-    async fn work_and_finish(&self, jobs: Vec<Job>) -> Result<(), EngineError> {
+    async fn work_and_finish(&self, jobs: Vec<ClaimedJob>) -> Result<(), EngineError> {
         let outcomes = self.work(jobs).await;
         if !outcomes.done.is_empty() {
             self.complete(outcomes.done).await?;
@@ -124,7 +124,7 @@ impl<H: LeasedJobHandler> Leased<H> {
     /// Works the jobs concurrently, as many at once as the process has
     /// slots; a job whose lease lapsed while it waited, or after the
     /// grace, is not started.
-    async fn work(&self, jobs: Vec<Job>) -> Outcomes<H::Output> {
+    async fn work(&self, jobs: Vec<ClaimedJob>) -> Outcomes<H::Output> {
         let work = jobs.iter().map(|job| async move {
             let _slot = self.calls.acquire().await.ok()?;
             let item = ClaimedItem {
@@ -153,7 +153,7 @@ impl<H: LeasedJobHandler> Leased<H> {
     }
 
     /// The fenced completion, retried a few times on transient errors.
-    async fn complete(&self, done: Vec<(Job, H::Output)>) -> Result<(), EngineError> {
+    async fn complete(&self, done: Vec<(ClaimedJob, H::Output)>) -> Result<(), EngineError> {
         let mut attempt = 0;
         loop {
             match self.complete_once(&done).await {
@@ -176,9 +176,9 @@ impl<H: LeasedJobHandler> Leased<H> {
         }
     }
 
-    async fn complete_once(&self, done: &[(Job, H::Output)]) -> Result<(), EngineError> {
+    async fn complete_once(&self, done: &[(ClaimedJob, H::Output)]) -> Result<(), EngineError> {
         let ctx = &self.ctx;
-        let jobs: Vec<Job> = done.iter().map(|(job, _)| job.clone()).collect();
+        let jobs: Vec<ClaimedJob> = done.iter().map(|(job, _)| job.clone()).collect();
         let _writing = self.keeper.writing(&items(&jobs)).await;
         let mut tx = ctx
             .pool
@@ -187,7 +187,7 @@ impl<H: LeasedJobHandler> Leased<H> {
             .map_err(EngineError::db("beginning a completion"))?;
         let accepted: std::collections::HashSet<String> =
             ctx.queue.complete_fenced(&mut tx, &jobs).await?.into_iter().collect();
-        let kept: Vec<(Job, H::Output)> = done
+        let kept: Vec<(ClaimedJob, H::Output)> = done
             .iter()
             .filter(|(job, _)| accepted.contains(&job.key))
             .cloned()
@@ -222,7 +222,7 @@ impl<H: LeasedJobHandler> Leased<H> {
     }
 
     /// A failed attempt: snoozed (no attempt spent), retried later, or dead.
-    async fn record_failure(&self, job: &Job, err: &HandlerError) -> Result<(), EngineError> {
+    async fn record_failure(&self, job: &ClaimedJob, err: &HandlerError) -> Result<(), EngineError> {
         let ctx = &self.ctx;
         let jobs = std::slice::from_ref(job);
         let _writing = self.keeper.writing(&items(jobs)).await;
@@ -252,7 +252,7 @@ impl<H: LeasedJobHandler> Leased<H> {
 
     /// Gives back the jobs not started that this worker still holds, so
     /// others take them at once.
-    async fn give_back(&self, abandoned: &[Job]) -> Result<(), EngineError> {
+    async fn give_back(&self, abandoned: &[ClaimedJob]) -> Result<(), EngineError> {
         let ctx = &self.ctx;
         let held = items(abandoned);
         let still_ours: Vec<String> = held

@@ -24,7 +24,7 @@ use tokio::sync::Notify;
 use uuid::Uuid;
 
 pub use super::retention::Retention;
-use super::{Job, Queue, MAX_BATCH_JOBS};
+use super::{ClaimedJob, Queue, MAX_BATCH_JOBS};
 use crate::drain::{Backoff, MAX_CONCURRENCY};
 use crate::queue::RetryPolicy;
 use crate::{EngineError, HandlerError, LeaseConfig};
@@ -38,7 +38,7 @@ pub trait JobHandler: Send + Sync + 'static {
     fn handle<'a>(
         &'a self,
         tx: &'a mut PgConnection,
-        job: &'a Job,
+        job: &'a ClaimedJob,
     ) -> impl Future<Output = Result<(), HandlerError>> + Send + 'a;
 }
 
@@ -51,14 +51,14 @@ pub trait LeasedJobHandler: Send + Sync + 'static {
     /// renewed. It may run again after a crash or a lost lease, so it must
     /// be idempotent: send the job's key (or one derived from it) as the
     /// idempotency key of any external call.
-    fn work<'a>(&'a self, job: &'a Job) -> impl Future<Output = Result<Self::Output, HandlerError>> + Send + 'a;
+    fn work<'a>(&'a self, job: &'a ClaimedJob) -> impl Future<Output = Result<Self::Output, HandlerError>> + Send + 'a;
 
     /// Writes the effects of the jobs whose fence still held, in the
     /// transaction that settles them; never commits. Nothing by default.
     fn complete<'a>(
         &'a self,
         tx: &'a mut PgConnection,
-        done: &'a [(Job, Self::Output)],
+        done: &'a [(ClaimedJob, Self::Output)],
     ) -> impl Future<Output = Result<(), HandlerError>> + Send + 'a {
         let _ = (tx, done);
         async { Ok(()) }
@@ -352,7 +352,7 @@ impl Ctx {
     }
 
     /// Records a claim: its time, and how long each job waited for it.
-    fn claimed(&self, mode: &'static str, took: Duration, jobs: &[(Job, Duration)]) {
+    fn claimed(&self, mode: &'static str, took: Duration, jobs: &[(ClaimedJob, Duration)]) {
         let queue = self.queue.name().to_string();
         metrics::histogram!(crate::telemetry::CLAIM_DURATION, "mode" => mode, "queue" => queue.clone())
             .record(took.as_secs_f64());
@@ -366,7 +366,7 @@ impl Ctx {
 
 /// Runs a handler's future; a panic becomes a failed attempt of its job.
 pub(crate) async fn guarded<T>(
-    job: &Job,
+    job: &ClaimedJob,
     work: impl Future<Output = Result<T, HandlerError>>,
 ) -> Result<T, HandlerError> {
     let started = Instant::now();

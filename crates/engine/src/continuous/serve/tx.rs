@@ -9,7 +9,7 @@ use std::time::Instant;
 use sqlx::Connection;
 
 use super::super::finish::Held;
-use super::super::Job;
+use super::super::ClaimedJob;
 use super::{guarded, Ctx, JobHandler, Step};
 use crate::queue::Failure;
 use crate::{EngineError, HandlerError};
@@ -25,7 +25,7 @@ pub(super) async fn step<H: JobHandler>(ctx: &Ctx, handler: &H) -> Result<Step, 
         tx.rollback().await.map_err(EngineError::db("ending an empty claim"))?;
         return Ok(Step::Idle);
     }
-    let jobs: Vec<Job> = claimed.into_iter().map(|(job, _)| job).collect();
+    let jobs: Vec<ClaimedJob> = claimed.into_iter().map(|(job, _)| job).collect();
     for job in &jobs {
         if let Err(err) = guarded(job, handler.handle(&mut tx, job)).await {
             let lost = is_lost_connection(&err);
@@ -58,7 +58,7 @@ pub(super) async fn step<H: JobHandler>(ctx: &Ctx, handler: &H) -> Result<Step, 
 
 /// Runs one job of a failed batch in a transaction of its own (if it is
 /// still eligible and free), recording its failure if it fails alone.
-async fn alone<H: JobHandler>(ctx: &Ctx, handler: &H, job: &Job) -> Result<(), EngineError> {
+async fn alone<H: JobHandler>(ctx: &Ctx, handler: &H, job: &ClaimedJob) -> Result<(), EngineError> {
     let mut conn = ctx.conn().await?;
     let mut tx = conn.begin().await.map_err(EngineError::db("beginning a transaction"))?;
     let Some(job) = ctx
@@ -86,7 +86,7 @@ async fn alone<H: JobHandler>(ctx: &Ctx, handler: &H, job: &Job) -> Result<(), E
 
 /// After the job's transaction rolled back: a snooze (no attempt spent),
 /// or a failed attempt (retried after a backoff, or a dead letter).
-async fn record_failure(ctx: &Ctx, job: &Job, err: &HandlerError) -> Result<(), EngineError> {
+async fn record_failure(ctx: &Ctx, job: &ClaimedJob, err: &HandlerError) -> Result<(), EngineError> {
     let mut conn = ctx.conn().await?;
     let jobs = std::slice::from_ref(job);
     if let HandlerError::Snooze { after, reason } = err {
