@@ -84,13 +84,12 @@ async fn archive_loop(pool: sqlx::PgPool, days: u32, dir: std::path::PathBuf) {
             dir: dir.clone(),
             drop_ledger: false,
         };
-        let archived = match pool.acquire().await {
-            Ok(mut conn) => crate::archive::archive(&mut conn, &opts).await,
-            Err(err) => Err(err.into()),
-        };
-        match archived {
-            Ok(list) => {
-                for a in list {
+        match crate::archive::archive(&pool, &opts).await {
+            Ok(done) => {
+                if done.committed_unanswered {
+                    tracing::warn!("the answer to the archive's COMMIT was lost; a new connection found it committed");
+                }
+                for a in done.archived {
                     tracing::info!(
                         period = %a.manifest.period,
                         rows = a.manifest.rows,
