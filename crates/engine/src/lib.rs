@@ -43,7 +43,9 @@ pub use daemon::DaemonConfig;
 pub use error::{EngineError, HandlerError};
 pub use executor::{drain_in_transactions, Chunk, ChunkHandler, ClaimedItem, DrainConfig, DrainStats, Handled};
 pub use fence::Fence;
-pub use job::{ByMode, Cancelled, Drainer, InTransaction, Job, Leased, NoHooks, RunHooks, RunTarget, WorkOutcome};
+pub use job::{
+    ByMode, Cancelled, Drainer, InTransaction, Job, Leased, NoHooks, Reopened, RunHooks, RunTarget, WorkOutcome,
+};
 pub use leased::{drain_leased, LeaseConfig, LeaseKeeper, LeasedHandler};
 pub use queue::{ChunkDone, ChunkSql, ChunkStatements, FailOutcome, KeyWindow, QueueSpec, RetryPolicy, WorkQueue};
 pub use runs::{Run, RunState};

@@ -17,7 +17,9 @@ use crate::period::Period;
 /// date not in the future, no duplicate (period, creator), valid UTF-8, at
 /// most 4 KiB per line. All or nothing by default: any error imports
 /// nothing, prints the first 50 errors and exits 1. Importing the same file
-/// again changes nothing. A period whose run has started is refused.
+/// again changes nothing. A period whose run has started is refused; while
+/// an import runs, no run of its periods can start (a run start waits for
+/// it), so its rows are settled by that run.
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// The file, or - for standard input.

@@ -3,6 +3,9 @@
 //! (naming the line, the field and the reason), and moves the valid rows in
 //! the same transaction. All or nothing by default; `--skip-invalid` imports
 //! the valid rows and writes the rejected ones, with reasons, to a file.
+//! Each period it adds rows to is held open
+//! until the import commits ([`crate::settlement::hold_input_open`]): its
+//! run cannot start meanwhile, and a period whose run started is refused.
 //! Memory stays constant: lines are read one at a time (at most
 //! [`parse::MAX_LINE_BYTES`]) and duplicate detection happens in the database.
 
@@ -17,7 +20,6 @@ use sqlx::PgPool;
 
 use crate::period::Period;
 use crate::progress::Progress;
-use crate::settlement::JOB;
 pub use parse::{Columns, Format, MAX_LINE_BYTES};
 
 /// Errors printed on the terminal (all of them go to `--errors FILE`).
@@ -316,7 +318,8 @@ pub async fn import(pool: &PgPool, opts: &ImportOptions) -> anyhow::Result<Impor
     }
     outcome.rejected = sink.total;
 
-    // Periods: never one whose run has started; another import's period only with --append.
+    // Periods: never one whose run has started (held open until this
+    // commits); another import's period only with --append.
     let periods: Vec<StagedPeriod> = sqlx::query_as(
         "SELECT s.period,
                 count(*) FILTER (WHERE t.creator IS NULL) AS new_rows,
@@ -336,14 +339,10 @@ pub async fn import(pool: &PgPool, opts: &ImportOptions) -> anyhow::Result<Impor
         if *new_rows == 0 {
             continue;
         }
-        let run = settled_engine::runs::find(&mut tx, JOB, &period.to_string()).await?;
-        if let Some(settled_engine::Run { id, state, .. }) = run {
-            let state = state.as_str();
-            tx.rollback().await?;
-            anyhow::bail!(
-                "period {period} already has run {id} ({state}): its input can no longer change; nothing was imported"
-            );
-        }
+        // Until this import commits, no run of the period can start.
+        crate::settlement::hold_input_open(&mut tx, Period::from_date(*period))
+            .await
+            .map_err(|refused| anyhow::anyhow!("{refused:#}; nothing was imported"))?;
         if *existing > 0 && !opts.append {
             tx.rollback().await?;
             anyhow::bail!(
