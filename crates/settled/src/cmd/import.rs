@@ -31,10 +31,12 @@ pub struct Args {
     #[arg(long)]
     period: Option<Period>,
     /// Import the valid rows anyway and write the rejected ones, with
-    /// their line and reason, to this CSV file.
+    /// their line and reason, to this CSV file (refused if it is the input
+    /// file itself).
     #[arg(long, value_name = "REJECTS_FILE")]
     skip_invalid: Option<PathBuf>,
-    /// Write every error (not only the first 50) to this file.
+    /// Write every error (not only the first 50) to this file (refused if
+    /// it is the input file itself).
     #[arg(long, value_name = "FILE")]
     errors: Option<PathBuf>,
     /// Allow adding rows to a period that has rows from another import
