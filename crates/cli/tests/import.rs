@@ -276,3 +276,42 @@ async fn an_output_that_is_the_input_is_refused_before_anything_is_written() {
     assert!(std::fs::read_to_string(&rejects).unwrap().contains("not-an-address"));
     assert_eq!(std::fs::read_to_string(&input).unwrap(), original);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_import_whose_commit_answer_is_lost_says_its_outcome_is_unknown_and_a_second_import_is_safe() {
+    use settled_testkit::{CommitFault, FaultPlan, PgProxy};
+    let env = Env::new().await;
+    let plan = FaultPlan {
+        armed_by: "import_staging".into(),
+        fault: CommitFault::LoseAnswer,
+        then_refuse: false,
+    };
+    let proxy = PgProxy::start(&env.db.url, plan).await;
+    let mut cmd = env.cmd(&["import", &fixture("good.csv")]);
+    cmd.env("DATABASE_URL", proxy.url());
+    let out = tokio::task::spawn_blocking(move || cmd.output().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(proxy.faults(), 1);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("its outcome is unknown if the connection was lost: importing the same file again is safe"),
+        "{stderr}"
+    );
+    // It had committed; the same file again adds nothing and says so.
+    let rows = env
+        .scalar_i64("SELECT count(*) FROM settlement.token_trade_volume")
+        .await;
+    assert!(rows > 0);
+    let again = env.run_ok(&["import", &fixture("good.csv")]);
+    assert!(
+        again.contains(&format!("0 imported, {rows} already present")),
+        "{again}"
+    );
+    assert_eq!(
+        env.scalar_i64("SELECT count(*) FROM settlement.token_trade_volume")
+            .await,
+        rows
+    );
+}

@@ -114,7 +114,9 @@ pub async fn seed(
         .await
         .context("writing the generated creators in key order")?
         .rows_affected();
-    tx.commit().await?;
+    tx.commit()
+        .await
+        .context("committing the seed; its outcome is unknown if the connection was lost: the same seed again is safe (rows already there are not added twice)")?;
     // Fresh rows: give the planner their statistics before any worker plans a claim.
     let mut conn = pool.acquire().await?;
     crate::settlement::queue()

@@ -399,7 +399,10 @@ pub async fn import(pool: &PgPool, opts: &ImportOptions) -> anyhow::Result<Impor
     .execute(&mut *tx)
     .await?
     .rows_affected();
-    tx.commit().await?;
+    // A lost answer may hide a commit: say so, never "nothing was imported".
+    tx.commit()
+        .await
+        .context("committing the import; its outcome is unknown if the connection was lost: importing the same file again is safe (rows already imported are counted as already present, never added twice)")?;
     outcome.inserted = inserted;
     outcome.already_present = outcome.rows - outcome.rejected - inserted;
     outcome.first_errors = std::mem::take(&mut sink.shown);
