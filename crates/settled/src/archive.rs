@@ -122,10 +122,11 @@ pub struct ArchiveDone {
 /// one of the two. When that is the archive, its transaction rolls back
 /// whole (files removed) and it starts over, up to [`ARCHIVE_ATTEMPTS`].
 ///
-/// Files are removed only while the archive's lock is held and the periods
-/// are certainly not archived: before a rollback, or, when COMMIT got no
-/// answer, on a new connection from `pool` once the lost transaction has
-/// ended ([`learn_commit_outcome`]).
+/// Files are removed only when their periods are certainly not archived:
+/// before the rollback of a transaction that never sent COMMIT (it still
+/// holds the archive's lock, unless its connection is gone), or, when
+/// COMMIT got no answer, under the lock on a new connection from `pool`
+/// once the lost transaction has ended ([`learn_commit_outcome`]).
 pub async fn archive(pool: &PgPool, opts: &ArchiveOptions) -> anyhow::Result<ArchiveDone> {
     let mut attempt = 1;
     loop {
@@ -163,8 +164,8 @@ async fn archive_once(pool: &PgPool, opts: &ArchiveOptions) -> anyhow::Result<Ar
         Ok(archived) => archived,
         Err(err) => {
             // COMMIT was never sent: nothing is archived. The files go
-            // while this transaction still holds the archive's lock, so no
-            // other archive is writing them.
+            // before the rollback, while this transaction still holds the
+            // archive's lock, so no other archive is writing them.
             remove_files(&opts.dir, &written);
             let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
             return Err(err);
