@@ -17,11 +17,11 @@
 //!    detached and dropped. Detaching waits for the brief ACCESS EXCLUSIVE
 //!    lock on the parents, taken last, after every export.
 //!
-//! Files are never removed after COMMIT has been sent, on the spot: when
-//! COMMIT returns an error, a new connection waits for the lost
-//! transaction to end and reads `settlement.archived_periods`; the files go
-//! only when the archive certainly did not commit, and stay, with an error
-//! that says the outcome is unknown, when that cannot be learned.
+//! Once COMMIT has been sent, no file is removed on the spot: when COMMIT
+//! returns an error, a new connection waits for the lost transaction to end
+//! and reads `settlement.archived_periods`; the files go only when the
+//! archive certainly did not commit, and stay, with an error that says the
+//! outcome is unknown, when that cannot be learned.
 //!
 //! A period is refused unless its run finished and every item is settled
 //! (an eligible, processing, failed or held item is work that may still be
