@@ -49,7 +49,9 @@ pub use drain::{drain_in_transactions, ChunkHandler, DrainConfig, DrainStats};
 pub use error::{EngineError, HandlerError};
 pub use fence::Fence;
 pub use item::{Chunk, ClaimedItem, Handled};
-pub use job::{ByMode, Cancelled, Drainer, InTransaction, Job, Leased, NoHooks, RunHooks, RunTarget, WorkOutcome};
+pub use job::{
+    ByMode, Cancelled, Drainer, InTransaction, Job, Leased, NoHooks, Reopened, RunHooks, RunTarget, WorkOutcome,
+};
 pub use leased::{drain_leased, LeaseConfig, LeaseKeeper, LeasedHandler};
 pub use migrate::migrate;
 pub use queue::{ChunkDone, ChunkSql, ChunkStatements, FailOutcome, KeyWindow, QueueSpec, RetryPolicy, WorkQueue};

@@ -1,10 +1,13 @@
 //! settled-testkit: per-test databases on a shared throwaway PostgreSQL
-//! (`TestDb`), for the test suites only. The server itself is
-//! `settled-embedded`, re-exported here for tests' convenience.
+//! (`TestDb`), a real PgBouncer in front of one, and a proxy that loses a
+//! COMMIT or its answer (`PgProxy`), for the test suites only. The server
+//! itself is `settled-embedded`, re-exported here for tests' convenience.
 
 mod pgbouncer;
+mod pgproxy;
 mod testdb;
 
 pub use pgbouncer::{find_pgbouncer, PgBouncer};
+pub use pgproxy::{CommitFault, FaultPlan, PgProxy};
 pub use settled_embedded::{find_binaries, with_database, Error, LocalOptions, LocalPostgres, PgBinaries, Result};
 pub use testdb::{shared_test_server, TestDb};
