@@ -608,3 +608,53 @@ async fn a_balance_past_78_digits_keeps_growing_and_a_run_without_a_date_scope_l
         "{status}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_token_loses_its_trailing_newline_and_one_no_request_could_carry_is_refused_at_start() {
+    let env = Env::new().await;
+    // A token read from a secret file ends with a line ending: it is dropped.
+    for written in ["s3cret\n", "s3cret\r\n"] {
+        let server = env.serve(written).await;
+        let got = text(
+            reqwest::Client::new()
+                .post(format!("{}/v1/holds", server.base))
+                .bearer_auth("s3cret")
+                .json(&json!({ "creator": format!("0x{}", "1".repeat(40)), "reason": "r" }))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_problem(&format!("token {written:?}"), &got, 404, "unknown-creator");
+    }
+    // A token no request could carry stops the server at start, in one
+    // line that names the variable and does not repeat the token.
+    for (token, why) in [
+        ("", "is blank"),
+        (" ", "is blank"),
+        ("\n", "is blank"),
+        ("\t\r\n", "is blank"),
+        (" s3cret", "whitespace"),
+        ("s3cret\n\n", "whitespace"),
+        ("s3\u{1b}cret", "control"),
+    ] {
+        let port = common::free_port().to_string();
+        let mut child = env
+            .cmd(&["serve", "--bind", &format!("127.0.0.1:{port}")])
+            .env("SETTLED_API_TOKEN", token)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let status = tokio::task::block_in_place(|| wait_bounded(&mut child, 20));
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+        assert_eq!(status.code(), Some(2), "token {token:?}: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
+        assert!(
+            stderr.contains("SETTLED_API_TOKEN (--api-token)") && stderr.contains(why),
+            "token {token:?}: {stderr}"
+        );
+        assert!(!stderr.contains("s3"), "the error repeats the token: {stderr}");
+    }
+}
