@@ -156,14 +156,17 @@ async fn at_the_cap_a_new_client_evicts_the_oldest_waiting_connection_and_waits_
     );
     drop(silent);
     tokio::time::sleep(Duration::from_millis(200)).await;
-    // Four connections whose requests are in progress (a form body half
-    // sent): nothing can be evicted, so a fifth waits until one ends (here
-    // by the request timeout's 503).
+    // Four connections whose requests are in progress (with the token, a
+    // body half sent): nothing can be evicted, so a fifth waits until one
+    // ends (here by the request timeout's 503).
     let mut busy = Vec::new();
     for _ in 0..4 {
         let mut conn = TcpStream::connect(&target).await.unwrap();
         conn.write_all(
-            b"POST /dashboard/retry HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: 100\r\n\r\nperiod=",
+            format!(
+                "POST /v1/holds HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{"
+            )
+            .as_bytes(),
         )
         .await
         .unwrap();
@@ -193,15 +196,107 @@ async fn at_the_cap_a_new_client_evicts_the_oldest_waiting_connection_and_waits_
     );
 }
 
-/// Posts `body` to the dashboard's retry form as `content_type`.
+/// Sends `head` (which announces a body of `content_length` bytes), then
+/// the body one byte every 200 ms until the server answers or closes.
+/// Returns the answer's first bytes and how many body bytes were sent.
+async fn trickle_body(target: &str, head: &str, content_length: usize) -> (String, usize) {
+    let mut conn = TcpStream::connect(target).await.expect("connect");
+    conn.write_all(head.as_bytes()).await.expect("send the head");
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    let mut sent = 0;
+    let give_up = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < give_up {
+        match tokio::time::timeout(Duration::from_millis(200), conn.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break,
+            Ok(Ok(n)) => {
+                answer.extend_from_slice(&buf[..n]);
+                if answer.windows(4).any(|w| w == b"\r\n\r\n") {
+                    break;
+                }
+            }
+            Err(_) if sent < content_length => {
+                if conn.write_all(b"a").await.is_err() {
+                    break;
+                }
+                sent += 1;
+            }
+            Err(_) => {}
+        }
+    }
+    (String::from_utf8_lossy(&answer).into_owned(), sent)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn slow_bodies_get_401_unread_without_the_token_and_408_with_it_while_healthz_answers_at_the_cap() {
+    let env = Env::new().await;
+    let server = env
+        .serve_with(
+            TOKEN,
+            &[
+                "--max-connections",
+                "20",
+                "--header-timeout-ms",
+                "60000",
+                "--request-timeout-ms",
+                "120000",
+            ],
+        )
+        .await;
+    let target = addr(&server);
+    // Three times the cap of clients without the token, each sending a
+    // complete head and then its body one byte every 200 ms: a request
+    // whose body is being read is in progress, and the cap evicts none.
+    let form = "application/x-www-form-urlencoded";
+    let routes = [
+        ("/dashboard/retry", form),
+        ("/dashboard/retry", form),
+        ("/v1/payouts", "application/json"),
+        ("/v1/holds", "application/json"),
+    ];
+    let mut slow = tokio::task::JoinSet::new();
+    for i in 0..60 {
+        let (target, (route, media)) = (target.clone(), routes[i % routes.len()]);
+        let head = format!(
+            "POST {route} HTTP/1.1\r\nHost: 127.0.0.1\r\nIdempotency-Key: k{i}\r\nContent-Type: {media}\r\nContent-Length: 1000\r\n\r\n"
+        );
+        slow.spawn(async move { (route, trickle_body(&target, &head, 1000).await) });
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let client = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
+    assert_eq!(
+        healthz(&client, &server.base).await,
+        200,
+        "/healthz behind 60 slow bodies at a cap of 20, well before a trickle could end"
+    );
+    while let Some(done) = slow.join_next().await {
+        let (route, (answer, sent)) = done.unwrap();
+        assert!(answer.starts_with("HTTP/1.1 401"), "{route}: {answer}");
+        assert!(sent < 1000, "{route}: the whole body was read before the 401");
+    }
+    // With the token, a body that trickles is cut off after the body's
+    // time limit: 408, and the connection closes.
+    let head = format!(
+        "POST /v1/holds HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+    );
+    let (answer, sent) = trickle_body(&target, &head, 1000).await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.to_ascii_lowercase().contains("connection: close"), "{answer}");
+    assert!(sent < 1000, "the trickle was read to its end");
+}
+
+/// Posts `body` to the dashboard's retry form as `content_type`, with
+/// `token` as a browser sends it (HTTP Basic).
 async fn post_retry(
     c: &reqwest::Client,
     base: &str,
+    token: &str,
     content_type: &str,
     body: impl Into<reqwest::Body>,
 ) -> (u16, reqwest::header::HeaderMap, String) {
     let response = c
         .post(format!("{base}/dashboard/retry"))
+        .basic_auth("operator", Some(token))
         .header("content-type", content_type)
         .body(body)
         .send()
@@ -248,8 +343,8 @@ async fn every_error_is_problem_json_every_answer_has_security_headers_and_forei
     )
     .await;
     assert_problem("repeated query parameter", &got, 400, "bad-request");
-    // The retry form: bounded before the token is read, fields named. A
-    // 2 MB body is refused from its Content-Length, before it is sent.
+    // The retry form: the token first, then the body, bounded, its fields
+    // named. A 2 MB body is refused from its Content-Length, before it is sent.
     let mut conn = TcpStream::connect(addr(&server)).await.unwrap();
     conn.write_all(
         b"POST /dashboard/retry HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: 2097152\r\n\r\n",
@@ -270,14 +365,30 @@ async fn every_error_is_problem_json_every_answer_has_security_headers_and_forei
     headers.insert("content-type", "application/problem+json".parse().unwrap());
     let got = (413, headers, body.to_string());
     assert_problem("2 MB retry form", &got, 413, "body-too-large");
-    let got = post_retry(&c, b, "application/x-www-form-urlencoded", "period=2026-11-28&token=x").await;
+    let form = "application/x-www-form-urlencoded";
+    let got = post_retry(&c, b, TOKEN, form, "period=2026-11-28").await;
     let body = assert_problem("retry form without creator", &got, 400, "malformed-form");
     assert_eq!(body["field"], "creator");
-    let got = post_retry(&c, b, "text/plain", "period=2026-11-28").await;
+    let got = post_retry(&c, b, TOKEN, "text/plain", "period=2026-11-28").await;
     assert_problem("retry form as text", &got, 415, "unsupported-media-type");
-    let form = format!("period=2026-11-28&creator=0x{}&token=wrong", "1".repeat(40));
-    let got = post_retry(&c, b, "application/x-www-form-urlencoded", form).await;
+    let fields = format!("period=2026-11-28&creator=0x{}", "1".repeat(40));
+    let got = post_retry(&c, b, "wrong", form, fields.clone()).await;
     assert_problem("retry with a wrong token", &got, 401, "unauthorized");
+    assert!(got.1["www-authenticate"].to_str().unwrap().starts_with("Basic realm="));
+    // Remembered Basic credentials go with a form another site posts here:
+    // a request from another origin is refused, whatever it carries.
+    for (name, value) in [("origin", "http://evil.example"), ("sec-fetch-site", "cross-site")] {
+        let response = c
+            .post(format!("{b}/dashboard/retry"))
+            .basic_auth("operator", Some(TOKEN))
+            .header(name, value)
+            .header("content-type", form)
+            .body(fields.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_problem(name, &text(response).await, 403, "cross-origin-form");
+    }
     // Security headers on pages, API answers and problems alike.
     for path in ["/", "/workers", "/locks", "/healthz", "/openapi.json", "/nope"] {
         let response = c.get(format!("{b}{path}")).send().await.unwrap();

@@ -39,6 +39,12 @@ pub use server::HttpLimits;
 
 /// Largest request body read, in bytes.
 pub const MAX_BODY_BYTES: usize = 16 * 1024;
+/// Time a handler waits for a whole body (at most [`MAX_BODY_BYTES`]) once
+/// it starts reading it, always after the token is checked: a body that
+/// trickles gets 408 and its connection is closed, so even a client with
+/// the token cannot keep a request in progress (which the connection cap
+/// never evicts) for longer.
+pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often expired idempotency keys are pruned.
 pub const PRUNE_INTERVAL_SECS: u64 = 60;
 
@@ -265,9 +271,22 @@ pub async fn read_form<T: DeserializeOwned>(headers: &HeaderMap, body: Body) -> 
     serde_path_to_error::deserialize::<_, T>(fields).map_err(|e| problem_at(e, "malformed-form", "the form"))
 }
 
-/// Reads at most [`MAX_BODY_BYTES`] of `body` (413 beyond).
+/// Reads at most [`MAX_BODY_BYTES`] of `body` (413 beyond) within
+/// [`BODY_READ_TIMEOUT`] (408 after).
 async fn read_body(body: Body) -> Result<Bytes, Problem> {
-    axum::body::to_bytes(body, MAX_BODY_BYTES).await.map_err(|_| {
+    let read = tokio::time::timeout(BODY_READ_TIMEOUT, axum::body::to_bytes(body, MAX_BODY_BYTES));
+    let Ok(read) = read.await else {
+        return Err(Problem::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "body-timeout",
+            "The body took too long",
+            format!(
+                "the whole body must arrive within {} s once the server reads it; nothing was done",
+                BODY_READ_TIMEOUT.as_secs()
+            ),
+        ));
+    };
+    read.map_err(|_| {
         Problem::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "body-too-large",

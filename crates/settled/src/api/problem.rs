@@ -138,6 +138,12 @@ impl IntoResponse for Problem {
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER_SECS));
         }
+        if self.status == StatusCode::REQUEST_TIMEOUT {
+            // The rest of a body that did not arrive in time is not read.
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
         if self.status == StatusCode::UNAUTHORIZED {
             response.headers_mut().insert(
                 axum::http::header::WWW_AUTHENTICATE,
