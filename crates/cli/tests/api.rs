@@ -363,6 +363,50 @@ async fn the_api_edge_reads_auth_media_types_and_keys_as_the_standards_say() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_field_named_twice_is_refused_naming_it_never_the_last_one_taken() {
+    let (env, creators) = settled_env("5").await;
+    let server = serve(&env).await;
+    let creator = &creators[0].0;
+    let client = reqwest::Client::new();
+    let send = |path: &str, key: &str, body: String| {
+        client
+            .post(format!("{}{path}", server.base))
+            .bearer_auth(TOKEN)
+            .header("Idempotency-Key", key)
+            .header("Content-Type", "application/json")
+            .body(body)
+            .send()
+    };
+    let cases = [
+        (
+            "/v1/payouts",
+            format!(r#"{{"creator":"{creator}","amount":"1","amount":"7"}}"#),
+            "amount",
+        ),
+        (
+            "/v1/payouts",
+            format!(r#"{{"amount":"1","creator":"{creator}","creator":"{creator}"}}"#),
+            "creator",
+        ),
+        (
+            "/v1/holds",
+            format!(r#"{{"creator":"{creator}","reason":"a","reason":"b"}}"#),
+            "reason",
+        ),
+    ];
+    for (i, (path, body, field)) in cases.into_iter().enumerate() {
+        let r = send(path, &format!("twice-{i}"), body.clone()).await.unwrap();
+        assert_eq!(r.status(), 400, "{body}");
+        assert_eq!(r.headers()["content-type"], "application/problem+json");
+        let problem: Value = r.json().await.unwrap();
+        assert_eq!(problem["type"], "/problems/duplicate-field", "{problem}");
+        assert_eq!(problem["field"], field, "{problem}");
+    }
+    assert_eq!(env.scalar_i64("SELECT count(*) FROM settlement.payouts").await, 0);
+    assert_eq!(env.scalar_i64("SELECT count(*) FROM settlement.creator_holds").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn bad_requests_get_problems_that_name_the_field() {
     let (env, creators) = settled_env("5").await;
     let server = serve(&env).await;

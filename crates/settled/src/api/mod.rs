@@ -19,6 +19,7 @@ pub mod server;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::json::ObjectError;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
@@ -238,8 +239,8 @@ impl SynchronousCommit {
 
 /// Reads the body (at most [`MAX_BODY_BYTES`]) of a request whose
 /// Content-Type is `application/json` (415 otherwise) and parses it as a
-/// JSON object of `T` (an array or a scalar is refused), naming the field at
-/// fault.
+/// JSON object of `T` (an array or a scalar is refused, and so is a member
+/// named twice), naming the field at fault.
 pub async fn read_json<T: DeserializeOwned>(headers: &HeaderMap, body: Body) -> Result<(T, Bytes), Problem> {
     if !has_media_type(headers, "application/json") {
         return Err(unsupported_media_type(
@@ -247,13 +248,19 @@ pub async fn read_json<T: DeserializeOwned>(headers: &HeaderMap, body: Body) -> 
         ));
     }
     let bytes = read_body(body).await?;
-    let value: serde_json::Value = serde_json::from_slice(&bytes)
-        .map_err(|e| Problem::bad_request("malformed-json", format!("the body is not a valid request: {e}")))?;
-    if !value.is_object() {
-        return Err(Problem::bad_request("malformed-json", "the body must be a JSON object"));
-    }
-    let value =
-        serde_path_to_error::deserialize::<_, T>(value).map_err(|e| problem_at(e, "malformed-json", "the body"))?;
+    let object = crate::json::parse_object(&bytes).map_err(|e| match e {
+        ObjectError::Syntax(e) => {
+            Problem::bad_request("malformed-json", format!("the body is not a valid request: {e}"))
+        }
+        ObjectError::NotAnObject => Problem::bad_request("malformed-json", "the body must be a JSON object"),
+        ObjectError::Duplicate(path) => Problem::bad_request(
+            "duplicate-field",
+            format!("the body names `{path}` more than once; send each field once"),
+        )
+        .field(path),
+    })?;
+    let value = serde_path_to_error::deserialize::<_, T>(serde_json::Value::Object(object))
+        .map_err(|e| problem_at(e, "malformed-json", "the body"))?;
     Ok((value, bytes))
 }
 

@@ -31,7 +31,7 @@ pub fn document(retention_hours: u64) -> serde_json::Value {
         "info": {
             "title": "settled API",
             "version": env!("CARGO_PKG_VERSION"),
-            "description": format!("Withdrawals that never pay twice, holds, creators. Amounts are decimal strings of token base units (they exceed 2^53). Errors are application/problem+json with a stable `type`. Bodies are application/json objects. Idempotency-Key (IETF draft-ietf-httpapi-idempotency-key-header) is an sf-string, quoted or bare; this server keeps a key and its response for {retention_hours} h, and a payout for ever: a key used again after that answers the payout it made (or 422 for a different request), never a second payout.")
+            "description": format!("Withdrawals that never pay twice, holds, creators. Amounts are decimal strings of token base units (they exceed 2^53). Errors are application/problem+json with a stable `type`. Bodies are application/json objects that name each field once. Idempotency-Key (IETF draft-ietf-httpapi-idempotency-key-header) is an sf-string, quoted or bare; this server keeps a key and its response for {retention_hours} h, and a payout for ever: a key used again after that answers the payout it made (or 422 for a different request), never a second payout.")
         },
         "servers": [{ "url": "/" }],
         "components": {
@@ -171,7 +171,7 @@ pub fn document(retention_hours: u64) -> serde_json::Value {
                 "requestBody": { "required": true, "content": { "application/json": { "schema": { "$ref": "#/components/schemas/PayoutRequest" } } } },
                 "responses": {
                     "201": json("the payout (a repeat with the same key and body returns it again)", "Payout"),
-                    "400": problem("malformed body, or a missing or over-long Idempotency-Key"),
+                    "400": problem("malformed body (a field named twice: duplicate-field, naming it), or a missing or over-long Idempotency-Key"),
                     "401": problem("missing or wrong bearer token"),
                     "404": problem("unknown creator"),
                     "409": problem("insufficient funds, an active hold on the creator (creator-on-hold), or the first request with this key is still in progress"),
@@ -211,7 +211,7 @@ pub fn document(retention_hours: u64) -> serde_json::Value {
                 "requestBody": { "required": true, "content": { "application/json": { "schema": { "$ref": "#/components/schemas/HoldRequest" } } } },
                 "responses": {
                     "201": json("the hold", "Hold"),
-                    "400": problem("malformed body"),
+                    "400": problem("malformed body (a field named twice: duplicate-field, naming it)"),
                     "401": problem("missing or wrong bearer token"),
                     "404": problem("unknown creator"),
                     "409": problem("the creator already has an active hold (named in the answer)"),
