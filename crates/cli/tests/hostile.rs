@@ -475,6 +475,47 @@ async fn the_lock_view_hides_other_sessions_literals_unless_the_token_is_sent() 
     tx.rollback().await.unwrap();
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn the_lock_view_hides_setting_values_and_nested_comments_of_other_sessions() {
+    let env = Env::new().await;
+    let server = env.serve_as_login(TOKEN, &[]).await;
+    // Another session, mid-transaction, holding a lock on a settlement
+    // table; its last query string sets two values without quotes and
+    // ends in a comment nested in a comment (PostgreSQL's comments nest).
+    use sqlx::Connection;
+    let mut other = sqlx::PgConnection::connect(&env.db.url).await.unwrap();
+    let mut tx = other.begin().await.unwrap();
+    sqlx::raw_sql(
+        "LOCK TABLE settlement.payouts IN ROW EXCLUSIVE MODE; \
+         SET LOCAL my.to_value TO S3cr3tTo; SET LOCAL my.eq_value = S3cr3tEq; \
+         SELECT 1 /* a /* b */ S3cr3tComment */",
+    )
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    let locks = |token: Option<&str>| {
+        let mut request = reqwest::Client::new().get(format!("{}/locks", server.base));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        async move { request.send().await.unwrap().text().await.unwrap() }
+    };
+    let page = locks(None).await;
+    assert!(
+        page.contains("SET LOCAL my.to_value TO ?; SET LOCAL my.eq_value = ?;"),
+        "{page}"
+    );
+    assert!(
+        !page.to_lowercase().contains("s3cr3t"),
+        "the lock view showed a secret: {page}"
+    );
+    let page = locks(Some(TOKEN)).await;
+    for secret in ["S3cr3tTo", "S3cr3tEq", "S3cr3tComment"] {
+        assert!(page.contains(secret), "with the token the query is shown whole: {page}");
+    }
+    tx.rollback().await.unwrap();
+}
+
 async fn metric(base: &str, name: &str) -> f64 {
     let text = reqwest::get(format!("{base}/metrics"))
         .await
