@@ -659,6 +659,45 @@ async fn an_idempotency_key_used_after_its_retention_answers_its_own_payout_neve
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn past_its_retention_a_key_that_paid_stays_its_requests_and_a_late_repeat_of_it_is_never_blamed() {
+    let env = Env::new().await;
+    let (creator, before) = settled_creator(&env).await;
+    let server = env.serve(TOKEN).await;
+    let original = json!({ "creator": creator, "amount": "1000" });
+    let other = json!({ "creator": creator, "amount": "7" });
+    let (status, first, _) = pay(&server.base, "kept", &original).await;
+    assert_eq!(status, 201, "{first}");
+    let expire =
+        "UPDATE settled_engine.idempotency_keys SET expires_at = now() - interval '1 second' WHERE key = 'kept'";
+    for pruned in [false, true] {
+        // The retention ends (and, the second time, the key is pruned).
+        sqlx::query(expire).execute(&env.pool).await.unwrap();
+        if pruned {
+            settled_engine::once::idempotency::prune(&env.pool).await.unwrap();
+        }
+        // Another request cannot take the key over, however often it tries...
+        for _ in 0..2 {
+            let (status, refused, _) = pay(&server.base, "kept", &other).await;
+            assert_eq!(status, 422, "pruned {pruned}: {refused}");
+            assert_eq!(refused["type"], "/problems/idempotency-key-reused");
+        }
+        // ...and a late repeat of the original gets its payout, not a 422
+        // that blames it for the other request.
+        let (status, again, replayed) = pay(&server.base, "kept", &original).await;
+        assert_eq!(status, 201, "pruned {pruned}: {again}");
+        assert!(replayed);
+        assert_eq!(again["id"], first["id"]);
+    }
+    assert_eq!(env.scalar_i64("SELECT count(*) FROM settlement.payouts").await, 1);
+    let after = env
+        .scalar_text(&format!(
+            "SELECT balance::text FROM settlement.creator_balance WHERE creator = '{creator}'"
+        ))
+        .await;
+    assert_eq!(after.parse::<u128>().unwrap() + 1000, before.parse::<u128>().unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_payout_behind_a_locked_balance_gives_up_with_503_and_retry_after_then_pays_once() {
     let env = Env::new().await;
     let (creator, _) = settled_creator(&env).await;

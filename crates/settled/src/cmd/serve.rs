@@ -25,8 +25,9 @@ pub struct Args {
     /// either end or a control character, is refused at start).
     #[arg(long, env = "SETTLED_API_TOKEN", hide_env_values = true, value_parser = ApiTokenParser)]
     api_token: Option<Arc<str>>,
-    /// How long idempotency keys and their responses are kept, in hours.
-    /// A key used again after that answers its payout, never a second one.
+    /// How long idempotency keys and their responses are kept, in hours
+    /// (then pruned). A key used again after that answers its payout, never
+    /// a second one, and a key that paid never serves another request.
     #[arg(long, default_value_t = 24, value_parser = clap::value_parser!(u64).range(1..=24 * 90))]
     idempotency_retention_hours: u64,
     /// Host names the pages and API answer (the Host header, port ignored;
