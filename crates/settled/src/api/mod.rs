@@ -200,14 +200,21 @@ pub async fn begin(state: &AppState) -> Result<sqlx::Transaction<'static, sqlx::
 /// successful COMMIT (and a warning), which would send a 201 for a payout
 /// the standby never got. The request timeout still bounds the wait; a
 /// payout cut off that way answers 503 ("may or may not have taken
-/// effect": the client retries with its key).
-pub async fn commit(state: &AppState, mut tx: sqlx::Transaction<'static, sqlx::Postgres>) -> Result<(), sqlx::Error> {
+/// effect": the client retries with its key). An error of the COMMIT
+/// itself is [`EngineError::CommitOutcomeUnknown`]: answered 503
+/// `outcome-unknown`, never "no effect".
+///
+/// [`EngineError::CommitOutcomeUnknown`]: settled_engine::EngineError::CommitOutcomeUnknown
+pub async fn commit(state: &AppState, mut tx: sqlx::Transaction<'static, sqlx::Postgres>) -> anyhow::Result<()> {
     if state.synchronous_commit.is_some() {
         sqlx::query("SELECT set_config('statement_timeout', '0', true)")
             .execute(&mut *tx)
             .await?;
     }
-    tx.commit().await
+    tx.commit()
+        .await
+        .map_err(settled_engine::EngineError::at_commit("committing an API write"))?;
+    Ok(())
 }
 
 /// `synchronous_commit` of the API's write transactions.

@@ -19,6 +19,7 @@ pub fn document(retention_hours: u64) -> serde_json::Value {
         answer
     };
     let unavailable = "retry: the database failed or a lock or statement took longer than the API waits (database-busy); the request had no effect";
+    let unavailable_write = "retry: the database failed or a lock or statement took longer than the API waits (database-busy), and the request had no effect; or the answer to its COMMIT was lost (outcome-unknown), and it may or may not have taken effect: retrying is safe (a payout with the same Idempotency-Key answers its outcome; a repeated hold or release answers 409 if the first took effect)";
     let wrong_host = "the Host header names a host this server does not serve";
     let json = |description: &str, schema: &str| {
         serde_json::json!({
@@ -180,7 +181,7 @@ pub fn document(retention_hours: u64) -> serde_json::Value {
                     "415": problem("the body is not sent as application/json"),
                     "421": problem(wrong_host),
                     "422": problem("invalid field, or the key belongs to a different request (idempotency-key-reused)"),
-                    "503": problem(unavailable)
+                    "503": problem(unavailable_write)
                 }
             } },
             "/v1/payouts/{id}": { "get": {
@@ -220,7 +221,7 @@ pub fn document(retention_hours: u64) -> serde_json::Value {
                     "415": problem("the body is not sent as application/json"),
                     "421": problem(wrong_host),
                     "422": problem("invalid field"),
-                    "503": problem(unavailable)
+                    "503": problem(unavailable_write)
                 }
             } },
             "/v1/holds/{id}/release": { "post": {
@@ -234,7 +235,7 @@ pub fn document(retention_hours: u64) -> serde_json::Value {
                     "404": problem("no such hold"),
                     "409": problem("already released"),
                     "421": problem(wrong_host),
-                    "503": problem(unavailable)
+                    "503": problem(unavailable_write)
                 }
             } }
         }

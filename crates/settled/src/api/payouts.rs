@@ -165,7 +165,8 @@ pub async fn create(
                 Ok(response)
             }
             Err(err) => {
-                // Nothing committed: forget the key so a retry runs again.
+                // Unless the payout committed (its key is then completed and
+                // stays), forget the key so a retry runs again.
                 let _ = idempotency::abandon(&state.pool, PAYOUTS_SCOPE, &key).await;
                 Err(Problem::unavailable(err))
             }
