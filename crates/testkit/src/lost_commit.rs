@@ -135,6 +135,8 @@ fn serve(
                 _ = &mut stopped => return,
                 accepted = listener.accept() => {
                     let Ok((client, _)) = accepted else { continue };
+                    // Small protocol messages, one write each: no Nagle delay.
+                    let _ = client.set_nodelay(true);
                     tokio::spawn(relay(client, upstream.clone(), armed.clone()));
                 }
             }
@@ -151,7 +153,10 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send> AsyncStream for T {}
 async fn relay(client: tokio::net::TcpStream, upstream: Upstream, armed: Arc<Armed>) {
     let server: Stream = match &upstream {
         Upstream::Tcp(host, port) => match tokio::net::TcpStream::connect((host.as_str(), *port)).await {
-            Ok(s) => Box::new(s),
+            Ok(s) => {
+                let _ = s.set_nodelay(true);
+                Box::new(s)
+            }
             Err(_) => return,
         },
         Upstream::Unix(path) => match tokio::net::UnixStream::connect(path).await {
