@@ -223,7 +223,7 @@ async fn pay(
             (StatusCode::CREATED, serde_json::to_value(&earlier.payout)?, true)
         }
         Some(earlier) => {
-            drop(tx);
+            tx.rollback().await?;
             idempotency::abandon(&state.pool, PAYOUTS_SCOPE, key).await?;
             let problem = key_reused(format!(
                 "this Idempotency-Key made payout {} for a different request; use a new key for a new request",

@@ -12,7 +12,8 @@ use crate::db::Database;
 /// Serve the HTTP API: payouts (idempotent), holds, creators, /healthz,
 /// /openapi.json, /metrics, and the dashboard.
 ///
-/// Mutating endpoints need `Authorization: Bearer $SETTLED_API_TOKEN`.
+/// Mutating endpoints need `Authorization: Bearer $SETTLED_API_TOKEN` (the
+/// dashboard's retry form takes the token as HTTP Basic's password).
 /// Any number of servers may serve one database: every once-only rule is
 /// kept by the database.
 #[derive(Debug, clap::Args)]
