@@ -72,6 +72,8 @@ async fn every_bad_file_is_refused_with_its_line_field_and_reason() {
                 "line 3: line: is not valid JSON",
             ],
         ),
+        // A field given twice is refused, not the last one taken.
+        ("duplicate_field.jsonl", &["line 2: volume: is given more than once"]),
         ("empty.csv", &["the file is empty"]),
         ("header_only.csv", &["no data rows"]),
     ];

@@ -75,6 +75,17 @@ pub enum EngineError {
     /// A run id that does not exist.
     #[error("run {0} does not exist")]
     NoSuchRun(i64),
+    /// COMMIT was sent and failed without an answer that says the
+    /// transaction did not commit (the connection was lost, the server shut
+    /// down at it): it may or may not have committed.
+    #[error("the outcome of COMMIT while {context} is unknown (it may have committed): {source}")]
+    CommitOutcomeUnknown {
+        /// What the transaction was doing.
+        context: &'static str,
+        /// The driver's error.
+        #[source]
+        source: sqlx::Error,
+    },
     /// An invariant the engine relies on did not hold; the transaction was rolled back.
     #[error("invariant violated: {0}")]
     Invariant(String),
@@ -103,6 +114,12 @@ impl EngineError {
     /// Wraps a driver error with what the engine was doing.
     pub fn db(context: &'static str) -> impl FnOnce(sqlx::Error) -> EngineError {
         move |source| EngineError::Database { context, source }
+    }
+
+    /// Wraps the error of a COMMIT: once COMMIT is sent, no error proves it
+    /// did not commit (`tx.commit().await.map_err(EngineError::at_commit("..."))`).
+    pub fn at_commit(context: &'static str) -> impl FnOnce(sqlx::Error) -> EngineError {
+        move |source| EngineError::CommitOutcomeUnknown { context, source }
     }
 }
 

@@ -289,7 +289,9 @@ impl<H: RunHooks> Job<H> {
             runs::reopen(&mut tx, self.name(), scope, &[RunState::Finished]).await?;
             runs::notify_items_eligible(&mut tx, self.name()).await?;
         }
-        tx.commit().await.map_err(EngineError::db("committing a retry"))?;
+        tx.commit()
+            .await
+            .map_err(EngineError::at_commit("committing a retry"))?;
         Ok(retried)
     }
 

@@ -20,6 +20,7 @@ pub mod db;
 pub mod demo;
 pub mod failover;
 pub mod import;
+pub mod json;
 pub mod money;
 pub mod partitions;
 pub mod period;

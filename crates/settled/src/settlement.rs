@@ -442,7 +442,9 @@ pub async fn release_hold(
         });
     };
     let periods = job().release_held(&mut tx, &hold.creator).await?;
-    tx.commit().await?;
+    tx.commit()
+        .await
+        .map_err(settled_engine::EngineError::at_commit("releasing a hold"))?;
     job().reopen_runs_with_work(pool, &periods).await;
     Ok(Released::Released(hold))
 }
