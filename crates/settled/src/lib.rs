@@ -26,6 +26,7 @@ pub mod partitions;
 pub mod period;
 pub mod progress;
 pub mod provider;
+pub mod queues;
 pub mod seed;
 pub mod settlement;
 pub mod status;

@@ -28,13 +28,15 @@
 //! `enqueue.rs`, `claim.rs`, `finish.rs` (complete, fail, snooze), `lease.rs`
 //! (renew, release, rescue), `manage.rs` (pause, resume, cancel, replay),
 //! `retention.rs`, `stats.rs`; `table.rs` creates and checks a conforming
-//! table; `serve/` runs the workers.
+//! table; `registry.rs` lists the registered queues for tools; `serve/`
+//! runs the workers.
 
 mod claim;
 mod enqueue;
 mod finish;
 mod lease;
 mod manage;
+mod registry;
 mod retention;
 pub mod serve;
 mod stats;
@@ -44,6 +46,7 @@ use std::time::Duration;
 
 pub use enqueue::{Enqueued, NewJob};
 pub use manage::ReplayFilter;
+pub use registry::{registered_queues, RegisteredQueue};
 pub use serve::{serve, serve_leased, JobHandler, LeasedJobHandler, ServeConfig, ServeStats, Wake};
 pub use stats::QueueStats;
 pub use table::{CONTINUOUS_COLUMNS, CONTINUOUS_INDEXES};

@@ -4,6 +4,11 @@
 //! registry; the API server turns the database's exact state into metrics at scrape time,
 //! so every server reports the same numbers and nothing is lost when a
 //! process dies. Names follow Prometheus conventions (`_total`, base units).
+//!
+//! Continuous queues' gauges (`work_queue_depth`, `work_queue_oldest_ready_seconds`,
+//! `work_queue_paused`) are written straight into the scrape's text rather
+//! than kept in the recorder, so a queue that leaves the registry, or whose
+//! table cannot be read, leaves no stale series behind.
 
 use std::sync::OnceLock;
 
@@ -48,6 +53,7 @@ struct Snapshot {
     workers: settled_engine::workers::WorkerTotals,
     payouts: i64,
     ledger_entries: i64,
+    queues: Vec<crate::queues::QueueView>,
 }
 
 async fn snapshot(state: &AppState) -> anyhow::Result<Snapshot> {
@@ -82,12 +88,14 @@ async fn snapshot(state: &AppState) -> anyhow::Result<Snapshot> {
         .fetch_one(&mut *conn)
         .await?;
     let ledger_entries = items.get(ItemStatus::Settled);
+    let queues = crate::queues::overview(&mut conn).await?;
     Ok(Snapshot {
         items,
         runs,
         workers,
         payouts,
         ledger_entries,
+        queues,
     })
 }
 
@@ -121,12 +129,125 @@ pub async fn serve(State(state): State<AppState>) -> Response {
         metrics::gauge!("settled_db_pool_connections", "pool" => name, "state" => "in_use")
             .set(f64::from(pool.size()) - idle);
     }
-    let mut response = (StatusCode::OK, handle().render()).into_response();
+    let mut text = handle().render();
+    text.push_str(&queue_metrics(&s.queues));
+    let mut response = (StatusCode::OK, text).into_response();
     response.headers_mut().insert(
         axum::http::header::CONTENT_TYPE,
         axum::http::HeaderValue::from_static("text/plain; version=0.0.4"),
     );
     response
+}
+
+/// The continuous queues' gauges in Prometheus text: depth by state and
+/// the oldest ready job's age for each queue whose table could be read, and
+/// whether each registered queue is paused.
+fn queue_metrics(views: &[crate::queues::QueueView]) -> String {
+    if views.is_empty() {
+        return String::new();
+    }
+    let mut depth = String::from(
+        "# HELP work_queue_depth Jobs of a continuous queue by state, exact at scrape time.\n# TYPE work_queue_depth gauge\n",
+    );
+    let mut oldest = String::from(
+        "# HELP work_queue_oldest_ready_seconds Seconds since the oldest ready job of a continuous queue could run (0 when none).\n# TYPE work_queue_oldest_ready_seconds gauge\n",
+    );
+    let mut paused = String::from(
+        "# HELP work_queue_paused 1 while a continuous queue is paused, else 0.\n# TYPE work_queue_paused gauge\n",
+    );
+    for view in views {
+        let queue = label_value(&view.name);
+        paused.push_str(&format!(
+            "work_queue_paused{{queue=\"{queue}\"}} {}\n",
+            u8::from(view.paused)
+        ));
+        let Some(s) = &view.stats else { continue };
+        for (state, n) in [
+            ("ready", s.ready),
+            ("scheduled", s.scheduled),
+            ("processing", s.processing),
+            ("failed", s.failed),
+        ] {
+            depth.push_str(&format!(
+                "work_queue_depth{{queue=\"{queue}\",state=\"{state}\"}} {n}\n"
+            ));
+        }
+        oldest.push_str(&format!(
+            "work_queue_oldest_ready_seconds{{queue=\"{queue}\"}} {}\n",
+            s.oldest_ready_secs
+        ));
+    }
+    format!("{depth}{oldest}{paused}")
+}
+
+/// A label value escaped as the text format wants (`\\`, `\"`, `\n`).
+fn label_value(text: &str) -> String {
+    text.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+/// A queue's pickup latency (from when a job could run to its claim), as
+/// this process measured it in the engine's histogram: known only for a
+/// queue whose jobs this process claimed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pickup {
+    /// Jobs claimed.
+    pub jobs: u64,
+    /// Their mean wait, in seconds.
+    pub mean_secs: f64,
+    /// The histogram bound that 99% of the waits fall within (None: beyond
+    /// its largest bound).
+    pub p99_within_secs: Option<f64>,
+}
+
+/// The pickup latency of `queue`'s jobs claimed by this process, if any.
+pub fn pickup_latency(queue: &str) -> Option<Pickup> {
+    pickup_in(&handle().render(), queue)
+}
+
+/// [`pickup_latency`] read from a rendered Prometheus text.
+fn pickup_in(text: &str, queue: &str) -> Option<Pickup> {
+    let wanted = format!("queue=\"{}\"", label_value(queue));
+    let (mut buckets, mut sum, mut count) = (Vec::new(), 0.0, 0.0);
+    for line in text.lines() {
+        let Some((head, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let Some((metric, labels)) = head.split_once('{') else {
+            continue;
+        };
+        let labels: Vec<&str> = labels.trim_end_matches('}').split(',').collect();
+        let (Some(part), true) = (
+            metric.strip_prefix(settled_engine::telemetry::PICKUP_LATENCY),
+            labels.contains(&wanted.as_str()),
+        ) else {
+            continue;
+        };
+        let Ok(value) = value.parse::<f64>() else { continue };
+        match part {
+            "_sum" => sum = value,
+            "_count" => count = value,
+            "_bucket" => {
+                let le = labels.iter().find_map(|l| l.strip_prefix("le=\"")?.strip_suffix('"'));
+                if let Some(le) = le.and_then(|le| le.parse::<f64>().ok()) {
+                    buckets.push((le, value));
+                }
+            }
+            _ => {}
+        }
+    }
+    if count < 1.0 {
+        return None;
+    }
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let p99_within_secs = buckets
+        .iter()
+        .find(|(le, seen)| le.is_finite() && *seen >= 0.99 * count)
+        .map(|(le, _)| *le);
+    Some(Pickup {
+        jobs: count as u64,
+        mean_secs: sum / count,
+        p99_within_secs,
+    })
 }
 
 /// `GET /readyz`: 200 once the database answers and its migrations are
@@ -153,5 +274,34 @@ pub async fn ready(State(state): State<AppState>) -> Response {
         )
         .into_response(),
         Err(err) => Problem::unavailable(err).into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pickup_in;
+
+    #[test]
+    fn a_queues_pickup_latency_is_read_from_the_recorders_own_histogram() {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new()
+            .set_buckets(&[0.01, 0.1, 1.0])
+            .unwrap()
+            .build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || {
+            let mail = metrics::histogram!(settled_engine::telemetry::PICKUP_LATENCY, "queue" => "mail");
+            for wait in [0.005, 0.005, 0.05, 0.5] {
+                mail.record(wait);
+            }
+            metrics::histogram!(settled_engine::telemetry::PICKUP_LATENCY, "queue" => "mail2").record(5.0);
+        });
+        let text = handle.render();
+        let mail = pickup_in(&text, "mail").expect("mail's histogram");
+        assert_eq!(mail.jobs, 4);
+        assert!((mail.mean_secs - 0.14).abs() < 1e-9, "{mail:?}");
+        assert_eq!(mail.p99_within_secs, Some(1.0));
+        let slow = pickup_in(&text, "mail2").expect("mail2's histogram");
+        assert_eq!((slow.jobs, slow.p99_within_secs), (1, None));
+        assert_eq!(pickup_in(&text, "other"), None);
     }
 }

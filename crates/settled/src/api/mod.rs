@@ -1,4 +1,5 @@
-//! `settled serve`: the HTTP API (payouts, holds, creators, health, OpenAPI).
+//! `settled serve`: the HTTP API (payouts, holds, creators, continuous
+//! queues, health, OpenAPI).
 //!
 //! Owns parsing requests at the edge (addresses, amounts, keys) and mapping
 //! outcomes to HTTP. Every once-only rule is kept by the database: the
@@ -14,6 +15,7 @@ pub mod metrics;
 pub mod openapi;
 pub mod payouts;
 pub mod problem;
+pub mod queues;
 pub mod server;
 
 use std::sync::Arc;
@@ -102,6 +104,11 @@ pub fn router(state: AppState) -> Router {
         .route("/items", get(dashboard::items))
         .route("/locks", get(dashboard::locks))
         .route("/dashboard/retry", post(dashboard::retry))
+        .route("/queues", get(dashboard::queues::list))
+        .route("/queues/{name}", get(dashboard::queues::show))
+        .route("/dashboard/queues/{name}/replay", post(dashboard::queues::replay))
+        .route("/dashboard/queues/{name}/pause", post(dashboard::queues::pause))
+        .route("/dashboard/queues/{name}/resume", post(dashboard::queues::resume))
         .route("/healthz", get(healthz))
         .route("/readyz", get(metrics::ready))
         .route("/metrics", get(metrics::serve))
@@ -111,6 +118,13 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/creators/{address}", get(creators::show))
         .route("/v1/holds", post(holds::create))
         .route("/v1/holds/{id}/release", post(holds::release))
+        .route("/v1/queues", get(queues::list))
+        .route("/v1/queues/{name}", get(queues::show))
+        .route("/v1/queues/{name}/dead", get(queues::dead))
+        .route("/v1/queues/{name}/pause", post(queues::pause))
+        .route("/v1/queues/{name}/resume", post(queues::resume))
+        .route("/v1/queues/{name}/replay", post(queues::replay))
+        .route("/v1/queues/{name}/cancel", post(queues::cancel))
         .fallback(|| async { Problem::not_found("no-such-route", "no such endpoint; see /openapi.json") })
         .layer(axum::middleware::from_fn_with_state(state.clone(), edge::check_host))
         .layer(TimeoutLayer::with_status_code(

@@ -12,6 +12,7 @@ pub mod import;
 pub mod lease;
 pub mod migrate;
 pub mod policy;
+pub mod queues;
 pub mod retry;
 pub mod run;
 pub mod runs;
@@ -111,6 +112,12 @@ pub trait DbCommand: Sized + 'static {
         4
     }
 
+    /// The least role this invocation needs: [`DbCommand::ROLE`], unless
+    /// the command's verbs need different roles.
+    fn role(&self) -> Option<&'static str> {
+        Self::ROLE
+    }
+
     /// Runs it.
     fn run(self, db: &Database) -> impl Future<Output = Outcome>;
 }
@@ -141,7 +148,7 @@ impl<C: DbCommand> Runnable for OnDatabase<C> {
                 url: global.database_url(),
                 data_dir: global.data_dir.clone(),
                 max_connections: self.0.connections(),
-                role: if global.role_per_command { C::ROLE } else { None },
+                role: if global.role_per_command { self.0.role() } else { None },
                 application_name: C::APPLICATION_NAME.to_string(),
                 pooler: global.pooler,
                 direct_url: global.direct_url.clone().filter(|u| !u.is_empty()),

@@ -6,6 +6,8 @@
 
 mod pages;
 pub(crate) mod queries;
+mod queue_pages;
+pub mod queues;
 pub mod sql_text;
 
 pub use pages::REFRESH_SECS;
