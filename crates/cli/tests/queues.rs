@@ -211,7 +211,7 @@ async fn each_verb_says_what_it_changed_and_refuses_what_it_cannot_do() {
     );
     assert_eq!(status_of(&env, "r2").await, "cancelled");
     for (key, why) in [
-        ("p1", "it has started: a worker holds it under a lease"),
+        ("p1", "it has started: it is processing under a lease"),
         ("d1", "it has ended: its status is failed"),
         ("r2", "it has ended: its status is cancelled"),
     ] {
@@ -422,7 +422,11 @@ async fn the_queue_endpoints_read_openly_and_act_only_with_the_token() {
         let (status, _) = post(&client, &url("/v1/queues/mail/cancel"), token, Some(r#"{"key":"r2"}"#)).await;
         assert_eq!(status, 401);
     }
-    for path in ["/v1/queues/mail/replay", "/v1/queues/mail/cancel"] {
+    for path in [
+        "/v1/queues/mail/replay",
+        "/v1/queues/mail/cancel",
+        "/dashboard/queues/mail/replay",
+    ] {
         let answer = head_only(&server, path).await;
         assert!(answer.starts_with("HTTP/1.1 401"), "{path}: {answer}");
     }

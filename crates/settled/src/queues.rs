@@ -294,7 +294,7 @@ pub async fn cancel(conn: &mut PgConnection, found: &Found, key: &str) -> Result
     Ok(match status.as_deref() {
         None => Cancelled::NoSuchJob,
         Some("eligible") => Cancelled::Refused("it is being handled in a worker's transaction".into()),
-        Some("processing") => Cancelled::Refused("it has started: a worker holds it under a lease".into()),
+        Some("processing") => Cancelled::Refused("it has started: it is processing under a lease".into()),
         Some(other) => Cancelled::Refused(format!("it has ended: its status is {other}")),
     })
 }

@@ -20,6 +20,10 @@ use crate::queues::{self, Cancelled, Found, QueueView, ReplayRequest, DEAD_LETTE
 /// Each verb says in one line what it changed. Exit 1 when it changed
 /// nothing it was asked to (an unknown queue or job, a replay that matches
 /// no dead letter, a cancel of a job that has started).
+///
+/// Under --role-per-command the listings run as settled_readonly and the
+/// verbs as settled_api; the application grants those roles its queue
+/// tables (SELECT; SELECT, UPDATE).
 #[derive(Debug, clap::Args)]
 #[command(args_conflicts_with_subcommands = true)]
 pub struct Args {

@@ -9,11 +9,12 @@ use crate::api::{AllowedHosts, HttpLimits};
 use crate::cmd::{DbCommand, Outcome};
 use crate::db::Database;
 
-/// Serve the HTTP API: payouts (idempotent), holds, creators, /healthz,
-/// /openapi.json, /metrics, and the dashboard.
+/// Serve the HTTP API: payouts (idempotent), holds, creators, continuous
+/// queues (/v1/queues), /healthz, /openapi.json, /metrics, and the dashboard.
 ///
 /// Mutating endpoints need `Authorization: Bearer $SETTLED_API_TOKEN` (the
-/// dashboard's retry form takes the token as HTTP Basic's password).
+/// dashboard's forms, retry and the queues' pause, resume and replay, take
+/// the token as HTTP Basic's password).
 /// Any number of servers may serve one database: every once-only rule is
 /// kept by the database.
 #[derive(Debug, clap::Args)]
