@@ -687,3 +687,49 @@ async fn metrics_give_each_queues_depth_oldest_ready_age_and_pause_at_scrape_tim
     );
     assert_eq!(value(&second, "work_queue_paused", &[("queue", "mail")]), Some(1.0));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_queue_keyed_by_a_bigint_is_operated_by_its_own_key_column_and_a_key_of_another_type_is_named() {
+    let env = Env::new().await;
+    let mut conn = env.pool.acquire().await.unwrap();
+    sqlx::query("CREATE SCHEMA jobs").execute(&mut *conn).await.unwrap();
+    let queue = Queue::with_key("numbers", "jobs.numbers", "id", "bigint").unwrap();
+    queue.create_table(&mut conn).await.unwrap();
+    let jobs: Vec<NewJob> = ["7", "8", "9"].into_iter().map(NewJob::new).collect();
+    queue.enqueue_many(&mut conn, &jobs).await.unwrap();
+    sqlx::raw_sql(
+        "UPDATE jobs.numbers SET status = 'failed', attempt = 2, last_error = 'no such account' WHERE id = 9;
+         GRANT USAGE ON SCHEMA jobs TO settled_api, settled_readonly;
+         GRANT SELECT ON jobs.numbers TO settled_readonly;
+         GRANT SELECT, UPDATE ON jobs.numbers TO settled_api;",
+    )
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    let (code, out, _) = queues(&env, &["--json"]);
+    assert_eq!(code, 0, "{out}");
+    let all: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        (&all[0]["stats"]["ready"], &all[0]["stats"]["failed"]),
+        (&json!(2), &json!(1))
+    );
+    let (code, out, _) = queues(&env, &["dead", "numbers"]);
+    assert_eq!(code, 0);
+    assert!(out.lines().nth(1).unwrap().starts_with("9 "), "{out}");
+    let (code, out, err) = queues(&env, &["cancel", "numbers", "--key", "8"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("job \"8\" of queue numbers cancelled"), "{out}");
+    let (code, _, err) = queues(&env, &["cancel", "numbers", "--key", "eight"]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("key \"eight\" is not a bigint, the type of queue \"numbers\"'s key"),
+        "{err}"
+    );
+    let (code, out, _) = queues(&env, &["replay", "numbers", "--key", "9"]);
+    assert_eq!(code, 0, "{out}");
+    let status: String = sqlx::query_scalar("SELECT status FROM jobs.numbers WHERE id = 9")
+        .fetch_one(&env.pool)
+        .await
+        .unwrap();
+    assert_eq!(status, "eligible");
+}
