@@ -100,8 +100,8 @@ async fn commands_run_with_the_least_role_they_need() {
 }
 
 /// The grants of the three roles as the catalog has them, as a Markdown
-/// table: one row per role and table, table-wide privileges then
-/// column ones (`UPDATE (a, b)`).
+/// table: one row per role and table (table-wide privileges, then column
+/// ones: `UPDATE (a, b)`) or function (`EXECUTE`).
 async fn grants_table(env: &Env) -> String {
     let rows: Vec<(String, String, String)> = sqlx::query_as(
         "WITH grants AS (
@@ -121,6 +121,12 @@ async fn grants_table(env: &Env) -> String {
              JOIN pg_roles r ON r.oid = a.grantee
              WHERE r.rolname IN ('settled_worker', 'settled_api', 'settled_readonly')
              GROUP BY r.rolname, n.nspname, c.relname, a.privilege_type
+             UNION ALL
+             SELECT r.rolname, p.oid::regprocedure::text, a.privilege_type
+             FROM pg_proc p
+             CROSS JOIN LATERAL aclexplode(p.proacl) a
+             JOIN pg_roles r ON r.oid = a.grantee
+             WHERE r.rolname IN ('settled_worker', 'settled_api', 'settled_readonly')
          )
          SELECT role, tbl, string_agg(privilege, ', ' ORDER BY privilege ~ '\\(', privilege)
          FROM grants GROUP BY role, tbl
@@ -129,7 +135,7 @@ async fn grants_table(env: &Env) -> String {
     .fetch_all(&env.pool)
     .await
     .unwrap();
-    let mut out = String::from("| role | table | privileges |\n|---|---|---|\n");
+    let mut out = String::from("| role | table or function | privileges |\n|---|---|---|\n");
     for (role, table, privileges) in rows {
         out.push_str(&format!("| `{role}` | `{table}` | {privileges} |\n"));
     }

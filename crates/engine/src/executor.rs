@@ -319,7 +319,8 @@ pub(crate) enum Step {
 
 /// Repeats `step` until drained or stopped. Transient failures (the database
 /// restarting, a terminated connection) are retried without limit, with a
-/// capped backoff; others give up after `max_consecutive_failures`.
+/// capped backoff; fatal ones (a missing grant, [`EngineError::is_fatal`])
+/// end the loop at once; others give up after `max_consecutive_failures`.
 pub(crate) async fn run_loop<F, Fut>(
     stats: &DrainStats,
     cfg: &DrainConfig,
@@ -358,6 +359,11 @@ where
             Ok(Step::Idle) => {
                 transient_streak = 0;
                 tokio::time::sleep(cfg.idle_poll).await
+            }
+            Err(err) if err.is_fatal() => {
+                // No retry can succeed, and no item is at fault: stop every loop.
+                stats.chunks_rolled_back.fetch_add(1, Ordering::Relaxed);
+                return Err(err);
             }
             Err(err) => {
                 stats.chunks_rolled_back.fetch_add(1, Ordering::Relaxed);
@@ -553,9 +559,10 @@ async fn settle_one_chunk<H: ChunkHandler>(
         Err(err) => {
             let _ = tx.rollback().await;
             drop(conn);
-            if !err.is_permanent() {
+            if err.is_fatal() || !err.is_permanent() {
                 // A lost connection says nothing about the items: retry the
-                // whole chunk later instead of hunting for a culprit.
+                // whole chunk later instead of hunting for a culprit. A
+                // missing grant says nothing about them either: stop.
                 return Err(EngineError::Handler {
                     items: chunk.items.len(),
                     first_key: chunk.items[0].key.clone(),
@@ -635,7 +642,7 @@ async fn statement_failed(t: &ChunkTarget<'_>, window: &Window, err: HandlerErro
         .after
         .as_ref()
         .map_or_else(|| "(from the start)".to_string(), |a| format!("after {a}"));
-    if !err.is_permanent() {
+    if err.is_fatal() || !err.is_permanent() {
         return Err(EngineError::Handler {
             items: t.cfg.chunk as usize,
             first_key,
@@ -691,7 +698,7 @@ async fn isolate_statement_failure(
                 }
                 Err(half_err) => {
                     let _ = tx.rollback().await;
-                    if !half_err.is_permanent() {
+                    if half_err.is_fatal() || !half_err.is_permanent() {
                         return Err(EngineError::Handler {
                             items: half.len(),
                             first_key: half[0].clone(),
@@ -782,7 +789,7 @@ async fn isolate_failure<H: ChunkHandler>(
                 }
                 Err(half_err) => {
                     let _ = tx.rollback().await;
-                    if !half_err.is_permanent() {
+                    if half_err.is_fatal() || !half_err.is_permanent() {
                         return Err(EngineError::Handler {
                             items: part.items.len(),
                             first_key: part.items[0].key.clone(),

@@ -364,7 +364,9 @@ impl<H: RunHooks> Job<H> {
             cfg,
             stats,
         };
-        drainer.drain(target).await?;
+        if let Err(err) = drainer.drain(target).await {
+            return Err(err.refused(pool).await);
+        }
         let settled = stats.items_settled.load(std::sync::atomic::Ordering::Relaxed) - settled_before;
         if worker.stop_requested() {
             tracing::info!(run = run.id, scope, settled, "stopped on request");

@@ -1,6 +1,10 @@
 //! Where the database comes from: `DATABASE_URL`, or a private PostgreSQL
 //! started from the installed server binaries in the project's data directory.
-//! Also applies the migrations (engine first, then settlement).
+//! Also makes sure the schema is this version's before a command runs: the
+//! migrations (engine first, then settlement) are applied when some are
+//! missing and the login may apply them, and otherwise checked, with one
+//! line saying what to do; a server that takes no writes (a standby) serves
+//! the commands that only read.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -48,6 +52,22 @@ pub struct DbOptions {
     pub pooler: Pooler,
     /// A URL without the transaction pooler (migrations, LISTEN).
     pub direct_url: Option<String>,
+    /// Whether the command writes (see [`Access`]).
+    pub access: Access,
+}
+
+/// What a command does with the database, for a server that takes no
+/// writes (a hot standby, or `default_transaction_read_only`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Access {
+    /// It writes: refused at start on a read-only server, in one line.
+    #[default]
+    Writes,
+    /// It only reads: it works on a standby too.
+    Reads,
+    /// It serves requests, some of which write: it starts on a read-only
+    /// server (its reads work there) and reports itself not ready.
+    Serves,
 }
 
 /// What sits between settled and PostgreSQL.
@@ -93,6 +113,7 @@ impl Database {
             role: None,
             pooler: Pooler::None,
             direct_url: None,
+            access: Access::Writes,
         })
         .await
     }
@@ -148,8 +169,44 @@ impl Database {
             pooler: opts.pooler,
             direct_url: opts.direct_url.clone(),
         };
-        match (role, opts.pooler, &opts.direct_url) {
-            (Some(role), _, _) => check_migrated(&db.pool, role).await?,
+        db.ensure_migrated(opts).await?;
+        Ok(db)
+    }
+
+    /// Makes sure the schema is this version's: nothing to do when every
+    /// migration is applied (so a login that may not migrate, or a standby,
+    /// only checks); otherwise they are applied where this login can apply
+    /// them, and refused in one line saying what to do where it cannot. A
+    /// command that writes is refused on a read-only server.
+    async fn ensure_migrated(&self, opts: &DbOptions) -> anyhow::Result<()> {
+        let read_only = read_only_reason(&self.pool).await?;
+        if let (Some(reason), Access::Writes) = (read_only, opts.access) {
+            anyhow::bail!(
+                "this server is read-only (a standby?): {reason}, and this command writes; point DATABASE_URL at the primary"
+            );
+        }
+        let pending = pending_migrations(&self.pool).await.with_context(|| {
+            format!(
+                "reading the applied migrations as role {}",
+                self.role.unwrap_or("of the login")
+            )
+        })?;
+        if pending.is_empty() {
+            if let (Some(reason), Access::Serves) = (read_only, opts.access) {
+                tracing::warn!(reason, "this server is read-only (a standby?): reads are served, writes answer 503 and /readyz says not ready");
+            }
+            return Ok(());
+        }
+        let missing = describe_pending(&pending);
+        if let Some(reason) = read_only {
+            anyhow::bail!(
+                "this server is read-only (a standby?): {reason}, and it lacks migrations this version needs ({missing}); run `settled migrate` on the primary"
+            );
+        }
+        match (self.role, opts.pooler, &opts.direct_url) {
+            (Some(role), _, _) => anyhow::bail!(
+                "the database lacks migrations this version needs ({missing}), which role {role} may not apply; run `settled migrate` with the owner role first"
+            ),
             (None, Pooler::Transaction, Some(direct)) => {
                 // The migrator holds a session advisory lock: not through the pooler.
                 let direct_pool = PgPoolOptions::new()
@@ -158,17 +215,27 @@ impl Database {
                     .connect_with(PgConnectOptions::from_str_checked(direct)?.application_name(&opts.application_name))
                     .await
                     .with_context(|| format!("connecting to SETTLED_DIRECT_URL {}", redact_url(direct)))?;
-                migrate(&direct_pool).await?;
+                let migrated = migrate(&direct_pool).await;
                 direct_pool.close().await;
+                migrated
             }
-            (None, Pooler::Transaction, None) => check_migrated(&db.pool, "the login role").await.map_err(|_| {
-                anyhow::anyhow!(
-                    "behind a transaction pooler the migrations need a session: set SETTLED_DIRECT_URL (or --direct-url) to a URL that reaches PostgreSQL without the pooler"
-                )
-            })?,
-            (None, _, _) => migrate(&db.pool).await?,
+            (None, Pooler::Transaction, None) => anyhow::bail!(
+                "behind a transaction pooler the migrations need a session: set SETTLED_DIRECT_URL (or --direct-url) to a URL that reaches PostgreSQL without the pooler"
+            ),
+            (None, _, _) => match migrate(&self.pool).await {
+                Err(err) => match denied(&err) {
+                    Some(refusal) => {
+                        let login: String =
+                            sqlx::query_scalar("SELECT session_user::text").fetch_one(&self.pool).await?;
+                        anyhow::bail!(
+                            "the database lacks migrations this version needs ({missing}), which login {login} may not apply ({refusal}); run `settled migrate` as the owner of the tables first"
+                        )
+                    }
+                    None => Err(err),
+                },
+                Ok(()) => Ok(()),
+            },
         }
-        Ok(db)
     }
 
     /// Closes the pool and stops the private server if this process started it.
@@ -323,23 +390,67 @@ pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// With a least-privilege role, migrations cannot run: require them applied.
-async fn check_migrated(pool: &PgPool, role: &str) -> anyhow::Result<()> {
-    let latest = sqlx::migrate!("./migrations")
-        .iter()
-        .map(|m| m.version)
-        .max()
-        .unwrap_or(0);
-    let applied: Option<i64> = sqlx::query_scalar("SELECT max(version) FROM public._sqlx_migrations WHERE success")
+/// Every embedded migration, the engine's then the settlement's.
+fn embedded_migrations() -> Vec<sqlx::migrate::Migration> {
+    let settlement = sqlx::migrate!("./migrations");
+    let engine = settled_engine::migrate::migrator();
+    engine.iter().chain(settlement.iter()).cloned().collect()
+}
+
+/// The versions of the embedded migrations the database does not have as
+/// this build has them: never applied, failed, or applied with other text.
+pub async fn pending_migrations(pool: &PgPool) -> Result<Vec<i64>, sqlx::Error> {
+    let exists: bool = sqlx::query_scalar("SELECT to_regclass('public._sqlx_migrations') IS NOT NULL")
         .fetch_one(pool)
-        .await
-        .with_context(|| format!("reading the applied migrations as role {role}"))?;
-    anyhow::ensure!(
-        applied.unwrap_or(0) >= latest,
-        "the database lacks migrations this version needs (applied {}, needs {latest}); run `settled migrate` with the owner role first",
-        applied.unwrap_or(0)
-    );
-    Ok(())
+        .await?;
+    let applied: Vec<(i64, Vec<u8>)> = if exists {
+        sqlx::query_as("SELECT version, checksum FROM public._sqlx_migrations WHERE success")
+            .fetch_all(pool)
+            .await?
+    } else {
+        Vec::new()
+    };
+    let applied: std::collections::HashMap<i64, Vec<u8>> = applied.into_iter().collect();
+    Ok(embedded_migrations()
+        .iter()
+        .filter(|m| applied.get(&m.version).is_none_or(|sum| sum.as_slice() != &*m.checksum))
+        .map(|m| m.version)
+        .collect())
+}
+
+/// Why this server takes no writes, if it does not: in recovery (a hot
+/// standby), or read-only by default for this session.
+pub async fn read_only_reason(pool: &PgPool) -> Result<Option<&'static str>, sqlx::Error> {
+    let (in_recovery, read_only): (bool, bool) =
+        sqlx::query_as("SELECT pg_is_in_recovery(), current_setting('default_transaction_read_only')::bool")
+            .fetch_one(pool)
+            .await?;
+    Ok(if in_recovery {
+        Some("it is in recovery")
+    } else if read_only {
+        Some("default_transaction_read_only is on")
+    } else {
+        None
+    })
+}
+
+/// Pending versions for one line: the first few, and how many in all.
+fn describe_pending(pending: &[i64]) -> String {
+    const SHOWN: usize = 3;
+    let first: Vec<String> = pending.iter().take(SHOWN).map(i64::to_string).collect();
+    match pending.len() {
+        n if n > SHOWN => format!("{} and {} more", first.join(", "), n - SHOWN),
+        _ => first.join(", "),
+    }
+}
+
+/// The database's message when it refused a privilege (SQLSTATE 42501)
+/// somewhere in `err`.
+fn denied(err: &anyhow::Error) -> Option<String> {
+    err.chain().find_map(|cause| {
+        let db = cause.downcast_ref::<sqlx::Error>()?.as_database_error()?;
+        (db.code()? == "42501").then(|| db.message().to_string())
+    })
 }
 
 /// A URL fit for logs and errors: the userinfo's password and any

@@ -129,29 +129,32 @@ pub async fn serve(State(state): State<AppState>) -> Response {
     response
 }
 
-/// `GET /readyz`: 200 once the database answers and its migrations are
-/// applied (so the server can serve every endpoint), else 503.
+/// `GET /readyz`: 200 once the database answers, has every migration this
+/// version needs, and takes writes; else 503 saying which (a standby, or
+/// `default_transaction_read_only`, answers reads but every payout and hold
+/// would fail, so an orchestrator must not route writes to it).
 pub async fn ready(State(state): State<AppState>) -> Response {
-    let latest = sqlx::migrate!("./migrations")
-        .iter()
-        .map(|m| m.version)
-        .max()
-        .unwrap_or(0);
-    let applied: Result<Option<i64>, sqlx::Error> =
-        sqlx::query_scalar("SELECT max(version) FROM public._sqlx_migrations WHERE success")
-            .fetch_one(&state.pool)
-            .await;
-    match applied {
-        Ok(Some(v)) if v >= latest => {
+    let not_ready = |kind: &'static str, detail: String| {
+        Problem::new(StatusCode::SERVICE_UNAVAILABLE, kind, "Not ready", detail).into_response()
+    };
+    match crate::db::read_only_reason(&state.pool).await {
+        Ok(None) => {}
+        Ok(Some(reason)) => {
+            return not_ready(
+                "read-only",
+                format!("this server is read-only (a standby?): {reason}; payouts and holds cannot succeed here"),
+            )
+        }
+        Err(err) => return Problem::unavailable(err).into_response(),
+    }
+    match crate::db::pending_migrations(&state.pool).await {
+        Ok(pending) if pending.is_empty() => {
             (StatusCode::OK, axum::Json(serde_json::json!({"status": "ready"}))).into_response()
         }
-        Ok(_) => Problem::new(
-            StatusCode::SERVICE_UNAVAILABLE,
+        Ok(_) => not_ready(
             "not-migrated",
-            "Not ready",
-            "the database lacks migrations; run `settled migrate`",
-        )
-        .into_response(),
+            "the database lacks migrations; run `settled migrate`".to_string(),
+        ),
         Err(err) => Problem::unavailable(err).into_response(),
     }
 }

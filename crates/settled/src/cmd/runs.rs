@@ -1,7 +1,7 @@
 //! `settled runs`.
 
 use crate::cmd::{DbCommand, Outcome};
-use crate::db::Database;
+use crate::db::{Access, Database};
 use crate::settlement::job;
 
 /// List runs, newest first: state, starter, timing, report summary.
@@ -25,6 +25,7 @@ struct PeriodRun<'a> {
 
 impl DbCommand for Args {
     const ROLE: Option<&'static str> = Some("settled_readonly");
+    const ACCESS: Access = Access::Reads;
 
     async fn run(self, db: &Database) -> Outcome {
         let all = job().list_runs(&db.pool, self.limit).await?;

@@ -1,7 +1,7 @@
 //! `settled workers`.
 
 use crate::cmd::{DbCommand, Outcome};
-use crate::db::Database;
+use crate::db::{Access, Database};
 
 /// List worker processes: host, pid, version, heartbeat, alive/stopped/dead.
 #[derive(Debug, clap::Args)]
@@ -16,6 +16,7 @@ pub struct Args {
 
 impl DbCommand for Args {
     const ROLE: Option<&'static str> = Some("settled_readonly");
+    const ACCESS: Access = Access::Reads;
 
     async fn run(self, db: &Database) -> Outcome {
         let queue = crate::settlement::queue();
