@@ -327,6 +327,37 @@ async fn a_poison_item_fails_alone_and_the_rest_settle_once() {
     assert_eq!(mismatched, 0);
 }
 
+/// A statement no retry can help (its table is gone: SQLSTATE 42P01, as a
+/// missing grant is 42501) is the deployment's fault, not an item's: the
+/// drain stops at once, says the role, and no item is failed or touched.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_statement_the_deployment_cannot_run_stops_the_drain_at_once_and_fails_no_item() {
+    let env = env(500).await;
+    sqlx::query("DROP TABLE jobs.effects").execute(&env.pool).await.unwrap();
+    let worker = Worker::register(&env.pool, "test").await.unwrap();
+    let worked = tokio::time::timeout(
+        Duration::from_secs(30),
+        job().work(&env.pool, SCOPE, &drainer(&[]), &config(50, 4), &worker),
+    )
+    .await
+    .expect("the drain ends by itself");
+    worker.deregister().await;
+    match worked {
+        Err(EngineError::Refused {
+            role, code, message, ..
+        }) => {
+            assert_eq!(code, "42P01");
+            assert!(message.contains("jobs.effects"), "{message}");
+            assert_eq!(role, "postgres");
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert_eq!(
+        count(&env.pool, "SELECT count(*) FROM jobs.items WHERE status = 'eligible' AND attempt = 0").await,
+        500
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn one_finisher_among_sixteen_racers() {
     let env = env(200).await;
