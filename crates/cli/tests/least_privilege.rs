@@ -97,6 +97,10 @@ async fn the_worker_role_settles_in_transaction_mode_and_the_period_archives_and
     }
     let out = env.run_ok(&["--role-per-command", "worker", "--period", PERIOD, "--chunk", "500"]);
     assert!(out.contains("settled 3000 creators"), "{out}");
+    // It read the partition's statistics (pg_stats shows a role only the
+    // columns it may read) and cut the run into key ranges of a chunk each.
+    let ranges = env.scalar_i64("SELECT count(*) FROM settled_engine.run_key_ranges").await;
+    assert!(ranges > 1, "{ranges} key ranges");
     verified(&env, &["--role-per-command", "verify", "--period", PERIOD]);
 
     let dir = tempfile::tempdir().unwrap();

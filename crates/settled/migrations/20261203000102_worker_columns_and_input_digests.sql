@@ -60,12 +60,13 @@ INSERT INTO settlement.period_inputs (period, items, digest)
 SELECT period, count(*), sum(settlement.input_digest(creator, volume))
 FROM settlement.token_trade_volume GROUP BY period;
 
+-- Read by `settled verify` and by the dashboard's verification of a run.
 DO $$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'settled_readonly') THEN
         RETURN;
     END IF;
-    GRANT SELECT ON settlement.period_inputs TO settled_readonly;
+    GRANT SELECT ON settlement.period_inputs TO settled_readonly, settled_api;
 END
 $$;
 
