@@ -99,7 +99,9 @@ async fn the_worker_role_settles_in_transaction_mode_and_the_period_archives_and
     assert!(out.contains("settled 3000 creators"), "{out}");
     // It read the partition's statistics (pg_stats shows a role only the
     // columns it may read) and cut the run into key ranges of a chunk each.
-    let ranges = env.scalar_i64("SELECT count(*) FROM settled_engine.run_key_ranges").await;
+    let ranges = env
+        .scalar_i64("SELECT count(*) FROM settled_engine.run_key_ranges")
+        .await;
     assert!(ranges > 1, "{ranges} key ranges");
     verified(&env, &["--role-per-command", "verify", "--period", PERIOD]);
 
@@ -262,7 +264,8 @@ fn error_line(stderr: &str) -> &str {
 async fn untouched_items(env: &Env) -> (i64, i64) {
     let untouched = env
         .scalar_i64(&format!(
-            "SELECT count(*) FROM settlement.token_trade_volume WHERE period = '{PERIOD}' AND status = 'eligible'"
+            "SELECT count(*) FROM settlement.token_trade_volume
+             WHERE period = '{PERIOD}' AND status = 'eligible' AND attempt = 0"
         ))
         .await;
     let others = env
@@ -296,11 +299,19 @@ async fn a_worker_without_a_grant_it_needs_stops_in_bounded_time_naming_the_tabl
         "{line}"
     );
     assert_eq!(untouched_items(&env).await, (1000, 0));
-    // The daemon, finding the run running, stops the same way.
-    let (code, stderr) = run_bounded(&env, &["--role-per-command", "worker", "--max-poll-ms", "200"], 60);
-    assert_eq!(code, Some(1), "{stderr}");
-    assert!(error_line(&stderr).contains("permission denied for table token_trade_volume_p20261128"));
-    assert_eq!(untouched_items(&env).await, (1000, 0));
+    // The daemon, finding the run running, and `run --wait` stop the same way.
+    for args in [
+        &["--role-per-command", "worker", "--max-poll-ms", "200"][..],
+        &["--role-per-command", "run", "--period", PERIOD, "--wait"],
+    ] {
+        let (code, stderr) = run_bounded(&env, args, 60);
+        assert_eq!(code, Some(1), "{args:?}: {stderr}");
+        assert!(
+            error_line(&stderr).contains("permission denied for table token_trade_volume_p20261128"),
+            "{args:?}: {stderr}"
+        );
+        assert_eq!(untouched_items(&env).await, (1000, 0));
+    }
 
     // In leased mode the claim goes through the parent; the chunk's first
     // read of holds is refused. The leases taken are given back.

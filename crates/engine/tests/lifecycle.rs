@@ -353,7 +353,11 @@ async fn a_statement_the_deployment_cannot_run_stops_the_drain_at_once_and_fails
         other => panic!("expected a refusal, got {other:?}"),
     }
     assert_eq!(
-        count(&env.pool, "SELECT count(*) FROM jobs.items WHERE status = 'eligible' AND attempt = 0").await,
+        count(
+            &env.pool,
+            "SELECT count(*) FROM jobs.items WHERE status = 'eligible' AND attempt = 0"
+        )
+        .await,
         500
     );
 }
