@@ -147,7 +147,7 @@ pub async fn run<H: RunHooks, D: Drainer>(
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(MAX_OUTAGE_BACKOFF);
             }
-            Err(err) => return Err(err),
+            Err(err) => return Err(err.refused(pool).await),
         }
     }
     Ok(())

@@ -332,8 +332,24 @@ impl<H: RunHooks> Job<H> {
     }
 
     /// One worker's turn at `scope`: joins (or starts) its run, drains it
-    /// with `drainer`, and finishes it when nothing is left.
+    /// with `drainer`, and finishes it when nothing is left. A fatal error
+    /// (a missing grant: [`EngineError::is_fatal`]) comes back as
+    /// [`EngineError::Refused`], naming the role.
     pub async fn work<D: Drainer>(
+        &self,
+        pool: &PgPool,
+        scope: &str,
+        drainer: &D,
+        cfg: &DrainConfig,
+        worker: &Worker,
+    ) -> Result<WorkOutcome, EngineError> {
+        match self.work_turn(pool, scope, drainer, cfg, worker).await {
+            Err(err) => Err(err.refused(pool).await),
+            worked => worked,
+        }
+    }
+
+    async fn work_turn<D: Drainer>(
         &self,
         pool: &PgPool,
         scope: &str,
@@ -364,9 +380,7 @@ impl<H: RunHooks> Job<H> {
             cfg,
             stats,
         };
-        if let Err(err) = drainer.drain(target).await {
-            return Err(err.refused(pool).await);
-        }
+        drainer.drain(target).await?;
         let settled = stats.items_settled.load(std::sync::atomic::Ordering::Relaxed) - settled_before;
         if worker.stop_requested() {
             tracing::info!(run = run.id, scope, settled, "stopped on request");

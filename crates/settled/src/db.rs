@@ -186,10 +186,8 @@ impl Database {
             );
         }
         let pending = pending_migrations(&self.pool).await.with_context(|| {
-            format!(
-                "reading the applied migrations as role {}",
-                self.role.unwrap_or("of the login")
-            )
+            let role = self.role.map(|r| format!(" as role {r}")).unwrap_or_default();
+            format!("reading the applied migrations{role}")
         })?;
         if pending.is_empty() {
             if let (Some(reason), Access::Serves) = (read_only, opts.access) {
@@ -197,15 +195,15 @@ impl Database {
             }
             return Ok(());
         }
-        let missing = describe_pending(&pending);
+        let pending = pending.describe();
         if let Some(reason) = read_only {
             anyhow::bail!(
-                "this server is read-only (a standby?): {reason}, and it lacks migrations this version needs ({missing}); run `settled migrate` on the primary"
+                "this server is read-only (a standby?): {reason}, and {pending}; run `settled migrate` on the primary"
             );
         }
         match (self.role, opts.pooler, &opts.direct_url) {
             (Some(role), _, _) => anyhow::bail!(
-                "the database lacks migrations this version needs ({missing}), which role {role} may not apply; run `settled migrate` with the owner role first"
+                "{pending}, which role {role} may not apply; run `settled migrate` with the owner role first"
             ),
             (None, Pooler::Transaction, Some(direct)) => {
                 // The migrator holds a session advisory lock: not through the pooler.
@@ -228,7 +226,7 @@ impl Database {
                         let login: String =
                             sqlx::query_scalar("SELECT session_user::text").fetch_one(&self.pool).await?;
                         anyhow::bail!(
-                            "the database lacks migrations this version needs ({missing}), which login {login} may not apply ({refusal}); run `settled migrate` as the owner of the tables first"
+                            "{pending}, which login {login} may not apply ({refusal}); run `settled migrate` as the owner of the tables first"
                         )
                     }
                     None => Err(err),
@@ -397,9 +395,44 @@ fn embedded_migrations() -> Vec<sqlx::migrate::Migration> {
     engine.iter().chain(settlement.iter()).cloned().collect()
 }
 
-/// The versions of the embedded migrations the database does not have as
-/// this build has them: never applied, failed, or applied with other text.
-pub async fn pending_migrations(pool: &PgPool) -> Result<Vec<i64>, sqlx::Error> {
+/// The embedded migrations a database does not have as this build has them.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct PendingMigrations {
+    /// Never applied, or failed.
+    pub missing: Vec<i64>,
+    /// Applied with other text than this build's.
+    pub changed: Vec<i64>,
+}
+
+impl PendingMigrations {
+    /// True when the database has every migration as this build has it.
+    pub fn is_empty(&self) -> bool {
+        self.missing.is_empty() && self.changed.is_empty()
+    }
+
+    /// What is pending, as a clause of one line.
+    pub fn describe(&self) -> String {
+        match (self.missing.is_empty(), self.changed.is_empty()) {
+            (false, true) => format!(
+                "the database lacks migrations this version needs ({})",
+                versions(&self.missing)
+            ),
+            (true, false) => format!(
+                "the database has migrations that differ from this version's ({})",
+                versions(&self.changed)
+            ),
+            _ => format!(
+                "the database lacks migrations this version needs ({}) and has others that differ from its own ({})",
+                versions(&self.missing),
+                versions(&self.changed)
+            ),
+        }
+    }
+}
+
+/// The embedded migrations the database does not have as this build has
+/// them (see [`PendingMigrations`]).
+pub async fn pending_migrations(pool: &PgPool) -> Result<PendingMigrations, sqlx::Error> {
     let exists: bool = sqlx::query_scalar("SELECT to_regclass('public._sqlx_migrations') IS NOT NULL")
         .fetch_one(pool)
         .await?;
@@ -411,11 +444,15 @@ pub async fn pending_migrations(pool: &PgPool) -> Result<Vec<i64>, sqlx::Error> 
         Vec::new()
     };
     let applied: std::collections::HashMap<i64, Vec<u8>> = applied.into_iter().collect();
-    Ok(embedded_migrations()
-        .iter()
-        .filter(|m| applied.get(&m.version).is_none_or(|sum| sum.as_slice() != &*m.checksum))
-        .map(|m| m.version)
-        .collect())
+    let mut pending = PendingMigrations::default();
+    for m in embedded_migrations() {
+        match applied.get(&m.version) {
+            None => pending.missing.push(m.version),
+            Some(sum) if sum.as_slice() != &*m.checksum => pending.changed.push(m.version),
+            Some(_) => {}
+        }
+    }
+    Ok(pending)
 }
 
 /// Why this server takes no writes, if it does not: in recovery (a hot
@@ -434,11 +471,11 @@ pub async fn read_only_reason(pool: &PgPool) -> Result<Option<&'static str>, sql
     })
 }
 
-/// Pending versions for one line: the first few, and how many in all.
-fn describe_pending(pending: &[i64]) -> String {
+/// Versions for one line: the first few, and how many more.
+fn versions(list: &[i64]) -> String {
     const SHOWN: usize = 3;
-    let first: Vec<String> = pending.iter().take(SHOWN).map(i64::to_string).collect();
-    match pending.len() {
+    let first: Vec<String> = list.iter().take(SHOWN).map(i64::to_string).collect();
+    match list.len() {
         n if n > SHOWN => format!("{} and {} more", first.join(", "), n - SHOWN),
         _ => first.join(", "),
     }

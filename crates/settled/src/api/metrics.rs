@@ -151,10 +151,7 @@ pub async fn ready(State(state): State<AppState>) -> Response {
         Ok(pending) if pending.is_empty() => {
             (StatusCode::OK, axum::Json(serde_json::json!({"status": "ready"}))).into_response()
         }
-        Ok(_) => not_ready(
-            "not-migrated",
-            "the database lacks migrations; run `settled migrate`".to_string(),
-        ),
+        Ok(pending) => not_ready("not-migrated", format!("{}; run `settled migrate`", pending.describe())),
         Err(err) => Problem::unavailable(err).into_response(),
     }
 }
