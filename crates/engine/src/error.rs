@@ -75,6 +75,17 @@ pub enum EngineError {
     /// A run id that does not exist.
     #[error("run {0} does not exist")]
     NoSuchRun(i64),
+    /// COMMIT was sent and failed without an answer that says the
+    /// transaction did not commit (the connection was lost, the server shut
+    /// down at it): it may or may not have committed.
+    #[error("the outcome of COMMIT while {context} is unknown (it may have committed): {source}")]
+    CommitOutcomeUnknown {
+        /// What the transaction was doing.
+        context: &'static str,
+        /// The driver's error.
+        #[source]
+        source: sqlx::Error,
+    },
     /// An invariant the engine relies on did not hold; the transaction was rolled back.
     #[error("invariant violated: {0}")]
     Invariant(String),
@@ -164,6 +175,12 @@ impl EngineError {
             message,
         }
     }
+
+    /// Wraps the error of a COMMIT: once COMMIT is sent, no error proves it
+    /// did not commit (`tx.commit().await.map_err(EngineError::at_commit("..."))`).
+    pub fn at_commit(context: &'static str) -> impl FnOnce(sqlx::Error) -> EngineError {
+        move |source| EngineError::CommitOutcomeUnknown { context, source }
+    }
 }
 
 /// An error from an application's handler.
@@ -178,6 +195,16 @@ pub enum HandlerError {
     /// Retrying cannot help: bad data, a refusal.
     #[error("{0}")]
     Permanent(String),
+    /// Not now, and not the job's fault (a provider down or rate limiting):
+    /// try again after `after` without spending an attempt (a continuous
+    /// queue's job); elsewhere the same as [`HandlerError::Transient`].
+    #[error("snoozed for {after:?}: {reason}")]
+    Snooze {
+        /// How long to wait.
+        after: std::time::Duration,
+        /// Why.
+        reason: String,
+    },
 }
 
 impl HandlerError {
@@ -192,7 +219,7 @@ impl HandlerError {
     pub fn is_permanent(&self) -> bool {
         match self {
             HandlerError::Database(err) => !is_transient_sqlx(err),
-            HandlerError::Transient(_) => false,
+            HandlerError::Transient(_) | HandlerError::Snooze { .. } => false,
             HandlerError::Permanent(_) => true,
         }
     }

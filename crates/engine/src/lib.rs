@@ -21,10 +21,12 @@
 //! ([`session::use_custom_plans`]). See `examples/email_digest.rs` for a job
 //! that is not settlement.
 
+pub mod continuous;
 pub mod daemon;
+pub mod drain;
 pub mod error;
-pub mod executor;
 pub mod fence;
+pub mod item;
 pub mod job;
 pub mod leased;
 pub mod migrate;
@@ -39,12 +41,19 @@ pub mod status;
 pub mod telemetry;
 pub mod workers;
 
+pub use continuous::{
+    serve, serve_leased, ClaimedJob, Enqueued, JobHandler, LeasedJobHandler, NewJob, Queue, ServeConfig, ServeStats,
+};
 pub use daemon::DaemonConfig;
+pub use drain::{drain_in_transactions, ChunkHandler, DrainConfig, DrainStats};
 pub use error::{EngineError, HandlerError};
-pub use executor::{drain_in_transactions, Chunk, ChunkHandler, ClaimedItem, DrainConfig, DrainStats, Handled};
 pub use fence::Fence;
-pub use job::{ByMode, Cancelled, Drainer, InTransaction, Job, Leased, NoHooks, RunHooks, RunTarget, WorkOutcome};
+pub use item::{Chunk, ClaimedItem, Handled};
+pub use job::{
+    ByMode, Cancelled, Drainer, InTransaction, Job, Leased, NoHooks, Reopened, RunHooks, RunTarget, WorkOutcome,
+};
 pub use leased::{drain_leased, LeaseConfig, LeaseKeeper, LeasedHandler};
+pub use migrate::migrate;
 pub use queue::{ChunkDone, ChunkSql, ChunkStatements, FailOutcome, KeyWindow, QueueSpec, RetryPolicy, WorkQueue};
 pub use runs::{Run, RunState};
 pub use schedule::Schedule;

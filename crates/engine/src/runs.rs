@@ -282,6 +282,25 @@ pub(crate) async fn cancel(conn: &mut PgConnection, job: &str, scope: &str) -> R
     Ok(done == 1)
 }
 
+/// Rewrites the running run of any of `scopes` without changing it, in a
+/// transaction that makes items of those scopes eligible: a finisher whose
+/// REPEATABLE READ snapshot began before that transaction commits then
+/// fails to lock the run (40001) instead of finishing it over those items,
+/// and a finish already under way is waited for (so the caller can reopen
+/// what it finished).
+pub(crate) async fn interrupt_finish(conn: &mut PgConnection, job: &str, scopes: &[String]) -> Result<(), EngineError> {
+    sqlx::query(
+        "UPDATE settled_engine.runs SET state = state
+         WHERE job = $1 AND scope = ANY($2) AND state = 'running'",
+    )
+    .bind(job) // $1
+    .bind(scopes) // $2
+    .execute(conn)
+    .await
+    .map_err(EngineError::db("interrupting a run's finish"))?;
+    Ok(())
+}
+
 /// Sets the run of (job, scope) running again if it is in one of `from`.
 /// Fails with [`EngineError::OtherRunActive`] while another run of the job runs.
 pub(crate) async fn reopen(

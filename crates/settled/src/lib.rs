@@ -3,7 +3,7 @@
 //!
 //! The money path reads top to bottom in three files:
 //! `settled_engine::queue::claim` (claim with SKIP LOCKED, hand out fences),
-//! [`settlement`] (pay a chunk with those fences), `settled_engine::executor`
+//! [`settlement`] (pay a chunk with those fences), `settled_engine::drain`
 //! (mark settled, commit).
 //!
 //! This crate is only the product: settlement, its commands ([`cmd`]), the
@@ -20,6 +20,7 @@ pub mod db;
 pub mod demo;
 pub mod failover;
 pub mod import;
+pub mod json;
 pub mod money;
 pub mod partitions;
 pub mod period;

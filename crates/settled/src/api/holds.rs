@@ -31,7 +31,7 @@ pub use crate::settlement::Hold;
 /// reads holds: once this commits, no payout that has not yet committed can
 /// pay the creator. (The API's role may neither lock nor change a balance
 /// itself.)
-async fn place_hold(state: &AppState, creator: &CreatorAddress, reason: &str) -> Result<Hold, sqlx::Error> {
+async fn place_hold(state: &AppState, creator: &CreatorAddress, reason: &str) -> anyhow::Result<Hold> {
     let mut tx = super::begin(state).await?;
     let hold = sqlx::query_as("SELECT id, creator, reason, created_at, released_at FROM settlement.place_hold($1, $2)")
         .bind(creator.as_str()) // $1
@@ -78,7 +78,11 @@ pub async fn create(
     let inserted = place_hold(state, &creator, reason).await;
     match inserted {
         Ok(row) => Ok((StatusCode::CREATED, axum::Json(row)).into_response()),
-        Err(err) if settled_engine::error::is_unique_violation(&err, "creator_holds_one_active") => {
+        Err(err)
+            if err
+                .downcast_ref::<sqlx::Error>()
+                .is_some_and(|e| settled_engine::error::is_unique_violation(e, "creator_holds_one_active")) =>
+        {
             let existing: Option<i64> = sqlx::query_scalar(
                 "SELECT id FROM settlement.creator_holds WHERE creator = $1 AND released_at IS NULL",
             )

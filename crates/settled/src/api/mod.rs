@@ -19,6 +19,7 @@ pub mod server;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::json::ObjectError;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
@@ -39,6 +40,12 @@ pub use server::HttpLimits;
 
 /// Largest request body read, in bytes.
 pub const MAX_BODY_BYTES: usize = 16 * 1024;
+/// Time a handler waits for a whole body (at most [`MAX_BODY_BYTES`]) once
+/// it starts reading it, always after the token is checked: a body that
+/// trickles gets 408 and its connection is closed, so even a client with
+/// the token cannot keep a request in progress (which the connection cap
+/// never evicts) for longer.
+pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often expired idempotency keys are pruned.
 pub const PRUNE_INTERVAL_SECS: u64 = 60;
 
@@ -193,14 +200,21 @@ pub async fn begin(state: &AppState) -> Result<sqlx::Transaction<'static, sqlx::
 /// successful COMMIT (and a warning), which would send a 201 for a payout
 /// the standby never got. The request timeout still bounds the wait; a
 /// payout cut off that way answers 503 ("may or may not have taken
-/// effect": the client retries with its key).
-pub async fn commit(state: &AppState, mut tx: sqlx::Transaction<'static, sqlx::Postgres>) -> Result<(), sqlx::Error> {
+/// effect": the client retries with its key). An error of the COMMIT
+/// itself is [`EngineError::CommitOutcomeUnknown`]: answered 503
+/// `outcome-unknown`, never "no effect".
+///
+/// [`EngineError::CommitOutcomeUnknown`]: settled_engine::EngineError::CommitOutcomeUnknown
+pub async fn commit(state: &AppState, mut tx: sqlx::Transaction<'static, sqlx::Postgres>) -> anyhow::Result<()> {
     if state.synchronous_commit.is_some() {
         sqlx::query("SELECT set_config('statement_timeout', '0', true)")
             .execute(&mut *tx)
             .await?;
     }
-    tx.commit().await
+    tx.commit()
+        .await
+        .map_err(settled_engine::EngineError::at_commit("committing an API write"))?;
+    Ok(())
 }
 
 /// `synchronous_commit` of the API's write transactions.
@@ -232,8 +246,8 @@ impl SynchronousCommit {
 
 /// Reads the body (at most [`MAX_BODY_BYTES`]) of a request whose
 /// Content-Type is `application/json` (415 otherwise) and parses it as a
-/// JSON object of `T` (an array or a scalar is refused), naming the field at
-/// fault.
+/// JSON object of `T` (an array or a scalar is refused, and so is a member
+/// named twice), naming the field at fault.
 pub async fn read_json<T: DeserializeOwned>(headers: &HeaderMap, body: Body) -> Result<(T, Bytes), Problem> {
     if !has_media_type(headers, "application/json") {
         return Err(unsupported_media_type(
@@ -241,13 +255,19 @@ pub async fn read_json<T: DeserializeOwned>(headers: &HeaderMap, body: Body) -> 
         ));
     }
     let bytes = read_body(body).await?;
-    let value: serde_json::Value = serde_json::from_slice(&bytes)
-        .map_err(|e| Problem::bad_request("malformed-json", format!("the body is not a valid request: {e}")))?;
-    if !value.is_object() {
-        return Err(Problem::bad_request("malformed-json", "the body must be a JSON object"));
-    }
-    let value =
-        serde_path_to_error::deserialize::<_, T>(value).map_err(|e| problem_at(e, "malformed-json", "the body"))?;
+    let object = crate::json::parse_object(&bytes).map_err(|e| match e {
+        ObjectError::Syntax(e) => {
+            Problem::bad_request("malformed-json", format!("the body is not a valid request: {e}"))
+        }
+        ObjectError::NotAnObject => Problem::bad_request("malformed-json", "the body must be a JSON object"),
+        ObjectError::Duplicate(path) => Problem::bad_request(
+            "duplicate-field",
+            format!("the body names `{path}` more than once; send each field once"),
+        )
+        .field(path),
+    })?;
+    let value = serde_path_to_error::deserialize::<_, T>(serde_json::Value::Object(object))
+        .map_err(|e| problem_at(e, "malformed-json", "the body"))?;
     Ok((value, bytes))
 }
 
@@ -265,9 +285,22 @@ pub async fn read_form<T: DeserializeOwned>(headers: &HeaderMap, body: Body) -> 
     serde_path_to_error::deserialize::<_, T>(fields).map_err(|e| problem_at(e, "malformed-form", "the form"))
 }
 
-/// Reads at most [`MAX_BODY_BYTES`] of `body` (413 beyond).
+/// Reads at most [`MAX_BODY_BYTES`] of `body` (413 beyond) within
+/// [`BODY_READ_TIMEOUT`] (408 after).
 async fn read_body(body: Body) -> Result<Bytes, Problem> {
-    axum::body::to_bytes(body, MAX_BODY_BYTES).await.map_err(|_| {
+    let read = tokio::time::timeout(BODY_READ_TIMEOUT, axum::body::to_bytes(body, MAX_BODY_BYTES));
+    let Ok(read) = read.await else {
+        return Err(Problem::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "body-timeout",
+            "The body took too long",
+            format!(
+                "the whole body must arrive within {} s once the server reads it; nothing was done",
+                BODY_READ_TIMEOUT.as_secs()
+            ),
+        ));
+    };
+    read.map_err(|_| {
         Problem::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "body-too-large",

@@ -19,6 +19,7 @@ pub fn document(retention_hours: u64) -> serde_json::Value {
         answer
     };
     let unavailable = "retry: the database failed or a lock or statement took longer than the API waits (database-busy); the request had no effect";
+    let unavailable_write = "retry: the database failed or a lock or statement took longer than the API waits (database-busy), and the request had no effect; or the answer to its COMMIT was lost (outcome-unknown), and it may or may not have taken effect: retrying is safe (a payout with the same Idempotency-Key answers its outcome; a repeated hold or release answers 409 if the first took effect)";
     let wrong_host = "the Host header names a host this server does not serve";
     let json = |description: &str, schema: &str| {
         serde_json::json!({
@@ -31,7 +32,7 @@ pub fn document(retention_hours: u64) -> serde_json::Value {
         "info": {
             "title": "settled API",
             "version": env!("CARGO_PKG_VERSION"),
-            "description": format!("Withdrawals that never pay twice, holds, creators. Amounts are decimal strings of token base units (they exceed 2^53). Errors are application/problem+json with a stable `type`. Bodies are application/json objects. Idempotency-Key (IETF draft-ietf-httpapi-idempotency-key-header) is an sf-string, quoted or bare; this server keeps a key and its response for {retention_hours} h, and a payout for ever: a key used again after that answers the payout it made (or 422 for a different request), never a second payout.")
+            "description": format!("Withdrawals that never pay twice, holds, creators. Amounts are decimal strings of token base units (they exceed 2^53). Errors are application/problem+json with a stable `type`. Bodies are application/json objects that name each field once. Idempotency-Key (IETF draft-ietf-httpapi-idempotency-key-header) is an sf-string, quoted or bare; this server keeps a key and its response for {retention_hours} h (then prunes them), and a payout for ever. A key belongs to the request that used it first while any trace of that request is kept (its stored response, even past the retention, until pruned; the payout it made, for ever): another request with it gets 422 idempotency-key-reused, and a repeat of the request, however late, gets its answer or, once the answer is pruned, the payout it made; never a second payout. A key whose request was refused is free once its response is pruned.")
         },
         "servers": [{ "url": "/" }],
         "components": {
@@ -171,15 +172,16 @@ pub fn document(retention_hours: u64) -> serde_json::Value {
                 "requestBody": { "required": true, "content": { "application/json": { "schema": { "$ref": "#/components/schemas/PayoutRequest" } } } },
                 "responses": {
                     "201": json("the payout (a repeat with the same key and body returns it again)", "Payout"),
-                    "400": problem("malformed body, or a missing or over-long Idempotency-Key"),
+                    "400": problem("malformed body (a field named twice: duplicate-field, naming it), or a missing or over-long Idempotency-Key"),
                     "401": problem("missing or wrong bearer token"),
                     "404": problem("unknown creator"),
-                    "409": problem("insufficient funds, an active hold on the creator (creator-on-hold), or the first request with this key is still in progress"),
+                    "409": problem("insufficient funds, an active hold on the creator (creator-on-hold), or a request with this key is still in progress (request-in-progress)"),
+                    "408": problem("the body did not arrive in time (body-timeout); the connection is closed and nothing was done"),
                     "413": problem("body too large"),
                     "415": problem("the body is not sent as application/json"),
                     "421": problem(wrong_host),
-                    "422": problem("invalid field, or the key was used with a different request"),
-                    "503": problem(unavailable)
+                    "422": problem("invalid field, or the key belongs to a different request (idempotency-key-reused)"),
+                    "503": problem(unavailable_write)
                 }
             } },
             "/v1/payouts/{id}": { "get": {
@@ -210,15 +212,16 @@ pub fn document(retention_hours: u64) -> serde_json::Value {
                 "requestBody": { "required": true, "content": { "application/json": { "schema": { "$ref": "#/components/schemas/HoldRequest" } } } },
                 "responses": {
                     "201": json("the hold", "Hold"),
-                    "400": problem("malformed body"),
+                    "400": problem("malformed body (a field named twice: duplicate-field, naming it)"),
                     "401": problem("missing or wrong bearer token"),
                     "404": problem("unknown creator"),
                     "409": problem("the creator already has an active hold (named in the answer)"),
+                    "408": problem("the body did not arrive in time (body-timeout); the connection is closed and nothing was done"),
                     "413": problem("body too large"),
                     "415": problem("the body is not sent as application/json"),
                     "421": problem(wrong_host),
                     "422": problem("invalid field"),
-                    "503": problem(unavailable)
+                    "503": problem(unavailable_write)
                 }
             } },
             "/v1/holds/{id}/release": { "post": {
@@ -232,7 +235,7 @@ pub fn document(retention_hours: u64) -> serde_json::Value {
                     "404": problem("no such hold"),
                     "409": problem("already released"),
                     "421": problem(wrong_host),
-                    "503": problem(unavailable)
+                    "503": problem(unavailable_write)
                 }
             } }
         }

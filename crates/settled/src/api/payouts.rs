@@ -147,13 +147,9 @@ pub async fn create(
             "A request with this Idempotency-Key is in progress",
             "the first request with this key has not finished; retry later to get its response",
         )),
-        Begin::Mismatch => Err(Problem::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "idempotency-key-reused",
-            "Idempotency-Key reused with a different request",
-            "this Idempotency-Key was first used with a different request; use a new key for a new request",
-        )
-        .field("Idempotency-Key")),
+        Begin::Mismatch => Err(key_reused(
+            "this Idempotency-Key belongs to a different request, whose answer is kept; use a new key for a new request",
+        )),
         Begin::New => match pay(state, &key, &fingerprint, &creator, amount).await {
             Ok(answer) => {
                 let content_type = if answer.status.is_success() {
@@ -170,7 +166,8 @@ pub async fn create(
                 Ok(response)
             }
             Err(err) => {
-                // Nothing committed: forget the key so a retry runs again.
+                // Unless the payout committed (its key is then completed and
+                // stays), forget the key so a retry runs again.
                 let _ = idempotency::abandon(&state.pool, PAYOUTS_SCOPE, &key).await;
                 Err(Problem::unavailable(err))
             }
@@ -186,13 +183,27 @@ struct Answer {
     replayed: bool,
 }
 
+/// 422 `idempotency-key-reused`.
+fn key_reused(detail: impl Into<String>) -> Problem {
+    Problem::new(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "idempotency-key-reused",
+        "Idempotency-Key reused with a different request",
+        detail,
+    )
+    .field("Idempotency-Key")
+}
+
 /// The payout transaction: conditional debit, payout row, stored response.
 /// A refusal (unknown creator, insufficient funds, a hold) is a final answer
 /// too, stored under the key like a success.
 ///
 /// The key's payout outlives the key: a key used again after its retention
-/// (its stored response pruned) finds the payout it made and answers it, or
-/// 422 when the request differs. Never a second payout, never an endless 503.
+/// (its stored response pruned) finds the payout it made and answers it.
+/// A different request finds it too and gets 422, and its claim is given
+/// back rather than answered under the key: the key stays the payout's
+/// request's, whose repeats keep getting the payout. Never a second
+/// payout, never an endless 503.
 async fn pay(
     state: &AppState,
     key: &str,
@@ -213,17 +224,18 @@ async fn pay(
             (StatusCode::CREATED, serde_json::to_value(&earlier.payout)?, true)
         }
         Some(earlier) => {
-            let problem = Problem::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "idempotency-key-reused",
-                "Idempotency-Key reused with a different request",
-                format!(
-                    "this Idempotency-Key made payout {} with a different request; use a new key for a new request",
-                    earlier.payout.id
-                ),
-            )
-            .field("Idempotency-Key");
-            (problem.status, problem.body(), false)
+            tx.rollback().await?;
+            idempotency::abandon(&state.pool, PAYOUTS_SCOPE, key).await?;
+            let problem = key_reused(format!(
+                "this Idempotency-Key made payout {} for a different request; use a new key for a new request",
+                earlier.payout.id
+            ));
+            let (status, body) = (problem.status, problem.body());
+            return Ok(Answer {
+                status,
+                body,
+                replayed: false,
+            });
         }
         None => match debit(&mut tx, key, fingerprint, creator, amount).await? {
             Ok(payout) => (StatusCode::CREATED, serde_json::to_value(&payout)?, false),

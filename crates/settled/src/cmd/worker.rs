@@ -62,6 +62,8 @@ pub struct Args {
     /// role that owns the tables (not with --role-per-command). A period
     /// that cannot be archived yet (run unfinished, items held or failed)
     /// is logged and retried at the next hour; nothing is archived then.
+    /// A COMMIT whose answer is lost is resolved as `settled archive`
+    /// resolves it: the files are removed only if it did not commit.
     #[arg(long, env = "SETTLED_ARCHIVE_AFTER_DAYS", value_parser = clap::value_parser!(u32).range(1..=36_500))]
     pub archive_after_days: Option<u32>,
     /// Daemon: where --archive-after-days writes the archive files.
@@ -84,13 +86,12 @@ async fn archive_loop(pool: sqlx::PgPool, days: u32, dir: std::path::PathBuf) {
             dir: dir.clone(),
             drop_ledger: false,
         };
-        let archived = match pool.acquire().await {
-            Ok(mut conn) => crate::archive::archive(&mut conn, &opts).await,
-            Err(err) => Err(err.into()),
-        };
-        match archived {
-            Ok(list) => {
-                for a in list {
+        match crate::archive::archive(&pool, &opts).await {
+            Ok(done) => {
+                if done.committed_unanswered {
+                    tracing::warn!("the answer to the archive's COMMIT was lost; a new connection found it committed");
+                }
+                for a in done.archived {
                     tracing::info!(
                         period = %a.manifest.period,
                         rows = a.manifest.rows,

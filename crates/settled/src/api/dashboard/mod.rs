@@ -194,19 +194,20 @@ pub async fn items(State(state): State<AppState>, Query(q): Query<ItemsQuery>) -
 pub struct RetryForm {
     period: String,
     creator: String,
-    token: String,
 }
 
-/// `POST /dashboard/retry`: puts a failed item back (API token required).
-/// The form is read only as `application/x-www-form-urlencoded`, at most
-/// the API's body limit; a field at fault is named.
+/// `POST /dashboard/retry`: puts a failed item back. The API token comes in
+/// the request's head (Basic, as a browser sends it, or Bearer), checked
+/// before the form is read; the form is read only as
+/// `application/x-www-form-urlencoded`, at most the API's body limit and
+/// time; a field at fault is named.
 pub async fn retry(
     State(state): State<AppState>,
+    _: super::auth::DashboardAuthorized,
     headers: axum::http::HeaderMap,
     body: axum::body::Body,
 ) -> Result<Response, Problem> {
     let form: RetryForm = super::read_form(&headers, body).await?;
-    super::auth::check_token(&state, &form.token)?;
     let period =
         Period::parse(&form.period).map_err(|_| Problem::invalid("period", "period must be a date, YYYY-MM-DD"))?;
     let creator = crate::address::CreatorAddress::parse(&form.creator)

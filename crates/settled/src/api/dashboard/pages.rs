@@ -182,7 +182,6 @@ pub fn items(status: &str, rows: &[ItemRow]) -> Markup {
                             form method="post" action="/dashboard/retry" {
                                 input type="hidden" name="period" value=(row.period);
                                 input type="hidden" name="creator" value=(row.creator);
-                                input type="password" name="token" placeholder="API token" size="10";
                                 button { "retry" }
                             }
                         } @else {
@@ -193,6 +192,9 @@ pub fn items(status: &str, rows: &[ItemRow]) -> Markup {
             }
         }
         @if rows.is_empty() { p { "No " (status) " items." } }
+        @if status == "failed" && !rows.is_empty() {
+            p.note { "Retry asks for the API token: any user name, the token as the password." }
+        }
     };
     page(&format!("{status} items"), false, body)
 }
