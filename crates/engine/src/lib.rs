@@ -23,39 +23,45 @@
 
 pub mod continuous;
 pub mod daemon;
-pub mod drain;
-pub mod error;
-pub mod fence;
-pub mod item;
-pub mod job;
-pub mod leased;
-pub mod migrate;
+mod drain;
+mod error;
+mod fence;
+mod item;
+mod job;
+mod leased;
+mod migrate;
 pub mod once;
-pub mod queue;
+mod queue;
 mod ranges;
-pub mod rescuer;
-pub mod runs;
-pub mod schedule;
-pub mod session;
-pub mod status;
-pub mod telemetry;
-pub mod workers;
+pub mod raw;
+mod rescuer;
+mod runs;
+mod schedule;
+mod session;
+mod status;
+mod telemetry;
+mod workers;
 
+// Both kinds of queue.
+pub use error::{EngineError, HandlerError};
+pub use fence::Fence;
+pub use migrate::migrate;
+
+// Continuous queues: declare, enqueue in a transaction, serve.
 pub use continuous::{
     serve, serve_leased, ClaimedJob, Enqueued, JobHandler, LeasedJobHandler, NewJob, Queue, ServeConfig, ServeStats,
 };
-pub use daemon::DaemonConfig;
-pub use drain::{drain_in_transactions, ChunkHandler, DrainConfig, DrainStats};
-pub use error::{EngineError, HandlerError};
-pub use fence::Fence;
-pub use item::{Chunk, ClaimedItem, Handled};
-pub use job::{
-    ByMode, Cancelled, Drainer, InTransaction, Job, Leased, NoHooks, Reopened, RunHooks, RunTarget, WorkOutcome,
-};
-pub use leased::{drain_leased, LeaseConfig, LeaseKeeper, LeasedHandler};
-pub use migrate::migrate;
-pub use queue::{ChunkDone, ChunkSql, ChunkStatements, FailOutcome, KeyWindow, QueueSpec, RetryPolicy, WorkQueue};
-pub use runs::{Run, RunState};
-pub use schedule::Schedule;
-pub use status::ItemStatus;
+
+// Batch queues: a job over a scoped work table, drained run by run.
+pub use drain::{ChunkHandler, DrainConfig};
+pub use item::{Chunk, Handled};
+pub use job::{InTransaction, Job, Leased, NoHooks, RunHooks, WorkOutcome};
+pub use leased::{LeaseConfig, LeasedHandler};
+pub use queue::QueueSpec;
 pub use workers::Worker;
+
+// Inside the crate, the names every module uses.
+pub(crate) use drain::DrainStats;
+pub(crate) use item::ClaimedItem;
+pub(crate) use queue::WorkQueue;
+pub(crate) use schedule::Schedule;

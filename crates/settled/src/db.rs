@@ -298,7 +298,7 @@ pub fn with_settings(options: PgConnectOptions, application_name: &str) -> PgCon
 /// A pool that takes `role` (a constant of [`ROLES`]) on every connection,
 /// plans every statement for its values (on a direct connection: the work
 /// table and the ledger are partitioned by period, see
-/// [`settled_engine::session`]) and, with a follower, drops connections
+/// [`settled_engine::raw::session`]) and, with a follower, drops connections
 /// opened before a failover.
 fn pool_options(
     role: Option<&'static str>,
@@ -320,7 +320,7 @@ fn pool_options(
                 // Behind a transaction pooler statements go unnamed, planned
                 // for their values each time; a SET would outlive this client.
                 if pooler != Pooler::Transaction {
-                    settled_engine::session::use_custom_plans(conn)
+                    settled_engine::raw::session::use_custom_plans(conn)
                         .await
                         .map_err(|e| sqlx::Error::Configuration(e.into()))?;
                 }
@@ -381,7 +381,7 @@ async fn start_private(data_dir: &std::path::Path) -> anyhow::Result<(String, Lo
 /// Applies the engine's and the settlement's migrations.
 pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
     // The engine's error already says "applying the engine's migrations".
-    settled_engine::migrate::migrate(pool).await?;
+    settled_engine::migrate(pool).await?;
     let mut migrator = sqlx::migrate!("./migrations");
     migrator.set_ignore_missing(true);
     migrator.run(pool).await.context("applying the settlement migrations")?;
@@ -391,7 +391,7 @@ pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
 /// Every embedded migration, the engine's then the settlement's.
 fn embedded_migrations() -> Vec<sqlx::migrate::Migration> {
     let settlement = sqlx::migrate!("./migrations");
-    let engine = settled_engine::migrate::migrator();
+    let engine = settled_engine::raw::migrator();
     engine.iter().chain(settlement.iter()).cloned().collect()
 }
 

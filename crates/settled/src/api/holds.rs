@@ -81,7 +81,7 @@ pub async fn create(
         Err(err)
             if err
                 .downcast_ref::<sqlx::Error>()
-                .is_some_and(|e| settled_engine::error::is_unique_violation(e, "creator_holds_one_active")) =>
+                .is_some_and(|e| settled_engine::raw::is_unique_violation(e, "creator_holds_one_active")) =>
         {
             let existing: Option<i64> = sqlx::query_scalar(
                 "SELECT id FROM settlement.creator_holds WHERE creator = $1 AND released_at IS NULL",

@@ -12,8 +12,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
-use settled_engine::queue::StatusCounts;
-use settled_engine::ItemStatus;
+use settled_engine::raw::ItemStatus;
+use settled_engine::raw::StatusCounts;
 
 use super::dashboard::queries::StoredReport;
 use super::{AppState, Problem};
@@ -44,8 +44,8 @@ const RUNS_COUNTED: i64 = 100_000;
 /// The database's exact state at scrape time.
 struct Snapshot {
     items: StatusCounts,
-    runs: settled_engine::runs::RunCounts,
-    workers: settled_engine::workers::WorkerTotals,
+    runs: settled_engine::raw::runs::RunCounts,
+    workers: settled_engine::raw::workers::WorkerTotals,
     payouts: i64,
     ledger_entries: i64,
 }
@@ -60,11 +60,11 @@ async fn snapshot(state: &AppState) -> anyhow::Result<Snapshot> {
     // at ten million). Every settled item has exactly one ledger row
     // (`settled verify` proves it), so the ledger's entries are the settled
     // items.
-    let live = match settled_engine::runs::running(&mut conn, job.name()).await? {
+    let live = match settled_engine::raw::runs::running(&mut conn, job.name()).await? {
         Some(run) => vec![job.queue().count_by_status(&mut conn, &run.scope).await?],
         None => Vec::new(),
     };
-    let stored: Vec<_> = settled_engine::runs::list(&mut conn, job.name(), RUNS_COUNTED)
+    let stored: Vec<_> = settled_engine::raw::runs::list(&mut conn, job.name(), RUNS_COUNTED)
         .await?
         .iter()
         .filter_map(StoredReport::of)
@@ -76,8 +76,8 @@ async fn snapshot(state: &AppState) -> anyhow::Result<Snapshot> {
             .map(|s| (*s, stored.iter().chain(&live).map(|c| c.get(*s)).sum()))
             .collect(),
     };
-    let runs = settled_engine::runs::count_by_state(&mut conn, job.name()).await?;
-    let workers = settled_engine::workers::totals(&state.reads).await?;
+    let runs = settled_engine::raw::runs::count_by_state(&mut conn, job.name()).await?;
+    let workers = settled_engine::raw::workers::totals(&state.reads).await?;
     let payouts: i64 = sqlx::query_scalar("SELECT count(*) FROM settlement.payouts")
         .fetch_one(&mut *conn)
         .await?;
@@ -100,7 +100,7 @@ pub async fn serve(State(state): State<AppState>) -> Response {
     for (status, n) in &s.items.counts {
         metrics::gauge!("settled_items", "status" => status.as_str()).set(*n as f64);
     }
-    let settled = s.items.get(settled_engine::ItemStatus::Settled);
+    let settled = s.items.get(settled_engine::raw::ItemStatus::Settled);
     metrics::counter!("settled_items_settled_total").absolute(settled as u64);
     metrics::counter!("settled_ledger_entries_total").absolute(s.ledger_entries as u64);
     for (run_state, n) in [

@@ -20,7 +20,7 @@ pub struct Args {
 struct PeriodRun<'a> {
     period: &'a str,
     #[serde(flatten)]
-    run: &'a settled_engine::Run,
+    run: &'a settled_engine::raw::Run,
 }
 
 impl DbCommand for Args {
@@ -51,7 +51,7 @@ impl DbCommand for Args {
     }
 }
 
-fn line(run: &settled_engine::Run) -> String {
+fn line(run: &settled_engine::raw::Run) -> String {
     let took = run
         .finished_at
         .map(|f| format!("{:.1}s", (f - run.started_at).num_milliseconds() as f64 / 1000.0))

@@ -20,7 +20,7 @@ impl DbCommand for Args {
 
     async fn run(self, db: &Database) -> Outcome {
         let queue = crate::settlement::queue();
-        let all = settled_engine::workers::list(&db.pool, Some(&queue), self.limit).await?;
+        let all = settled_engine::raw::workers::list(&db.pool, Some(&queue), self.limit).await?;
         if self.json {
             println!("{}", serde_json::to_string_pretty(&all)?);
             return Ok(std::process::ExitCode::SUCCESS);
