@@ -29,7 +29,7 @@ pub struct DaemonConfig {
     /// When runs are due.
     pub schedule: Schedule,
     /// How many days back missed runs are created (catch-up), at most
-    /// [`MAX_CATCH_UP_DAYS`].
+    /// 366 days.
     pub catch_up_days: u32,
     /// Longest pause between two looks when idle (notifications wake it sooner).
     pub max_poll: Duration,
