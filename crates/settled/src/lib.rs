@@ -2,7 +2,7 @@
 //! with any number of worker processes on any number of servers.
 //!
 //! The money path reads top to bottom in three files:
-//! `settled_engine::queue::claim` (claim with SKIP LOCKED, hand out fences),
+//! `settled_engine::raw::claim` (claim with SKIP LOCKED, hand out fences),
 //! [`settlement`] (pay a chunk with those fences), `settled_engine::drain`
 //! (mark settled, commit).
 //!

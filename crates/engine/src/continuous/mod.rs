@@ -11,7 +11,7 @@
 //! then in enqueue order (`seq`), with `FOR NO KEY UPDATE SKIP LOCKED`, and
 //! only while the queue is not paused.
 //!
-//! Jobs are served in either mode ([`serve`]): in-transaction (the handler's
+//! Jobs are served in either mode ([`serve()`](fn@crate::serve), [`crate::serve_leased`]): in-transaction (the handler's
 //! effects and the job's completion commit together) or leased (a lease
 //! renewed while the work runs, a fenced completion, a rescue of expired
 //! leases). A failed attempt is retried with exponential backoff and jitter
@@ -34,7 +34,7 @@
 mod claim;
 mod enqueue;
 mod finish;
-mod lease;
+pub mod lease;
 mod manage;
 mod registry;
 mod retention;

@@ -17,8 +17,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
-use settled_engine::queue::StatusCounts;
-use settled_engine::ItemStatus;
+use settled_engine::raw::ItemStatus;
+use settled_engine::raw::StatusCounts;
 
 use super::dashboard::queries::StoredReport;
 use super::{AppState, Problem};
@@ -49,8 +49,8 @@ const RUNS_COUNTED: i64 = 100_000;
 /// The database's exact state at scrape time.
 struct Snapshot {
     items: StatusCounts,
-    runs: settled_engine::runs::RunCounts,
-    workers: settled_engine::workers::WorkerTotals,
+    runs: settled_engine::raw::runs::RunCounts,
+    workers: settled_engine::raw::workers::WorkerTotals,
     payouts: i64,
     ledger_entries: i64,
     queues: Vec<crate::queues::QueueView>,
@@ -66,11 +66,11 @@ async fn snapshot(state: &AppState) -> anyhow::Result<Snapshot> {
     // at ten million). Every settled item has exactly one ledger row
     // (`settled verify` proves it), so the ledger's entries are the settled
     // items.
-    let live = match settled_engine::runs::running(&mut conn, job.name()).await? {
+    let live = match settled_engine::raw::runs::running(&mut conn, job.name()).await? {
         Some(run) => vec![job.queue().count_by_status(&mut conn, &run.scope).await?],
         None => Vec::new(),
     };
-    let stored: Vec<_> = settled_engine::runs::list(&mut conn, job.name(), RUNS_COUNTED)
+    let stored: Vec<_> = settled_engine::raw::runs::list(&mut conn, job.name(), RUNS_COUNTED)
         .await?
         .iter()
         .filter_map(StoredReport::of)
@@ -82,8 +82,8 @@ async fn snapshot(state: &AppState) -> anyhow::Result<Snapshot> {
             .map(|s| (*s, stored.iter().chain(&live).map(|c| c.get(*s)).sum()))
             .collect(),
     };
-    let runs = settled_engine::runs::count_by_state(&mut conn, job.name()).await?;
-    let workers = settled_engine::workers::totals(&state.reads).await?;
+    let runs = settled_engine::raw::runs::count_by_state(&mut conn, job.name()).await?;
+    let workers = settled_engine::raw::workers::totals(&state.reads).await?;
     let payouts: i64 = sqlx::query_scalar("SELECT count(*) FROM settlement.payouts")
         .fetch_one(&mut *conn)
         .await?;
@@ -108,7 +108,7 @@ pub async fn serve(State(state): State<AppState>) -> Response {
     for (status, n) in &s.items.counts {
         metrics::gauge!("settled_items", "status" => status.as_str()).set(*n as f64);
     }
-    let settled = s.items.get(settled_engine::ItemStatus::Settled);
+    let settled = s.items.get(settled_engine::raw::ItemStatus::Settled);
     metrics::counter!("settled_items_settled_total").absolute(settled as u64);
     metrics::counter!("settled_ledger_entries_total").absolute(s.ledger_entries as u64);
     for (run_state, n) in [
@@ -217,7 +217,7 @@ fn pickup_in(text: &str, queue: &str) -> Option<Pickup> {
         };
         let labels: Vec<&str> = labels.trim_end_matches('}').split(',').collect();
         let (Some(part), true) = (
-            metric.strip_prefix(settled_engine::telemetry::PICKUP_LATENCY),
+            metric.strip_prefix(settled_engine::raw::telemetry::PICKUP_LATENCY),
             labels.contains(&wanted.as_str()),
         ) else {
             continue;
@@ -250,29 +250,29 @@ fn pickup_in(text: &str, queue: &str) -> Option<Pickup> {
     })
 }
 
-/// `GET /readyz`: 200 once the database answers and its migrations are
-/// applied (so the server can serve every endpoint), else 503.
+/// `GET /readyz`: 200 once the database answers, has every migration this
+/// version needs, and takes writes; else 503 saying which (a standby, or
+/// `default_transaction_read_only`, answers reads but every payout and hold
+/// would fail, so an orchestrator must not route writes to it).
 pub async fn ready(State(state): State<AppState>) -> Response {
-    let latest = sqlx::migrate!("./migrations")
-        .iter()
-        .map(|m| m.version)
-        .max()
-        .unwrap_or(0);
-    let applied: Result<Option<i64>, sqlx::Error> =
-        sqlx::query_scalar("SELECT max(version) FROM public._sqlx_migrations WHERE success")
-            .fetch_one(&state.pool)
-            .await;
-    match applied {
-        Ok(Some(v)) if v >= latest => {
+    let not_ready = |kind: &'static str, detail: String| {
+        Problem::new(StatusCode::SERVICE_UNAVAILABLE, kind, "Not ready", detail).into_response()
+    };
+    match crate::db::read_only_reason(&state.pool).await {
+        Ok(None) => {}
+        Ok(Some(reason)) => {
+            return not_ready(
+                "read-only",
+                format!("this server is read-only (a standby?): {reason}; payouts and holds cannot succeed here"),
+            )
+        }
+        Err(err) => return Problem::unavailable(err).into_response(),
+    }
+    match crate::db::pending_migrations(&state.pool).await {
+        Ok(pending) if pending.is_empty() => {
             (StatusCode::OK, axum::Json(serde_json::json!({"status": "ready"}))).into_response()
         }
-        Ok(_) => Problem::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not-migrated",
-            "Not ready",
-            "the database lacks migrations; run `settled migrate`",
-        )
-        .into_response(),
+        Ok(pending) => not_ready("not-migrated", format!("{}; run `settled migrate`", pending.describe())),
         Err(err) => Problem::unavailable(err).into_response(),
     }
 }
@@ -289,11 +289,11 @@ mod tests {
             .build_recorder();
         let handle = recorder.handle();
         metrics::with_local_recorder(&recorder, || {
-            let mail = metrics::histogram!(settled_engine::telemetry::PICKUP_LATENCY, "queue" => "mail");
+            let mail = metrics::histogram!(settled_engine::raw::telemetry::PICKUP_LATENCY, "queue" => "mail");
             for wait in [0.005, 0.005, 0.05, 0.5] {
                 mail.record(wait);
             }
-            metrics::histogram!(settled_engine::telemetry::PICKUP_LATENCY, "queue" => "mail2").record(5.0);
+            metrics::histogram!(settled_engine::raw::telemetry::PICKUP_LATENCY, "queue" => "mail2").record(5.0);
         });
         let text = handle.render();
         let mail = pickup_in(&text, "mail").expect("mail's histogram");

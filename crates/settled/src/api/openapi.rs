@@ -216,11 +216,11 @@ pub fn document(retention_hours: u64) -> serde_json::Value {
                 }
             } },
             "/readyz": { "get": {
-                "summary": "Readiness: 200 once the database answers and is migrated",
+                "summary": "Readiness: 200 once the database answers, is migrated, and takes writes",
                 "responses": {
                     "200": { "description": "ready", "content": { "application/json": { "schema": {
                         "type": "object", "required": ["status"], "properties": { "status": { "type": "string" } } } } } },
-                    "503": problem("retry: not ready")
+                    "503": problem("not ready: the database is unreachable, lacks migrations (not-migrated), or takes no writes (read-only: a standby, or default_transaction_read_only)")
                 }
             } },
             "/metrics": { "get": {

@@ -28,7 +28,7 @@ use std::path::PathBuf;
 use std::pin::Pin;
 use std::process::ExitCode;
 
-use crate::db::{Database, DbOptions};
+use crate::db::{Access, Database, DbOptions};
 
 /// Default claim loops per worker process.
 pub const DEFAULT_CONCURRENCY: u32 = 4;
@@ -101,6 +101,8 @@ pub type Outcome = anyhow::Result<ExitCode>;
 pub trait DbCommand: Sized + 'static {
     /// The least role it needs under `--role-per-command` (None: the login role).
     const ROLE: Option<&'static str> = None;
+    /// Whether it writes, so whether it can run on a standby.
+    const ACCESS: Access = Access::Writes;
     /// Shown in `pg_stat_activity.application_name`.
     const APPLICATION_NAME: &'static str = "settled";
     /// Whether one runtime thread serves it best (its loops mostly wait on
@@ -152,6 +154,7 @@ impl<C: DbCommand> Runnable for OnDatabase<C> {
                 application_name: C::APPLICATION_NAME.to_string(),
                 pooler: global.pooler,
                 direct_url: global.direct_url.clone().filter(|u| !u.is_empty()),
+                access: C::ACCESS,
             };
             let db = Database::open(&opts).await?;
             let result = self.0.run(&db).await;

@@ -7,7 +7,7 @@ use anyhow::Context;
 
 use crate::api::{AllowedHosts, HttpLimits};
 use crate::cmd::{DbCommand, Outcome};
-use crate::db::Database;
+use crate::db::{Access, Database};
 
 /// Serve the HTTP API: payouts (idempotent), holds, creators, continuous
 /// queues (/v1/queues), /healthz, /openapi.json, /metrics, and the dashboard.
@@ -65,6 +65,7 @@ pub struct Args {
 
 impl DbCommand for Args {
     const ROLE: Option<&'static str> = Some("settled_api");
+    const ACCESS: Access = Access::Serves;
 
     fn connections(&self) -> u32 {
         32

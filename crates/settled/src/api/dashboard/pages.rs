@@ -2,7 +2,7 @@
 //! escaped by the template engine; nothing here touches the database.
 
 use maud::{html, Markup, PreEscaped, DOCTYPE};
-use settled_engine::workers::WorkerRow;
+use settled_engine::raw::workers::WorkerRow;
 
 use super::queries::{ItemRow, LockRow, RunProgress, Second};
 use super::Verified;
