@@ -362,6 +362,160 @@ async fn the_api_edge_reads_auth_media_types_and_keys_as_the_standards_say() {
     assert_eq!(env.scalar_i64(&paid).await, 1, "no refused request paid anything");
 }
 
+/// Answers 503 `outcome-unknown` (with `Retry-After`), as every write does
+/// when the answer to its COMMIT is lost.
+async fn assert_outcome_unknown(what: &str, response: reqwest::Response) {
+    assert_eq!(response.status(), 503, "{what}");
+    assert_eq!(response.headers()["retry-after"], "1", "{what}");
+    let problem: Value = response.json().await.unwrap();
+    assert_eq!(problem["type"], "/problems/outcome-unknown", "{what}: {problem}");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("may or may not have taken effect"),
+        "{what}: {problem}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lost_commit_answer_is_an_unknown_outcome_and_a_retry_with_the_same_key_returns_the_one_payout() {
+    let (env, creators) = settled_env("5").await;
+    let (creator, before) = creators[0].clone();
+    // `settled serve` reaches PostgreSQL through a proxy that can lose the
+    // server's answer to a COMMIT.
+    let proxy = settled_testkit::LostCommitProxy::start(&env.db.url);
+    let port = common::free_port();
+    let mut cmd = env.cmd(&["--role-per-command", "serve", "--bind", &format!("127.0.0.1:{port}")]);
+    cmd.env("DATABASE_URL", proxy.url(env.db.name()))
+        .env("SETTLED_API_TOKEN", TOKEN);
+    let server = common::spawn_server(cmd, port, "/healthz").await;
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let payout = json!({ "creator": creator, "amount": "1000" });
+    let pay = || {
+        client
+            .post(format!("{}/v1/payouts", server.base))
+            .bearer_auth(TOKEN)
+            .header("Idempotency-Key", "lost-answer")
+            .json(&payout)
+            .send()
+    };
+    proxy.lose_commit_answer_after("INSERT INTO settlement.payouts");
+    assert_outcome_unknown("payout", pay().await.unwrap()).await;
+    assert_eq!(proxy.lost_answers(), 1);
+    let made = env.scalar_i64("SELECT id FROM settlement.payouts").await;
+    // The retry with the same key answers the payout that was made.
+    let again = pay().await.unwrap();
+    assert_eq!(again.status(), 201);
+    assert!(again.headers().contains_key("idempotent-replayed"));
+    let again: Value = again.json().await.unwrap();
+    assert_eq!(again["id"], made);
+    assert_eq!(env.scalar_i64("SELECT count(*) FROM settlement.payouts").await, 1);
+    let after = env
+        .scalar_text(&format!(
+            "SELECT balance::text FROM settlement.creator_balance WHERE creator = '{creator}'"
+        ))
+        .await;
+    assert_eq!(after.parse::<u128>().unwrap() + 1000, before.parse::<u128>().unwrap());
+
+    // Every other write says the same; repeating it shows what happened.
+    let hold = || {
+        client
+            .post(format!("{}/v1/holds", server.base))
+            .bearer_auth(TOKEN)
+            .json(&json!({ "creator": creator, "reason": "review" }))
+            .send()
+    };
+    proxy.lose_commit_answer_after("INSERT INTO settlement.creator_holds");
+    assert_outcome_unknown("hold", hold().await.unwrap()).await;
+    let held = env.scalar_i64("SELECT id FROM settlement.creator_holds").await;
+    let again: Value = hold().await.unwrap().json().await.unwrap();
+    assert_eq!(
+        (&again["type"], &again["existing_hold_id"]),
+        (&json!("/problems/hold-exists"), &json!(held))
+    );
+    let release = || {
+        client
+            .post(format!("{}/v1/holds/{held}/release", server.base))
+            .bearer_auth(TOKEN)
+            .send()
+    };
+    proxy.lose_commit_answer_after("UPDATE settlement.creator_holds SET released_at");
+    assert_outcome_unknown("release", release().await.unwrap()).await;
+    let again: Value = release().await.unwrap().json().await.unwrap();
+    assert_eq!(again["type"], "/problems/hold-already-released");
+    let victim = &creators[1].0;
+    sqlx::query("UPDATE settlement.token_trade_volume SET status = 'failed' WHERE creator = $1")
+        .bind(victim)
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    let retry = || {
+        client
+            .post(format!("{}/dashboard/retry", server.base))
+            .basic_auth("operator", Some(TOKEN))
+            .form(&[("period", "2026-11-28"), ("creator", victim.as_str())])
+            .send()
+    };
+    proxy.lose_commit_answer_after("SET status = 'eligible'");
+    assert_outcome_unknown("dashboard retry", retry().await.unwrap()).await;
+    let status = env
+        .scalar_text(&format!(
+            "SELECT status FROM settlement.token_trade_volume WHERE creator = '{victim}'"
+        ))
+        .await;
+    assert_eq!(status, "eligible", "the retry committed");
+    assert_eq!(retry().await.unwrap().status(), 303);
+    assert_eq!(proxy.lost_answers(), 4);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_field_named_twice_is_refused_naming_it_never_the_last_one_taken() {
+    let (env, creators) = settled_env("5").await;
+    let server = serve(&env).await;
+    let creator = &creators[0].0;
+    let client = reqwest::Client::new();
+    let send = |path: &str, key: &str, body: String| {
+        client
+            .post(format!("{}{path}", server.base))
+            .bearer_auth(TOKEN)
+            .header("Idempotency-Key", key)
+            .header("Content-Type", "application/json")
+            .body(body)
+            .send()
+    };
+    let cases = [
+        (
+            "/v1/payouts",
+            format!(r#"{{"creator":"{creator}","amount":"1","amount":"7"}}"#),
+            "amount",
+        ),
+        (
+            "/v1/payouts",
+            format!(r#"{{"amount":"1","creator":"{creator}","creator":"{creator}"}}"#),
+            "creator",
+        ),
+        (
+            "/v1/holds",
+            format!(r#"{{"creator":"{creator}","reason":"a","reason":"b"}}"#),
+            "reason",
+        ),
+    ];
+    for (i, (path, body, field)) in cases.into_iter().enumerate() {
+        let r = send(path, &format!("twice-{i}"), body.clone()).await.unwrap();
+        assert_eq!(r.status(), 400, "{body}");
+        assert_eq!(r.headers()["content-type"], "application/problem+json");
+        let problem: Value = r.json().await.unwrap();
+        assert_eq!(problem["type"], "/problems/duplicate-field", "{problem}");
+        assert_eq!(problem["field"], field, "{problem}");
+    }
+    assert_eq!(env.scalar_i64("SELECT count(*) FROM settlement.payouts").await, 0);
+    assert_eq!(env.scalar_i64("SELECT count(*) FROM settlement.creator_holds").await, 0);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_requests_get_problems_that_name_the_field() {
     let (env, creators) = settled_env("5").await;

@@ -64,20 +64,27 @@ async fn every_page_answers_with_its_content() {
     assert!(locks.contains("data-waiting=\"0\""), "{locks}");
     assert_eq!(get(&format!("{}/runs/999", server.base)).await.0, 404);
 
-    // Retry needs the token; with it, the item is eligible again and the run reopened.
+    // Retry needs the token, as a browser sends it after the 401's Basic
+    // challenge (any user, the token as password); with it, the item is
+    // eligible again and the run reopened.
     let client = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .unwrap();
     for (token, expected) in [("wrong", 401), ("t0ken", 303)] {
-        let form = [("period", "2026-11-28"), ("creator", victim.as_str()), ("token", token)];
+        let form = [("period", "2026-11-28"), ("creator", victim.as_str())];
         let r = client
             .post(format!("{}/dashboard/retry", server.base))
+            .basic_auth("operator", Some(token))
             .form(&form)
             .send()
             .await
             .unwrap();
         assert_eq!(r.status().as_u16(), expected, "token {token}");
+        if expected == 401 {
+            let challenge = r.headers()["www-authenticate"].to_str().unwrap();
+            assert!(challenge.starts_with("Basic realm="), "{challenge}");
+        }
     }
     let status = env
         .scalar_text(&format!(

@@ -156,14 +156,17 @@ async fn at_the_cap_a_new_client_evicts_the_oldest_waiting_connection_and_waits_
     );
     drop(silent);
     tokio::time::sleep(Duration::from_millis(200)).await;
-    // Four connections whose requests are in progress (a form body half
-    // sent): nothing can be evicted, so a fifth waits until one ends (here
-    // by the request timeout's 503).
+    // Four connections whose requests are in progress (with the token, a
+    // body half sent): nothing can be evicted, so a fifth waits until one
+    // ends (here by the request timeout's 503).
     let mut busy = Vec::new();
     for _ in 0..4 {
         let mut conn = TcpStream::connect(&target).await.unwrap();
         conn.write_all(
-            b"POST /dashboard/retry HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: 100\r\n\r\nperiod=",
+            format!(
+                "POST /v1/holds HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{"
+            )
+            .as_bytes(),
         )
         .await
         .unwrap();
@@ -193,15 +196,107 @@ async fn at_the_cap_a_new_client_evicts_the_oldest_waiting_connection_and_waits_
     );
 }
 
-/// Posts `body` to the dashboard's retry form as `content_type`.
+/// Sends `head` (which announces a body of `content_length` bytes), then
+/// the body one byte every 200 ms until the server answers or closes.
+/// Returns the answer's first bytes and how many body bytes were sent.
+async fn trickle_body(target: &str, head: &str, content_length: usize) -> (String, usize) {
+    let mut conn = TcpStream::connect(target).await.expect("connect");
+    conn.write_all(head.as_bytes()).await.expect("send the head");
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    let mut sent = 0;
+    let give_up = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < give_up {
+        match tokio::time::timeout(Duration::from_millis(200), conn.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break,
+            Ok(Ok(n)) => {
+                answer.extend_from_slice(&buf[..n]);
+                if answer.windows(4).any(|w| w == b"\r\n\r\n") {
+                    break;
+                }
+            }
+            Err(_) if sent < content_length => {
+                if conn.write_all(b"a").await.is_err() {
+                    break;
+                }
+                sent += 1;
+            }
+            Err(_) => {}
+        }
+    }
+    (String::from_utf8_lossy(&answer).into_owned(), sent)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn slow_bodies_get_401_unread_without_the_token_and_408_with_it_while_healthz_answers_at_the_cap() {
+    let env = Env::new().await;
+    let server = env
+        .serve_with(
+            TOKEN,
+            &[
+                "--max-connections",
+                "20",
+                "--header-timeout-ms",
+                "60000",
+                "--request-timeout-ms",
+                "120000",
+            ],
+        )
+        .await;
+    let target = addr(&server);
+    // Three times the cap of clients without the token, each sending a
+    // complete head and then its body one byte every 200 ms: a request
+    // whose body is being read is in progress, and the cap evicts none.
+    let form = "application/x-www-form-urlencoded";
+    let routes = [
+        ("/dashboard/retry", form),
+        ("/dashboard/retry", form),
+        ("/v1/payouts", "application/json"),
+        ("/v1/holds", "application/json"),
+    ];
+    let mut slow = tokio::task::JoinSet::new();
+    for i in 0..60 {
+        let (target, (route, media)) = (target.clone(), routes[i % routes.len()]);
+        let head = format!(
+            "POST {route} HTTP/1.1\r\nHost: 127.0.0.1\r\nIdempotency-Key: k{i}\r\nContent-Type: {media}\r\nContent-Length: 1000\r\n\r\n"
+        );
+        slow.spawn(async move { (route, trickle_body(&target, &head, 1000).await) });
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let client = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
+    assert_eq!(
+        healthz(&client, &server.base).await,
+        200,
+        "/healthz behind 60 slow bodies at a cap of 20, well before a trickle could end"
+    );
+    while let Some(done) = slow.join_next().await {
+        let (route, (answer, sent)) = done.unwrap();
+        assert!(answer.starts_with("HTTP/1.1 401"), "{route}: {answer}");
+        assert!(sent < 1000, "{route}: the whole body was read before the 401");
+    }
+    // With the token, a body that trickles is cut off after the body's
+    // time limit: 408, and the connection closes.
+    let head = format!(
+        "POST /v1/holds HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+    );
+    let (answer, sent) = trickle_body(&target, &head, 1000).await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.to_ascii_lowercase().contains("connection: close"), "{answer}");
+    assert!(sent < 1000, "the trickle was read to its end");
+}
+
+/// Posts `body` to the dashboard's retry form as `content_type`, with
+/// `token` as a browser sends it (HTTP Basic).
 async fn post_retry(
     c: &reqwest::Client,
     base: &str,
+    token: &str,
     content_type: &str,
     body: impl Into<reqwest::Body>,
 ) -> (u16, reqwest::header::HeaderMap, String) {
     let response = c
         .post(format!("{base}/dashboard/retry"))
+        .basic_auth("operator", Some(token))
         .header("content-type", content_type)
         .body(body)
         .send()
@@ -248,8 +343,8 @@ async fn every_error_is_problem_json_every_answer_has_security_headers_and_forei
     )
     .await;
     assert_problem("repeated query parameter", &got, 400, "bad-request");
-    // The retry form: bounded before the token is read, fields named. A
-    // 2 MB body is refused from its Content-Length, before it is sent.
+    // The retry form: the token first, then the body, bounded, its fields
+    // named. A 2 MB body is refused from its Content-Length, before it is sent.
     let mut conn = TcpStream::connect(addr(&server)).await.unwrap();
     conn.write_all(
         b"POST /dashboard/retry HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: 2097152\r\n\r\n",
@@ -270,14 +365,30 @@ async fn every_error_is_problem_json_every_answer_has_security_headers_and_forei
     headers.insert("content-type", "application/problem+json".parse().unwrap());
     let got = (413, headers, body.to_string());
     assert_problem("2 MB retry form", &got, 413, "body-too-large");
-    let got = post_retry(&c, b, "application/x-www-form-urlencoded", "period=2026-11-28&token=x").await;
+    let form = "application/x-www-form-urlencoded";
+    let got = post_retry(&c, b, TOKEN, form, "period=2026-11-28").await;
     let body = assert_problem("retry form without creator", &got, 400, "malformed-form");
     assert_eq!(body["field"], "creator");
-    let got = post_retry(&c, b, "text/plain", "period=2026-11-28").await;
+    let got = post_retry(&c, b, TOKEN, "text/plain", "period=2026-11-28").await;
     assert_problem("retry form as text", &got, 415, "unsupported-media-type");
-    let form = format!("period=2026-11-28&creator=0x{}&token=wrong", "1".repeat(40));
-    let got = post_retry(&c, b, "application/x-www-form-urlencoded", form).await;
+    let fields = format!("period=2026-11-28&creator=0x{}", "1".repeat(40));
+    let got = post_retry(&c, b, "wrong", form, fields.clone()).await;
     assert_problem("retry with a wrong token", &got, 401, "unauthorized");
+    assert!(got.1["www-authenticate"].to_str().unwrap().starts_with("Basic realm="));
+    // Remembered Basic credentials go with a form another site posts here:
+    // a request from another origin is refused, whatever it carries.
+    for (name, value) in [("origin", "http://evil.example"), ("sec-fetch-site", "cross-site")] {
+        let response = c
+            .post(format!("{b}/dashboard/retry"))
+            .basic_auth("operator", Some(TOKEN))
+            .header(name, value)
+            .header("content-type", form)
+            .body(fields.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_problem(name, &text(response).await, 403, "cross-origin-form");
+    }
     // Security headers on pages, API answers and problems alike.
     for path in ["/", "/workers", "/locks", "/healthz", "/openapi.json", "/nope"] {
         let response = c.get(format!("{b}{path}")).send().await.unwrap();
@@ -361,6 +472,47 @@ async fn the_lock_view_hides_other_sessions_literals_unless_the_token_is_sent() 
     assert!(!page.contains("S3cr3t"), "the lock view showed a password");
     let page = locks(Some(TOKEN)).await;
     assert!(page.contains("S3cr3t-pw"), "with the token the query is shown whole");
+    tx.rollback().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_lock_view_hides_setting_values_and_nested_comments_of_other_sessions() {
+    let env = Env::new().await;
+    let server = env.serve_as_login(TOKEN, &[]).await;
+    // Another session, mid-transaction, holding a lock on a settlement
+    // table; its last query string sets two values without quotes and
+    // ends in a comment nested in a comment (PostgreSQL's comments nest).
+    use sqlx::Connection;
+    let mut other = sqlx::PgConnection::connect(&env.db.url).await.unwrap();
+    let mut tx = other.begin().await.unwrap();
+    sqlx::raw_sql(
+        "LOCK TABLE settlement.payouts IN ROW EXCLUSIVE MODE; \
+         SET LOCAL my.to_value TO S3cr3tTo; SET LOCAL my.eq_value = S3cr3tEq; \
+         SELECT 1 /* a /* b */ S3cr3tComment */",
+    )
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    let locks = |token: Option<&str>| {
+        let mut request = reqwest::Client::new().get(format!("{}/locks", server.base));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        async move { request.send().await.unwrap().text().await.unwrap() }
+    };
+    let page = locks(None).await;
+    assert!(
+        page.contains("SET LOCAL my.to_value TO ?; SET LOCAL my.eq_value = ?;"),
+        "{page}"
+    );
+    assert!(
+        !page.to_lowercase().contains("s3cr3t"),
+        "the lock view showed a secret: {page}"
+    );
+    let page = locks(Some(TOKEN)).await;
+    for secret in ["S3cr3tTo", "S3cr3tEq", "S3cr3tComment"] {
+        assert!(page.contains(secret), "with the token the query is shown whole: {page}");
+    }
     tx.rollback().await.unwrap();
 }
 
@@ -507,6 +659,45 @@ async fn an_idempotency_key_used_after_its_retention_answers_its_own_payout_neve
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn past_its_retention_a_key_that_paid_stays_its_requests_and_a_late_repeat_of_it_is_never_blamed() {
+    let env = Env::new().await;
+    let (creator, before) = settled_creator(&env).await;
+    let server = env.serve(TOKEN).await;
+    let original = json!({ "creator": creator, "amount": "1000" });
+    let other = json!({ "creator": creator, "amount": "7" });
+    let (status, first, _) = pay(&server.base, "kept", &original).await;
+    assert_eq!(status, 201, "{first}");
+    let expire =
+        "UPDATE settled_engine.idempotency_keys SET expires_at = now() - interval '1 second' WHERE key = 'kept'";
+    for pruned in [false, true] {
+        // The retention ends (and, the second time, the key is pruned).
+        sqlx::query(expire).execute(&env.pool).await.unwrap();
+        if pruned {
+            settled_engine::once::idempotency::prune(&env.pool).await.unwrap();
+        }
+        // Another request cannot take the key over, however often it tries...
+        for _ in 0..2 {
+            let (status, refused, _) = pay(&server.base, "kept", &other).await;
+            assert_eq!(status, 422, "pruned {pruned}: {refused}");
+            assert_eq!(refused["type"], "/problems/idempotency-key-reused");
+        }
+        // ...and a late repeat of the original gets its payout, not a 422
+        // that blames it for the other request.
+        let (status, again, replayed) = pay(&server.base, "kept", &original).await;
+        assert_eq!(status, 201, "pruned {pruned}: {again}");
+        assert!(replayed);
+        assert_eq!(again["id"], first["id"]);
+    }
+    assert_eq!(env.scalar_i64("SELECT count(*) FROM settlement.payouts").await, 1);
+    let after = env
+        .scalar_text(&format!(
+            "SELECT balance::text FROM settlement.creator_balance WHERE creator = '{creator}'"
+        ))
+        .await;
+    assert_eq!(after.parse::<u128>().unwrap() + 1000, before.parse::<u128>().unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_payout_behind_a_locked_balance_gives_up_with_503_and_retry_after_then_pays_once() {
     let env = Env::new().await;
     let (creator, _) = settled_creator(&env).await;
@@ -607,4 +798,54 @@ async fn a_balance_past_78_digits_keeps_growing_and_a_run_without_a_date_scope_l
         status.contains(&format!("paid {six} of {six} (tokens, 6 decimals)")),
         "{status}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_token_loses_its_trailing_newline_and_one_no_request_could_carry_is_refused_at_start() {
+    let env = Env::new().await;
+    // A token read from a secret file ends with a line ending: it is dropped.
+    for written in ["s3cret\n", "s3cret\r\n"] {
+        let server = env.serve(written).await;
+        let got = text(
+            reqwest::Client::new()
+                .post(format!("{}/v1/holds", server.base))
+                .bearer_auth("s3cret")
+                .json(&json!({ "creator": format!("0x{}", "1".repeat(40)), "reason": "r" }))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_problem(&format!("token {written:?}"), &got, 404, "unknown-creator");
+    }
+    // A token no request could carry stops the server at start, in one
+    // line that names the variable and does not repeat the token.
+    for (token, why) in [
+        ("", "is blank"),
+        (" ", "is blank"),
+        ("\n", "is blank"),
+        ("\t\r\n", "is blank"),
+        (" s3cret", "whitespace"),
+        ("s3cret\n\n", "whitespace"),
+        ("s3\u{1b}cret", "control"),
+    ] {
+        let port = common::free_port().to_string();
+        let mut child = env
+            .cmd(&["serve", "--bind", &format!("127.0.0.1:{port}")])
+            .env("SETTLED_API_TOKEN", token)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let status = tokio::task::block_in_place(|| wait_bounded(&mut child, 20));
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+        assert_eq!(status.code(), Some(2), "token {token:?}: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
+        assert!(
+            stderr.contains("SETTLED_API_TOKEN (--api-token)") && stderr.contains(why),
+            "token {token:?}: {stderr}"
+        );
+        assert!(!stderr.contains("s3"), "the error repeats the token: {stderr}");
+    }
 }

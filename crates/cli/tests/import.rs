@@ -72,6 +72,8 @@ async fn every_bad_file_is_refused_with_its_line_field_and_reason() {
                 "line 3: line: is not valid JSON",
             ],
         ),
+        // A field given twice is refused, not the last one taken.
+        ("duplicate_field.jsonl", &["line 2: volume: is given more than once"]),
         ("empty.csv", &["the file is empty"]),
         ("header_only.csv", &["no data rows"]),
     ];
@@ -211,4 +213,107 @@ async fn periods_with_a_run_are_refused_and_other_imports_need_append() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("already has run"));
     env.run_ok(&["verify", "--period", "2026-11-20"]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_output_that_is_the_input_is_refused_before_anything_is_written() {
+    let env = Env::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("volumes.csv");
+    let original = "period,creator,volume\n\
+                    2026-11-20,0x00000000000000000000000000000000000000a1,100\n\
+                    2026-11-20,not-an-address,5\n";
+    std::fs::write(&input, original).unwrap();
+    let link = dir.path().join("link.csv");
+    std::os::unix::fs::symlink(&input, &link).unwrap();
+    std::fs::create_dir(dir.path().join("sub")).unwrap();
+    let roundabout = dir.path().join("sub/../volumes.csv");
+    let input_arg = input.to_str().unwrap();
+    let cases: [(&str, &std::path::Path); 4] = [
+        ("--errors", &input),
+        ("--skip-invalid", &input),
+        ("--errors", &link),
+        ("--skip-invalid", &roundabout),
+    ];
+    for (flag, output) in cases {
+        let out = env.run(&["import", input_arg, flag, output.to_str().unwrap()]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{flag} {}: {stderr}", output.display());
+        assert_eq!(
+            stderr.trim_end(),
+            format!(
+                "error: {flag} {} is the input file itself: writing it would destroy the input; choose another path",
+                output.display()
+            )
+        );
+        assert_eq!(
+            std::fs::read_to_string(&input).unwrap(),
+            original,
+            "the input was touched"
+        );
+    }
+    // Read through the link, written to the file it names: the same file.
+    let out = env.run(&["import", link.to_str().unwrap(), "--skip-invalid", input_arg]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(std::fs::read_to_string(&input).unwrap(), original);
+    // From standard input, when standard input is that file.
+    let out = env
+        .cmd(&["import", "-", "--errors", input_arg])
+        .stdin(std::fs::File::open(&input).unwrap())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is the input file itself"));
+    assert_eq!(std::fs::read_to_string(&input).unwrap(), original);
+    assert_eq!(
+        env.scalar_i64("SELECT count(*) FROM settlement.token_trade_volume")
+            .await,
+        0
+    );
+
+    // Another file is fine: the valid row imported, the rejected one written.
+    let rejects = dir.path().join("rejects.csv");
+    let out = env.run_ok(&["import", input_arg, "--skip-invalid", rejects.to_str().unwrap()]);
+    assert!(out.contains("2 rows read, 1 imported"), "{out}");
+    assert!(std::fs::read_to_string(&rejects).unwrap().contains("not-an-address"));
+    assert_eq!(std::fs::read_to_string(&input).unwrap(), original);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_import_whose_commit_answer_is_lost_says_its_outcome_is_unknown_and_a_second_import_is_safe() {
+    use settled_testkit::{CommitFault, FaultPlan, PgProxy};
+    let env = Env::new().await;
+    let plan = FaultPlan {
+        armed_by: "import_staging".into(),
+        fault: CommitFault::LoseAnswer,
+        then_refuse: false,
+    };
+    let proxy = PgProxy::start(&env.db.url, plan).await;
+    let mut cmd = env.cmd(&["import", &fixture("good.csv")]);
+    cmd.env("DATABASE_URL", proxy.url());
+    let out = tokio::task::spawn_blocking(move || cmd.output().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(proxy.faults(), 1);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("its outcome is unknown if the connection was lost: importing the same file again is safe"),
+        "{stderr}"
+    );
+    // It had committed; the same file again adds nothing and says so.
+    let rows = env
+        .scalar_i64("SELECT count(*) FROM settlement.token_trade_volume")
+        .await;
+    assert!(rows > 0);
+    let again = env.run_ok(&["import", &fixture("good.csv")]);
+    assert!(
+        again.contains(&format!("0 imported, {rows} already present")),
+        "{again}"
+    );
+    assert_eq!(
+        env.scalar_i64("SELECT count(*) FROM settlement.token_trade_volume")
+            .await,
+        rows
+    );
 }

@@ -95,6 +95,25 @@ pub enum Cancelled {
     NotRunning(Option<RunState>),
 }
 
+/// What [`Job::reopen_with_work`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reopened {
+    /// The finished run is running again; this many items of its scope were eligible.
+    Now {
+        /// The run.
+        run_id: i64,
+        /// Eligible items of the scope.
+        eligible: i64,
+    },
+    /// The run is finished and no item of its scope is eligible: left alone.
+    NoWork {
+        /// The run.
+        run_id: i64,
+    },
+    /// The scope's run is not finished (its state), or it has none.
+    NotFinished(Option<RunState>),
+}
+
 /// How one worker's turn at a scope ended (see [`Job::work`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WorkOutcome {
@@ -266,10 +285,13 @@ impl<H: RunHooks> Job<H> {
         let mut tx = pool.begin().await.map_err(EngineError::db("beginning a retry"))?;
         let retried = self.queue.retry_failed(&mut tx, scope, key).await?;
         if retried > 0 {
+            runs::interrupt_finish(&mut tx, self.name(), &[scope.to_string()]).await?;
             runs::reopen(&mut tx, self.name(), scope, &[RunState::Finished]).await?;
             runs::notify_items_eligible(&mut tx, self.name()).await?;
         }
-        tx.commit().await.map_err(EngineError::db("committing a retry"))?;
+        tx.commit()
+            .await
+            .map_err(EngineError::at_commit("committing a retry"))?;
         Ok(retried)
     }
 
@@ -280,6 +302,7 @@ impl<H: RunHooks> Job<H> {
     pub async fn release_held(&self, tx: &mut PgConnection, key: &str) -> Result<Vec<String>, EngineError> {
         let scopes = self.queue.release_held(&mut *tx, key).await?;
         if !scopes.is_empty() {
+            runs::interrupt_finish(&mut *tx, self.name(), &scopes).await?;
             runs::notify_items_eligible(tx, self.name()).await?;
         }
         Ok(scopes)
@@ -299,6 +322,39 @@ impl<H: RunHooks> Job<H> {
                 Err(err) => tracing::info!(job = self.name(), scope, error = %err, "run not reopened yet"),
             }
         }
+    }
+
+    /// Reopens the finished run of `scope` when items of the scope are
+    /// eligible (they arrived or came back after it finished), in one
+    /// transaction; a run without eligible items is left alone.
+    /// [`EngineError::OtherRunActive`] while another run of the job runs.
+    pub async fn reopen_with_work(&self, pool: &PgPool, scope: &str) -> Result<Reopened, EngineError> {
+        let mut tx = pool.begin().await.map_err(EngineError::db("beginning a reopen"))?;
+        let run = runs::find(&mut tx, self.name(), scope).await?;
+        let outcome = match run {
+            Some(run) if run.state == RunState::Finished => {
+                let eligible = self
+                    .queue
+                    .count_by_status(&mut tx, scope)
+                    .await?
+                    .get(crate::status::ItemStatus::Eligible);
+                if eligible == 0 {
+                    Reopened::NoWork { run_id: run.id }
+                } else if runs::reopen(&mut tx, self.name(), scope, &[RunState::Finished]).await? {
+                    runs::notify_items_eligible(&mut tx, self.name()).await?;
+                    Reopened::Now {
+                        run_id: run.id,
+                        eligible,
+                    }
+                } else {
+                    // Reopened or changed by someone else since it was read.
+                    Reopened::NotFinished(runs::find(&mut tx, self.name(), scope).await?.map(|r| r.state))
+                }
+            }
+            other => Reopened::NotFinished(other.map(|r| r.state)),
+        };
+        tx.commit().await.map_err(EngineError::db("committing a reopen"))?;
+        Ok(outcome)
     }
 
     /// Reopens the oldest finished run that has eligible items again (a
@@ -332,8 +388,24 @@ impl<H: RunHooks> Job<H> {
     }
 
     /// One worker's turn at `scope`: joins (or starts) its run, drains it
-    /// with `drainer`, and finishes it when nothing is left.
+    /// with `drainer`, and finishes it when nothing is left. A fatal error
+    /// (a missing grant: [`EngineError::is_fatal`]) comes back as
+    /// [`EngineError::Refused`], naming the role.
     pub async fn work<D: Drainer>(
+        &self,
+        pool: &PgPool,
+        scope: &str,
+        drainer: &D,
+        cfg: &DrainConfig,
+        worker: &Worker,
+    ) -> Result<WorkOutcome, EngineError> {
+        match self.work_turn(pool, scope, drainer, cfg, worker).await {
+            Err(err) => Err(err.refused(pool).await),
+            worked => worked,
+        }
+    }
+
+    async fn work_turn<D: Drainer>(
         &self,
         pool: &PgPool,
         scope: &str,
@@ -442,7 +514,7 @@ impl<H: crate::ChunkHandler> Drainer for InTransaction<H> {
 
     async fn drain(&self, t: RunTarget<'_>) -> Result<(), EngineError> {
         let handler = self.0.clone();
-        crate::drain_in_transactions(
+        crate::drain::drain_in_transactions(
             t.pool,
             t.queue.clone(),
             t.run_id,
@@ -471,7 +543,7 @@ impl<H: crate::LeasedHandler> Drainer for Leased<H> {
 
     async fn drain(&self, t: RunTarget<'_>) -> Result<(), EngineError> {
         let (queue, handler, stats) = (t.queue.clone(), self.handler.clone(), t.stats.clone());
-        crate::drain_leased(
+        crate::leased::drain_leased(
             t.pool,
             queue,
             t.run_id,

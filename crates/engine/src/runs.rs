@@ -95,7 +95,7 @@ impl TryFrom<RunRow> for Run {
 
 const RUN_COLUMNS: &str = "id, job, scope, state, started_by, started_at, finished_at, report";
 
-/// The result of [`start_or_join`].
+/// The result of starting or joining a run.
 #[derive(Debug, Clone)]
 pub struct Joined {
     /// The run for (job, scope).
@@ -280,6 +280,25 @@ pub(crate) async fn cancel(conn: &mut PgConnection, job: &str, scope: &str) -> R
     .map_err(EngineError::db("cancelling a run"))?
     .rows_affected();
     Ok(done == 1)
+}
+
+/// Rewrites the running run of any of `scopes` without changing it, in a
+/// transaction that makes items of those scopes eligible: a finisher whose
+/// REPEATABLE READ snapshot began before that transaction commits then
+/// fails to lock the run (40001) instead of finishing it over those items,
+/// and a finish already under way is waited for (so the caller can reopen
+/// what it finished).
+pub(crate) async fn interrupt_finish(conn: &mut PgConnection, job: &str, scopes: &[String]) -> Result<(), EngineError> {
+    sqlx::query(
+        "UPDATE settled_engine.runs SET state = state
+         WHERE job = $1 AND scope = ANY($2) AND state = 'running'",
+    )
+    .bind(job) // $1
+    .bind(scopes) // $2
+    .execute(conn)
+    .await
+    .map_err(EngineError::db("interrupting a run's finish"))?;
+    Ok(())
 }
 
 /// Sets the run of (job, scope) running again if it is in one of `from`.

@@ -5,9 +5,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use settled_engine::daemon::DaemonConfig;
+use settled_engine::raw::{Cancelled, RetryPolicy, RunState, Schedule, WorkQueue};
 use settled_engine::{
-    Cancelled, Chunk, ChunkHandler, DaemonConfig, DrainConfig, EngineError, Handled, HandlerError, InTransaction, Job,
-    NoHooks, QueueSpec, RetryPolicy, RunState, Schedule, WorkQueue, Worker,
+    Chunk, ChunkHandler, DrainConfig, EngineError, Handled, HandlerError, InTransaction, Job, NoHooks, QueueSpec,
+    Worker,
 };
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgConnection, PgPool};
@@ -52,7 +54,7 @@ struct Env {
 async fn env(items: i64) -> Env {
     let db = settled_testkit::TestDb::create().await.unwrap();
     let pool = PgPoolOptions::new().max_connections(60).connect(&db.url).await.unwrap();
-    settled_engine::migrate::migrate(&pool).await.unwrap();
+    settled_engine::migrate(&pool).await.unwrap();
     for sql in TABLE_SQL {
         sqlx::query(sql).execute(&pool).await.unwrap();
     }
@@ -173,7 +175,7 @@ async fn key_ranges_cover_every_key_once_and_range_claims_skip_held_rows() {
         let upto = bounds.get(range).map(String::as_str);
         let mut after = range.checked_sub(1).map(|i| bounds[i].clone());
         loop {
-            let window = settled_engine::KeyWindow {
+            let window = settled_engine::raw::KeyWindow {
                 after: after.as_deref(),
                 upto,
             };
@@ -325,6 +327,41 @@ async fn a_poison_item_fails_alone_and_the_rest_settle_once() {
     )
     .await;
     assert_eq!(mismatched, 0);
+}
+
+/// A statement no retry can help (its table is gone: SQLSTATE 42P01, as a
+/// missing grant is 42501) is the deployment's fault, not an item's: the
+/// drain stops at once, says the role, and no item is failed or touched.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_statement_the_deployment_cannot_run_stops_the_drain_at_once_and_fails_no_item() {
+    let env = env(500).await;
+    sqlx::query("DROP TABLE jobs.effects").execute(&env.pool).await.unwrap();
+    let worker = Worker::register(&env.pool, "test").await.unwrap();
+    let worked = tokio::time::timeout(
+        Duration::from_secs(30),
+        job().work(&env.pool, SCOPE, &drainer(&[]), &config(50, 4), &worker),
+    )
+    .await
+    .expect("the drain ends by itself");
+    worker.deregister().await;
+    match worked {
+        Err(EngineError::Refused {
+            role, code, message, ..
+        }) => {
+            assert_eq!(code, "42P01");
+            assert!(message.contains("jobs.effects"), "{message}");
+            assert_eq!(role, "postgres");
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert_eq!(
+        count(
+            &env.pool,
+            "SELECT count(*) FROM jobs.items WHERE status = 'eligible' AND attempt = 0"
+        )
+        .await,
+        500
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -600,7 +637,7 @@ async fn several_processes_drain_one_scope_and_each_item_is_done_once() {
     assert_eq!(busy, 4, "each process settled some: SKIP LOCKED split the work");
 }
 
-/// A handler whose chunks are one statement ([`settled_engine::ChunkSql`]):
+/// A handler whose chunks are one statement ([`settled_engine::raw::ChunkSql`]):
 /// effects in `jobs.sql_effects` (a CHECK refuses `item-77`), holds from
 /// `jobs.holds`. Its `handle_chunk` fails everything.
 struct InSql;
@@ -620,8 +657,8 @@ impl ChunkHandler for InSql {
         ))
     }
 
-    fn chunk_sql(&self) -> Option<settled_engine::ChunkSql> {
-        Some(settled_engine::ChunkSql {
+    fn chunk_sql(&self) -> Option<settled_engine::raw::ChunkSql> {
+        Some(settled_engine::raw::ChunkSql {
             effects: "effects AS (
                 INSERT INTO jobs.sql_effects (day, item, fence, run)
                 SELECT s.day, s.item, s.attempt, r.id FROM settled s CROSS JOIN run r
@@ -657,7 +694,7 @@ async fn one_statement_chunks_settle_hold_and_isolate_a_failing_item_with_two_wo
     let (sa, sb) = (a.stats().clone(), b.stats().clone());
     a.deregister().await;
     b.deregister().await;
-    let settled = |s: &settled_engine::DrainStats| s.items_settled.load(std::sync::atomic::Ordering::Relaxed);
+    let settled = |s: &settled_engine::raw::DrainStats| s.items_settled.load(std::sync::atomic::Ordering::Relaxed);
     assert_eq!(settled(&sa) + settled(&sb), 2_997, "all but two held and one failing");
     assert!(settled(&sa) > 0 && settled(&sb) > 0, "both workers worked");
     assert!(
@@ -724,7 +761,7 @@ impl settled_engine::LeasedHandler for SlowLeased {
         &self,
         _batch: &(),
         _chunk: &Chunk,
-        _item: &settled_engine::ClaimedItem,
+        _item: &settled_engine::raw::ClaimedItem,
     ) -> Result<(), HandlerError> {
         tokio::time::sleep(Duration::from_millis(20)).await;
         Ok(())
@@ -744,7 +781,7 @@ impl settled_engine::LeasedHandler for SlowLeased {
 #[tokio::test(flavor = "multi_thread")]
 async fn scopes_drain_in_either_mode_while_another_scopes_partition_is_locked_whole() {
     // A work table partitioned by scope, on sessions with custom plans
-    // (settled_engine::session): every statement of a drain, however often
+    // (settled_engine::raw::session): every statement of a drain, however often
     // it runs, plans and locks only its own scope's partition. Another
     // session holds an older scope's partition in ACCESS EXCLUSIVE mode (as
     // a detach or a drop would) through both drains; a statement that
@@ -754,7 +791,7 @@ async fn scopes_drain_in_either_mode_while_another_scopes_partition_is_locked_wh
         .max_connections(20)
         .after_connect(|conn, _| {
             Box::pin(async move {
-                settled_engine::session::use_custom_plans(conn)
+                settled_engine::raw::session::use_custom_plans(conn)
                     .await
                     .map_err(|e| sqlx::Error::Configuration(e.into()))
             })
@@ -762,7 +799,7 @@ async fn scopes_drain_in_either_mode_while_another_scopes_partition_is_locked_wh
         .connect(&db.url)
         .await
         .unwrap();
-    settled_engine::migrate::migrate(&pool).await.unwrap();
+    settled_engine::migrate(&pool).await.unwrap();
     let partitioned: Vec<String> = TABLE_SQL
         .iter()
         .map(|sql| match sql.starts_with("CREATE TABLE jobs.items") {
@@ -890,7 +927,7 @@ async fn scopes_drain_in_either_mode_while_another_scopes_partition_is_locked_wh
 async fn chunk_statements_name_the_one_relation_of_a_scope_and_claim_nothing_once_it_is_detached() {
     let db = settled_testkit::TestDb::create().await.unwrap();
     let pool = PgPoolOptions::new().max_connections(5).connect(&db.url).await.unwrap();
-    settled_engine::migrate::migrate(&pool).await.unwrap();
+    settled_engine::migrate(&pool).await.unwrap();
     for sql in TABLE_SQL {
         let sql = match sql.starts_with("CREATE TABLE jobs.items") {
             true => format!("{sql} PARTITION BY RANGE (day)"),
@@ -922,7 +959,7 @@ async fn chunk_statements_name_the_one_relation_of_a_scope_and_claim_nothing_onc
         WorkQueue::new(spec).unwrap()
     };
     let mut conn = pool.acquire().await.unwrap();
-    let on_relation = |statements: settled_engine::ChunkStatements| statements.on_scope_relation();
+    let on_relation = |statements: settled_engine::raw::ChunkStatements| statements.on_scope_relation();
     let queue: WorkQueue = (**job().queue()).clone();
     for (queue, scope, expected) in [
         (&queue, SCOPE, true),
@@ -948,7 +985,7 @@ async fn chunk_statements_name_the_one_relation_of_a_scope_and_claim_nothing_onc
         let mut conn = pool.acquire().await.unwrap();
         let mut tx = statements.begin(&mut conn).await.unwrap();
         let done = statements
-            .run(&mut tx, SCOPE, 100, run.id, settled_engine::KeyWindow::ALL)
+            .run(&mut tx, SCOPE, 100, run.id, settled_engine::raw::KeyWindow::ALL)
             .await
             .unwrap()
             .unwrap();
@@ -992,7 +1029,7 @@ async fn workers_share_one_cut_of_key_ranges_visit_each_range_once_and_a_reopene
     for outcome in futures_util::future::join_all(drains).await {
         outcome.unwrap();
     }
-    let load = |get: fn(&settled_engine::DrainStats) -> &std::sync::atomic::AtomicU64| {
+    let load = |get: fn(&settled_engine::raw::DrainStats) -> &std::sync::atomic::AtomicU64| {
         workers
             .iter()
             .map(|w| get(w.stats()).load(std::sync::atomic::Ordering::Relaxed))

@@ -11,7 +11,7 @@ use sqlx::postgres::PgPoolOptions;
 async fn pool() -> (settled_testkit::TestDb, sqlx::PgPool) {
     let db = settled_testkit::TestDb::create().await.unwrap();
     let pool = PgPoolOptions::new().max_connections(40).connect(&db.url).await.unwrap();
-    settled_engine::migrate::migrate(&pool).await.unwrap();
+    settled_engine::migrate(&pool).await.unwrap();
     (db, pool)
 }
 
@@ -96,6 +96,51 @@ async fn one_idempotency_key_begins_once_and_a_crashed_attempt_is_taken_over() {
         idempotency::begin(&pool, "s", "k", &other, &cfg).await.unwrap(),
         Begin::Mismatch
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_key_stays_its_requests_while_its_answer_is_kept_expired_or_not_and_an_unfinished_one_blames_no_one() {
+    let (_db, pool) = pool().await;
+    let cfg = IdempotencyConfig::default();
+    let (first, other) = (
+        idempotency::fingerprint("POST", "/x", b"{\"a\":1}"),
+        idempotency::fingerprint("POST", "/x", b"{\"a\":7}"),
+    );
+    let begin = |fp: &str| {
+        let (pool, fp) = (pool.clone(), fp.to_string());
+        async move { idempotency::begin(&pool, "s", "k", &fp, &cfg).await.unwrap() }
+    };
+    assert_eq!(begin(&first).await, Begin::New);
+    // While the first is running it may yet give the key back: another
+    // request is told to wait, not that the key is someone else's.
+    assert_eq!(begin(&other).await, Begin::InProgress);
+    let mut tx = pool.begin().await.unwrap();
+    idempotency::finish(&mut tx, "s", "k", 201, &serde_json::json!({"id": 1}))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    // Past its retention, not yet pruned: still the first request's.
+    let expire = "UPDATE settled_engine.idempotency_keys SET expires_at = now() - interval '1 second'";
+    sqlx::query(expire).execute(&pool).await.unwrap();
+    assert_eq!(begin(&other).await, Begin::Mismatch);
+    assert_eq!(begin(&other).await, Begin::Mismatch);
+    // A repeat of the first request runs again (its answer is past its retention).
+    assert_eq!(begin(&first).await, Begin::New);
+    // That attempt crashes: once its lock expires, any request may take the key.
+    sqlx::query("UPDATE settled_engine.idempotency_keys SET locked_until = now() - interval '1 second'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(begin(&other).await, Begin::New);
+    // Pruned: no trace is left here, and the key is free.
+    let mut tx = pool.begin().await.unwrap();
+    idempotency::finish(&mut tx, "s", "k", 409, &serde_json::json!({"refused": true}))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    sqlx::query(expire).execute(&pool).await.unwrap();
+    assert_eq!(idempotency::prune(&pool).await.unwrap(), 1);
+    assert_eq!(begin(&first).await, Begin::New);
 }
 
 #[tokio::test(flavor = "multi_thread")]

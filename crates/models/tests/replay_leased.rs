@@ -18,14 +18,15 @@ use std::time::Duration;
 
 use common::*;
 use settled::provider::HttpProvider;
-use settled_engine::{Chunk, DrainStats, LeasedHandler};
+use settled_engine::raw::DrainStats;
+use settled_engine::{Chunk, LeasedHandler};
 use uuid::Uuid;
 
 /// Runs a worker's drain of [`PERIOD`] in the background.
 fn spawn_drain<H: LeasedHandler>(s: &Settled, handler: Arc<H>, stats: Arc<DrainStats>) -> tokio::task::JoinHandle<()> {
     let (pool, run_id) = (s.pool.clone(), s.run_id);
     tokio::spawn(async move {
-        settled_engine::drain_leased(
+        settled_engine::raw::drain_leased(
             &pool,
             settled::settlement::queue(),
             run_id,
@@ -109,10 +110,18 @@ async fn fence_replay(guarded: bool) -> FenceOutcome {
     .unwrap();
     // 5. rescue_expired_leases.
     let policy = drain_config().retry;
-    let rescued = settled_engine::rescuer::rescue_expired_leases(&s.pool, &queue, PERIOD, &policy)
-        .await
-        .unwrap()
-        .expect("the rescuer's lock is free");
+    // A drain's own rescuer may hold the rescuer's lock for a moment: wait it out.
+    let mut rescued = None;
+    for _ in 0..100 {
+        rescued = settled_engine::raw::rescue_expired_leases(&s.pool, &queue, PERIOD, &policy)
+            .await
+            .unwrap();
+        if rescued.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let rescued = rescued.expect("the rescuer's lock came free");
     assert_eq!(rescued.retried, 1);
 
     // 6. w1: claim_leased (attempt 2), pays: the provider replays the payment.
@@ -149,7 +158,7 @@ async fn fence_replay(guarded: bool) -> FenceOutcome {
     }
 }
 
-fn chunk(s: &Settled, item: settled_engine::ClaimedItem) -> Chunk {
+fn chunk(s: &Settled, item: settled_engine::raw::ClaimedItem) -> Chunk {
     Chunk {
         run_id: s.run_id,
         scope: PERIOD.into(),

@@ -17,6 +17,12 @@
 //!    detached and dropped. Detaching waits for the brief ACCESS EXCLUSIVE
 //!    lock on the parents, taken last, after every export.
 //!
+//! Once COMMIT has been sent, no file is removed on the spot: when COMMIT
+//! returns an error, a new connection waits for the lost transaction to end
+//! and reads `settlement.archived_periods`; the files go only when the
+//! archive certainly did not commit, and stay, with an error that says the
+//! outcome is unknown, when that cannot be learned.
+//!
 //! A period is refused unless its run finished and every item is settled
 //! (an eligible, processing, failed or held item is work that may still be
 //! paid). An archived period can take no new items: its partitions cannot
@@ -29,7 +35,7 @@ use anyhow::Context;
 use futures_util::StreamExt;
 use num_bigint::BigUint;
 use sha2::{Digest, Sha256};
-use sqlx::PgConnection;
+use sqlx::{PgConnection, PgPool};
 
 use crate::address::CreatorAddress;
 use crate::partitions;
@@ -69,6 +75,9 @@ pub struct Manifest {
 /// One archived period.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Archived {
+    /// The period (its manifest names it too).
+    #[serde(skip)]
+    pub period: Period,
     /// Its manifest.
     pub manifest: Manifest,
     /// Where the data file is.
@@ -87,6 +96,20 @@ pub fn paths(dir: &Path, period: Period) -> (PathBuf, PathBuf) {
 
 /// How many times an archive that lost a deadlock is tried in all.
 pub const ARCHIVE_ATTEMPTS: u32 = 5;
+/// How long an archive whose COMMIT got no answer waits to learn whether
+/// it committed (a new connection, then the archive's lock, which the lost
+/// transaction holds until it ends) before it says the outcome is unknown.
+pub const COMMIT_OUTCOME_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// What an archive did.
+#[derive(Debug, Clone)]
+pub struct ArchiveDone {
+    /// The periods archived, in order.
+    pub archived: Vec<Archived>,
+    /// True when the answer to COMMIT was lost and a new connection found
+    /// the archive committed.
+    pub committed_unanswered: bool,
+}
 
 /// Archives every period before `opts.before` that still has partitions;
 /// returns what it archived (nothing is archived if any period is refused).
@@ -94,14 +117,20 @@ pub const ARCHIVE_ATTEMPTS: u32 = 5;
 /// Detaching waits for the parents' ACCESS EXCLUSIVE lock while the archive
 /// holds its periods' partitions. settled's own sessions never lock an old
 /// period's partition (they plan for the period they touch,
-/// [`settled_engine::session`]), but another session that holds a parent
+/// [`settled_engine::raw::session`]), but another session that holds a parent
 /// and then asks for an old partition closes a cycle, and PostgreSQL ends
 /// one of the two. When that is the archive, its transaction rolls back
 /// whole (files removed) and it starts over, up to [`ARCHIVE_ATTEMPTS`].
-pub async fn archive(conn: &mut PgConnection, opts: &ArchiveOptions) -> anyhow::Result<Vec<Archived>> {
+///
+/// Files are removed only when their periods are certainly not archived:
+/// before the rollback of a transaction that never sent COMMIT (it still
+/// holds the archive's lock, unless its connection is gone), or, when
+/// COMMIT got no answer, under the lock on a new connection from `pool`
+/// once the lost transaction has ended ([`learn_commit_outcome`]).
+pub async fn archive(pool: &PgPool, opts: &ArchiveOptions) -> anyhow::Result<ArchiveDone> {
     let mut attempt = 1;
     loop {
-        match archive_once(conn, opts).await {
+        match archive_once(pool, opts).await {
             Err(err) if attempt < ARCHIVE_ATTEMPTS && lost_a_deadlock(&err) => {
                 tracing::warn!(attempt, error = %err, "the archive lost a deadlock and rolled back; starting over");
                 tokio::time::sleep(std::time::Duration::from_millis(200 * u64::from(attempt))).await;
@@ -122,41 +151,154 @@ fn lost_a_deadlock(err: &anyhow::Error) -> bool {
     })
 }
 
-/// One try of [`archive`], in one transaction.
-async fn archive_once(conn: &mut PgConnection, opts: &ArchiveOptions) -> anyhow::Result<Vec<Archived>> {
+/// Taken first by every archive, released when its transaction ends.
+const ARCHIVE_LOCK_SQL: &str = "SELECT pg_advisory_xact_lock(hashtext('settled archive'))";
+
+/// One try of [`archive`], in one transaction on a connection of its own.
+async fn archive_once(pool: &PgPool, opts: &ArchiveOptions) -> anyhow::Result<ArchiveDone> {
     std::fs::create_dir_all(&opts.dir).with_context(|| format!("creating {}", opts.dir.display()))?;
+    let mut conn = pool.acquire().await?;
     sqlx::query("BEGIN").execute(&mut *conn).await?;
-    let mut written: Vec<PathBuf> = Vec::new();
-    let result = archive_in_tx(conn, opts, &mut written).await;
-    let result = match result {
-        Ok(archived) => sqlx::query("COMMIT")
-            .execute(&mut *conn)
-            .await
-            .map(|_| archived)
-            .context("committing the archive"),
+    let mut written: Vec<Period> = Vec::new();
+    let archived = match archive_in_tx(&mut conn, opts, &mut written).await {
+        Ok(archived) => archived,
         Err(err) => {
+            // COMMIT was never sent: nothing is archived. The files go
+            // before the rollback, while this transaction still holds the
+            // archive's lock, so no other archive is writing them.
+            remove_files(&opts.dir, &written);
             let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
-            Err(err)
+            return Err(err);
         }
     };
-    if result.is_err() {
-        for path in written {
-            let _ = std::fs::remove_file(path);
+    let committed = sqlx::query("COMMIT").execute(&mut *conn).await;
+    let Err(commit_err) = committed else {
+        return Ok(ArchiveDone {
+            archived,
+            committed_unanswered: false,
+        });
+    };
+    // The server may have committed before its answer was lost: this
+    // connection is done, and only a new one can tell.
+    conn.close_on_drop();
+    drop(conn);
+    settle_unanswered_commit(pool, opts, archived, commit_err).await
+}
+
+/// After a COMMIT that returned an error: keeps the files when the archive
+/// committed (and says so), removes them when it certainly did not, keeps
+/// them and says the outcome is unknown when it cannot be learned.
+async fn settle_unanswered_commit(
+    pool: &PgPool,
+    opts: &ArchiveOptions,
+    archived: Vec<Archived>,
+    commit_err: sqlx::Error,
+) -> anyhow::Result<ArchiveDone> {
+    let periods: Vec<Period> = archived.iter().map(|a| a.period).collect();
+    match learn_commit_outcome(pool, opts, &archived).await {
+        Ok(CommitOutcome::Committed) => Ok(ArchiveDone {
+            archived,
+            committed_unanswered: true,
+        }),
+        Ok(CommitOutcome::NotCommitted) => Err(anyhow::Error::new(commit_err).context(
+            "committing the archive failed, and a new connection found it not committed: \
+             its files were removed and nothing was archived",
+        )),
+        Err(learn_err) => {
+            let files: Vec<String> = periods
+                .iter()
+                .map(|p| paths(&opts.dir, *p).0.display().to_string())
+                .collect();
+            anyhow::bail!(
+                "the outcome of the archive is unknown: COMMIT was sent but no answer came back ({commit_err}), \
+                 and a new connection could not learn whether it committed ({learn_err:#}). \
+                 The files are kept. Check each with `settled verify --archive FILE` \
+                 (OK: archived; \"no archive\": not archived, and its files may be removed): {}",
+                files.join(" ")
+            )
         }
     }
-    result
+}
+
+/// What a new connection learned about an unanswered COMMIT.
+enum CommitOutcome {
+    Committed,
+    NotCommitted,
+}
+
+/// Waits (at most [`COMMIT_OUTCOME_WAIT`]) for the archive's lock on a new
+/// connection: the lost transaction holds it until it has committed or
+/// rolled back. Then `settlement.archived_periods` tells: every period
+/// recorded with this archive's SHA-256 is a commit; anything less is
+/// certainly none (the transaction was all or nothing), and the files of
+/// the periods nobody archived are removed while the lock is held. An error
+/// or the time running out leaves the outcome unknown.
+async fn learn_commit_outcome(
+    pool: &PgPool,
+    opts: &ArchiveOptions,
+    archived: &[Archived],
+) -> anyhow::Result<CommitOutcome> {
+    let learn = async {
+        let mut tx = pool.begin().await.context("connecting again")?;
+        sqlx::query("SELECT set_config('lock_timeout', $1, true)")
+            .bind(format!("{}ms", COMMIT_OUTCOME_WAIT.as_millis())) // $1
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(ARCHIVE_LOCK_SQL)
+            .execute(&mut *tx)
+            .await
+            .context("waiting for the lost transaction to end")?;
+        let dates: Vec<chrono::NaiveDate> = archived.iter().map(|a| a.period.date()).collect();
+        let recorded: Vec<(chrono::NaiveDate, String)> =
+            sqlx::query_as("SELECT period, sha256 FROM settlement.archived_periods WHERE period = ANY($1)")
+                .bind(&dates) // $1
+                .fetch_all(&mut *tx)
+                .await?;
+        let ours = |a: &Archived| recorded.contains(&(a.period.date(), a.manifest.sha256.clone()));
+        let outcome = if archived.iter().all(ours) {
+            CommitOutcome::Committed
+        } else {
+            // All or nothing, so not ours; a period another archive
+            // recorded meanwhile keeps the files that archive wrote.
+            let unrecorded: Vec<Period> = archived
+                .iter()
+                .map(|a| a.period)
+                .filter(|p| !recorded.iter().any(|(date, _)| *date == p.date()))
+                .collect();
+            remove_files(&opts.dir, &unrecorded);
+            CommitOutcome::NotCommitted
+        };
+        tx.rollback().await?;
+        Ok(outcome)
+    };
+    tokio::time::timeout(COMMIT_OUTCOME_WAIT + std::time::Duration::from_secs(5), learn)
+        .await
+        .map_err(|_| anyhow::anyhow!("no answer within {} s", COMMIT_OUTCOME_WAIT.as_secs()))?
+}
+
+/// Removes what an archive that did not commit wrote for `periods` (the
+/// data file, its manifest, a partial export); a file already gone is fine.
+fn remove_files(dir: &Path, periods: &[Period]) {
+    for period in periods {
+        let (data, manifest) = paths(dir, *period);
+        for path in [data.with_extension("csv.partial"), data, manifest] {
+            if let Err(err) = std::fs::remove_file(&path) {
+                if err.kind() != std::io::ErrorKind::NotFound {
+                    tracing::warn!(file = %path.display(), error = %err, "could not remove a file of an archive that did not commit");
+                }
+            }
+        }
+    }
 }
 
 async fn archive_in_tx(
     conn: &mut PgConnection,
     opts: &ArchiveOptions,
-    written: &mut Vec<PathBuf>,
+    written: &mut Vec<Period>,
 ) -> anyhow::Result<Vec<Archived>> {
     // One archive at a time: a second one waits here, then finds the
     // periods the first archived gone (and never touches its files).
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('settled archive'))")
-        .execute(&mut *conn)
-        .await?;
+    sqlx::query(ARCHIVE_LOCK_SQL).execute(&mut *conn).await?;
     // Periods that still have a partition in either table: the partition
     // names carry the period (settlement.ensure_period_partitions names them).
     let periods: Vec<chrono::NaiveDate> = sqlx::query_scalar(
@@ -194,10 +336,9 @@ async fn archive_in_tx(
         anyhow::bail!("nothing was archived; refused:\n  {}", refusals.join("\n  "));
     }
     for a in &mut archived {
-        let period = Period::parse(&a.manifest.period).map_err(anyhow::Error::msg)?;
-        a.kept_as = retire(conn, period, opts.drop_ledger).await?;
+        a.kept_as = retire(conn, a.period, opts.drop_ledger).await?;
         sqlx::query("UPDATE settlement.archived_periods SET kept_as = $2 WHERE period = $1")
-            .bind(period.date()) // $1
+            .bind(a.period.date()) // $1
             .bind(&a.kept_as) // $2
             .execute(&mut *conn)
             .await?;
@@ -207,7 +348,7 @@ async fn archive_in_tx(
 
 /// Why `period` may not be archived, if it may not.
 async fn refusal(conn: &mut PgConnection, period: Period) -> anyhow::Result<Option<String>> {
-    let run_state = settled_engine::runs::find(&mut *conn, JOB, &period.to_string())
+    let run_state = settled_engine::raw::runs::find(&mut *conn, JOB, &period.to_string())
         .await?
         .map(|run| run.state.as_str().to_string());
     let unsettled: Vec<(String, i64)> = sqlx::query_as(
@@ -247,12 +388,12 @@ async fn export(
     conn: &mut PgConnection,
     period: Period,
     dir: &Path,
-    written: &mut Vec<PathBuf>,
+    written: &mut Vec<Period>,
 ) -> anyhow::Result<Archived> {
     let (_, ledger) = partitions::names(period);
     let (path, manifest_path) = paths(dir, period);
     let partial = path.with_extension("csv.partial");
-    written.push(partial.clone());
+    written.push(period);
     let mut file = std::io::BufWriter::new(
         std::fs::File::create(&partial).with_context(|| format!("creating {}", partial.display()))?,
     );
@@ -303,9 +444,7 @@ async fn export(
         "the export of {period}: {}",
         read.problems.join("; ")
     );
-    written.push(path.clone());
     std::fs::rename(&partial, &path)?;
-    written.push(manifest_path.clone());
     let mut m = std::fs::File::create(&manifest_path)?;
     m.write_all(serde_json::to_string_pretty(&manifest)?.as_bytes())?;
     m.write_all(b"\n")?;
@@ -334,6 +473,7 @@ async fn export(
     .execute(&mut *conn)
     .await?;
     Ok(Archived {
+        period,
         manifest,
         path,
         kept_as: None,

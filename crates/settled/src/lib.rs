@@ -2,8 +2,8 @@
 //! with any number of worker processes on any number of servers.
 //!
 //! The money path reads top to bottom in three files:
-//! `settled_engine::queue::claim` (claim with SKIP LOCKED, hand out fences),
-//! [`settlement`] (pay a chunk with those fences), `settled_engine::executor`
+//! `settled_engine::raw::claim` (claim with SKIP LOCKED, hand out fences),
+//! [`settlement`] (pay a chunk with those fences), `settled_engine::drain`
 //! (mark settled, commit).
 //!
 //! This crate is only the product: settlement, its commands ([`cmd`]), the
@@ -20,11 +20,13 @@ pub mod db;
 pub mod demo;
 pub mod failover;
 pub mod import;
+pub mod json;
 pub mod money;
 pub mod partitions;
 pub mod period;
 pub mod progress;
 pub mod provider;
+pub mod queues;
 pub mod seed;
 pub mod settlement;
 pub mod status;

@@ -3,13 +3,12 @@
 //! same seed always gives the same rows).
 
 use anyhow::Context;
-use settled_engine::runs;
 use sqlx::PgPool;
 
 use crate::money::FeeBps;
 use crate::period::Period;
 use crate::progress::Progress;
-use crate::settlement::{DEFAULT_FEE_BPS, JOB};
+use crate::settlement::DEFAULT_FEE_BPS;
 
 /// Largest number of creators one seed call may create.
 pub const MAX_SEED_CREATORS: u64 = 100_000_000;
@@ -60,7 +59,8 @@ pub struct SeedOutcome {
 
 /// Seeds `creators` items for `period` in one transaction. Sets the fee when
 /// given, or the default when the period has none. Refused once the period
-/// has a run.
+/// has a run; holds its input open meanwhile
+/// ([`crate::settlement::hold_input_open`]).
 pub async fn seed(
     pool: &PgPool,
     period: Period,
@@ -74,13 +74,7 @@ pub async fn seed(
         "--creators must be 1..={MAX_SEED_CREATORS}, got {creators}"
     );
     let mut tx = pool.begin().await?;
-    if let Some(run) = runs::find(&mut tx, JOB, &period.to_string()).await? {
-        anyhow::bail!(
-            "period {period} already has run {} ({}): its input can no longer change",
-            run.id,
-            run.state.as_str()
-        );
-    }
+    crate::settlement::hold_input_open(&mut tx, period).await?;
     let default_fee = FeeBps::new(DEFAULT_FEE_BPS).map_err(anyhow::Error::msg)?;
     sqlx::query(
         "INSERT INTO settlement.settlement_policy (period, fee_bps) VALUES ($1, $2)
@@ -93,16 +87,10 @@ pub async fn seed(
     .execute(&mut *tx)
     .await
     .context("setting the period's policy")?;
-    // Holding the policy row orders this seed against a run start (which
-    // holds it FOR SHARE), so no item can join a period whose run has begun.
-    let fee_bps: i32 =
-        sqlx::query_scalar("SELECT fee_bps FROM settlement.settlement_policy WHERE period = $1 FOR UPDATE")
-            .bind(period.date())
-            .fetch_one(&mut *tx)
-            .await?;
-    if runs::find(&mut tx, JOB, &period.to_string()).await?.is_some() {
-        anyhow::bail!("period {period} got a run while seeding; nothing was written");
-    }
+    let fee_bps: i32 = sqlx::query_scalar("SELECT fee_bps FROM settlement.settlement_policy WHERE period = $1")
+        .bind(period.date())
+        .fetch_one(&mut *tx)
+        .await?;
     crate::partitions::ensure(&mut tx, period).await?;
     sqlx::query(SEED_STAGING_SQL).execute(&mut *tx).await?;
     let mut from = 1u64;
@@ -126,7 +114,9 @@ pub async fn seed(
         .await
         .context("writing the generated creators in key order")?
         .rows_affected();
-    tx.commit().await?;
+    tx.commit()
+        .await
+        .context("committing the seed; its outcome is unknown if the connection was lost: the same seed again is safe (rows already there are not added twice)")?;
     // Fresh rows: give the planner their statistics before any worker plans a claim.
     let mut conn = pool.acquire().await?;
     crate::settlement::queue()

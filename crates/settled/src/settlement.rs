@@ -1,18 +1,21 @@
 //! The settlement job on the engine: its work table, its run hooks (a run
-//! needs the period's policy, held FOR SHARE while the run starts; the
-//! report is the period's exact status), and the handlers that pay a chunk
-//! (ledger rows and balance credits in one set-based statement).
+//! start closes the period's input, [`hold_input_open`], and needs the
+//! period's policy, held FOR SHARE while the run starts; the report is the
+//! period's exact status), and the handlers that pay a chunk (ledger rows
+//! and balance credits in one set-based statement).
 //!
 //! The money path, top to bottom: the engine's chunk statement claims a
 //! chunk with SKIP LOCKED, marks it settled (attempt + 1: each item's
 //! fence) and runs [`CHUNK_EFFECTS_SQL`] on the rows it marked, all in one
-//! statement; `settled_engine::executor` checks its counts and commits.
+//! statement; `settled_engine::drain` checks its counts and commits.
 
 use std::sync::{Arc, OnceLock};
 
+use anyhow::Context;
+
+use settled_engine::raw::{ChunkSql, ClaimedItem, WorkQueue};
 use settled_engine::{
-    Chunk, ChunkHandler, ChunkSql, ClaimedItem, EngineError, Handled, HandlerError, Job, LeasedHandler, QueueSpec,
-    RunHooks, WorkQueue,
+    Chunk, ChunkHandler, EngineError, Handled, HandlerError, Job, LeasedHandler, QueueSpec, RunHooks,
 };
 use sqlx::{PgConnection, PgPool};
 
@@ -55,13 +58,20 @@ pub fn queue() -> Arc<WorkQueue> {
 pub struct Settlement;
 
 impl RunHooks for Settlement {
-    /// A run needs the period's policy; the policy row is held FOR SHARE
-    /// while the run is inserted, so a concurrent policy change either lands
-    /// before the run or is refused by the freeze trigger. The period's
-    /// partitions are created if it has none yet (an archived period is
-    /// refused).
+    /// A run start first waits for every writer of the period's input
+    /// ([`hold_input_open`]) and keeps new ones out until it commits, so
+    /// the run sees all the input there will ever be. It needs the period's
+    /// policy; the policy row is held FOR SHARE while the run is inserted,
+    /// so a concurrent policy change either lands before the run or is
+    /// refused by the freeze trigger. The period's partitions are created
+    /// if it has none yet (an archived period is refused).
     async fn before_start(&self, tx: &mut PgConnection, scope: &str) -> Result<(), EngineError> {
         let period = Period::parse(scope).map_err(EngineError::Config)?;
+        sqlx::query(CLOSE_INPUT_SQL)
+            .bind(period.date()) // $1
+            .execute(&mut *tx)
+            .await
+            .map_err(EngineError::db("closing the period's input"))?;
         let fee: Option<i32> =
             sqlx::query_scalar("SELECT fee_bps FROM settlement.settlement_policy WHERE period = $1 FOR SHARE")
                 .bind(period.date()) // $1
@@ -109,6 +119,40 @@ impl RunHooks for Settlement {
     fn scope_for_due(&self, local_date: chrono::NaiveDate) -> String {
         Period::from_date(local_date - chrono::Duration::days(1)).to_string()
     }
+}
+
+/// The advisory lock of a period's input ($1: the period), apart from every
+/// other lock of settled by its name. Not the policy row: input usually
+/// arrives before the period has a policy.
+macro_rules! period_input_lock {
+    () => {
+        "(hashtext('settled period input'), $1::date - DATE '2000-01-01')"
+    };
+}
+
+/// Taken by a run start, exclusive: it waits for the writers of the input.
+const CLOSE_INPUT_SQL: &str = concat!("SELECT pg_advisory_xact_lock", period_input_lock!());
+/// Taken by each writer of the input, shared: writers do not wait for each other.
+const HOLD_INPUT_SQL: &str = concat!("SELECT pg_advisory_xact_lock_shared", period_input_lock!());
+
+/// Holds `period`'s input open until `tx` ends: no run of the period can
+/// start meanwhile (a run start waits), so rows written in `tx` are seen by
+/// its run. Refused when the period already has a run, whatever its state.
+/// Every writer of a period's items (seed, import) calls this first.
+pub async fn hold_input_open(tx: &mut PgConnection, period: Period) -> anyhow::Result<()> {
+    sqlx::query(HOLD_INPUT_SQL)
+        .bind(period.date()) // $1
+        .execute(&mut *tx)
+        .await
+        .with_context(|| format!("holding the input of {period} open"))?;
+    if let Some(run) = settled_engine::raw::runs::find(tx, JOB, &period.to_string()).await? {
+        anyhow::bail!(
+            "period {period} already has run {} ({}): its input can no longer change",
+            run.id,
+            run.state.as_str()
+        );
+    }
+    Ok(())
 }
 
 /// Credits each `credited` (creator, amount) row to the creator's balance,
@@ -398,7 +442,9 @@ pub async fn release_hold(
         });
     };
     let periods = job().release_held(&mut tx, &hold.creator).await?;
-    tx.commit().await?;
+    tx.commit()
+        .await
+        .map_err(settled_engine::EngineError::at_commit("releasing a hold"))?;
     job().reopen_runs_with_work(pool, &periods).await;
     Ok(Released::Released(hold))
 }

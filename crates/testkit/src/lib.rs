@@ -1,10 +1,16 @@
 //! settled-testkit: per-test databases on a shared throwaway PostgreSQL
-//! (`TestDb`), for the test suites only. The server itself is
-//! `settled-embedded`, re-exported here for tests' convenience.
+//! (`TestDb`), a real PgBouncer in front of one (`PgBouncer`), and two
+//! proxies that lose a COMMIT or its answer (`PgProxy`, `LostCommitProxy`),
+//! for the test suites only. The server itself is `settled-embedded`,
+//! re-exported here for tests' convenience.
 
+mod lost_commit;
 mod pgbouncer;
+mod pgproxy;
 mod testdb;
 
+pub use lost_commit::LostCommitProxy;
 pub use pgbouncer::{find_pgbouncer, PgBouncer};
+pub use pgproxy::{CommitFault, FaultPlan, PgProxy};
 pub use settled_embedded::{find_binaries, with_database, Error, LocalOptions, LocalPostgres, PgBinaries, Result};
 pub use testdb::{shared_test_server, TestDb};

@@ -6,9 +6,20 @@
 //! with a different fingerprint is refused (HTTP 422). Keys expire after a
 //! retention period and are pruned.
 //!
-//! The first attempt owns the key until `locked_until`; if it crashes before
-//! finishing (so nothing it did committed with the response), a repeat after
-//! that time takes the key over and runs again.
+//! One rule decides whose a key is: a key belongs to the request that
+//! stored its answer for as long as that answer is kept, expired or not,
+//! until [`prune`] deletes it; no other request takes it over meanwhile
+//! ([`Begin::Mismatch`]). An application whose request leaves a lasting
+//! trace of its own (a payout naming its key) keeps the key that request's
+//! beyond the pruning: it gives a claim by another request back with
+//! [`abandon`] instead of storing an answer under the key. Past its
+//! retention, a key is run again only by a repeat of its own request.
+//!
+//! The first attempt owns the key until `locked_until`; until then any
+//! other request with the key is "in progress" (the attempt may yet fail
+//! and give the key back). If it crashes before finishing (so nothing it
+//! did committed with the response), a request after that time takes the
+//! key over and runs.
 //!
 //! ```no_run
 //! # async fn demo(pool: sqlx::PgPool) -> Result<(), settled_engine::EngineError> {
@@ -72,7 +83,7 @@ pub enum Begin {
     },
     /// The first request with this key is still running.
     InProgress,
-    /// The key was used with a different request.
+    /// The key belongs to a different request, whose answer is kept.
     Mismatch,
 }
 
@@ -99,8 +110,9 @@ pub async fn begin(
             "idempotency key must be 1..={MAX_IDEMPOTENCY_KEY_CHARS} characters"
         )));
     }
-    // Insert, or take over an expired key or an abandoned attempt with the
-    // same fingerprint; one statement, so two racing requests cannot both win.
+    // Insert, or take over an attempt that crashed (its lock expired), or
+    // a key past its retention for a repeat of its own request; one
+    // statement, so two racing requests cannot both win.
     let won: Option<bool> = sqlx::query_scalar(
         "INSERT INTO settled_engine.idempotency_keys AS k
              (scope, key, fingerprint, locked_until, expires_at)
@@ -109,8 +121,8 @@ pub async fn begin(
          SET fingerprint = EXCLUDED.fingerprint, status = 'in_progress',
              locked_until = EXCLUDED.locked_until, response_status = NULL, response_body = NULL,
              created_at = now(), completed_at = NULL, expires_at = EXCLUDED.expires_at
-         WHERE k.expires_at <= now()
-            OR (k.status = 'in_progress' AND k.locked_until <= now() AND k.fingerprint = EXCLUDED.fingerprint)
+         WHERE (k.status = 'in_progress' AND k.locked_until <= now())
+            OR (k.expires_at <= now() AND k.fingerprint = EXCLUDED.fingerprint)
          RETURNING true",
     )
     .bind(scope)
@@ -136,13 +148,14 @@ pub async fn begin(
     Ok(match existing {
         // Pruned between our two statements: treat as in progress; the client retries.
         None => Begin::InProgress,
+        // Unfinished: whoever it belongs to is not known until it finishes.
+        Some(stored) if stored.status != "completed" => Begin::InProgress,
         Some(stored) if stored.fingerprint != fingerprint => Begin::Mismatch,
         Some(StoredKey {
-            status,
             response_status: Some(code),
             response_body,
             ..
-        }) if status == "completed" => Begin::Replay {
+        }) => Begin::Replay {
             status: code as u16,
             body: response_body.unwrap_or(serde_json::Value::Null),
         },

@@ -41,16 +41,16 @@ pub const REQUIRED_INDEXES: &[&str] = &[
 ];
 
 #[derive(sqlx::FromRow)]
-struct IndexRow {
-    unique: bool,
-    columns: Vec<String>,
-    predicate: Option<String>,
+pub(crate) struct IndexRow {
+    pub(crate) unique: bool,
+    pub(crate) columns: Vec<String>,
+    pub(crate) predicate: Option<String>,
 }
 
-const COLUMNS_SQL: &str = "SELECT a.attname::text FROM pg_attribute a
+pub(crate) const COLUMNS_SQL: &str = "SELECT a.attname::text FROM pg_attribute a
      WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped";
 
-const INDEXES_SQL: &str = "SELECT i.indisunique AS unique,
+pub(crate) const INDEXES_SQL: &str = "SELECT i.indisunique AS unique,
             array(SELECT a.attname::text FROM unnest(i.indkey) WITH ORDINALITY k(attnum, ord)
                   JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
                   ORDER BY k.ord) AS columns,

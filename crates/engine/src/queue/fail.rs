@@ -45,7 +45,7 @@ pub struct FailOutcome {
 }
 
 impl FailOutcome {
-    fn count(statuses: &[String]) -> FailOutcome {
+    pub(crate) fn count(statuses: &[String]) -> FailOutcome {
         let failed = statuses.iter().filter(|s| *s == "failed").count() as u64;
         FailOutcome {
             retried: statuses.len() as u64 - failed,
@@ -61,12 +61,19 @@ pub(super) struct Sql {
     rescue_expired: String,
 }
 
-/// The SET list of the retry decision. Arguments are SQL expressions.
-fn retry_set(attempt: &str, error: &str, permanent: &str, max: &str, base: &str, cap: &str) -> String {
+/// The SET list of the retry decision. Arguments are SQL expressions;
+/// `failed_not_before` is what `not_before` becomes when the item fails.
+pub(crate) fn retry_set(
+    attempt: &str,
+    error: &str,
+    permanent: &str,
+    [max, base, cap]: [&str; 3],
+    failed_not_before: &str,
+) -> String {
     let gives_up = format!("{permanent} OR {attempt} - t.attempt_base >= {max}");
     format!(
         "status = CASE WHEN {gives_up} THEN 'failed' ELSE 'eligible' END,
-         not_before = CASE WHEN {gives_up} THEN NULL
+         not_before = CASE WHEN {gives_up} THEN {failed_not_before}
              ELSE now() + least({cap}::float8, {base}::float8 * power(2, greatest({attempt} - t.attempt_base - 1, 0)))
                           * (0.5 + random() / 2) * interval '1 millisecond' END,
          last_error = {error}, lease_owner = NULL, lease_until = NULL, updated_at = now()"
@@ -87,7 +94,7 @@ impl Sql {
                    AND t.{key} = ANY(CAST($2 AS {key_type}[]))
                    AND t.status = 'eligible'
                  RETURNING t.status",
-                retry_set("t.attempt + 1", "$3", "$4", "$5", "$6", "$7")
+                retry_set("t.attempt + 1", "$3", "$4", ["$5", "$6", "$7"], "NULL")
             ),
             // Leased mode: the claim raised the attempt; the fences ($8) say
             // which claim is failing.
@@ -98,7 +105,7 @@ impl Sql {
                  WHERE t.{scope} = CAST($1 AS {scope_type})
                    AND t.{key} = f.key AND {ROW_FENCE} = f.fence AND t.status = 'processing'
                  RETURNING t.status",
-                retry_set("t.attempt", "$3", "$4", "$5", "$6", "$7")
+                retry_set("t.attempt", "$3", "$4", ["$5", "$6", "$7"], "NULL")
             ),
             // Expired leases of a scope go back to eligible after a backoff, or
             // fail once their attempts are spent. SKIP LOCKED: a row locked by
@@ -121,9 +128,8 @@ impl Sql {
                     "t.attempt",
                     "'lease expired: worker ' || coalesce(t.lease_owner::text, '?') || ' stopped renewing'",
                     "false",
-                    "$2",
-                    "$3",
-                    "$4"
+                    ["$2", "$3", "$4"],
+                    "NULL",
                 )
             ),
         }
@@ -176,7 +182,7 @@ impl WorkQueue {
     }
 
     /// Returns the scope's expired leases to `eligible` (after a backoff) or
-    /// `failed` (attempts spent). See [`crate::rescuer`] for running it.
+    /// `failed` (attempts spent). Every leased drain runs it (the rescuer, [`crate::raw::keep_rescuing`]).
     pub async fn rescue_expired(
         &self,
         conn: &mut PgConnection,

@@ -9,7 +9,7 @@
 //! validated; values are always bound parameters. `check.rs` proves at start
 //! that the table has what the statements need.
 
-mod check;
+pub(crate) mod check;
 mod claim;
 mod complete;
 mod count;
@@ -21,6 +21,7 @@ mod statement;
 
 pub use check::{REQUIRED_COLUMNS, REQUIRED_INDEXES};
 pub use count::StatusCounts;
+pub(crate) use fail::retry_set;
 pub use fail::{FailOutcome, Failure, RetryPolicy, DEFAULT_MAX_ATTEMPTS};
 pub use statement::{ChunkDone, ChunkSql, ChunkStatements};
 
@@ -191,7 +192,7 @@ struct Statements {
     statement: statement::Sql,
 }
 
-fn check_identifier(field: &'static str, value: &str, allow_schema: bool) -> Result<(), EngineError> {
+pub(crate) fn check_identifier(field: &'static str, value: &str, allow_schema: bool) -> Result<(), EngineError> {
     let part_ok = |p: &str| {
         !p.is_empty()
             && p.len() <= 63

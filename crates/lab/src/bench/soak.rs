@@ -222,7 +222,7 @@ pub(super) async fn soak(ctx: &Ctx, days: u32, retain_days: u32, server_version:
             if retain_days > 0 {
                 let before_date = period.date() - chrono::Duration::days(i64::from(retain_days) - 1);
                 archived = settled::archive::archive(
-                    &mut conn,
+                    &db.pool,
                     &settled::archive::ArchiveOptions {
                         before: before_date,
                         dir: archive_dir.clone(),
@@ -230,6 +230,7 @@ pub(super) async fn soak(ctx: &Ctx, days: u32, retain_days: u32, server_version:
                     },
                 )
                 .await?
+                .archived
                 .len();
             }
             // The hours until the next day: let autovacuum do what it owes.

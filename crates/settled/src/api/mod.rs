@@ -1,4 +1,5 @@
-//! `settled serve`: the HTTP API (payouts, holds, creators, health, OpenAPI).
+//! `settled serve`: the HTTP API (payouts, holds, creators, continuous
+//! queues, health, OpenAPI).
 //!
 //! Owns parsing requests at the edge (addresses, amounts, keys) and mapping
 //! outcomes to HTTP. Every once-only rule is kept by the database: the
@@ -14,11 +15,13 @@ pub mod metrics;
 pub mod openapi;
 pub mod payouts;
 pub mod problem;
+pub mod queues;
 pub mod server;
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::json::ObjectError;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
@@ -39,6 +42,12 @@ pub use server::HttpLimits;
 
 /// Largest request body read, in bytes.
 pub const MAX_BODY_BYTES: usize = 16 * 1024;
+/// Time a handler waits for a whole body (at most [`MAX_BODY_BYTES`]) once
+/// it starts reading it, always after the token is checked: a body that
+/// trickles gets 408 and its connection is closed, so even a client with
+/// the token cannot keep a request in progress (which the connection cap
+/// never evicts) for longer.
+pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often expired idempotency keys are pruned.
 pub const PRUNE_INTERVAL_SECS: u64 = 60;
 
@@ -95,6 +104,11 @@ pub fn router(state: AppState) -> Router {
         .route("/items", get(dashboard::items))
         .route("/locks", get(dashboard::locks))
         .route("/dashboard/retry", post(dashboard::retry))
+        .route("/queues", get(dashboard::queues::list))
+        .route("/queues/{name}", get(dashboard::queues::show))
+        .route("/dashboard/queues/{name}/replay", post(dashboard::queues::replay))
+        .route("/dashboard/queues/{name}/pause", post(dashboard::queues::pause))
+        .route("/dashboard/queues/{name}/resume", post(dashboard::queues::resume))
         .route("/healthz", get(healthz))
         .route("/readyz", get(metrics::ready))
         .route("/metrics", get(metrics::serve))
@@ -104,6 +118,13 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/creators/{address}", get(creators::show))
         .route("/v1/holds", post(holds::create))
         .route("/v1/holds/{id}/release", post(holds::release))
+        .route("/v1/queues", get(queues::list))
+        .route("/v1/queues/{name}", get(queues::show))
+        .route("/v1/queues/{name}/dead", get(queues::dead))
+        .route("/v1/queues/{name}/pause", post(queues::pause))
+        .route("/v1/queues/{name}/resume", post(queues::resume))
+        .route("/v1/queues/{name}/replay", post(queues::replay))
+        .route("/v1/queues/{name}/cancel", post(queues::cancel))
         .fallback(|| async { Problem::not_found("no-such-route", "no such endpoint; see /openapi.json") })
         .layer(axum::middleware::from_fn_with_state(state.clone(), edge::check_host))
         .layer(TimeoutLayer::with_status_code(
@@ -193,14 +214,21 @@ pub async fn begin(state: &AppState) -> Result<sqlx::Transaction<'static, sqlx::
 /// successful COMMIT (and a warning), which would send a 201 for a payout
 /// the standby never got. The request timeout still bounds the wait; a
 /// payout cut off that way answers 503 ("may or may not have taken
-/// effect": the client retries with its key).
-pub async fn commit(state: &AppState, mut tx: sqlx::Transaction<'static, sqlx::Postgres>) -> Result<(), sqlx::Error> {
+/// effect": the client retries with its key). An error of the COMMIT
+/// itself is [`EngineError::CommitOutcomeUnknown`]: answered 503
+/// `outcome-unknown`, never "no effect".
+///
+/// [`EngineError::CommitOutcomeUnknown`]: settled_engine::EngineError::CommitOutcomeUnknown
+pub async fn commit(state: &AppState, mut tx: sqlx::Transaction<'static, sqlx::Postgres>) -> anyhow::Result<()> {
     if state.synchronous_commit.is_some() {
         sqlx::query("SELECT set_config('statement_timeout', '0', true)")
             .execute(&mut *tx)
             .await?;
     }
-    tx.commit().await
+    tx.commit()
+        .await
+        .map_err(settled_engine::EngineError::at_commit("committing an API write"))?;
+    Ok(())
 }
 
 /// `synchronous_commit` of the API's write transactions.
@@ -232,8 +260,8 @@ impl SynchronousCommit {
 
 /// Reads the body (at most [`MAX_BODY_BYTES`]) of a request whose
 /// Content-Type is `application/json` (415 otherwise) and parses it as a
-/// JSON object of `T` (an array or a scalar is refused), naming the field at
-/// fault.
+/// JSON object of `T` (an array or a scalar is refused, and so is a member
+/// named twice), naming the field at fault.
 pub async fn read_json<T: DeserializeOwned>(headers: &HeaderMap, body: Body) -> Result<(T, Bytes), Problem> {
     if !has_media_type(headers, "application/json") {
         return Err(unsupported_media_type(
@@ -241,13 +269,19 @@ pub async fn read_json<T: DeserializeOwned>(headers: &HeaderMap, body: Body) -> 
         ));
     }
     let bytes = read_body(body).await?;
-    let value: serde_json::Value = serde_json::from_slice(&bytes)
-        .map_err(|e| Problem::bad_request("malformed-json", format!("the body is not a valid request: {e}")))?;
-    if !value.is_object() {
-        return Err(Problem::bad_request("malformed-json", "the body must be a JSON object"));
-    }
-    let value =
-        serde_path_to_error::deserialize::<_, T>(value).map_err(|e| problem_at(e, "malformed-json", "the body"))?;
+    let object = crate::json::parse_object(&bytes).map_err(|e| match e {
+        ObjectError::Syntax(e) => {
+            Problem::bad_request("malformed-json", format!("the body is not a valid request: {e}"))
+        }
+        ObjectError::NotAnObject => Problem::bad_request("malformed-json", "the body must be a JSON object"),
+        ObjectError::Duplicate(path) => Problem::bad_request(
+            "duplicate-field",
+            format!("the body names `{path}` more than once; send each field once"),
+        )
+        .field(path),
+    })?;
+    let value = serde_path_to_error::deserialize::<_, T>(serde_json::Value::Object(object))
+        .map_err(|e| problem_at(e, "malformed-json", "the body"))?;
     Ok((value, bytes))
 }
 
@@ -265,9 +299,22 @@ pub async fn read_form<T: DeserializeOwned>(headers: &HeaderMap, body: Body) -> 
     serde_path_to_error::deserialize::<_, T>(fields).map_err(|e| problem_at(e, "malformed-form", "the form"))
 }
 
-/// Reads at most [`MAX_BODY_BYTES`] of `body` (413 beyond).
+/// Reads at most [`MAX_BODY_BYTES`] of `body` (413 beyond) within
+/// [`BODY_READ_TIMEOUT`] (408 after).
 async fn read_body(body: Body) -> Result<Bytes, Problem> {
-    axum::body::to_bytes(body, MAX_BODY_BYTES).await.map_err(|_| {
+    let read = tokio::time::timeout(BODY_READ_TIMEOUT, axum::body::to_bytes(body, MAX_BODY_BYTES));
+    let Ok(read) = read.await else {
+        return Err(Problem::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "body-timeout",
+            "The body took too long",
+            format!(
+                "the whole body must arrive within {} s once the server reads it; nothing was done",
+                BODY_READ_TIMEOUT.as_secs()
+            ),
+        ));
+    };
+    read.map_err(|_| {
         Problem::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "body-too-large",

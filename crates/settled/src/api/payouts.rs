@@ -1,6 +1,7 @@
 //! `POST /v1/payouts` and `GET /v1/payouts/{id}`: withdrawals that never pay
-//! twice. The debit is one conditional update (`balance >= amount`) in the
-//! same transaction as the payout row and the stored idempotent response.
+//! twice. The debit and the payout row are one call of the database's
+//! `settlement.debit_for_payout` (the API's role may not change a balance
+//! itself), in the same transaction as the stored idempotent response.
 
 use axum::body::Body;
 use axum::extract::{Path, State};
@@ -146,13 +147,9 @@ pub async fn create(
             "A request with this Idempotency-Key is in progress",
             "the first request with this key has not finished; retry later to get its response",
         )),
-        Begin::Mismatch => Err(Problem::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "idempotency-key-reused",
-            "Idempotency-Key reused with a different request",
-            "this Idempotency-Key was first used with a different request; use a new key for a new request",
-        )
-        .field("Idempotency-Key")),
+        Begin::Mismatch => Err(key_reused(
+            "this Idempotency-Key belongs to a different request, whose answer is kept; use a new key for a new request",
+        )),
         Begin::New => match pay(state, &key, &fingerprint, &creator, amount).await {
             Ok(answer) => {
                 let content_type = if answer.status.is_success() {
@@ -169,7 +166,8 @@ pub async fn create(
                 Ok(response)
             }
             Err(err) => {
-                // Nothing committed: forget the key so a retry runs again.
+                // Unless the payout committed (its key is then completed and
+                // stays), forget the key so a retry runs again.
                 let _ = idempotency::abandon(&state.pool, PAYOUTS_SCOPE, &key).await;
                 Err(Problem::unavailable(err))
             }
@@ -185,13 +183,27 @@ struct Answer {
     replayed: bool,
 }
 
+/// 422 `idempotency-key-reused`.
+fn key_reused(detail: impl Into<String>) -> Problem {
+    Problem::new(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "idempotency-key-reused",
+        "Idempotency-Key reused with a different request",
+        detail,
+    )
+    .field("Idempotency-Key")
+}
+
 /// The payout transaction: conditional debit, payout row, stored response.
 /// A refusal (unknown creator, insufficient funds, a hold) is a final answer
 /// too, stored under the key like a success.
 ///
 /// The key's payout outlives the key: a key used again after its retention
-/// (its stored response pruned) finds the payout it made and answers it, or
-/// 422 when the request differs. Never a second payout, never an endless 503.
+/// (its stored response pruned) finds the payout it made and answers it.
+/// A different request finds it too and gets 422, and its claim is given
+/// back rather than answered under the key: the key stays the payout's
+/// request's, whose repeats keep getting the payout. Never a second
+/// payout, never an endless 503.
 async fn pay(
     state: &AppState,
     key: &str,
@@ -212,34 +224,22 @@ async fn pay(
             (StatusCode::CREATED, serde_json::to_value(&earlier.payout)?, true)
         }
         Some(earlier) => {
-            let problem = Problem::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "idempotency-key-reused",
-                "Idempotency-Key reused with a different request",
-                format!(
-                    "this Idempotency-Key made payout {} with a different request; use a new key for a new request",
-                    earlier.payout.id
-                ),
-            )
-            .field("Idempotency-Key");
-            (problem.status, problem.body(), false)
+            tx.rollback().await?;
+            idempotency::abandon(&state.pool, PAYOUTS_SCOPE, key).await?;
+            let problem = key_reused(format!(
+                "this Idempotency-Key made payout {} for a different request; use a new key for a new request",
+                earlier.payout.id
+            ));
+            let (status, body) = (problem.status, problem.body());
+            return Ok(Answer {
+                status,
+                body,
+                replayed: false,
+            });
         }
-        None => match refusal(&mut tx, creator, amount).await? {
-            Some(problem) => (problem.status, problem.body(), false),
-            None => {
-                let payout: Payout = sqlx::query_as(
-                    "INSERT INTO settlement.payouts (creator, amount, idempotency_key, request_hash)
-                     VALUES ($1, $2::numeric, $3, $4)
-                     RETURNING id, creator, amount::text AS amount, status, created_at",
-                )
-                .bind(creator.as_str()) // $1
-                .bind(amount.to_string()) // $2
-                .bind(key) // $3
-                .bind(fingerprint) // $4
-                .fetch_one(&mut *tx)
-                .await?;
-                (StatusCode::CREATED, serde_json::to_value(&payout)?, false)
-            }
+        None => match debit(&mut tx, key, fingerprint, creator, amount).await? {
+            Ok(payout) => (StatusCode::CREATED, serde_json::to_value(&payout)?, false),
+            Err(problem) => (problem.status, problem.body(), false),
         },
     };
     idempotency::finish(&mut tx, PAYOUTS_SCOPE, key, status.as_u16(), &body).await?;
@@ -256,59 +256,80 @@ struct EarlierPayout {
     request_hash: String,
 }
 
-/// Debits the creator, or says why not. The balance row is locked first,
-/// and holds are read in the next statement, so its snapshot is taken after
-/// the lock: a hold, whose insert takes the same lock, is either committed
-/// and seen here, or placed after this payout commits. Then the debit is
-/// conditional on the balance.
-async fn refusal(tx: &mut PgConnection, creator: &CreatorAddress, amount: Amount) -> anyhow::Result<Option<Problem>> {
-    let balance: Option<String> =
-        sqlx::query_scalar("SELECT balance::text FROM settlement.creator_balance WHERE creator = $1 FOR NO KEY UPDATE")
-            .bind(creator.as_str()) // $1
-            .fetch_optional(&mut *tx)
-            .await?;
-    let Some(balance) = balance else {
-        let problem = Problem::not_found("unknown-creator", format!("creator {creator} has no balance"));
-        return Ok(Some(problem.field("creator")));
-    };
-    let hold: Option<i64> =
-        sqlx::query_scalar("SELECT id FROM settlement.creator_holds WHERE creator = $1 AND released_at IS NULL")
-            .bind(creator.as_str()) // $1
-            .fetch_optional(&mut *tx)
-            .await?;
-    if let Some(hold) = hold {
-        let problem = Problem::new(
-            StatusCode::CONFLICT,
-            "creator-on-hold",
-            "The creator is on hold",
-            format!("creator {creator} has active hold {hold}; nothing is paid out until it is released"),
-        );
-        return Ok(Some(
-            problem.field("creator").extra(serde_json::json!({ "hold": hold })),
-        ));
-    }
-    let debited = sqlx::query(
-        "UPDATE settlement.creator_balance
-         SET balance = balance - $2::numeric, updated_at = now()
-         WHERE creator = $1 AND balance >= $2::numeric",
+/// What `settlement.debit_for_payout` answered.
+#[derive(sqlx::FromRow)]
+struct Debit {
+    outcome: String,
+    payout_id: Option<i64>,
+    payout_status: Option<String>,
+    payout_created_at: Option<chrono::DateTime<chrono::Utc>>,
+    balance_before: Option<String>,
+    active_hold: Option<i64>,
+}
+
+/// Debits the creator and records the payout through
+/// `settlement.debit_for_payout`, the one place a payout changes a balance
+/// (the API's role may not update balances itself), or says why not: an
+/// unknown creator, an active hold (read after the balance row is locked, so
+/// a hold either committed before and is seen, or waits for this payout),
+/// insufficient funds.
+async fn debit(
+    tx: &mut PgConnection,
+    key: &str,
+    fingerprint: &str,
+    creator: &CreatorAddress,
+    amount: Amount,
+) -> anyhow::Result<Result<Payout, Problem>> {
+    let debit: Debit = sqlx::query_as(
+        "SELECT outcome, payout_id, payout_status, payout_created_at, balance_before::text AS balance_before, active_hold
+         FROM settlement.debit_for_payout($1, $2::numeric, $3, $4)",
     )
     .bind(creator.as_str()) // $1
     .bind(amount.to_string()) // $2
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    if debited == 1 {
-        return Ok(None);
-    }
-    let problem = Problem::new(
-        StatusCode::CONFLICT,
-        "insufficient-funds",
-        "Insufficient funds",
-        format!("creator {creator} has a balance of {balance}, less than the {amount} requested"),
-    );
-    Ok(Some(
-        problem.field("amount").extra(serde_json::json!({ "balance": balance })),
-    ))
+    .bind(key) // $3
+    .bind(fingerprint) // $4
+    .fetch_one(&mut *tx)
+    .await?;
+    let balance = debit.balance_before.unwrap_or_default();
+    Ok(
+        match (
+            debit.outcome.as_str(),
+            debit.payout_id,
+            debit.payout_status,
+            debit.payout_created_at,
+        ) {
+            ("paid", Some(id), Some(status), Some(created_at)) => Ok(Payout {
+                id,
+                creator: creator.to_string(),
+                amount: amount.to_string(),
+                status,
+                created_at,
+            }),
+            ("unknown_creator", ..) => {
+                Err(Problem::not_found("unknown-creator", format!("creator {creator} has no balance")).field("creator"))
+            }
+            ("on_hold", ..) => {
+                let hold = debit.active_hold.unwrap_or_default();
+                Err(Problem::new(
+                    StatusCode::CONFLICT,
+                    "creator-on-hold",
+                    "The creator is on hold",
+                    format!("creator {creator} has active hold {hold}; nothing is paid out until it is released"),
+                )
+                .field("creator")
+                .extra(serde_json::json!({ "hold": hold })))
+            }
+            ("insufficient_funds", ..) => Err(Problem::new(
+                StatusCode::CONFLICT,
+                "insufficient-funds",
+                "Insufficient funds",
+                format!("creator {creator} has a balance of {balance}, less than the {amount} requested"),
+            )
+            .field("amount")
+            .extra(serde_json::json!({ "balance": balance }))),
+            (outcome, ..) => anyhow::bail!("settlement.debit_for_payout answered {outcome:?} without its payout"),
+        },
+    )
 }
 
 /// `GET /v1/payouts/{id}`.

@@ -7,6 +7,8 @@ use axum::response::{IntoResponse, Response};
 const LOCK_NOT_AVAILABLE: &str = "55P03";
 /// SQLSTATE of a `statement_timeout` (or a cancel).
 const QUERY_CANCELED: &str = "57014";
+/// What an `outcome-unknown` answer tells the client.
+pub const OUTCOME_UNKNOWN_DETAIL: &str = "the database's answer to COMMIT was lost: the request may or may not have taken effect. Retrying is safe: a payout retried with the same Idempotency-Key answers its outcome and never pays twice; a repeated hold answers 409 hold-exists, a repeated release 409 hold-already-released, if the first took effect; a repeated retry of a failed item does nothing more";
 /// Seconds a 503 asks the client to wait.
 pub const RETRY_AFTER_SECS: &str = "1";
 
@@ -94,9 +96,26 @@ impl Problem {
 
     /// 503 (with `Retry-After`): the database is unreachable or failed, or
     /// a lock or statement took longer than the API's `lock_timeout` or
-    /// `statement_timeout` (`database-busy`). Either way nothing committed.
+    /// `statement_timeout` (`database-busy`); either way nothing committed.
+    /// Or COMMIT was sent and its answer lost (`outcome-unknown`): the
+    /// request may have taken effect, and the answer says so.
     pub fn unavailable(err: impl Into<anyhow::Error>) -> Problem {
         let err: anyhow::Error = err.into();
+        let at_commit = err.chain().any(|e| {
+            matches!(
+                e.downcast_ref::<settled_engine::EngineError>(),
+                Some(settled_engine::EngineError::CommitOutcomeUnknown { .. })
+            )
+        });
+        if at_commit {
+            tracing::warn!(error = format!("{err:#}"), "the answer to a COMMIT was lost");
+            return Problem::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "outcome-unknown",
+                "The outcome of the request is unknown",
+                OUTCOME_UNKNOWN_DETAIL,
+            );
+        }
         let code = err
             .chain()
             .find_map(|e| e.downcast_ref::<sqlx::Error>())
@@ -137,6 +156,12 @@ impl IntoResponse for Problem {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER_SECS));
+        }
+        if self.status == StatusCode::REQUEST_TIMEOUT {
+            // The rest of a body that did not arrive in time is not read.
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         if self.status == StatusCode::UNAUTHORIZED {
             response.headers_mut().insert(

@@ -15,6 +15,12 @@ use crate::db::Database;
 /// Refused (nothing archived) if any period before the date has a run that
 /// is not finished or an item that is not settled. Re-check a file with
 /// `settled verify --archive FILE`.
+///
+/// When COMMIT gets no answer (a lost connection), a new connection learns
+/// whether the archive committed: if so, the files stay and a line on
+/// stderr says so; if it certainly did not, the files are removed and the
+/// command fails; if that cannot be learned, the files stay and the command
+/// fails saying the outcome is unknown and which files to check.
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Archive periods strictly before this date (YYYY-MM-DD).
@@ -34,19 +40,19 @@ pub struct Args {
 
 impl DbCommand for Args {
     async fn run(self, db: &Database) -> Outcome {
-        let mut conn = db.pool.acquire().await?;
         let opts = crate::archive::ArchiveOptions {
             before: self.before,
             dir: self.dir,
             drop_ledger: self.drop_ledger,
         };
-        let archived = crate::archive::archive(&mut conn, &opts).await?;
+        let done = crate::archive::archive(&db.pool, &opts).await?;
+        let archived = &done.archived;
         if self.json {
             println!("{}", serde_json::to_string_pretty(&archived)?);
         } else if archived.is_empty() {
             println!("nothing to archive before {}", opts.before);
         } else {
-            for a in &archived {
+            for a in archived {
                 println!(
                     "archived {}: {} ledger rows, total {}, sha256 {} -> {}{}",
                     a.manifest.period,
@@ -60,6 +66,11 @@ impl DbCommand for Args {
                         .unwrap_or_default()
                 );
             }
+        }
+        if done.committed_unanswered {
+            eprintln!(
+                "the answer to COMMIT was lost; a new connection found the archive committed (settlement.archived_periods names the periods above)"
+            );
         }
         Ok(std::process::ExitCode::SUCCESS)
     }

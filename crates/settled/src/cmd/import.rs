@@ -17,7 +17,9 @@ use crate::period::Period;
 /// date not in the future, no duplicate (period, creator), valid UTF-8, at
 /// most 4 KiB per line. All or nothing by default: any error imports
 /// nothing, prints the first 50 errors and exits 1. Importing the same file
-/// again changes nothing. A period whose run has started is refused.
+/// again changes nothing. A period whose run has started is refused; while
+/// an import runs, no run of its periods can start (a run start waits for
+/// it), so its rows are settled by that run.
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// The file, or - for standard input.
@@ -29,10 +31,12 @@ pub struct Args {
     #[arg(long)]
     period: Option<Period>,
     /// Import the valid rows anyway and write the rejected ones, with
-    /// their line and reason, to this CSV file.
+    /// their line and reason, to this CSV file (refused if it is the input
+    /// file itself).
     #[arg(long, value_name = "REJECTS_FILE")]
     skip_invalid: Option<PathBuf>,
-    /// Write every error (not only the first 50) to this file.
+    /// Write every error (not only the first 50) to this file (refused if
+    /// it is the input file itself).
     #[arg(long, value_name = "FILE")]
     errors: Option<PathBuf>,
     /// Allow adding rows to a period that has rows from another import

@@ -1,9 +1,10 @@
-//! `settled run --period D [--wait | --cancel]`: operating one run by hand.
+//! `settled run --period D [--reopen] [--wait | --cancel]`: operating one
+//! run by hand.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
-use settled_engine::{Cancelled, RunState};
+use settled_engine::raw::{Cancelled, ItemStatus, Reopened, Run, RunState};
 
 use crate::cmd::{DbCommand, Outcome, DEFAULT_CHUNK, DEFAULT_CONCURRENCY};
 use crate::db::Database;
@@ -14,9 +15,12 @@ use crate::worker::{Mode, WorkerOptions};
 /// Start (or join) the run of a period now; or cancel it.
 ///
 /// Idempotent: a running run is joined, a finished run is reported and left
-/// alone, a cancelled run is resumed. --wait drives it with workers in this
-/// process until it finishes. --cancel stops it: workers claim nothing more
-/// for it and its leased items are given back.
+/// alone, a cancelled run is resumed. --reopen sets a finished run running
+/// again when items of its period are eligible (they came after it
+/// finished); a finished run without eligible items is left alone. --wait
+/// drives it with workers in this process until it finishes. --cancel stops
+/// it: workers claim nothing more for it and its leased items are given
+/// back.
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// The period (YYYY-MM-DD).
@@ -28,6 +32,10 @@ pub struct Args {
     /// Cancel the run.
     #[arg(long)]
     cancel: bool,
+    /// Reopen the run if it is finished and items of the period are
+    /// eligible (with --wait, settle them here).
+    #[arg(long, conflicts_with = "cancel")]
+    reopen: bool,
     /// Claim loops with --wait.
     #[arg(long, default_value_t = DEFAULT_CONCURRENCY, value_parser = clap::value_parser!(u32).range(1..=256))]
     concurrency: u32,
@@ -60,11 +68,9 @@ impl DbCommand for Args {
         let existing = job().find_run(pool, &scope).await?;
         match existing {
             Some(run) if run.state == RunState::Finished => {
-                println!("run {} of {period} is finished; nothing changed", run.id);
-                if let Some(report) = run.report {
-                    println!("report: {report}");
+                if !self.reopen_finished(db, run).await? {
+                    return Ok(ExitCode::SUCCESS);
                 }
-                return Ok(ExitCode::SUCCESS);
             }
             Some(run) if run.state == RunState::Cancelled => {
                 job().resume(pool, &scope).await?;
@@ -85,6 +91,46 @@ impl DbCommand for Args {
 }
 
 impl Args {
+    /// A finished run: reopened with --reopen when its period has eligible
+    /// items (true: go on as with a running run), else reported.
+    async fn reopen_finished(&self, db: &Database, run: Run) -> anyhow::Result<bool> {
+        let (pool, period, scope) = (&db.pool, self.period, self.period.to_string());
+        if self.reopen {
+            match job().reopen_with_work(pool, &scope).await? {
+                Reopened::Now { run_id, eligible } => {
+                    println!("run {run_id} of {period} reopened: {eligible} eligible item(s) to settle");
+                    return Ok(true);
+                }
+                Reopened::NoWork { run_id } => {
+                    println!("run {run_id} of {period} is finished and no item of it is eligible; nothing changed");
+                }
+                Reopened::NotFinished(state) => {
+                    println!(
+                        "run {} of {period} is {} now; not reopened",
+                        run.id,
+                        state.map_or("gone", RunState::as_str)
+                    );
+                    return Ok(state == Some(RunState::Running));
+                }
+            }
+            return Ok(false);
+        }
+        println!("run {} of {period} is finished; nothing changed", run.id);
+        if let Some(report) = run.report {
+            println!("report: {report}");
+        }
+        let eligible = queue()
+            .count_by_status(&mut *pool.acquire().await?, &scope)
+            .await?
+            .get(ItemStatus::Eligible);
+        if eligible > 0 {
+            println!(
+                "{eligible} item(s) of {period} are eligible but its run is finished: `settled run --period {period} --reopen` settles them"
+            );
+        }
+        Ok(false)
+    }
+
     /// Drives the run with in-process claim loops, showing progress from
     /// exact counts, and reports how it ended.
     async fn wait_until_finished(&self, db: &Database) -> Outcome {

@@ -1,17 +1,20 @@
 //! `settled serve`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 
 use crate::api::{AllowedHosts, HttpLimits};
 use crate::cmd::{DbCommand, Outcome};
-use crate::db::Database;
+use crate::db::{Access, Database};
 
-/// Serve the HTTP API: payouts (idempotent), holds, creators, /healthz,
-/// /openapi.json, /metrics, and the dashboard.
+/// Serve the HTTP API: payouts (idempotent), holds, creators, continuous
+/// queues (/v1/queues), /healthz, /openapi.json, /metrics, and the dashboard.
 ///
-/// Mutating endpoints need `Authorization: Bearer $SETTLED_API_TOKEN`.
+/// Mutating endpoints need `Authorization: Bearer $SETTLED_API_TOKEN` (the
+/// dashboard's forms, retry and the queues' pause, resume and replay, take
+/// the token as HTTP Basic's password).
 /// Any number of servers may serve one database: every once-only rule is
 /// kept by the database.
 #[derive(Debug, clap::Args)]
@@ -19,11 +22,14 @@ pub struct Args {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:8080")]
     bind: std::net::SocketAddr,
-    /// Bearer token for mutating endpoints.
-    #[arg(long, env = "SETTLED_API_TOKEN", hide_env_values = true)]
-    api_token: Option<String>,
-    /// How long idempotency keys and their responses are kept, in hours.
-    /// A key used again after that answers its payout, never a second one.
+    /// Bearer token for mutating endpoints (one trailing newline, as a
+    /// secret file has, is dropped; a blank token, or one with whitespace at
+    /// either end or a control character, is refused at start).
+    #[arg(long, env = "SETTLED_API_TOKEN", hide_env_values = true, value_parser = ApiTokenParser)]
+    api_token: Option<Arc<str>>,
+    /// How long idempotency keys and their responses are kept, in hours
+    /// (then pruned). A key used again after that answers its payout, never
+    /// a second one, and a key that paid never serves another request.
     #[arg(long, default_value_t = 24, value_parser = clap::value_parser!(u64).range(1..=24 * 90))]
     idempotency_retention_hours: u64,
     /// Host names the pages and API answer (the Host header, port ignored;
@@ -59,6 +65,7 @@ pub struct Args {
 
 impl DbCommand for Args {
     const ROLE: Option<&'static str> = Some("settled_api");
+    const ACCESS: Access = Access::Serves;
 
     fn connections(&self) -> u32 {
         32
@@ -76,7 +83,7 @@ impl DbCommand for Args {
             .another_pool(crate::api::READ_POOL_CONNECTIONS, "settled-serve-reads")
             .await?;
         let state = crate::api::AppState {
-            api_token: self.api_token.filter(|t| !t.is_empty()).map(Into::into),
+            api_token: self.api_token,
             idempotency: settled_engine::once::idempotency::IdempotencyConfig {
                 retention: Duration::from_secs(self.idempotency_retention_hours * 3600),
                 ..Default::default()
@@ -97,5 +104,28 @@ impl DbCommand for Args {
         eprintln!("settled serve on http://{}", listener.local_addr()?);
         crate::api::serve(listener, state).await?;
         Ok(std::process::ExitCode::SUCCESS)
+    }
+}
+
+/// Parses the API token with [`crate::api::auth::parse_api_token`]; its
+/// error is clap's usage error (exit 2) in one line that, unlike clap's own
+/// "invalid value", never repeats the token.
+#[derive(Clone)]
+struct ApiTokenParser;
+
+impl clap::builder::TypedValueParser for ApiTokenParser {
+    type Value = Arc<str>;
+
+    fn parse_ref(
+        &self,
+        _cmd: &clap::Command,
+        _arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<Arc<str>, clap::Error> {
+        let refuse = |why: String| clap::Error::raw(clap::error::ErrorKind::ValueValidation, format!("{why}\n"));
+        let text = value
+            .to_str()
+            .ok_or_else(|| refuse("SETTLED_API_TOKEN (--api-token) is not valid UTF-8".into()))?;
+        crate::api::auth::parse_api_token(text).map_err(refuse)
     }
 }

@@ -2,7 +2,10 @@
 //! volume) into a staging table with PostgreSQL `COPY`, validates every line
 //! (naming the line, the field and the reason), and moves the valid rows in
 //! the same transaction. All or nothing by default; `--skip-invalid` imports
-//! the valid rows and writes the rejected ones, with reasons, to a file.
+//! the valid rows and writes the rejected ones, with reasons, to a file
+//! (never the input file itself). Each period it adds rows to is held open
+//! until the import commits ([`crate::settlement::hold_input_open`]): its
+//! run cannot start meanwhile, and a period whose run started is refused.
 //! Memory stays constant: lines are read one at a time (at most
 //! [`parse::MAX_LINE_BYTES`]) and duplicate detection happens in the database.
 
@@ -17,7 +20,6 @@ use sqlx::PgPool;
 
 use crate::period::Period;
 use crate::progress::Progress;
-use crate::settlement::JOB;
 pub use parse::{Columns, Format, MAX_LINE_BYTES};
 
 /// Errors printed on the terminal (all of them go to `--errors FILE`).
@@ -130,9 +132,51 @@ fn latest_period() -> Period {
     Period::from_date((chrono::Utc::now() + chrono::Duration::hours(14)).date_naive())
 }
 
+/// Opens the input (a file, or standard input for `-`) and its size when
+/// known; refuses an output that is the input ([`refuse_output_over_input`]),
+/// before any output is created.
+fn open_input(opts: &ImportOptions) -> anyhow::Result<(Box<dyn Read + Send>, Option<u64>)> {
+    let (input, size, meta): (Box<dyn Read + Send>, _, _) = if opts.path.as_os_str() == "-" {
+        let stdin = std::io::stdin();
+        let meta = std::os::fd::AsFd::as_fd(&stdin)
+            .try_clone_to_owned()
+            .map(File::from)
+            .and_then(|f| f.metadata());
+        (Box::new(stdin), None, meta.ok())
+    } else {
+        let file = File::open(&opts.path).with_context(|| format!("opening {}", opts.path.display()))?;
+        let meta = file.metadata().ok();
+        (Box::new(file), meta.as_ref().map(|m| m.len()), meta)
+    };
+    if let Some(meta) = meta {
+        let outputs = [("--errors", &opts.errors_file), ("--skip-invalid", &opts.skip_invalid)];
+        for (flag, path) in outputs {
+            if let Some(path) = path {
+                refuse_output_over_input(&meta, flag, path)?;
+            }
+        }
+    }
+    Ok((input, size))
+}
+
+/// Refuses an output file that is the input itself (same device and inode:
+/// also through a symlink, a hard link or another path to it), since
+/// creating it would empty the input before a line of it was read.
+fn refuse_output_over_input(input: &std::fs::Metadata, flag: &str, output: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(out) = std::fs::metadata(output) else {
+        return Ok(());
+    };
+    anyhow::ensure!(
+        (out.dev(), out.ino()) != (input.dev(), input.ino()),
+        "{flag} {} is the input file itself: writing it would destroy the input; choose another path",
+        output.display()
+    );
+    Ok(())
+}
+
 /// Runs an import.
 pub async fn import(pool: &PgPool, opts: &ImportOptions) -> anyhow::Result<ImportOutcome> {
-    let from_stdin = opts.path.as_os_str() == "-";
     let format = opts.format.unwrap_or_else(|| {
         let ext = opts
             .path
@@ -146,13 +190,7 @@ pub async fn import(pool: &PgPool, opts: &ImportOptions) -> anyhow::Result<Impor
             Format::Csv
         }
     });
-    let (input, size): (Box<dyn Read + Send>, Option<u64>) = if from_stdin {
-        (Box::new(std::io::stdin()), None)
-    } else {
-        let file = File::open(&opts.path).with_context(|| format!("opening {}", opts.path.display()))?;
-        let size = file.metadata().ok().map(|m| m.len());
-        (Box::new(file), size)
-    };
+    let (input, size) = open_input(opts)?;
     let create = |p: &Path| -> anyhow::Result<std::io::BufWriter<File>> {
         Ok(std::io::BufWriter::new(
             File::create(p).with_context(|| format!("creating {}", p.display()))?,
@@ -316,7 +354,8 @@ pub async fn import(pool: &PgPool, opts: &ImportOptions) -> anyhow::Result<Impor
     }
     outcome.rejected = sink.total;
 
-    // Periods: never one whose run has started; another import's period only with --append.
+    // Periods: never one whose run has started (held open until this
+    // commits); another import's period only with --append.
     let periods: Vec<StagedPeriod> = sqlx::query_as(
         "SELECT s.period,
                 count(*) FILTER (WHERE t.creator IS NULL) AS new_rows,
@@ -336,14 +375,10 @@ pub async fn import(pool: &PgPool, opts: &ImportOptions) -> anyhow::Result<Impor
         if *new_rows == 0 {
             continue;
         }
-        let run = settled_engine::runs::find(&mut tx, JOB, &period.to_string()).await?;
-        if let Some(settled_engine::Run { id, state, .. }) = run {
-            let state = state.as_str();
-            tx.rollback().await?;
-            anyhow::bail!(
-                "period {period} already has run {id} ({state}): its input can no longer change; nothing was imported"
-            );
-        }
+        // Until this import commits, no run of the period can start.
+        crate::settlement::hold_input_open(&mut tx, Period::from_date(*period))
+            .await
+            .map_err(|refused| anyhow::anyhow!("{refused:#}; nothing was imported"))?;
         if *existing > 0 && !opts.append {
             tx.rollback().await?;
             anyhow::bail!(
@@ -364,7 +399,10 @@ pub async fn import(pool: &PgPool, opts: &ImportOptions) -> anyhow::Result<Impor
     .execute(&mut *tx)
     .await?
     .rows_affected();
-    tx.commit().await?;
+    // A lost answer may hide a commit: say so, never "nothing was imported".
+    tx.commit()
+        .await
+        .context("committing the import; its outcome is unknown if the connection was lost: importing the same file again is safe (rows already imported are counted as already present, never added twice)")?;
     outcome.inserted = inserted;
     outcome.already_present = outcome.rows - outcome.rejected - inserted;
     outcome.first_errors = std::mem::take(&mut sink.shown);

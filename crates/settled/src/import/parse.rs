@@ -2,6 +2,7 @@
 //! no I/O, no allocation beyond the row (also the fuzzing entry points).
 
 use crate::address::CreatorAddress;
+use crate::json::ObjectError;
 use crate::money::Amount;
 use crate::period::Period;
 
@@ -149,16 +150,18 @@ pub fn parse_csv(
 /// Parses a JSON Lines line. `volume` may be a string of digits, or a JSON
 /// integer up to 2^53 (larger JSON numbers are not exact in most producers).
 pub fn parse_jsonl(line: &str, default_period: Option<Period>, latest: Period) -> Result<Row, FieldError> {
-    let value: serde_json::Value =
-        serde_json::from_str(line).map_err(|e| FieldError::new("line", format!("is not valid JSON: {e}")))?;
-    let object = value
-        .as_object()
-        .ok_or_else(|| FieldError::new("line", "is not a JSON object"))?;
-    if let Some(unknown) = object
-        .keys()
-        .find(|k| !["period", "creator", "volume"].contains(&k.as_str()))
-    {
-        return Err(FieldError::new("line", format!("has an unknown field {unknown:?}")));
+    const FIELDS: [&str; 3] = ["period", "creator", "volume"];
+    let unknown = |name: &str| FieldError::new("line", format!("has an unknown field {name:?}"));
+    let object = crate::json::parse_object(line.as_bytes()).map_err(|e| match e {
+        ObjectError::Syntax(e) => FieldError::new("line", format!("is not valid JSON: {e}")),
+        ObjectError::NotAnObject => FieldError::new("line", "is not a JSON object"),
+        ObjectError::Duplicate(name) => match FIELDS.iter().find(|f| **f == name) {
+            Some(field) => FieldError::new(field, "is given more than once"),
+            None => unknown(&name),
+        },
+    })?;
+    if let Some(name) = object.keys().find(|k| !FIELDS.contains(&k.as_str())) {
+        return Err(unknown(name));
     }
     let text = |name: &'static str| -> Result<Option<&str>, FieldError> {
         match object.get(name) {
@@ -269,6 +272,26 @@ mod tests {
             .unwrap_err()
             .field,
             "period"
+        );
+    }
+
+    #[test]
+    fn a_jsonl_field_given_twice_is_refused_naming_it_not_the_last_taken() {
+        let p = Some(Period::parse("2026-11-28").unwrap());
+        let err = |line: String| parse_jsonl(&line, p, latest()).unwrap_err();
+        let twice = err(format!(r#"{{"creator":"{A}","volume":"1","volume":"7"}}"#));
+        assert_eq!(
+            (twice.field, twice.reason.as_str()),
+            ("volume", "is given more than once")
+        );
+        assert_eq!(
+            err(format!(r#"{{"creator":"{A}","creator":"{A}","volume":"1"}}"#)).field,
+            "creator"
+        );
+        let unknown = err(format!(r#"{{"creator":"{A}","volume":"1","x":1,"x":2}}"#));
+        assert_eq!(
+            (unknown.field, unknown.reason.as_str()),
+            ("line", "has an unknown field \"x\"")
         );
     }
 

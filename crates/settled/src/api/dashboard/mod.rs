@@ -6,6 +6,8 @@
 
 mod pages;
 pub(crate) mod queries;
+mod queue_pages;
+pub mod queues;
 pub mod sql_text;
 
 pub use pages::REFRESH_SECS;
@@ -19,7 +21,7 @@ use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Redirect, Response};
 use maud::Markup;
 use serde::Deserialize;
-use settled_engine::{ItemStatus, RunState};
+use settled_engine::raw::{ItemStatus, RunState};
 
 use super::{AppState, Problem};
 use crate::period::Period;
@@ -165,7 +167,7 @@ pub async fn run_report(State(state): State<AppState>, Path(id): Path<String>) -
 
 /// `GET /workers`.
 pub async fn workers(State(state): State<AppState>) -> Page {
-    let all = settled_engine::workers::list(&state.reads, Some(&crate::settlement::queue()), 100)
+    let all = settled_engine::raw::workers::list(&state.reads, Some(&crate::settlement::queue()), 100)
         .await
         .map_err(Problem::unavailable)?;
     Ok(pages::workers(&all))
@@ -194,19 +196,20 @@ pub async fn items(State(state): State<AppState>, Query(q): Query<ItemsQuery>) -
 pub struct RetryForm {
     period: String,
     creator: String,
-    token: String,
 }
 
-/// `POST /dashboard/retry`: puts a failed item back (API token required).
-/// The form is read only as `application/x-www-form-urlencoded`, at most
-/// the API's body limit; a field at fault is named.
+/// `POST /dashboard/retry`: puts a failed item back. The API token comes in
+/// the request's head (Basic, as a browser sends it, or Bearer), checked
+/// before the form is read; the form is read only as
+/// `application/x-www-form-urlencoded`, at most the API's body limit and
+/// time; a field at fault is named.
 pub async fn retry(
     State(state): State<AppState>,
+    _: super::auth::DashboardAuthorized,
     headers: axum::http::HeaderMap,
     body: axum::body::Body,
 ) -> Result<Response, Problem> {
     let form: RetryForm = super::read_form(&headers, body).await?;
-    super::auth::check_token(&state, &form.token)?;
     let period =
         Period::parse(&form.period).map_err(|_| Problem::invalid("period", "period must be a date, YYYY-MM-DD"))?;
     let creator = crate::address::CreatorAddress::parse(&form.creator)

@@ -2,7 +2,7 @@
 //! escaped by the template engine; nothing here touches the database.
 
 use maud::{html, Markup, PreEscaped, DOCTYPE};
-use settled_engine::workers::WorkerRow;
+use settled_engine::raw::workers::WorkerRow;
 
 use super::queries::{ItemRow, LockRow, RunProgress, Second};
 use super::Verified;
@@ -34,6 +34,7 @@ pub fn page(title: &str, refresh: bool, body: Markup) -> Markup {
                     a href="/workers" { "workers" }
                     a href="/items?status=failed" { "failed" }
                     a href="/items?status=held" { "held" }
+                    a href="/queues" { "queues" }
                     a href="/locks" { "locks" }
                     a href="/metrics" { "metrics" }
                 }
@@ -182,7 +183,6 @@ pub fn items(status: &str, rows: &[ItemRow]) -> Markup {
                             form method="post" action="/dashboard/retry" {
                                 input type="hidden" name="period" value=(row.period);
                                 input type="hidden" name="creator" value=(row.creator);
-                                input type="password" name="token" placeholder="API token" size="10";
                                 button { "retry" }
                             }
                         } @else {
@@ -193,6 +193,9 @@ pub fn items(status: &str, rows: &[ItemRow]) -> Markup {
             }
         }
         @if rows.is_empty() { p { "No " (status) " items." } }
+        @if status == "failed" && !rows.is_empty() {
+            p.note { "Retry asks for the API token: any user name, the token as the password." }
+        }
     };
     page(&format!("{status} items"), false, body)
 }

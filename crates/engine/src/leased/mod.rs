@@ -8,16 +8,21 @@
 //! no more work is started on it. Whatever a paused worker does afterwards,
 //! its completion carries an old fence and is refused.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use crate::executor::{check_config, idle_or_drained, join_loops, run_loop, Step};
+mod keeper;
+
+pub use keeper::LeaseKeeper;
+pub(crate) use keeper::LeaseStore;
+use keeper::ScopeLeases;
+
+use crate::drain::{check_config, idle_or_drained, join_loops, run_loop, Step};
 use crate::queue::Failure;
 use crate::{Chunk, ClaimedItem, DrainConfig, DrainStats, EngineError, HandlerError, WorkQueue};
 
@@ -94,179 +99,21 @@ impl Default for LeaseConfig {
     }
 }
 
-/// The leases one worker holds, and until when each is known to be valid
-/// on this process's monotonic clock (time the renewal was *sent* + ttl:
-/// the database set `now() + ttl` no earlier than that).
-///
-/// A renewal and a loop writing its items' outcome (completion, failure,
-/// hold, release) never lock the same rows at once: each updates many rows
-/// in its own order, so together they could each hold a row the other
-/// waits for (measured: deadlocks at a million in leased mode). A writer
-/// waits out a renewal in flight, then marks its items; renewals leave
-/// marked items alone until the writer is done ([`LeaseKeeper::writing`]).
-#[derive(Debug)]
-pub struct LeaseKeeper {
-    worker: Uuid,
-    scope: String,
-    ttl: Duration,
-    held: Mutex<HashMap<ClaimedItem, Held>>,
-    /// Held by a renewal for the whole of its statement.
-    renewing: tokio::sync::Mutex<()>,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Held {
-    /// When the claim had committed (its statement returned).
-    committed_by: Instant,
-    /// Until when the lease is known to be valid.
-    valid_until: Instant,
-    /// A loop is writing the item's outcome: renewals skip it.
-    writing: bool,
-}
-
-/// Items a loop is writing the outcome of; renewals skip them until this
-/// is dropped.
-#[must_use = "renewals skip the items only while this is alive"]
-struct Writing<'k> {
-    keeper: &'k LeaseKeeper,
-    items: Vec<ClaimedItem>,
-}
-
-impl Drop for Writing<'_> {
-    fn drop(&mut self) {
-        let mut held = self.keeper.held.lock().expect("lease map");
-        for item in &self.items {
-            if let Some(lease) = held.get_mut(item) {
-                lease.writing = false;
-            }
-        }
+/// Checks a lease config's ranges.
+pub(crate) fn check_lease_config(leases: &LeaseConfig) -> Result<(), EngineError> {
+    let ttl_ms = leases.ttl.as_millis() as u64;
+    if !(MIN_LEASE_TTL_MS..=MAX_LEASE_TTL_MS).contains(&ttl_ms) {
+        return Err(EngineError::Config(format!(
+            "lease ttl must be {MIN_LEASE_TTL_MS}..={MAX_LEASE_TTL_MS} ms, got {ttl_ms}"
+        )));
     }
-}
-
-impl LeaseKeeper {
-    /// A keeper for `worker`'s leases on items of `scope`.
-    pub fn new(worker: Uuid, scope: &str, ttl: Duration) -> Arc<LeaseKeeper> {
-        Arc::new(LeaseKeeper {
-            worker,
-            scope: scope.to_string(),
-            ttl,
-            held: Mutex::new(HashMap::new()),
-            renewing: tokio::sync::Mutex::new(()),
-        })
+    if !(1..=MAX_CALLS_IN_FLIGHT).contains(&leases.calls_in_flight) {
+        return Err(EngineError::Config(format!(
+            "calls in flight must be 1..={MAX_CALLS_IN_FLIGHT}, got {}",
+            leases.calls_in_flight
+        )));
     }
-
-    /// Marks `items` as being written by the caller: waits for a renewal in
-    /// flight to finish (it may hold their rows), and keeps later renewals
-    /// off them until the returned guard is dropped.
-    async fn writing(&self, items: &[ClaimedItem]) -> Writing<'_> {
-        let _no_renewal = self.renewing.lock().await;
-        let mut held = self.held.lock().expect("lease map");
-        for item in items {
-            if let Some(lease) = held.get_mut(item) {
-                lease.writing = true;
-            }
-        }
-        Writing {
-            keeper: self,
-            items: items.to_vec(),
-        }
-    }
-
-    fn add(&self, items: &[ClaimedItem], claim_sent: Instant, committed_by: Instant) {
-        let mut held = self.held.lock().expect("lease map");
-        for item in items {
-            let lease = Held {
-                committed_by,
-                valid_until: claim_sent + self.ttl,
-                writing: false,
-            };
-            held.insert(item.clone(), lease);
-        }
-    }
-
-    fn remove(&self, items: &[ClaimedItem]) {
-        let mut held = self.held.lock().expect("lease map");
-        for item in items {
-            held.remove(item);
-        }
-    }
-
-    /// True while the item's lease is known to be valid.
-    pub fn is_held(&self, item: &ClaimedItem) -> bool {
-        let held = self.held.lock().expect("lease map");
-        held.get(item).is_some_and(|lease| Instant::now() < lease.valid_until)
-    }
-
-    /// Number of leases currently tracked.
-    pub fn len(&self) -> usize {
-        self.held.lock().expect("lease map").len()
-    }
-
-    /// True when no lease is tracked.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Renews every lease this worker knows it holds (one statement), then extends
-    /// the deadlines of those the database still shows as ours and drops
-    /// the others (rescued: lost). Items a loop is writing are left alone.
-    pub async fn renew(&self, pool: &PgPool, queue: &WorkQueue) -> Result<usize, EngineError> {
-        let _renewing = self.renewing.lock().await;
-        let asked: Vec<ClaimedItem> = self
-            .held
-            .lock()
-            .expect("lease map")
-            .iter()
-            .filter(|(_, lease)| !lease.writing)
-            .map(|(item, _)| item.clone())
-            .collect();
-        if asked.is_empty() {
-            return Ok(0);
-        }
-        let sent = Instant::now();
-        let mut conn = pool
-            .acquire()
-            .await
-            .map_err(EngineError::db("acquiring a connection"))?;
-        let still_ours = queue
-            .renew_leases(&mut conn, &self.scope, self.worker, self.ttl, &asked)
-            .await?;
-        let still_ours: std::collections::HashSet<ClaimedItem> = still_ours.into_iter().collect();
-        let asked: std::collections::HashSet<ClaimedItem> = asked.into_iter().collect();
-        let mut held = self.held.lock().expect("lease map");
-        let mut lost = 0;
-        // Only the leases this statement asked about: not those being
-        // written, nor those claimed since.
-        for (key, lease) in held.iter_mut().filter(|(key, _)| asked.contains(*key)) {
-            if still_ours.contains(key) {
-                lease.valid_until = lease.valid_until.max(sent + self.ttl);
-            } else if lease.committed_by < sent && lease.valid_until > sent {
-                // Committed before this statement started, yet not ours:
-                // rescued. Stop working on it (its completion would be refused).
-                lease.valid_until = sent;
-                lost += 1;
-            }
-        }
-        Ok(lost)
-    }
-
-    /// Runs [`renew`](Self::renew) every ttl/3 until the task is dropped.
-    pub async fn keep_renewing(self: Arc<Self>, pool: PgPool, queue: Arc<WorkQueue>) {
-        let mut tick = tokio::time::interval(self.ttl / 3);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            match self.renew(&pool, &queue).await {
-                Ok(0) => {}
-                Ok(lost) => {
-                    tracing::warn!(worker = %self.worker, lost, "leases lost: abandoning those items")
-                }
-                Err(err) => {
-                    tracing::warn!(worker = %self.worker, error = %err, "lease renewal failed")
-                }
-            }
-        }
-    }
+    Ok(())
 }
 
 /// Drains `scope` of run `run_id` in leased mode with `cfg.concurrency`
@@ -284,21 +131,14 @@ pub async fn drain_leased<H: LeasedHandler>(
     stats: Arc<DrainStats>,
 ) -> Result<(), EngineError> {
     check_config(cfg)?;
-    let ttl_ms = leases.ttl.as_millis() as u64;
-    if !(MIN_LEASE_TTL_MS..=MAX_LEASE_TTL_MS).contains(&ttl_ms) {
-        return Err(EngineError::Config(format!(
-            "lease ttl must be {MIN_LEASE_TTL_MS}..={MAX_LEASE_TTL_MS} ms, got {ttl_ms}"
-        )));
-    }
-    if !(1..=MAX_CALLS_IN_FLIGHT).contains(&leases.calls_in_flight) {
-        return Err(EngineError::Config(format!(
-            "calls in flight must be 1..={MAX_CALLS_IN_FLIGHT}, got {}",
-            leases.calls_in_flight
-        )));
-    }
+    check_lease_config(&leases)?;
     let calls = Arc::new(tokio::sync::Semaphore::new(leases.calls_in_flight));
-    let keeper = LeaseKeeper::new(worker, scope, leases.ttl);
-    let renewing = tokio::spawn(keeper.clone().keep_renewing(pool.clone(), queue.clone()));
+    let keeper = LeaseKeeper::new(worker, leases.ttl);
+    let store = ScopeLeases {
+        queue: queue.clone(),
+        scope: scope.to_string(),
+    };
+    let renewing = tokio::spawn(keeper.clone().keep_renewing(pool.clone(), store));
     let rescuing = tokio::spawn(crate::rescuer::keep_rescuing(
         pool.clone(),
         queue.clone(),
@@ -414,7 +254,7 @@ impl<H: LeasedHandler> LoopCtx<H> {
             Ok(batch) => batch,
             Err(err) => {
                 let all: Vec<&ClaimedItem> = chunk.items.iter().collect();
-                return self.record_failure(chunk, &all, &err).await;
+                return self.record_failure(chunk, &all, err).await;
             }
         };
         let held = self.handler.held(&batch);
@@ -461,8 +301,8 @@ impl<H: LeasedHandler> LoopCtx<H> {
         if !done.is_empty() {
             self.complete(&chunk.with_items(done)).await?;
         }
-        for (item, err) in &failed {
-            self.record_failure(chunk, &[item], err).await?;
+        for (item, err) in failed {
+            self.record_failure(chunk, &[&item], err).await?;
         }
         if !abandoned.is_empty() {
             let still_ours: Vec<String> = abandoned
@@ -508,7 +348,9 @@ impl<H: LeasedHandler> LoopCtx<H> {
                         tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
                     }
                     Err(CompleteError::Engine(err)) => return Err(err),
-                    Err(CompleteError::Handler(err)) if part.items.len() > 1 && err.is_permanent() => {
+                    Err(CompleteError::Handler(err))
+                        if part.items.len() > 1 && err.is_permanent() && !err.is_fatal() =>
+                    {
                         self.stats.chunks_split.fetch_add(1, Ordering::Relaxed);
                         let mid = part.items.len() / 2;
                         pending.push(part.with_items(part.items[mid..].to_vec()));
@@ -517,7 +359,7 @@ impl<H: LeasedHandler> LoopCtx<H> {
                     }
                     Err(CompleteError::Handler(err)) => {
                         let items: Vec<&ClaimedItem> = part.items.iter().collect();
-                        self.record_failure(&part, &items, &err).await?;
+                        self.record_failure(&part, &items, err).await?;
                         break;
                     }
                 }
@@ -560,12 +402,23 @@ impl<H: LeasedHandler> LoopCtx<H> {
         Ok(())
     }
 
+    /// Records a failed attempt of `items`; a fatal error (a missing grant,
+    /// [`HandlerError::is_fatal`]) is not theirs: it ends the loop instead,
+    /// and the drain gives their leases back.
     async fn record_failure(
         &self,
         chunk: &Chunk,
         items: &[&ClaimedItem],
-        err: &HandlerError,
+        err: HandlerError,
     ) -> Result<(), EngineError> {
+        if err.is_fatal() {
+            return Err(EngineError::Handler {
+                items: items.len(),
+                first_key: items.first().map_or_else(String::new, |i| i.key.clone()),
+                source: err,
+            });
+        }
+        let err = &err;
         let pairs: Vec<ClaimedItem> = items.iter().map(|i| (*i).clone()).collect();
         let _writing = self.keeper.writing(&pairs).await;
         let mut conn = self

@@ -1,0 +1,214 @@
+//! The lease keeper: which leases this worker holds, until when each is
+//! known to be valid, and their renewal in one statement every ttl/3.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+use crate::{ClaimedItem, EngineError, WorkQueue};
+
+/// Where leases are renewed: a scope of a batch queue, or a continuous queue.
+pub(crate) trait LeaseStore: Send + Sync + 'static {
+    /// Extends the leases `worker` holds on `held` to `now() + ttl`, in one
+    /// statement; returns those it still holds.
+    fn renew<'a>(
+        &'a self,
+        conn: &'a mut PgConnection,
+        worker: Uuid,
+        ttl: Duration,
+        held: &'a [ClaimedItem],
+    ) -> impl Future<Output = Result<Vec<ClaimedItem>, EngineError>> + Send + 'a;
+}
+
+/// One scope of a batch queue.
+pub(crate) struct ScopeLeases {
+    pub(crate) queue: Arc<WorkQueue>,
+    pub(crate) scope: String,
+}
+
+impl LeaseStore for ScopeLeases {
+    fn renew<'a>(
+        &'a self,
+        conn: &'a mut PgConnection,
+        worker: Uuid,
+        ttl: Duration,
+        held: &'a [ClaimedItem],
+    ) -> impl Future<Output = Result<Vec<ClaimedItem>, EngineError>> + Send + 'a {
+        self.queue.renew_leases(conn, &self.scope, worker, ttl, held)
+    }
+}
+
+/// The leases one worker holds, and until when each is known to be valid
+/// on this process's monotonic clock (time the renewal was *sent* + ttl:
+/// the database set `now() + ttl` no earlier than that).
+///
+/// A renewal and a loop writing its items' outcome (completion, failure,
+/// hold, release) never lock the same rows at once: each updates many rows
+/// in its own order, so together they could each hold a row the other
+/// waits for (measured: deadlocks at a million in leased mode). A writer
+/// waits out a renewal in flight, then marks its items; renewals leave
+/// marked items alone until the writer is done (`LeaseKeeper::writing`).
+#[derive(Debug)]
+pub struct LeaseKeeper {
+    worker: Uuid,
+    ttl: Duration,
+    held: Mutex<HashMap<ClaimedItem, Held>>,
+    /// Held by a renewal for the whole of its statement.
+    pub(crate) renewing: tokio::sync::Mutex<()>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    /// When the claim had committed (its statement returned).
+    committed_by: Instant,
+    /// Until when the lease is known to be valid.
+    valid_until: Instant,
+    /// A loop is writing the item's outcome: renewals skip it.
+    writing: bool,
+}
+
+/// Items a loop is writing the outcome of; renewals skip them until this
+/// is dropped.
+#[must_use = "renewals skip the items only while this is alive"]
+pub(crate) struct Writing<'k> {
+    keeper: &'k LeaseKeeper,
+    items: Vec<ClaimedItem>,
+}
+
+impl Drop for Writing<'_> {
+    fn drop(&mut self) {
+        let mut held = self.keeper.held.lock().expect("lease map");
+        for item in &self.items {
+            if let Some(lease) = held.get_mut(item) {
+                lease.writing = false;
+            }
+        }
+    }
+}
+
+impl LeaseKeeper {
+    /// A keeper for `worker`'s leases.
+    pub fn new(worker: Uuid, ttl: Duration) -> Arc<LeaseKeeper> {
+        Arc::new(LeaseKeeper {
+            worker,
+            ttl,
+            held: Mutex::new(HashMap::new()),
+            renewing: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    /// Marks `items` as being written by the caller: waits for a renewal in
+    /// flight to finish (it may hold their rows), and keeps later renewals
+    /// off them until the returned guard is dropped.
+    pub(crate) async fn writing(&self, items: &[ClaimedItem]) -> Writing<'_> {
+        let _no_renewal = self.renewing.lock().await;
+        let mut held = self.held.lock().expect("lease map");
+        for item in items {
+            if let Some(lease) = held.get_mut(item) {
+                lease.writing = true;
+            }
+        }
+        Writing {
+            keeper: self,
+            items: items.to_vec(),
+        }
+    }
+
+    pub(crate) fn add(&self, items: &[ClaimedItem], claim_sent: Instant, committed_by: Instant) {
+        let mut held = self.held.lock().expect("lease map");
+        for item in items {
+            let lease = Held {
+                committed_by,
+                valid_until: claim_sent + self.ttl,
+                writing: false,
+            };
+            held.insert(item.clone(), lease);
+        }
+    }
+
+    pub(crate) fn remove(&self, items: &[ClaimedItem]) {
+        let mut held = self.held.lock().expect("lease map");
+        for item in items {
+            held.remove(item);
+        }
+    }
+
+    /// True while the item's lease is known to be valid.
+    pub fn is_held(&self, item: &ClaimedItem) -> bool {
+        let held = self.held.lock().expect("lease map");
+        held.get(item).is_some_and(|lease| Instant::now() < lease.valid_until)
+    }
+
+    /// Number of leases currently tracked.
+    pub fn len(&self) -> usize {
+        self.held.lock().expect("lease map").len()
+    }
+
+    /// True when no lease is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Renews every lease this worker knows it holds (one statement), then extends
+    /// the deadlines of those the database still shows as ours and drops
+    /// the others (rescued: lost). Items a loop is writing are left alone.
+    pub(crate) async fn renew(&self, pool: &PgPool, store: &impl LeaseStore) -> Result<usize, EngineError> {
+        let _renewing = self.renewing.lock().await;
+        let asked: Vec<ClaimedItem> = self
+            .held
+            .lock()
+            .expect("lease map")
+            .iter()
+            .filter(|(_, lease)| !lease.writing)
+            .map(|(item, _)| item.clone())
+            .collect();
+        if asked.is_empty() {
+            return Ok(0);
+        }
+        let sent = Instant::now();
+        let mut conn = pool
+            .acquire()
+            .await
+            .map_err(EngineError::db("acquiring a connection"))?;
+        let still_ours = store.renew(&mut conn, self.worker, self.ttl, &asked).await?;
+        let still_ours: std::collections::HashSet<ClaimedItem> = still_ours.into_iter().collect();
+        let asked: std::collections::HashSet<ClaimedItem> = asked.into_iter().collect();
+        let mut held = self.held.lock().expect("lease map");
+        let mut lost = 0;
+        // Only the leases this statement asked about: not those being
+        // written, nor those claimed since.
+        for (key, lease) in held.iter_mut().filter(|(key, _)| asked.contains(*key)) {
+            if still_ours.contains(key) {
+                lease.valid_until = lease.valid_until.max(sent + self.ttl);
+            } else if lease.committed_by < sent && lease.valid_until > sent {
+                // Committed before this statement started, yet not ours:
+                // rescued. Stop working on it (its completion would be refused).
+                lease.valid_until = sent;
+                lost += 1;
+            }
+        }
+        Ok(lost)
+    }
+
+    /// Runs [`renew`](Self::renew) every ttl/3 until the task is dropped.
+    pub(crate) async fn keep_renewing(self: Arc<Self>, pool: PgPool, store: impl LeaseStore) {
+        let mut tick = tokio::time::interval(self.ttl / 3);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            match self.renew(&pool, &store).await {
+                Ok(0) => {}
+                Ok(lost) => {
+                    tracing::warn!(worker = %self.worker, lost, "leases lost: abandoning those items")
+                }
+                Err(err) => {
+                    tracing::warn!(worker = %self.worker, error = %err, "lease renewal failed")
+                }
+            }
+        }
+    }
+}
