@@ -2,7 +2,7 @@
 //!
 //! The benchmark (`bench/`: strategies as worker processes, the SQL floors,
 //! peer job queues, the report and its plots), the chaos harness
-//! (`chaos.rs`), the payment provider simulator (`provider_sim.rs`), and
+//! (`chaos.rs`), the payment provider simulator (`provider_sim/`), and
 //! the layers the lab puts around the product's real handlers
 //! (`simulate.rs`). Its commands (`cmd/`) are offered by the same `settled`
 //! binary; nothing here is reachable from `settled worker`.

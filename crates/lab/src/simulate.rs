@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use settled::money::Amount;
-use settled::provider::{HttpProvider, Payment, PayoutProvider, ProviderError};
+use settled::provider::{HttpProvider, Payment, PaymentStatus, PayoutProvider, ProviderError};
 use settled::settlement::{SettleRewards, SettleWithProvider};
 use settled::worker::Mode;
 use settled_engine::raw::{ByMode, ClaimedItem};
@@ -82,15 +82,35 @@ pub enum LabProvider {
 }
 
 impl PayoutProvider for LabProvider {
-    async fn pay(&self, key: &str, creator: &str, amount: Amount) -> Result<Payment, ProviderError> {
+    async fn pay(
+        &self,
+        key: &str,
+        creator: &str,
+        amount: Amount,
+        reference: Option<&str>,
+    ) -> Result<(Payment, bool), ProviderError> {
         match self {
-            LabProvider::Http(http) => http.pay(key, creator, amount).await,
-            LabProvider::Nothing => Ok(Payment {
-                id: 0,
-                idempotency_key: key.to_string(),
-                creator: creator.to_string(),
-                amount: amount.to_string(),
-            }),
+            LabProvider::Http(http) => http.pay(key, creator, amount, reference).await,
+            LabProvider::Nothing => Ok((
+                Payment {
+                    id: "0".into(),
+                    idempotency_key: key.to_string(),
+                    creator: creator.to_string(),
+                    amount: amount.to_string(),
+                    status: PaymentStatus::Paid,
+                    failure_reason: None,
+                    reference: reference.map(str::to_string),
+                },
+                true,
+            )),
+        }
+    }
+
+    /// Nothing outside records a payment, so none is found.
+    async fn lookup(&self, key: &str) -> Result<Option<Payment>, ProviderError> {
+        match self {
+            LabProvider::Http(http) => http.lookup(key).await,
+            LabProvider::Nothing => Ok(None),
         }
     }
 }

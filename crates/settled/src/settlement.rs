@@ -338,17 +338,30 @@ impl<P: PayoutProvider> LeasedHandler for SettleWithProvider<P> {
         })?;
         match self
             .provider
-            .pay(&payout_key(batch.period, &item.key), &item.key, amount)
+            .pay(&payout_key(batch.period, &item.key), &item.key, amount, None)
             .await
         {
             Ok(_) => Ok(()),
-            Err(ProviderError::Transient(e)) => Err(HandlerError::Transient(e)),
-            Err(ProviderError::Refused(e)) => Err(HandlerError::Permanent(e)),
+            Err(e) => Err(item_error(e)),
         }
     }
 
     async fn commit(&self, tx: &mut PgConnection, chunk: &Chunk) -> Result<(), HandlerError> {
         pay_chunk(tx, chunk).await
+    }
+}
+
+/// How a provider call that failed ends a settlement item's attempt: a
+/// refusal or a key conflict fails it, a rate limit waits as asked, anything
+/// else is retried later under the same key.
+pub fn item_error(error: ProviderError) -> HandlerError {
+    match error {
+        ProviderError::Transient(e) => HandlerError::Transient(e),
+        ProviderError::RateLimited { retry_after } => HandlerError::Snooze {
+            after: retry_after,
+            reason: error.to_string(),
+        },
+        ProviderError::Refused(e) | ProviderError::KeyConflict(e) => HandlerError::Permanent(e),
     }
 }
 

@@ -415,7 +415,7 @@ pub async fn reconcile_provider(
     provider: &HttpProvider,
     report: &mut VerifyReport,
 ) -> anyhow::Result<()> {
-    let payments = provider.list_payments().await?;
+    let payments = provider.list_all().await?;
     let ledger: Vec<(String, String, String)> = sqlx::query_as(
         "SELECT l.creator, l.amount::text, v.status FROM settlement.reward_ledger l
          JOIN settlement.token_trade_volume v ON v.period = l.period AND v.creator = l.creator

@@ -7,49 +7,69 @@ use std::process::ExitCode;
 use anyhow::Context;
 use settled::cmd::{Global, Outcome, Runnable};
 
-/// Run a local payment provider for tests, demos and chaos runs.
+use crate::provider_sim::{Faults, Options, WebhookEndpoint};
+
+/// Run a local payment provider that speaks the provider protocol
+/// (docs/api.md), for tests, demos and chaos runs.
 ///
-/// Stores payments by idempotency key (a repeat returns the first payment
-/// and pays nothing more) and injects faults: latency, 503 errors before
-/// applying, and "applied, then answered too late". Faults can also be
-/// changed while it runs with POST /v1/faults.
+/// Payments are accepted pending and end paid or failed; a repeat under a
+/// key answers the first payment and pays nothing more. Every paid or
+/// failed payment is POSTed as a signed webhook to --webhook-url. Each
+/// fault below can also be changed while it runs with POST /v1/faults (a
+/// JSON object of the flags' names with underscores), the webhook endpoint
+/// with POST /v1/webhook-endpoint; GET /v1/counters says what it did.
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Port on 127.0.0.1.
     #[arg(long, default_value_t = 9100)]
     port: u16,
-    /// Latency added to every call, in milliseconds.
-    #[arg(long, default_value_t = 0)]
-    latency_ms: u64,
-    /// Share of new payments refused with 503 before anything is applied (0..=1).
-    #[arg(long, default_value_t = 0.0)]
-    error_rate: f64,
-    /// Share of new payments applied and then answered too late (0..=1).
-    #[arg(long, default_value_t = 0.0)]
-    applied_timeout_rate: f64,
-    /// How late such an answer comes, in milliseconds.
-    #[arg(long, default_value_t = 5_000)]
-    applied_timeout_ms: u64,
-    /// Seed of the fault generator.
+    /// Seed of everything random (the same seed makes the same choices).
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Where to POST webhooks (settled's is http://HOST/v1/provider-events).
+    #[arg(long, requires = "webhook_secret")]
+    webhook_url: Option<String>,
+    /// The secret webhooks are signed with.
+    #[arg(long, requires = "webhook_url")]
+    webhook_secret: Option<String>,
+    #[command(flatten)]
+    faults: Faults,
 }
 
 impl Runnable for Args {
     fn run(self: Box<Self>, _global: Global) -> Pin<Box<dyn Future<Output = Outcome>>> {
         Box::pin(async move {
-            let faults = crate::provider_sim::Faults {
-                latency_ms: self.latency_ms,
-                error_rate: self.error_rate,
-                applied_timeout_rate: self.applied_timeout_rate,
-                applied_timeout_ms: self.applied_timeout_ms,
-            };
+            let options = self.options()?;
             let listener = tokio::net::TcpListener::bind(("127.0.0.1", self.port))
                 .await
                 .with_context(|| format!("binding 127.0.0.1:{}", self.port))?;
             eprintln!("provider simulator on http://127.0.0.1:{}", self.port);
-            crate::provider_sim::serve(listener, faults, self.seed).await?;
+            crate::provider_sim::serve_with(listener, options).await?;
             Ok(ExitCode::SUCCESS)
+        })
+    }
+}
+
+impl Args {
+    fn options(&self) -> anyhow::Result<Options> {
+        self.faults
+            .validate()
+            .map_err(|why| anyhow::anyhow!("--{}", why.replace('_', "-")))?;
+        let webhook = match (&self.webhook_url, &self.webhook_secret) {
+            (Some(url), Some(secret)) => {
+                let endpoint = WebhookEndpoint {
+                    url: url.clone(),
+                    secret: secret.clone(),
+                };
+                endpoint.validate().map_err(anyhow::Error::msg)?;
+                Some(endpoint)
+            }
+            _ => None,
+        };
+        Ok(Options {
+            faults: self.faults,
+            seed: self.seed,
+            webhook,
         })
     }
 }

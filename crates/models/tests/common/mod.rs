@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use settled::money::Amount;
 use settled::period::Period;
-use settled::provider::{HttpProvider, Payment, PayoutProvider, ProviderError};
+use settled::provider::{HttpProvider, Payment, PayoutProvider};
 use settled::settlement::SettleWithProvider;
 use settled_engine::raw::{ClaimedItem, RetryPolicy};
 use settled_engine::{Chunk, DrainConfig, HandlerError, LeaseConfig, LeasedHandler};
@@ -84,7 +84,7 @@ pub async fn set_faults(url: &str, faults: serde_json::Value) {
 /// Every payment the simulator applied to `creator`.
 pub async fn payments_to(url: &str, creator: &str) -> Vec<Payment> {
     let provider = HttpProvider::new(url, Duration::from_secs(5)).unwrap();
-    let all = provider.list_payments().await.unwrap();
+    let all = provider.list_all().await.unwrap();
     all.into_iter().filter(|p| p.creator == creator).collect()
 }
 
@@ -223,10 +223,9 @@ impl LeasedHandler for KeyPerAttempt {
             settled::provider::payout_key(Period::parse(&chunk.scope).unwrap(), &item.key),
             item.fence.get()
         );
-        match self.provider.pay(&key, &item.key, batch.1).await {
+        match self.provider.pay(&key, &item.key, batch.1, None).await {
             Ok(_) => Ok(()),
-            Err(ProviderError::Transient(e)) => Err(HandlerError::Transient(e)),
-            Err(ProviderError::Refused(e)) => Err(HandlerError::Permanent(e)),
+            Err(e) => Err(settled::settlement::item_error(e)),
         }
     }
 

@@ -1,0 +1,446 @@
+//! The simulator's payments: `POST /v1/payments` (201 new, 200 replay, 422
+//! for another body under a key, a refusal that stays the key's answer),
+//! `GET /v1/payments` (by idempotency key, or a page in id order), and the
+//! provider's own state machine: a payment is accepted `pending` and ends
+//! `paid` or `failed` once, after `settle_delay_ms`; a final state never
+//! changes.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Bound;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
+use axum::http::header::RETRY_AFTER;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use rand::Rng;
+use serde::Deserialize;
+
+use settled::money::Amount;
+use settled::provider::{
+    EventType, Payment, PaymentRequest, PaymentStatus, WebhookEvent, DEFAULT_PAGE_LIMIT, MAX_PAGE_LIMIT,
+};
+
+use super::{chance, error, lock, webhooks, Shared, Sim};
+
+/// The longest idempotency key, creator or reference the simulator takes.
+pub const TEXT_CHARS_MAX: usize = 255;
+
+/// Why a payment fails after acceptance, or is refused: one is picked per key.
+const FAILURE_REASONS: [&str; 4] = [
+    "account_closed",
+    "account_frozen",
+    "invalid_account",
+    "could_not_process",
+];
+
+/// Every payment and every refused key.
+#[derive(Default)]
+pub(super) struct Ledger {
+    by_id: BTreeMap<String, Record>,
+    id_by_key: HashMap<String, String>,
+    refused: HashMap<String, String>,
+    payments_made: u64,
+    events_made: u64,
+}
+
+struct Record {
+    request: PaymentRequest,
+    payment: Payment,
+}
+
+/// How an accepted payment ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Fate {
+    Paid,
+    Failed(String),
+}
+
+impl Ledger {
+    fn by_key(&self, key: &str) -> Option<&Record> {
+        self.id_by_key.get(key).and_then(|id| self.by_id.get(id))
+    }
+
+    /// Stores a new pending payment under `key`. Ids rise with each
+    /// payment, zero-padded, so their text order is their creation order.
+    fn accept(&mut self, key: String, request: PaymentRequest) -> Payment {
+        self.payments_made += 1;
+        let payment = Payment {
+            id: format!("pay_{:012}", self.payments_made),
+            idempotency_key: key.clone(),
+            creator: request.creator.clone(),
+            amount: request.amount.clone(),
+            status: PaymentStatus::Pending,
+            failure_reason: None,
+            reference: request.reference.clone(),
+        };
+        self.id_by_key.insert(key, payment.id.clone());
+        self.by_id.insert(
+            payment.id.clone(),
+            Record {
+                request,
+                payment: payment.clone(),
+            },
+        );
+        payment
+    }
+
+    /// The state machine's one transition: pending to paid or failed.
+    /// None (nothing changes) when the payment has already ended.
+    pub(super) fn settle(&mut self, id: &str, fate: Fate, now: i64) -> Option<WebhookEvent> {
+        let record = self.by_id.get_mut(id).expect("only a stored payment is settled");
+        let payment = &mut record.payment;
+        if payment.status.is_final() {
+            return None;
+        }
+        match fate {
+            Fate::Paid => payment.status = PaymentStatus::Paid,
+            Fate::Failed(reason) => {
+                payment.status = PaymentStatus::Failed;
+                payment.failure_reason = Some(reason);
+            }
+        }
+        self.events_made += 1;
+        Some(WebhookEvent {
+            id: format!("evt_{:012}", self.events_made),
+            r#type: EventType::for_status(payment.status).expect("a settled payment is final"),
+            created: now,
+            data: payment.clone(),
+        })
+    }
+
+    fn page(&self, after: Option<&str>, limit: usize) -> Vec<Payment> {
+        let start = after.map_or(Bound::Unbounded, Bound::Excluded);
+        self.by_id
+            .range::<str, _>((start, Bound::Unbounded))
+            .take(limit)
+            .map(|(_, record)| record.payment.clone())
+            .collect()
+    }
+}
+
+enum Decision {
+    RateLimited(u64),
+    Refused(String),
+    Replay(Payment),
+    Conflict,
+    Unavailable,
+    Created {
+        payment: Payment,
+        late: Option<Duration>,
+        fate: Fate,
+        settle_after: Duration,
+    },
+}
+
+/// `POST /v1/payments`.
+pub(super) async fn create(State(sim): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
+    let (key, request) = match parse_create(&headers, &body) {
+        Ok(parsed) => parsed,
+        Err(why) => {
+            lock(&sim).counters.bad_requests += 1;
+            return error(StatusCode::BAD_REQUEST, why);
+        }
+    };
+    let (decision, latency) = {
+        let mut state = lock(&sim);
+        (
+            decide(&mut state, key, request),
+            Duration::from_millis(state.faults.latency_ms),
+        )
+    };
+    tokio::time::sleep(latency).await;
+    match decision {
+        Decision::RateLimited(secs) => rate_limited(secs),
+        Decision::Refused(reason) => error(StatusCode::PAYMENT_REQUIRED, format!("payment refused: {reason}")),
+        Decision::Replay(payment) => (StatusCode::OK, Json(payment)).into_response(),
+        Decision::Conflict => error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "this Idempotency-Key was used with a different body",
+        ),
+        Decision::Unavailable => error(StatusCode::SERVICE_UNAVAILABLE, "injected failure"),
+        Decision::Created {
+            payment,
+            late,
+            fate,
+            settle_after,
+        } => {
+            tokio::spawn(settle_later(sim.clone(), payment.id.clone(), fate, settle_after));
+            if let Some(late) = late {
+                tokio::time::sleep(late).await;
+            }
+            (StatusCode::CREATED, Json(payment)).into_response()
+        }
+    }
+}
+
+/// One roll per call decides among 429, 503 (new keys only) and "applied,
+/// then answered late"; a new key's refusal and fate are its own rolls.
+fn decide(sim: &mut Sim, key: String, request: PaymentRequest) -> Decision {
+    let roll: f64 = sim.rng.gen();
+    let faults = sim.faults;
+    if roll < faults.rate_limit_rate {
+        sim.counters.rate_limited += 1;
+        return Decision::RateLimited(faults.retry_after_secs);
+    }
+    if let Some(reason) = sim.ledger.refused.get(&key) {
+        sim.counters.refused += 1;
+        return Decision::Refused(reason.clone());
+    }
+    if let Some(record) = sim.ledger.by_key(&key) {
+        return if record.request == request {
+            sim.counters.replayed += 1;
+            Decision::Replay(record.payment.clone())
+        } else {
+            sim.counters.conflicts += 1;
+            Decision::Conflict
+        };
+    }
+    if roll < faults.rate_limit_rate + faults.error_rate {
+        sim.counters.injected_errors += 1;
+        return Decision::Unavailable;
+    }
+    if chance(sim.seed, "refuse", &key) < faults.refusal_rate {
+        let reason = reason_for(sim.seed, &key).to_string();
+        sim.ledger.refused.insert(key, reason.clone());
+        sim.counters.refused += 1;
+        return Decision::Refused(reason);
+    }
+    let fate = if chance(sim.seed, "fail", &key) < faults.failure_rate {
+        Fate::Failed(reason_for(sim.seed, &key).to_string())
+    } else {
+        Fate::Paid
+    };
+    let payment = sim.ledger.accept(key, request);
+    sim.counters.applied += 1;
+    let late = (roll < faults.rate_limit_rate + faults.error_rate + faults.applied_timeout_rate).then(|| {
+        sim.counters.applied_then_timed_out += 1;
+        Duration::from_millis(faults.applied_timeout_ms)
+    });
+    Decision::Created {
+        payment,
+        late,
+        fate,
+        settle_after: Duration::from_millis(faults.settle_delay_ms),
+    }
+}
+
+fn reason_for(seed: u64, key: &str) -> &'static str {
+    let pick = chance(seed, "reason", key) * FAILURE_REASONS.len() as f64;
+    FAILURE_REASONS[(pick as usize).min(FAILURE_REASONS.len() - 1)]
+}
+
+async fn settle_later(sim: Shared, id: String, fate: Fate, after: Duration) {
+    tokio::time::sleep(after).await;
+    let event = {
+        let mut state = lock(&sim);
+        let Some(event) = state.ledger.settle(&id, fate, unix_now()) else {
+            return;
+        };
+        match event.r#type {
+            EventType::PaymentPaid => state.counters.paid += 1,
+            EventType::PaymentFailed => state.counters.failed += 1,
+        }
+        state.counters.events += 1;
+        event
+    };
+    webhooks::dispatch(&sim, event);
+}
+
+pub(super) fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+/// The key (1..=255 visible ASCII characters) and the body, its amount
+/// written canonically so that "007" and "7" are one request.
+fn parse_create(headers: &HeaderMap, body: &[u8]) -> Result<(String, PaymentRequest), String> {
+    let mut keys = headers.get_all("idempotency-key").iter();
+    let key = match (keys.next(), keys.next()) {
+        (None, _) => return Err("missing Idempotency-Key".into()),
+        (Some(_), Some(_)) => return Err("more than one Idempotency-Key".into()),
+        (Some(value), None) => value.to_str().map_err(|_| "Idempotency-Key must be visible ASCII")?,
+    };
+    if key.is_empty() || key.len() > TEXT_CHARS_MAX {
+        return Err(format!("Idempotency-Key must be 1..={TEXT_CHARS_MAX} characters"));
+    }
+    let mut request: PaymentRequest = serde_json::from_slice(body).map_err(|e| format!("body: {e}"))?;
+    let amount = Amount::parse_decimal(&request.amount).map_err(|e| format!("amount {e}"))?;
+    if amount == Amount::ZERO {
+        return Err("amount must be at least 1".into());
+    }
+    request.amount = amount.to_string();
+    if request.creator.is_empty() || request.creator.chars().count() > TEXT_CHARS_MAX {
+        return Err(format!("creator must be 1..={TEXT_CHARS_MAX} characters"));
+    }
+    if request
+        .reference
+        .as_ref()
+        .is_some_and(|r| r.chars().count() > TEXT_CHARS_MAX)
+    {
+        return Err(format!("reference must be at most {TEXT_CHARS_MAX} characters"));
+    }
+    Ok((key.to_string(), request))
+}
+
+fn rate_limited(retry_after_secs: u64) -> Response {
+    let mut response = error(StatusCode::TOO_MANY_REQUESTS, "rate limited");
+    response.headers_mut().insert(RETRY_AFTER, retry_after_secs.into());
+    response
+}
+
+/// The query of `GET /v1/payments`: `idempotency_key` alone, or a page.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct PaymentsQuery {
+    idempotency_key: Option<String>,
+    after: Option<String>,
+    limit: Option<u32>,
+}
+
+/// `GET /v1/payments?idempotency_key=K` (200 or 404) or
+/// `GET /v1/payments?after=ID&limit=N` (a page in id order, an array).
+pub(super) async fn get(State(sim): State<Shared>, query: Result<Query<PaymentsQuery>, QueryRejection>) -> Response {
+    let query = match query.map_err(|e| e.body_text()).and_then(|Query(q)| checked(q)) {
+        Ok(query) => query,
+        Err(why) => {
+            lock(&sim).counters.bad_requests += 1;
+            return error(StatusCode::BAD_REQUEST, why);
+        }
+    };
+    let (answer, latency) = {
+        let mut state = lock(&sim);
+        (read(&mut state, query), Duration::from_millis(state.faults.latency_ms))
+    };
+    tokio::time::sleep(latency).await;
+    answer
+}
+
+enum Read {
+    Lookup(String),
+    Page { after: Option<String>, limit: usize },
+}
+
+fn checked(query: PaymentsQuery) -> Result<Read, String> {
+    match query {
+        PaymentsQuery {
+            idempotency_key: Some(key),
+            after: None,
+            limit: None,
+        } => Ok(Read::Lookup(key)),
+        PaymentsQuery {
+            idempotency_key: Some(_),
+            ..
+        } => Err("idempotency_key looks up one payment: give it without after or limit".into()),
+        PaymentsQuery { after, limit, .. } => {
+            let limit = limit.unwrap_or(DEFAULT_PAGE_LIMIT);
+            if !(1..=MAX_PAGE_LIMIT).contains(&limit) {
+                return Err(format!("limit must be within 1..={MAX_PAGE_LIMIT}"));
+            }
+            Ok(Read::Page {
+                after,
+                limit: limit as usize,
+            })
+        }
+    }
+}
+
+fn read(sim: &mut Sim, read: Read) -> Response {
+    if sim.rng.gen::<f64>() < sim.faults.rate_limit_rate {
+        sim.counters.rate_limited += 1;
+        return rate_limited(sim.faults.retry_after_secs);
+    }
+    match read {
+        Read::Lookup(key) => {
+            sim.counters.lookups += 1;
+            match sim.ledger.by_key(&key) {
+                Some(record) => Json(record.payment.clone()).into_response(),
+                None => error(StatusCode::NOT_FOUND, "no payment under this idempotency key"),
+            }
+        }
+        Read::Page { after, limit } => Json(sim.ledger.page(after.as_deref(), limit)).into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(amount: &str) -> PaymentRequest {
+        PaymentRequest {
+            creator: "0xabc".into(),
+            amount: amount.into(),
+            reference: None,
+        }
+    }
+
+    #[test]
+    fn a_final_state_never_changes() {
+        let mut ledger = Ledger::default();
+        let paid = ledger.accept("k1".into(), request("5")).id;
+        let failed = ledger.accept("k2".into(), request("6")).id;
+        let event = ledger.settle(&paid, Fate::Paid, 10).unwrap();
+        assert_eq!(
+            (event.r#type, event.data.status),
+            (EventType::PaymentPaid, PaymentStatus::Paid)
+        );
+        let event = ledger
+            .settle(&failed, Fate::Failed("account_closed".into()), 11)
+            .unwrap();
+        assert_eq!(event.data.failure_reason.as_deref(), Some("account_closed"));
+        assert_ne!(event.id, "evt_000000000001", "each event has its own id");
+        assert_eq!(ledger.settle(&paid, Fate::Failed("late".into()), 12), None);
+        assert_eq!(ledger.settle(&failed, Fate::Paid, 12), None);
+        assert_eq!(ledger.by_key("k1").unwrap().payment.status, PaymentStatus::Paid);
+        let failed = &ledger.by_key("k2").unwrap().payment;
+        assert_eq!(
+            (failed.status, failed.failure_reason.as_deref()),
+            (PaymentStatus::Failed, Some("account_closed"))
+        );
+    }
+
+    #[test]
+    fn pages_follow_id_order_after_the_cursor() {
+        let mut ledger = Ledger::default();
+        let ids: Vec<String> = (0..12)
+            .map(|i| ledger.accept(format!("k{i}"), request("1")).id)
+            .collect();
+        assert_eq!(ids[11], "pay_000000000012");
+        let page = |after: Option<&str>, limit| -> Vec<String> {
+            ledger.page(after, limit).into_iter().map(|p| p.id).collect()
+        };
+        assert_eq!(page(None, 5), ids[..5]);
+        assert_eq!(page(Some(&ids[4]), 5), ids[5..10]);
+        assert_eq!(page(Some(&ids[9]), 5), ids[10..]);
+        assert!(page(Some(&ids[11]), 5).is_empty());
+        assert_eq!(page(Some("pay_"), 2), ids[..2], "any text is a cursor");
+    }
+
+    #[test]
+    fn a_create_request_is_checked_and_its_amount_made_canonical() {
+        let mut headers = HeaderMap::new();
+        headers.insert("idempotency-key", "k-1".parse().unwrap());
+        let (key, parsed) = parse_create(&headers, br#"{"creator":"0xabc","amount":"007"}"#).unwrap();
+        assert_eq!((key.as_str(), parsed), ("k-1", request("7")));
+        for (body, why) in [
+            (r#"{"creator":"0xabc","amount":"0"}"#, "amount must be at least 1"),
+            (r#"{"creator":"0xabc","amount":"1.5"}"#, "amount must be a whole number"),
+            (r#"{"creator":"0xabc","amount":7}"#, "body: invalid type"),
+            (r#"{"creator":"","amount":"7"}"#, "creator must be"),
+            (
+                r#"{"creator":"0xabc","amount":"7","memo":"x"}"#,
+                "body: unknown field `memo`",
+            ),
+        ] {
+            let error = parse_create(&headers, body.as_bytes()).unwrap_err();
+            assert!(error.starts_with(why), "{body}: {error}");
+        }
+        assert!(parse_create(&HeaderMap::new(), b"{}")
+            .unwrap_err()
+            .contains("missing Idempotency-Key"));
+    }
+}
