@@ -269,10 +269,8 @@ fn parse_create(headers: &HeaderMap, body: &[u8]) -> Result<(String, PaymentRequ
         return Err(format!("Idempotency-Key must be 1..={TEXT_CHARS_MAX} characters"));
     }
     let mut request: PaymentRequest = serde_json::from_slice(body).map_err(|e| format!("body: {e}"))?;
+    // Zero is an amount: a settlement pays a creator whose reward rounds to nothing.
     let amount = Amount::parse_decimal(&request.amount).map_err(|e| format!("amount {e}"))?;
-    if amount == Amount::ZERO {
-        return Err("amount must be at least 1".into());
-    }
     request.amount = amount.to_string();
     if request.creator.is_empty() || request.creator.chars().count() > TEXT_CHARS_MAX {
         return Err(format!("creator must be 1..={TEXT_CHARS_MAX} characters"));
@@ -427,7 +425,7 @@ mod tests {
         let (key, parsed) = parse_create(&headers, br#"{"creator":"0xabc","amount":"007"}"#).unwrap();
         assert_eq!((key.as_str(), parsed), ("k-1", request("7")));
         for (body, why) in [
-            (r#"{"creator":"0xabc","amount":"0"}"#, "amount must be at least 1"),
+            (r#"{"creator":"0xabc","amount":""}"#, "amount is empty"),
             (r#"{"creator":"0xabc","amount":"1.5"}"#, "amount must be a whole number"),
             (r#"{"creator":"0xabc","amount":7}"#, "body: invalid type"),
             (r#"{"creator":"","amount":"7"}"#, "creator must be"),
