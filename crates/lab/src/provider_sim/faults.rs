@@ -43,7 +43,7 @@ pub struct Faults {
     /// How late such an answer comes, in milliseconds.
     #[arg(long, default_value_t = DEFAULT_APPLIED_TIMEOUT_MS)]
     pub applied_timeout_ms: u64,
-    /// Share of new idempotency keys refused (400): the key's answer from
+    /// Share of new idempotency keys refused (402): the key's answer from
     /// then on, whatever the rates become.
     #[arg(long, default_value_t = 0.0)]
     pub refusal_rate: f64,
