@@ -201,23 +201,30 @@ async fn a_503_and_a_late_answer_are_transient_and_the_retry_under_the_key_is_a_
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_payment_is_pending_then_paid_or_failed_and_lookup_follows() {
-    let sim = ProviderSim::start(&["--settle-delay-ms", "3000"]);
+    // Ten minutes: this one stays pending for the whole test.
+    let sim = ProviderSim::start(&["--settle-delay-ms", "600000"]);
     let provider = client(&sim);
-    let (paid, _) = pay(&provider, "k-paid", "5").await.unwrap();
-    set_faults(&sim, json!({"settle_delay_ms": 3000, "failure_rate": 1.0})).await;
-    let (failed, _) = pay(&provider, "k-failed", "6").await.unwrap();
+    let (pending, created) = pay(&provider, "k-pending", "4").await.unwrap();
+    assert_eq!((pending.status, created), (PaymentStatus::Pending, true));
+    let looked_up = provider.lookup("k-pending").await.unwrap().unwrap();
     assert_eq!(
-        (paid.status, failed.status),
-        (PaymentStatus::Pending, PaymentStatus::Pending)
+        (looked_up.status, looked_up.failure_reason),
+        (PaymentStatus::Pending, None)
     );
-    let still = provider.lookup("k-paid").await.unwrap().unwrap();
-    assert_eq!(still.status, PaymentStatus::Pending, "not before the settle delay");
 
+    set_faults(&sim, json!({})).await;
+    let (accepted, _) = pay(&provider, "k-paid", "5").await.unwrap();
+    assert_eq!(accepted.status, PaymentStatus::Pending, "accepted first, paid after");
     let paid = final_payment(&provider, "k-paid").await;
     assert_eq!((paid.status, paid.failure_reason), (PaymentStatus::Paid, None));
+
+    set_faults(&sim, json!({"failure_rate": 1.0})).await;
+    let (accepted, _) = pay(&provider, "k-failed", "6").await.unwrap();
+    assert_eq!(accepted.status, PaymentStatus::Pending);
     let failed = final_payment(&provider, "k-failed").await;
     assert_eq!(failed.status, PaymentStatus::Failed);
     assert!(failed.failure_reason.is_some_and(|r| !r.is_empty()));
+
     let counters = sim.counters().await;
     assert_eq!(
         [
@@ -229,6 +236,8 @@ async fn a_payment_is_pending_then_paid_or_failed_and_lookup_follows() {
         [1, 1, 2, 2],
         "no endpoint, so the events were not sent: {counters}"
     );
+    let pending = provider.lookup("k-pending").await.unwrap().unwrap();
+    assert_eq!(pending.status, PaymentStatus::Pending);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -475,7 +484,10 @@ async fn every_paid_or_failed_payment_sends_a_signed_webhook_that_verifies() {
         pay(&provider, key, "100").await.unwrap();
     }
     let payments = settle_all(&provider, &keys).await;
-    wait_until(30, "20 webhooks", || async { receiver.acknowledged().len() == 20 }).await;
+    wait_until(30, "20 webhooks acknowledged", || async {
+        counter(&sim, "webhooks_delivered").await == 20
+    })
+    .await;
 
     let events = receiver.acknowledged();
     assert!(receiver.received().iter().all(|r| r.verified.is_ok()));
@@ -520,7 +532,7 @@ async fn a_webhook_is_sent_again_until_it_is_acknowledged() {
         pay(&provider, &format!("k-{i}"), "1").await.unwrap();
     }
     wait_until(30, "5 webhooks acknowledged", || async {
-        receiver.acknowledged().len() == 5
+        counter(&sim, "webhooks_delivered").await == 5
     })
     .await;
     let received = receiver.received();

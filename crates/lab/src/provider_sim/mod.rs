@@ -13,7 +13,7 @@
 //! Here: the shared state, the routes, and the control endpoints
 //! (`/v1/faults`, `/v1/webhook-endpoint`, `/v1/counters`). Randomness comes
 //! from `--seed`: a payment's fate and its webhooks' fates are functions of
-//! the seed and its key ([`chance`]); the faults on calls follow one seeded
+//! the seed and its key (`chance`); the faults on calls follow one seeded
 //! generator in the order calls arrive. It keeps everything in memory.
 
 mod faults;
