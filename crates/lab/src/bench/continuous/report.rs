@@ -1,0 +1,412 @@
+//! The report of `settled bench --continuous`: one row per case, the
+//! medians over runs, the issue's targets and the markdown.
+
+use std::collections::BTreeMap;
+
+use sqlx::{Connection, PgConnection};
+
+use super::systems::Described;
+use super::workload::{Measured, TableSample};
+use super::{CaseSpec, ContinuousOptions, Producer};
+
+/// Seconds of a case from which its tables are shown over time.
+pub const SERIES_CASE_SECS_MIN: f64 = 60.0;
+/// The spacing of the rows of that table, seconds.
+pub const SERIES_ROW_SECS: f64 = 30.0;
+/// The W values the throughput and latency targets are set at.
+pub const TARGET_WORKERS: [u32; 2] = [16, 64];
+/// Settled in-transaction's jobs/s over the fastest peer's, at least.
+pub const TARGET_THROUGHPUT_RATIO: f64 = 1.5;
+
+/// One measured case.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct ContinuousCase {
+    pub system: String,
+    pub producer: Producer,
+    pub workers: u32,
+    pub run: u32,
+    /// The fixed producer's offered rate, jobs/s.
+    pub offered_rate: Option<u64>,
+    /// The measured window (the producer's time less the warm-up), s.
+    pub seconds: f64,
+    pub enqueued: u64,
+    /// Jobs whose effect committed in the window.
+    pub completed: u64,
+    pub jobs_per_second: Option<f64>,
+    /// Enqueue call to handler start, ms.
+    pub pickup_p50_ms: Option<f64>,
+    pub pickup_p99_ms: Option<f64>,
+    /// Most dead tuples of the system's tables seen at once.
+    pub peak_dead_tuples: Option<i64>,
+    /// Largest size of the system's tables seen, bytes.
+    pub peak_table_bytes: Option<i64>,
+    /// Effect rows beyond one per job.
+    pub duplicates: Option<i64>,
+    /// Leased mode: repeated receiver calls its key absorbed.
+    pub absorbed_repeats: Option<i64>,
+    pub version: String,
+    pub settings: String,
+    pub extra: serde_json::Map<String, serde_json::Value>,
+    /// The system's tables, every sample.
+    pub series: Vec<TableSample>,
+    pub error: Option<String>,
+}
+
+impl ContinuousCase {
+    /// An empty result for a case.
+    pub fn new(spec: &CaseSpec, opts: &ContinuousOptions) -> ContinuousCase {
+        ContinuousCase {
+            system: spec.system.name(),
+            producer: spec.producer,
+            workers: spec.workers,
+            run: spec.run,
+            offered_rate: (spec.producer == Producer::Fixed).then_some(opts.rate),
+            seconds: 0.0,
+            enqueued: 0,
+            completed: 0,
+            jobs_per_second: None,
+            pickup_p50_ms: None,
+            pickup_p99_ms: None,
+            peak_dead_tuples: None,
+            peak_table_bytes: None,
+            duplicates: None,
+            absorbed_repeats: None,
+            version: String::new(),
+            settings: String::new(),
+            extra: serde_json::Map::new(),
+            series: Vec::new(),
+            error: None,
+        }
+    }
+
+    /// Records what the case measured.
+    pub fn record(&mut self, produced: u64, seconds: f64, measured: &Measured, described: Described) {
+        self.enqueued = described.enqueued.unwrap_or(produced);
+        self.seconds = seconds;
+        self.completed = measured.completed.max(0) as u64;
+        self.jobs_per_second = Some(self.completed as f64 / seconds.max(1e-3));
+        self.pickup_p50_ms = measured.pickup_p50_ms;
+        self.pickup_p99_ms = measured.pickup_p99_ms;
+        self.peak_dead_tuples = self.series.iter().map(|s| s.dead_tuples).max();
+        self.peak_table_bytes = self.series.iter().map(|s| s.table_bytes).max();
+        self.duplicates = Some(measured.duplicates);
+        self.absorbed_repeats = self.system.ends_with("leased").then_some(measured.absorbed);
+        self.version = described.version;
+        self.settings = described.settings;
+        self.extra = described.extra;
+    }
+
+    /// One line for the progress output.
+    pub fn summary(&self) -> String {
+        let head = format!(
+            "{} {} W={} run {}",
+            self.system,
+            self.producer.name(),
+            self.workers,
+            self.run
+        );
+        match &self.error {
+            Some(err) => format!("{head}: FAILED: {err}"),
+            None => format!(
+                "{head}: {:.0} jobs/s, pickup p50 {} p99 {} ms, peak dead tuples {}, duplicates {}",
+                self.jobs_per_second.unwrap_or(0.0),
+                ms(self.pickup_p50_ms),
+                ms(self.pickup_p99_ms),
+                self.peak_dead_tuples.unwrap_or(0),
+                self.duplicates.unwrap_or(0)
+            ),
+        }
+    }
+}
+
+/// The whole run.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct ContinuousReport {
+    pub started_at: String,
+    pub finished_at: String,
+    pub settled_version: String,
+    pub server_version: String,
+    pub cpus: usize,
+    /// `/proc/loadavg` when the run started and ended (other builders share the machine).
+    pub load_average_start: String,
+    pub load_average_end: String,
+    pub options: ContinuousOptions,
+    pub cases: Vec<ContinuousCase>,
+    pub skipped: Vec<String>,
+    pub targets: Vec<String>,
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+impl ContinuousReport {
+    /// An empty report, stamped now.
+    pub async fn start(opts: &ContinuousOptions, admin_url: &str) -> anyhow::Result<ContinuousReport> {
+        let mut admin = PgConnection::connect(admin_url).await?;
+        let server_version: String = sqlx::query_scalar("SELECT version()").fetch_one(&mut admin).await?;
+        admin.close().await?;
+        Ok(ContinuousReport {
+            started_at: chrono::Utc::now().to_rfc3339(),
+            finished_at: String::new(),
+            settled_version: env!("CARGO_PKG_VERSION").into(),
+            server_version,
+            cpus: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+            load_average_start: load_average(),
+            load_average_end: String::new(),
+            options: opts.clone(),
+            cases: Vec::new(),
+            skipped: Vec::new(),
+            targets: Vec::new(),
+        })
+    }
+
+    /// Stamps the end and judges the targets.
+    pub fn finish(&mut self) {
+        self.finished_at = chrono::Utc::now().to_rfc3339();
+        self.load_average_end = load_average();
+        self.targets = targets(&medians(&self.cases), &self.cases);
+    }
+
+    /// True when every case ran.
+    pub fn ok(&self) -> bool {
+        self.cases.iter().all(|c| c.error.is_none())
+    }
+}
+
+/// The medians of one (system, producer, W) over its runs that ran.
+#[derive(Debug, Clone, Default)]
+pub struct Median {
+    pub runs: usize,
+    pub failed: usize,
+    pub jobs_per_second: Option<f64>,
+    pub p50: Option<f64>,
+    pub p99: Option<f64>,
+    pub dead: Option<f64>,
+    pub duplicates: i64,
+    pub absorbed: Option<i64>,
+}
+
+type Key = (Producer, u32, String);
+
+fn median(mut xs: Vec<f64>) -> Option<f64> {
+    if xs.is_empty() {
+        return None;
+    }
+    xs.sort_by(|a, b| a.total_cmp(b));
+    let n = xs.len();
+    Some(if n % 2 == 1 {
+        xs[n / 2]
+    } else {
+        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
+    })
+}
+
+/// Medians per (producer, W, system), duplicates summed over runs.
+pub fn medians(cases: &[ContinuousCase]) -> BTreeMap<Key, Median> {
+    let mut groups: BTreeMap<Key, Vec<&ContinuousCase>> = BTreeMap::new();
+    for c in cases {
+        groups
+            .entry((c.producer, c.workers, c.system.clone()))
+            .or_default()
+            .push(c);
+    }
+    groups
+        .into_iter()
+        .map(|(key, cs)| {
+            let ok: Vec<&&ContinuousCase> = cs.iter().filter(|c| c.error.is_none()).collect();
+            let pick = |f: &dyn Fn(&ContinuousCase) -> Option<f64>| median(ok.iter().filter_map(|c| f(c)).collect());
+            let m = Median {
+                runs: ok.len(),
+                failed: cs.len() - ok.len(),
+                jobs_per_second: pick(&|c| c.jobs_per_second),
+                p50: pick(&|c| c.pickup_p50_ms),
+                p99: pick(&|c| c.pickup_p99_ms),
+                dead: pick(&|c| c.peak_dead_tuples.map(|d| d as f64)),
+                duplicates: ok.iter().filter_map(|c| c.duplicates).sum(),
+                absorbed: ok.iter().map(|c| c.absorbed_repeats).sum(),
+            };
+            (key, m)
+        })
+        .collect()
+}
+
+/// The issue's targets, each a sentence saying met or missed and by how much.
+fn targets(medians: &BTreeMap<Key, Median>, cases: &[ContinuousCase]) -> Vec<String> {
+    let mut lines = Vec::new();
+    let get = |p: Producer, w: u32, s: &str| medians.get(&(p, w, s.to_string()));
+    let peers = |p: Producer, w: u32| -> Vec<(&String, &Median)> {
+        medians
+            .iter()
+            .filter(|((pp, ww, s), _)| *pp == p && *ww == w && !s.starts_with("settled"))
+            .map(|((_, _, s), m)| (s, m))
+            .collect()
+    };
+    for w in TARGET_WORKERS {
+        if let Some(tx) = get(Producer::Saturation, w, "settled-tx").and_then(|m| m.jobs_per_second) {
+            let best = peers(Producer::Saturation, w)
+                .into_iter()
+                .filter_map(|(s, m)| m.jobs_per_second.map(|j| (s, j)))
+                .max_by(|a, b| a.1.total_cmp(&b.1));
+            if let Some((peer, j)) = best {
+                let ratio = tx / j.max(1e-9);
+                lines.push(format!(
+                    "W={w}, saturation: settled-tx {tx:.0} jobs/s is {ratio:.2}x the fastest peer ({peer}, {j:.0}): {}",
+                    verdict(
+                        ratio >= TARGET_THROUGHPUT_RATIO,
+                        &format!("target {TARGET_THROUGHPUT_RATIO}x")
+                    )
+                ));
+            }
+        }
+        if let Some(tx) = get(Producer::Fixed, w, "settled-tx").and_then(|m| m.p99) {
+            let others: Vec<(&String, f64)> = peers(Producer::Fixed, w)
+                .into_iter()
+                .filter_map(|(s, m)| m.p99.map(|p| (s, p)))
+                .collect();
+            if let Some((peer, best)) = others.iter().min_by(|a, b| a.1.total_cmp(&b.1)) {
+                lines.push(format!(
+                    "W={w}, fixed rate: settled-tx pickup p99 {tx:.1} ms against the lowest peer's {best:.1} ms ({peer}): {}",
+                    verdict(tx < *best, "target: lower than every peer")
+                ));
+            }
+        }
+    }
+    let dup: i64 = cases
+        .iter()
+        .filter(|c| c.system == "settled-tx" && c.error.is_none())
+        .filter_map(|c| c.duplicates)
+        .sum();
+    if cases.iter().any(|c| c.system == "settled-tx") {
+        lines.push(format!(
+            "settled-tx duplicates over every case: {dup}: {}",
+            verdict(dup == 0, "target 0")
+        ));
+    }
+    lines
+}
+
+fn verdict(met: bool, target: &str) -> String {
+    format!("{} ({target})", if met { "met" } else { "MISSED" })
+}
+
+fn ms(v: Option<f64>) -> String {
+    v.map_or("-".into(), |v| format!("{v:.1}"))
+}
+
+fn count(v: Option<f64>) -> String {
+    v.map_or("-".into(), |v| format!("{v:.0}"))
+}
+
+/// The report as markdown.
+pub fn markdown(report: &ContinuousReport) -> String {
+    let o = &report.options;
+    let mut md = format!(
+        "## Continuous queues: {} s per case, {} run(s), medians\n\n\
+         {} ms of work per job, one effect row per job; fixed producer at {} jobs/s, saturation kept {} deep. \
+         {} CPUs; load average {} at the start, {} at the end. {}\n\n",
+        o.seconds,
+        o.runs,
+        o.work_ms,
+        o.rate,
+        o.depth,
+        report.cpus,
+        report.load_average_start,
+        report.load_average_end,
+        report.server_version
+    );
+    let medians = medians(&report.cases);
+    for producer in &o.producers {
+        md += &format!(
+            "### Producer: {}\n\n| system | W | jobs/s | pickup p50 ms | pickup p99 ms | peak dead tuples | duplicates | leased repeats absorbed | runs |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+            if *producer == Producer::Fixed { format!("fixed {} jobs/s", o.rate) } else { "saturation".into() }
+        );
+        for ((p, w, system), m) in &medians {
+            if p != producer {
+                continue;
+            }
+            md += &format!(
+                "| {system} | {w} | {} | {} | {} | {} | {} | {} | {}{} |\n",
+                count(m.jobs_per_second),
+                ms(m.p50),
+                ms(m.p99),
+                count(m.dead),
+                m.duplicates,
+                m.absorbed.map_or("-".into(), |a| a.to_string()),
+                m.runs,
+                if m.failed > 0 {
+                    format!(" ({} failed)", m.failed)
+                } else {
+                    String::new()
+                }
+            );
+        }
+        md += "\n";
+    }
+    md += &targets_markdown(report);
+    md += &series_markdown(report);
+    md += &settings_markdown(report);
+    md
+}
+
+fn targets_markdown(report: &ContinuousReport) -> String {
+    let mut md = String::new();
+    if !report.targets.is_empty() {
+        md += "### Targets\n\n";
+        for t in &report.targets {
+            md += &format!("- {t}\n");
+        }
+        md += "\n";
+    }
+    for s in &report.skipped {
+        md += &format!("- {s}\n");
+    }
+    for c in report.cases.iter().filter(|c| c.error.is_some()) {
+        md += &format!("- failed: {}\n", c.summary());
+    }
+    md
+}
+
+fn series_markdown(report: &ContinuousReport) -> String {
+    let mut md = String::new();
+    for c in report.cases.iter().filter(|c| c.seconds >= SERIES_CASE_SECS_MIN) {
+        md += &format!(
+            "### {} {} W={} run {}: its tables over time\n\n| t (s) | dead tuples | live tuples | size (MiB) |\n|---:|---:|---:|---:|\n",
+            c.system,
+            c.producer.name(),
+            c.workers,
+            c.run
+        );
+        let mut next = 0.0;
+        for s in &c.series {
+            if s.t_s + 1e-9 >= next {
+                md += &format!(
+                    "| {:.0} | {} | {} | {:.1} |\n",
+                    s.t_s,
+                    s.dead_tuples,
+                    s.live_tuples,
+                    s.table_bytes as f64 / 1048576.0
+                );
+                next += SERIES_ROW_SECS;
+            }
+        }
+        md += "\n";
+    }
+    md
+}
+
+fn settings_markdown(report: &ContinuousReport) -> String {
+    let mut seen = BTreeMap::new();
+    for c in report.cases.iter().filter(|c| c.error.is_none()) {
+        seen.entry(c.system.clone())
+            .or_insert_with(|| (c.version.clone(), c.settings.clone()));
+    }
+    let mut md =
+        String::from("### Systems\n\n| system | version | settings (at the last W measured) |\n|---|---|---|\n");
+    for (system, (version, settings)) in seen {
+        md += &format!("| {system} | {version} | {settings} |\n");
+    }
+    md
+}
