@@ -64,13 +64,19 @@ impl Proc {
         Ok(Proc { child, stdin, stdout })
     }
 
-    /// Waits for its `ready` line.
+    /// Waits for its `ready` line (a peer's log lines on stdout before it are skipped).
     async fn ready(&mut self) -> anyhow::Result<()> {
-        let line = tokio::time::timeout(Duration::from_secs(READY_TIMEOUT_SECS), self.stdout.next_line())
+        let wait = async {
+            while let Some(line) = self.stdout.next_line().await? {
+                if line.trim() == "ready" {
+                    return Ok(());
+                }
+            }
+            anyhow::bail!("it ended without saying `ready`")
+        };
+        tokio::time::timeout(Duration::from_secs(READY_TIMEOUT_SECS), wait)
             .await
-            .context("no `ready` in time")??;
-        anyhow::ensure!(line.as_deref() == Some("ready"), "expected `ready`, got {line:?}");
-        Ok(())
+            .context("no `ready` in time")?
     }
 
     async fn say(&mut self, line: &str) -> anyhow::Result<()> {
@@ -80,14 +86,14 @@ impl Proc {
         Ok(())
     }
 
-    /// Closes stdin, reads stdout to its end and returns its last line,
-    /// requiring exit 0.
+    /// Closes stdin, reads stdout to its end and returns its last JSON
+    /// line, requiring exit 0.
     async fn finish(mut self) -> anyhow::Result<String> {
         drop(self.stdin.take());
         let read = async {
             let mut last = String::new();
             while let Some(line) = self.stdout.next_line().await? {
-                if !line.trim().is_empty() {
+                if line.trim_start().starts_with('{') {
                     last = line;
                 }
             }
@@ -345,6 +351,11 @@ impl PeerRun {
 /// The error with the end of the peer's log.
 fn with_log(peer: &str, log: &std::path::Path, err: anyhow::Error) -> anyhow::Error {
     let text = std::fs::read_to_string(log).unwrap_or_default();
-    let tail: Vec<&str> = text.lines().rev().take(5).collect();
-    err.context(format!("peer {peer} (its log, last lines first: {})", tail.join(" | ")))
+    let lines: Vec<&str> = text.lines().collect();
+    let head = lines.iter().take(2).copied().collect::<Vec<_>>().join(" | ");
+    let tail = lines.iter().rev().take(5).copied().collect::<Vec<_>>().join(" | ");
+    err.context(format!(
+        "peer {peer} (its log {}: first lines: {head}; last lines, last first: {tail})",
+        log.display()
+    ))
 }
