@@ -1,8 +1,8 @@
 //! apalis with apalis-postgres on the continuous workload (see
 //! ../../../README.md): W workers, each its own `WorkerBuilder` over its
-//! own `PostgresStorage` with `Config::default()`, each running one job at
-//! a time; `push` per job, `push_bulk` for bulk. Each job sleeps and writes
-//! one effect row.
+//! own `PostgresStorage` with `Config::default()` and its LISTEN/NOTIFY
+//! listener (`with_pubsub`), each running one job at a time; `push` per
+//! job, `push_bulk` for bulk. Each job sleeps and writes one effect row.
 
 #[path = "../../../continuous.rs"]
 mod continuous;
@@ -75,13 +75,17 @@ async fn main() -> Result<(), continuous::BoxError> {
     };
     let mut running = Vec::new();
     for i in 0..case.workers {
-        let backend: PostgresStorage<BenchJob> = PostgresStorage::new(&pool);
+        // LISTEN/NOTIFY: the polling storage alone never fetched jobs
+        // pushed after its worker started.
+        let backend = PostgresStorage::<BenchJob>::new(&pool).with_pubsub();
         let worker = WorkerBuilder::new(format!("bench-{i}"))
             .backend(backend)
             .data(shared.clone())
             .build(handle);
         running.push(tokio::spawn(async move {
-            let _ = worker.run().await;
+            if let Err(e) = worker.run().await {
+                eprintln!("apalis worker stopped: {e}");
+            }
         }));
     }
     let peer = Arc::new(Apalis {
@@ -95,7 +99,7 @@ async fn main() -> Result<(), continuous::BoxError> {
     }
     let version = std::env::var("APALIS_VERSION").unwrap_or_else(|_| "apalis 1.0".into());
     let settings = format!(
-        "{} workers, Config::default(), one job at a time each; push() per job, push_bulk() for bulk",
+        "{} workers, Config::default() with_pubsub() (LISTEN/NOTIFY), one job at a time each; push() per job, push_bulk() for bulk",
         case.workers
     );
     continuous::report(&version, &settings);

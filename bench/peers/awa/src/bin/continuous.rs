@@ -1,7 +1,11 @@
 //! awa 0.6 on the continuous workload (see ../../../README.md): one awa
-//! `Client` on its default engine (queue storage), `max_workers` W, poll
-//! and claimers as shipped; `insert_with` per job, `enqueue_params_batch`
-//! for bulk. Each job sleeps and writes one effect row.
+//! `Client` on its queue storage engine, installed and given to the
+//! builder as awa's own benchmark does (without `queue_storage(..)` on the
+//! builder, jobs enqueued while the client ran stopped being claimed after
+//! the first second), rotation intervals 1 s and 50 ms, `max_workers` W,
+//! poll and claimers as shipped; `insert_with` per job,
+//! `enqueue_params_batch` for bulk. Each job sleeps and writes one effect
+//! row.
 
 #[path = "../../../continuous.rs"]
 mod continuous;
@@ -59,7 +63,10 @@ async fn main() -> Result<(), BoxError> {
         .connect(&case.url)
         .await?;
     awa::migrations::run(&pool).await?;
-    let (work_pool, work) = (pool.clone(), case.work);
+    QueueStorage::new(QueueStorageConfig::default())?.install(&pool).await?;
+    // The handlers' effect rows and the producer use pools of their own.
+    let effects = PgPoolOptions::new().max_connections(case.workers + 2).connect(&case.url).await?;
+    let (work_pool, work) = (effects, case.work);
     let client = awa::Client::builder(pool.clone())
         .queue(
             QUEUE,
@@ -84,17 +91,18 @@ async fn main() -> Result<(), BoxError> {
                 Ok(JobResult::Completed)
             }
         })
+        .queue_storage(QueueStorageConfig::default(), Duration::from_millis(1000), Duration::from_millis(50))
         .build()?;
     client.start().await?;
     let peer = Arc::new(Awa {
-        pool: pool.clone(),
+        pool: PgPoolOptions::new().max_connections(8).connect(&case.url).await?,
         store: QueueStorage::new(QueueStorageConfig::default())?,
     });
     continuous::drive(peer, &case).await?;
     client.shutdown(Duration::from_secs(10)).await;
     let version = std::env::var("AWA_VERSION").unwrap_or_else(|_| "awa 0.6".into());
     let settings = format!(
-        "max_workers {}, QueueConfig::default() otherwise (queue storage); insert_with() per job, enqueue_params_batch() for bulk",
+        "max_workers {}, QueueConfig::default() otherwise, queue storage (rotate 1 s / 50 ms); insert_with() per job, enqueue_params_batch() for bulk",
         case.workers
     );
     continuous::report(&version, &settings);

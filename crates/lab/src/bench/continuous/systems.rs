@@ -41,7 +41,7 @@ pub struct Described {
 /// A system whose workers are ready.
 pub enum Running {
     Settled(SettledRun),
-    Peer(PeerRun),
+    Peer(Box<PeerRun>),
 }
 
 /// A process of the case and its stdin and stdout.
@@ -113,7 +113,7 @@ pub async fn start(ctx: &Ctx, spec: &CaseSpec, url: &str, pool: &PgPool) -> anyh
         System::Settled(mode) => Ok(Running::Settled(
             SettledRun::start(ctx, *mode, spec.workers, url, pool).await?,
         )),
-        System::Peer(peer) => Ok(Running::Peer(PeerRun::start(ctx, peer, spec, url).await?)),
+        System::Peer(peer) => Ok(Running::Peer(Box::new(PeerRun::start(ctx, peer, spec, url).await?))),
     }
 }
 
@@ -132,7 +132,7 @@ impl Running {
     pub async fn stop(self) -> anyhow::Result<Described> {
         match self {
             Running::Settled(run) => run.stop().await,
-            Running::Peer(run) => run.stop().await,
+            Running::Peer(run) => (*run).stop().await,
         }
     }
 }
