@@ -88,8 +88,11 @@ async fn main() -> Result<(), continuous::BoxError> {
             }
         }));
     }
+    // The producer's calls on a pool of their own, so they never take the
+    // workers' connections.
+    let producer_pool = PgPoolOptions::new().max_connections(8).connect(&case.url).await?;
     let peer = Arc::new(Apalis {
-        sink: PostgresStorage::new(&pool),
+        sink: PostgresStorage::new(&producer_pool),
     });
     continuous::drive(peer, &case).await?;
     // Let the jobs in hand finish their effect rows before the workers go.
