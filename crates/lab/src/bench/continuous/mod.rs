@@ -224,6 +224,7 @@ async fn measure_case(ctx: &Ctx, spec: &CaseSpec, url: &str, case: &mut Continuo
         .await?;
     sqlx::raw_sql(workload::BENCH_TABLES_SQL).execute(&pool).await?;
     let mut running = systems::start(ctx, spec, url, &pool).await?;
+    let before = workload::db_work(&pool).await?;
     let sampler = Sampler::start(pool.clone());
     let t0 = now_us();
     let produced = running.produce(ctx, spec, &pool).await;
@@ -233,8 +234,10 @@ async fn measure_case(ctx: &Ctx, spec: &CaseSpec, url: &str, case: &mut Continuo
     let (enqueued, described) = (produced?, stopped?);
     let warmup_us = (WARMUP_SECS_MAX.min(ctx.opts.seconds as f64 / 5.0) * 1e6) as i64;
     let measured = workload::measure(&pool, t0 + warmup_us, t1).await?;
+    let after = workload::db_work(&pool).await?;
     pool.close().await;
     case.record(enqueued, (t1 - t0 - warmup_us) as f64 / 1e6, &measured, described);
+    case.record_db_work(before, after, measured.jobs_total);
     Ok(())
 }
 

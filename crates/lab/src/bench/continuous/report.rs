@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use sqlx::{Connection, PgConnection};
 
 use super::systems::Described;
-use super::workload::{Measured, TableSample};
+use super::workload::{DbWork, Measured, TableSample};
 use super::{CaseSpec, ContinuousOptions, Producer};
 
 /// Seconds of a case from which its tables are shown over time.
@@ -44,6 +44,20 @@ pub struct ContinuousCase {
     pub duplicates: Option<i64>,
     /// Leased mode: repeated receiver calls its key absorbed.
     pub absorbed_repeats: Option<i64>,
+    /// Jobs handled by the end of the case over jobs enqueued: below 1, some
+    /// were never picked up (a pickup percentile counts only jobs that
+    /// started).
+    #[serde(default)]
+    pub handled_share: Option<f64>,
+    /// Transactions in the case's database per job handled, from the
+    /// workers' start to their stop (enqueues, claims, completions, the
+    /// system's upkeep; the bench's own sampling excluded).
+    #[serde(default)]
+    pub transactions_per_job: Option<f64>,
+    /// Rows inserted, updated or deleted per job handled (the job's effect
+    /// row included, one for every system).
+    #[serde(default)]
+    pub row_writes_per_job: Option<f64>,
     pub version: String,
     pub settings: String,
     pub extra: serde_json::Map<String, serde_json::Value>,
@@ -71,6 +85,9 @@ impl ContinuousCase {
             peak_table_bytes: None,
             duplicates: None,
             absorbed_repeats: None,
+            handled_share: None,
+            transactions_per_job: None,
+            row_writes_per_job: None,
             version: String::new(),
             settings: String::new(),
             extra: serde_json::Map::new(),
@@ -91,9 +108,21 @@ impl ContinuousCase {
         self.peak_table_bytes = self.series.iter().map(|s| s.table_bytes).max();
         self.duplicates = Some(measured.duplicates);
         self.absorbed_repeats = self.system.ends_with("leased").then_some(measured.absorbed);
+        self.handled_share = (self.enqueued > 0).then(|| measured.jobs_total as f64 / self.enqueued as f64);
         self.version = described.version;
         self.settings = described.settings;
         self.extra = described.extra;
+    }
+
+    /// Records what the database did per job handled.
+    pub fn record_db_work(&mut self, before: DbWork, after: DbWork, jobs: i64) {
+        if jobs <= 0 {
+            return;
+        }
+        let sampler = self.series.len() as f64;
+        let transactions = (after.transactions - before.transactions) as f64 - sampler;
+        self.transactions_per_job = Some(transactions.max(0.0) / jobs as f64);
+        self.row_writes_per_job = Some((after.row_writes - before.row_writes) as f64 / jobs as f64);
     }
 
     /// One line for the progress output.
@@ -187,6 +216,9 @@ pub struct Median {
     pub dead: Option<f64>,
     pub duplicates: i64,
     pub absorbed: Option<i64>,
+    pub transactions_per_job: Option<f64>,
+    pub row_writes_per_job: Option<f64>,
+    pub handled_share: Option<f64>,
 }
 
 type Key = (Producer, u32, String);
@@ -227,6 +259,9 @@ pub fn medians(cases: &[ContinuousCase]) -> BTreeMap<Key, Median> {
                 dead: pick(&|c| c.peak_dead_tuples.map(|d| d as f64)),
                 duplicates: ok.iter().filter_map(|c| c.duplicates).sum(),
                 absorbed: ok.iter().map(|c| c.absorbed_repeats).sum(),
+                transactions_per_job: pick(&|c| c.transactions_per_job),
+                row_writes_per_job: pick(&|c| c.row_writes_per_job),
+                handled_share: pick(&|c| c.handled_share),
             };
             (key, m)
         })
@@ -296,6 +331,10 @@ fn ms(v: Option<f64>) -> String {
     v.map_or("-".into(), |v| format!("{v:.1}"))
 }
 
+fn ratio(v: Option<f64>) -> String {
+    v.map_or("-".into(), |v| format!("{v:.2}"))
+}
+
 fn count(v: Option<f64>) -> String {
     v.map_or("-".into(), |v| format!("{v:.0}"))
 }
@@ -320,7 +359,7 @@ pub fn markdown(report: &ContinuousReport) -> String {
     let medians = medians(&report.cases);
     for producer in &o.producers {
         md += &format!(
-            "### Producer: {}\n\n| system | W | jobs/s | pickup p50 ms | pickup p99 ms | peak dead tuples | duplicates | leased repeats absorbed | runs |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+            "### Producer: {}\n\n| system | W | jobs/s | pickup p50 ms | pickup p99 ms | handled/enqueued | peak dead tuples | duplicates | leased repeats absorbed | transactions/job | row writes/job | runs |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
             if *producer == Producer::Fixed { format!("fixed {} jobs/s", o.rate) } else { "saturation".into() }
         );
         for ((p, w, system), m) in &medians {
@@ -328,13 +367,16 @@ pub fn markdown(report: &ContinuousReport) -> String {
                 continue;
             }
             md += &format!(
-                "| {system} | {w} | {} | {} | {} | {} | {} | {} | {}{} |\n",
+                "| {system} | {w} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {}{} |\n",
                 count(m.jobs_per_second),
                 ms(m.p50),
                 ms(m.p99),
+                ratio(m.handled_share),
                 count(m.dead),
                 m.duplicates,
                 m.absorbed.map_or("-".into(), |a| a.to_string()),
+                ratio(m.transactions_per_job),
+                ratio(m.row_writes_per_job),
                 m.runs,
                 if m.failed > 0 {
                     format!(" ({} failed)", m.failed)

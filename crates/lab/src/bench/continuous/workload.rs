@@ -149,6 +149,8 @@ pub struct Measured {
     pub duplicates: i64,
     /// Repeated receiver calls absorbed by its key, over the whole case.
     pub absorbed: i64,
+    /// Distinct jobs handled over the whole case.
+    pub jobs_total: i64,
 }
 
 /// Reads the effects of the window `[from_us, to_us)`.
@@ -165,7 +167,8 @@ pub async fn measure(pool: &PgPool, from_us: i64, to_us: i64) -> anyhow::Result<
              (SELECT percentile_cont(0.99) WITHIN GROUP (ORDER BY started_us - enq_us) / 1000.0
               FROM first WHERE started_us >= $1 AND started_us < $2) AS pickup_p99_ms,
              (SELECT count(*) - count(DISTINCT job) FROM bench.effects) AS duplicates,
-             (SELECT coalesce(sum(calls - 1), 0)::int8 FROM bench.receiver) AS absorbed",
+             (SELECT coalesce(sum(calls - 1), 0)::int8 FROM bench.receiver) AS absorbed,
+             (SELECT count(*) FROM first) AS jobs_total",
     )
     .bind(from_us) // $1
     .bind(to_us) // $2
@@ -196,6 +199,26 @@ pub async fn sample_tables(pool: &PgPool) -> anyhow::Result<TableSample> {
          FROM pg_stat_user_tables WHERE schemaname <> $1",
     )
     .bind(BENCH_SCHEMA) // $1
+    .fetch_one(pool)
+    .await?)
+}
+
+/// What the case's database has done so far, from `pg_stat_database`.
+#[derive(Debug, Clone, Copy, Default, sqlx::FromRow)]
+pub struct DbWork {
+    /// Transactions committed and rolled back.
+    pub transactions: i64,
+    /// Rows inserted, updated and deleted.
+    pub row_writes: i64,
+}
+
+/// Reads the case's database's counters now.
+pub async fn db_work(pool: &PgPool) -> anyhow::Result<DbWork> {
+    Ok(sqlx::query_as(
+        "SELECT (xact_commit + xact_rollback)::int8 AS transactions,
+                (tup_inserted + tup_updated + tup_deleted)::int8 AS row_writes
+         FROM pg_stat_database WHERE datname = current_database()",
+    )
     .fetch_one(pool)
     .await?)
 }
