@@ -50,6 +50,9 @@ pub struct Args {
     /// --continuous: settled's modes, comma separated (tx, leased).
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = vec![crate::bench::continuous::ServeMode::Tx, crate::bench::continuous::ServeMode::Leased], requires = "continuous")]
     settled_modes: Vec<crate::bench::continuous::ServeMode>,
+    /// --continuous: measure the peers only (to repeat a peer's cases).
+    #[arg(long, requires = "continuous", conflicts_with = "settled_modes")]
+    no_settled: bool,
     /// --continuous: repeats of the whole matrix (the report quotes medians).
     #[arg(long, default_value_t = 1, requires = "continuous", value_parser = clap::value_parser!(u32).range(1..=100))]
     runs: u32,
@@ -150,7 +153,11 @@ pub struct Args {
 impl Args {
     fn continuous_options(&self, global: &Global) -> ContinuousOptions {
         ContinuousOptions {
-            settled_modes: self.settled_modes.clone(),
+            settled_modes: if self.no_settled {
+                Vec::new()
+            } else {
+                self.settled_modes.clone()
+            },
             peers: match &self.peers {
                 Some(list) if list.iter().any(|p| p == "none") => Vec::new(),
                 Some(list) => list.clone(),

@@ -44,11 +44,14 @@ pub enum Running {
     Peer(Box<PeerRun>),
 }
 
-/// A process of the case and its stdin and stdout.
+/// A process of the case, its stdin, and its stdout: read to `ready`,
+/// then drained all along (a process blocked on a full pipe would be
+/// measured as slow), keeping its last JSON line.
 struct Proc {
     child: Child,
     stdin: Option<ChildStdin>,
-    stdout: Lines<BufReader<ChildStdout>>,
+    stdout: Option<Lines<BufReader<ChildStdout>>>,
+    drained: Option<tokio::task::JoinHandle<std::io::Result<String>>>,
 }
 
 impl Proc {
@@ -60,14 +63,21 @@ impl Proc {
             .kill_on_drop(true)
             .spawn()?;
         let stdin = child.stdin.take();
-        let stdout = BufReader::new(child.stdout.take().context("no stdout")?).lines();
-        Ok(Proc { child, stdin, stdout })
+        let stdout = Some(BufReader::new(child.stdout.take().context("no stdout")?).lines());
+        Ok(Proc {
+            child,
+            stdin,
+            stdout,
+            drained: None,
+        })
     }
 
-    /// Waits for its `ready` line (a peer's log lines on stdout before it are skipped).
+    /// Waits for its `ready` line (lines before it are skipped), then
+    /// drains the rest in the background.
     async fn ready(&mut self) -> anyhow::Result<()> {
+        let mut lines = self.stdout.take().context("stdout already taken")?;
         let wait = async {
-            while let Some(line) = self.stdout.next_line().await? {
+            while let Some(line) = lines.next_line().await? {
                 if line.trim() == "ready" {
                     return Ok(());
                 }
@@ -76,7 +86,17 @@ impl Proc {
         };
         tokio::time::timeout(Duration::from_secs(READY_TIMEOUT_SECS), wait)
             .await
-            .context("no `ready` in time")?
+            .context("no `ready` in time")??;
+        self.drained = Some(tokio::spawn(async move {
+            let mut last = String::new();
+            while let Some(line) = lines.next_line().await? {
+                if line.trim_start().starts_with('{') {
+                    last = line;
+                }
+            }
+            Ok(last)
+        }));
+        Ok(())
     }
 
     async fn say(&mut self, line: &str) -> anyhow::Result<()> {
@@ -86,19 +106,16 @@ impl Proc {
         Ok(())
     }
 
-    /// Closes stdin, reads stdout to its end and returns its last JSON
-    /// line, requiring exit 0.
+    /// Closes stdin, waits for stdout's end and the exit (which must be
+    /// 0), and returns the last JSON line.
     async fn finish(mut self) -> anyhow::Result<String> {
         drop(self.stdin.take());
+        let drained = self.drained.take().context("the process was never ready")?;
         let read = async {
-            let mut last = String::new();
-            while let Some(line) = self.stdout.next_line().await? {
-                if line.trim_start().starts_with('{') {
-                    last = line;
-                }
-            }
+            let last = drained.await??;
             let status = self.child.wait().await?;
             anyhow::ensure!(status.success(), "it exited with {status}");
+            anyhow::ensure!(!last.is_empty(), "it printed no JSON line");
             anyhow::Ok(last)
         };
         tokio::time::timeout(Duration::from_secs(STOP_TIMEOUT_SECS), read)
