@@ -50,6 +50,11 @@ pub struct Args {
     /// --continuous: settled's modes, comma separated (tx, leased).
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = vec![crate::bench::continuous::ServeMode::Tx, crate::bench::continuous::ServeMode::Leased], requires = "continuous")]
     settled_modes: Vec<crate::bench::continuous::ServeMode>,
+    /// --continuous: measure nothing; read earlier --continuous reports
+    /// (comma separated: a later file's cases replace the earlier files'
+    /// cases of the same system), judge the targets again, print the tables.
+    #[arg(long, value_delimiter = ',', value_name = "JSON", requires = "continuous")]
+    from_json: Option<Vec<PathBuf>>,
     /// --continuous: measure the peers only (to repeat a peer's cases).
     #[arg(long, requires = "continuous", conflicts_with = "settled_modes")]
     no_settled: bool,
@@ -259,7 +264,10 @@ impl Runnable for Args {
             }
             let json = self.json.clone();
             if self.continuous {
-                let report = crate::bench::continuous::continuous(&self.continuous_options(&global)).await?;
+                let report = match &self.from_json {
+                    Some(files) => crate::bench::continuous::ContinuousReport::merge(files)?,
+                    None => crate::bench::continuous::continuous(&self.continuous_options(&global)).await?,
+                };
                 print(&report, &json, || crate::bench::continuous::markdown(&report))?;
                 return Ok(exit_code(report.ok()));
             }

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use anyhow::Context;
 use sqlx::{Connection, PgConnection};
 
 use super::systems::Described;
@@ -200,7 +201,38 @@ impl ContinuousReport {
     pub fn finish(&mut self) {
         self.finished_at = chrono::Utc::now().to_rfc3339();
         self.load_average_end = load_average();
+        self.judge();
+    }
+
+    /// Judges the targets on the cases.
+    pub fn judge(&mut self) {
         self.targets = targets(&medians(&self.cases), &self.cases);
+    }
+
+    /// Reads earlier reports: a later file's cases replace the earlier
+    /// files' cases of the same system (to repeat one system's cases).
+    pub fn merge(files: &[std::path::PathBuf]) -> anyhow::Result<ContinuousReport> {
+        let mut merged: Option<ContinuousReport> = None;
+        for file in files {
+            let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+            let next: ContinuousReport = serde_json::from_str(&text)
+                .with_context(|| format!("{} is not a settled bench --continuous report", file.display()))?;
+            merged = Some(match merged {
+                None => next,
+                Some(mut report) => {
+                    let systems: std::collections::BTreeSet<&String> = next.cases.iter().map(|c| &c.system).collect();
+                    report.cases.retain(|c| !systems.contains(&c.system));
+                    report.cases.extend(next.cases.iter().cloned());
+                    report.skipped.extend(next.skipped.iter().cloned());
+                    report.finished_at = next.finished_at.clone();
+                    report.load_average_end = next.load_average_end.clone();
+                    report
+                }
+            });
+        }
+        let mut report = merged.context("give at least one report")?;
+        report.judge();
+        Ok(report)
     }
 
     /// True when every case ran.
@@ -376,8 +408,8 @@ pub fn markdown(report: &ContinuousReport) -> String {
     let mut md = format!(
         "## Continuous queues: {} s per case, {} run(s), medians\n\n\
          {} ms of work per job, one effect row per job; fixed producer at {} jobs/s, saturation kept {} deep. \
-         A p99 in parentheses counts only the jobs that started: that system handled under {:.0}% of what was \
-         enqueued. {} CPUs; load average {} at the start, {} at the end. {}\n\n",
+         A fixed-rate p99 in parentheses counts only the jobs that started: that system handled under {:.0}% of \
+         what was enqueued (at saturation the queue is kept deep, so a share below 1 is the backlog). {} CPUs; load average {} at the start, {} at the end. {}\n\n",
         o.seconds,
         o.runs,
         o.work_ms,
@@ -403,9 +435,9 @@ pub fn markdown(report: &ContinuousReport) -> String {
                 "| {system} | {w} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {}{} |\n",
                 count(m.jobs_per_second),
                 ms(m.p50),
-                match m.comparable_p99() {
-                    Some(p) => format!("{p:.1}"),
-                    None => format!("({})", ms(m.p99)),
+                match (*producer, m.comparable_p99()) {
+                    (Producer::Fixed, None) => format!("({})", ms(m.p99)),
+                    _ => ms(m.p99),
                 },
                 ratio(m.handled_share),
                 count(m.dead),
@@ -482,7 +514,7 @@ fn settings_markdown(report: &ContinuousReport) -> String {
             .or_insert_with(|| (c.version.clone(), c.settings.clone()));
     }
     let mut md =
-        String::from("### Systems\n\n| system | version | settings (at the last W measured) |\n|---|---|---|\n");
+        String::from("### Systems\n\n| system | version | settings (at the first W measured) |\n|---|---|---|\n");
     for (system, (version, settings)) in seen {
         md += &format!("| {system} | {version} | {settings} |\n");
     }

@@ -24,7 +24,7 @@ use super::workload::{self, now_us, Payload};
 use super::{CaseSpec, Ctx, Producer, System, MAX_WORKER_PROCESSES, READY_TIMEOUT_SECS, STOP_TIMEOUT_SECS};
 
 /// Connections of settled's producer (fixed-rate enqueues run concurrently on them).
-pub const PRODUCER_CONNECTIONS: u32 = 8;
+pub const PRODUCER_CONNECTIONS: u32 = 16;
 /// Most jobs one bulk enqueue of the saturation producer sends.
 pub const BULK_JOBS_MAX: u64 = 500;
 
