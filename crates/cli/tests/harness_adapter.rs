@@ -88,13 +88,15 @@ async fn drive(mode: &str) {
         .try_iter()
         .map(|l| serde_json::from_str(&l).unwrap_or_else(|e| panic!("not JSON: {l:?}: {e}")))
         .collect();
-    check_samples(&system, &records);
+    let started = descriptor["started_at"].as_str().unwrap().to_string();
+    check_samples(&system, &records, all as f64, &started);
     assert_eq!(env.scalar_i64("SELECT count(*) FROM settled_harness.jobs").await, all);
 }
 
 /// Every record is a metric sample of this system; every required metric
-/// is there; the rates saw the work; the last depth is 0.
-fn check_samples(system: &str, records: &[serde_json::Value]) {
+/// is there; the rates, over their windows, add up to the jobs enqueued and
+/// settled; the last depth is 0.
+fn check_samples(system: &str, records: &[serde_json::Value], jobs: f64, started: &str) {
     let mut metrics = BTreeSet::new();
     for r in records {
         assert_eq!(r["kind"], "adapter", "{r}");
@@ -121,8 +123,23 @@ fn check_samples(system: &str, records: &[serde_json::Value]) {
             .map(|r| r["value"].as_f64().unwrap())
             .collect()
     };
-    assert!(values("enqueue_rate").iter().any(|v| *v > 0.0));
-    assert!(values("completion_rate").iter().any(|v| *v > 0.0));
+    let at = |t: &str| chrono::DateTime::parse_from_rfc3339(t).unwrap();
+    for rate in ["enqueue_rate", "completion_rate"] {
+        // Each rate covers the time since the sample before (the first:
+        // since the start): over their spans they add up to the jobs.
+        let mut since = at(started);
+        let mut total = 0.0;
+        for r in records.iter().filter(|r| r["metric"] == rate) {
+            let t = at(r["t"].as_str().unwrap());
+            total += r["value"].as_f64().unwrap() * (t - since).num_microseconds().unwrap() as f64 / 1e6;
+            since = t;
+        }
+        assert!(
+            (0.8 * jobs..=1.2 * jobs).contains(&total),
+            "{rate} adds up to {total} jobs, not {jobs}: {:?}",
+            values(rate)
+        );
+    }
     assert_eq!(values("queue_depth").last().copied(), Some(0.0));
     for (p50, p99) in values("claim_p50_ms").iter().zip(values("claim_p99_ms")) {
         assert!(p99 >= *p50, "p50 {p50} p99 {p99}");

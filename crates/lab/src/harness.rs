@@ -422,12 +422,13 @@ async fn produce_to_depth(shared: &Shared) -> anyhow::Result<()> {
 /// Emits the samples every SAMPLE_EVERY_S, the first on a wall-clock boundary.
 async fn sample(shared: Arc<Shared>) {
     let every = shared.env.sample_every_s;
+    // The first sample's rates cover the time since the start.
+    let (mut last_enq, mut last_done, mut last_at) = (0u64, 0u64, Instant::now());
     let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
     let next = Duration::from_secs((now.as_secs() / every + 1) * every);
     tokio::time::sleep(next.saturating_sub(now)).await;
     let mut tick = tokio::time::interval(Duration::from_secs(every));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let (mut last_enq, mut last_done, mut last_at) = (0u64, 0u64, Instant::now());
     loop {
         tick.tick().await;
         let (enq, done) = (

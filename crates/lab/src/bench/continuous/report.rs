@@ -315,62 +315,9 @@ pub fn medians(cases: &[ContinuousCase]) -> BTreeMap<Key, Median> {
 /// The targets, each a sentence saying met or missed and by how much.
 fn targets(medians: &BTreeMap<Key, Median>, cases: &[ContinuousCase]) -> Vec<String> {
     let mut lines = Vec::new();
-    let get = |p: Producer, w: u32, s: &str| medians.get(&(p, w, s.to_string()));
-    let peers = |p: Producer, w: u32| -> Vec<(&String, &Median)> {
-        medians
-            .iter()
-            .filter(|((pp, ww, s), _)| *pp == p && *ww == w && !s.starts_with("settled"))
-            .map(|((_, _, s), m)| (s, m))
-            .collect()
-    };
     for w in TARGET_WORKERS {
-        if let Some(tx) = get(Producer::Saturation, w, "settled-tx").and_then(|m| m.jobs_per_second) {
-            let best = peers(Producer::Saturation, w)
-                .into_iter()
-                .filter_map(|(s, m)| m.jobs_per_second.map(|j| (s, j)))
-                .max_by(|a, b| a.1.total_cmp(&b.1));
-            if let Some((peer, j)) = best {
-                let ratio = tx / j.max(1e-9);
-                lines.push(format!(
-                    "W={w}, saturation: settled-tx {tx:.0} jobs/s is {ratio:.2}x the fastest peer ({peer}, {j:.0}): {}",
-                    verdict(
-                        ratio >= TARGET_THROUGHPUT_RATIO,
-                        &format!("target {TARGET_THROUGHPUT_RATIO}x")
-                    )
-                ));
-            }
-        }
-        if let Some(tx) = get(Producer::Fixed, w, "settled-tx").and_then(|m| m.comparable_p99()) {
-            let all = peers(Producer::Fixed, w);
-            let behind: Vec<&String> = all
-                .iter()
-                .filter(|(_, m)| m.comparable_p99().is_none())
-                .map(|(s, _)| *s)
-                .collect();
-            let best = all
-                .iter()
-                .filter_map(|(s, m)| m.comparable_p99().map(|p| (*s, p)))
-                .min_by(|a, b| a.1.total_cmp(&b.1));
-            let behind = if behind.is_empty() {
-                String::new()
-            } else {
-                format!(
-                    "; {} left jobs unstarted (their p99 is unbounded)",
-                    behind.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
-                )
-            };
-            match best {
-                Some((peer, best)) => lines.push(format!(
-                    "W={w}, fixed rate: settled-tx pickup p99 {tx:.1} ms against the lowest peer's {best:.1} ms ({peer}){behind}: {}",
-                    verdict(tx < best, "target: lower than every peer")
-                )),
-                None if !all.is_empty() => lines.push(format!(
-                    "W={w}, fixed rate: settled-tx pickup p99 {tx:.1} ms{behind}: {}",
-                    verdict(true, "target: lower than every peer")
-                )),
-                None => {}
-            }
-        }
+        lines.extend(throughput_target(medians, w));
+        lines.extend(latency_target(medians, w));
     }
     let dup: i64 = cases
         .iter()
@@ -384,6 +331,70 @@ fn targets(medians: &BTreeMap<Key, Median>, cases: &[ContinuousCase]) -> Vec<Str
         ));
     }
     lines
+}
+
+/// The peers' medians of one producer and W.
+fn peers_at(medians: &BTreeMap<Key, Median>, p: Producer, w: u32) -> Vec<(&String, &Median)> {
+    medians
+        .iter()
+        .filter(|((pp, ww, s), _)| *pp == p && *ww == w && !s.starts_with("settled"))
+        .map(|((_, _, s), m)| (s, m))
+        .collect()
+}
+
+/// Settled-tx's saturated jobs/s against the fastest peer's.
+fn throughput_target(medians: &BTreeMap<Key, Median>, w: u32) -> Option<String> {
+    let tx = medians
+        .get(&(Producer::Saturation, w, "settled-tx".to_string()))?
+        .jobs_per_second?;
+    let (peer, j) = peers_at(medians, Producer::Saturation, w)
+        .into_iter()
+        .filter_map(|(s, m)| m.jobs_per_second.map(|j| (s, j)))
+        .max_by(|a, b| a.1.total_cmp(&b.1))?;
+    let ratio = tx / j.max(1e-9);
+    Some(format!(
+        "W={w}, saturation: settled-tx {tx:.0} jobs/s is {ratio:.2}x the fastest peer ({peer}, {j:.0}): {}",
+        verdict(
+            ratio >= TARGET_THROUGHPUT_RATIO,
+            &format!("target {TARGET_THROUGHPUT_RATIO}x")
+        )
+    ))
+}
+
+/// Settled-tx's fixed-rate pickup p99 against every peer's; a peer that
+/// left jobs unstarted has no p99 to compare.
+fn latency_target(medians: &BTreeMap<Key, Median>, w: u32) -> Option<String> {
+    let tx = medians
+        .get(&(Producer::Fixed, w, "settled-tx".to_string()))?
+        .comparable_p99()?;
+    let all = peers_at(medians, Producer::Fixed, w);
+    if all.is_empty() {
+        return None;
+    }
+    let behind: Vec<&str> = all
+        .iter()
+        .filter(|(_, m)| m.comparable_p99().is_none())
+        .map(|(s, _)| s.as_str())
+        .collect();
+    let behind = if behind.is_empty() {
+        String::new()
+    } else {
+        format!("; {} left jobs unstarted (their p99 is unbounded)", behind.join(", "))
+    };
+    let target = "target: lower than every peer";
+    Some(
+        match all
+            .iter()
+            .filter_map(|(s, m)| m.comparable_p99().map(|p| (*s, p)))
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+        {
+            Some((peer, best)) => format!(
+                "W={w}, fixed rate: settled-tx pickup p99 {tx:.1} ms against the lowest peer's {best:.1} ms ({peer}){behind}: {}",
+                verdict(tx < best, target)
+            ),
+            None => format!("W={w}, fixed rate: settled-tx pickup p99 {tx:.1} ms{behind}: {}", verdict(true, target)),
+        },
+    )
 }
 
 fn verdict(met: bool, target: &str) -> String {
@@ -519,4 +530,100 @@ fn settings_markdown(report: &ContinuousReport) -> String {
         md += &format!("| {system} | {version} | {settings} |\n");
     }
     md
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn case(system: &str, producer: Producer, jobs: f64, p99: f64, handled: f64) -> ContinuousCase {
+        ContinuousCase {
+            system: system.into(),
+            producer,
+            workers: 16,
+            run: 1,
+            offered_rate: None,
+            seconds: 10.0,
+            enqueued: 1000,
+            completed: 1000,
+            jobs_per_second: Some(jobs),
+            pickup_p50_ms: Some(p99 / 2.0),
+            pickup_p99_ms: Some(p99),
+            peak_dead_tuples: Some(0),
+            peak_table_bytes: Some(0),
+            duplicates: Some(0),
+            absorbed_repeats: None,
+            handled_share: Some(handled),
+            transactions_per_job: None,
+            row_writes_per_job: None,
+            version: String::new(),
+            settings: String::new(),
+            extra: serde_json::Map::new(),
+            series: Vec::new(),
+            error: None,
+        }
+    }
+
+    #[test]
+    fn a_peer_that_left_jobs_unstarted_never_has_the_lowest_p99() {
+        let cases = vec![
+            case("settled-tx", Producer::Fixed, 500.0, 9.0, 1.0),
+            case("quick-but-stuck", Producer::Fixed, 10.0, 2.0, 0.03),
+            case("slower", Producer::Fixed, 500.0, 12.0, 1.0),
+        ];
+        let line = latency_target(&medians(&cases), 16).unwrap();
+        assert!(line.contains("lowest peer's 12.0 ms (slower)"), "{line}");
+        assert!(line.contains("quick-but-stuck left jobs unstarted"), "{line}");
+        assert!(line.ends_with("met (target: lower than every peer)"), "{line}");
+        let md = markdown_rows(&cases);
+        assert!(md.contains("| quick-but-stuck | 16 | 10 | 1.0 | (2.0) |"), "{md}");
+    }
+
+    #[test]
+    fn throughput_is_judged_against_the_fastest_peer_on_medians() {
+        let cases = vec![
+            case("settled-tx", Producer::Saturation, 5000.0, 1.0, 0.9),
+            case("settled-tx", Producer::Saturation, 7000.0, 1.0, 0.9),
+            case("settled-tx", Producer::Saturation, 6000.0, 1.0, 0.9),
+            case("peer", Producer::Saturation, 4000.0, 1.0, 0.9),
+        ];
+        let line = throughput_target(&medians(&cases), 16).unwrap();
+        assert_eq!(
+            line,
+            "W=16, saturation: settled-tx 6000 jobs/s is 1.50x the fastest peer (peer, 4000): met (target 1.5x)"
+        );
+    }
+
+    fn markdown_rows(cases: &[ContinuousCase]) -> String {
+        let opts = ContinuousOptions {
+            settled_modes: Vec::new(),
+            peers: Vec::new(),
+            peers_dir: "bench/peers".into(),
+            workers: vec![16],
+            producers: vec![Producer::Fixed],
+            rate: 500,
+            seconds: 10,
+            runs: 1,
+            batch: 10,
+            depth: 2000,
+            retention_secs: 60,
+            work_ms: 1,
+            database_url: None,
+            command: String::new(),
+        };
+        let report = ContinuousReport {
+            started_at: String::new(),
+            finished_at: String::new(),
+            settled_version: String::new(),
+            server_version: String::new(),
+            cpus: 2,
+            load_average_start: String::new(),
+            load_average_end: String::new(),
+            options: opts,
+            cases: cases.to_vec(),
+            skipped: Vec::new(),
+            targets: Vec::new(),
+        };
+        markdown(&report)
+    }
 }
