@@ -52,6 +52,11 @@ async fn bench_continuous_measures_settled_in_both_modes_and_writes_its_json() {
         assert!(case["peak_dead_tuples"].as_i64().is_some(), "{case}");
         assert!(case["peak_table_bytes"].as_i64().unwrap() > 0, "{case}");
         assert!(!case["series"].as_array().unwrap().is_empty(), "{case}");
+        // Claims and completions are transactions of the case's database.
+        assert!(case["transactions_per_job"].as_f64().unwrap() > 0.0, "{case}");
+        assert!(case["row_writes_per_job"].as_f64().unwrap() >= 2.0, "{case}");
+        let handled = case["handled_share"].as_f64().unwrap();
+        assert!(handled > 0.0 && handled <= 1.0, "{case}");
         match case["system"].as_str().unwrap() {
             "settled-tx" => assert!(case["absorbed_repeats"].is_null(), "{case}"),
             "settled-leased" => assert_eq!(case["absorbed_repeats"], 0, "{case}"),
