@@ -13,9 +13,10 @@
 
 use std::sync::Arc;
 
+use settled_engine::raw::WorkQueue;
 use settled_engine::{
     Chunk, ChunkHandler, DrainConfig, Handled, HandlerError, InTransaction, Job, NoHooks, QueueSpec, WorkOutcome,
-    WorkQueue, Worker,
+    Worker,
 };
 use sqlx::{PgConnection, PgPool};
 
@@ -108,7 +109,7 @@ pub fn drain_config() -> DrainConfig {
 
 /// Creates the engine's and the example's tables.
 pub async fn install(pool: &PgPool) -> anyhow::Result<()> {
-    settled_engine::migrate::migrate(pool).await?;
+    settled_engine::migrate(pool).await?;
     for statement in SCHEMA_SQL {
         sqlx::query(statement).execute(pool).await?;
     }

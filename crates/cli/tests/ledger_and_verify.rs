@@ -1,6 +1,7 @@
 //! The ledger refuses a second payment and any edit; verify catches every
-//! kind of tampering; the database's reward arithmetic equals Rust's, and
-//! its creator check accepts exactly the address form.
+//! kind of tampering, a volume changed after its import included; the
+//! database's reward arithmetic equals Rust's, and its creator check accepts
+//! exactly the address form.
 
 mod common;
 
@@ -158,6 +159,50 @@ async fn verify_fails_on_a_settled_item_without_payment() {
         "settled_items_have_one_ledger_row",
     )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn verify_fails_on_a_volume_changed_after_settling() {
+    expect_verify_to_catch(
+        "UPDATE settlement.token_trade_volume SET volume = volume + 1
+         WHERE creator = (SELECT creator FROM settlement.token_trade_volume ORDER BY creator LIMIT 1)",
+        "items_match_their_input",
+    )
+    .await;
+}
+
+/// The probe of issue 24: a volume raised to 10^70 between seed and run is
+/// paid by the policy, so every amount follows it; only the input's record
+/// can tell.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_volume_raised_before_the_run_is_paid_and_verify_names_the_changed_input() {
+    let env = Env::new().await;
+    env.run_ok(&["seed", "--period", "2026-11-28", "--creators", "50"]);
+    sqlx::query(
+        "UPDATE settlement.token_trade_volume SET volume = 10::numeric ^ 70
+         WHERE creator = (SELECT creator FROM settlement.token_trade_volume ORDER BY creator LIMIT 1)",
+    )
+    .execute(&env.pool)
+    .await
+    .unwrap();
+    env.run_ok(&["worker", "--period", "2026-11-28"]);
+    let out = env.run(&["--role-per-command", "verify", "--period", "2026-11-28", "--json"]);
+    assert_eq!(out.status.code(), Some(1));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let failed: Vec<&str> = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["ok"] == false)
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(failed, ["items_match_their_input"], "{report}");
+    let human = env.run(&["verify", "--period", "2026-11-28"]);
+    let text = String::from_utf8_lossy(&human.stdout);
+    assert!(
+        text.contains("[FAIL] items_match_their_input") && text.contains("seed and import wrote 50"),
+        "{text}"
+    );
 }
 
 fn any_amount() -> impl Strategy<Value = Amount> {

@@ -1,6 +1,7 @@
 //! Least privilege: a `settled_worker` login cannot delete or rewrite ledger
-//! rows, even with crafted SQL on its own connection, and every command runs
-//! with the least role it needs.
+//! rows, even with crafted SQL on its own connection, nor change what an
+//! item pays; a `settled_api` login changes a balance only through the
+//! payout function; every command runs with the least role it needs.
 
 mod common;
 
@@ -99,9 +100,134 @@ async fn commands_run_with_the_least_role_they_need() {
     assert_eq!(err.as_database_error().unwrap().code().unwrap(), "42501");
 }
 
+/// A connection logged in as a new login that is a member of `role` only
+/// (and the login's name, to drop it).
+async fn login_as(env: &Env, role: &str) -> (PgConnection, String) {
+    let login = format!("{role}_login_{}", uuid::Uuid::new_v4().simple());
+    sqlx::query(&format!("CREATE ROLE {login} LOGIN IN ROLE {role}"))
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    let url = env.db.url.replacen("postgres@", &format!("{login}@"), 1);
+    (PgConnection::connect(&url).await.unwrap(), login)
+}
+
+async fn drop_login(env: &Env, conn: PgConnection, login: &str) {
+    conn.close().await.unwrap();
+    sqlx::query(&format!("DROP ROLE {login}"))
+        .execute(&env.pool)
+        .await
+        .unwrap();
+}
+
+/// The SQLSTATE of `sql` on `conn`, or "ok".
+async fn outcome(conn: &mut PgConnection, sql: &str) -> String {
+    match sqlx::query(sql).execute(&mut *conn).await {
+        Ok(_) => "ok".into(),
+        Err(err) => err
+            .as_database_error()
+            .and_then(|e| e.code())
+            .map(|c| c.into_owned())
+            .unwrap_or_else(|| err.to_string()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_worker_role_may_not_change_what_an_item_pays() {
+    let env = Env::new().await;
+    env.run_ok(&["seed", "--period", "2026-11-28", "--creators", "20"]);
+    let (mut worker, login) = login_as(&env, "settled_worker").await;
+    let one = "(SELECT creator FROM settlement.token_trade_volume ORDER BY creator LIMIT 1)";
+    for table in [
+        "settlement.token_trade_volume",
+        "settlement.token_trade_volume_p20261128",
+    ] {
+        for set in [
+            "volume = 10::numeric ^ 70",
+            "period = '2026-11-27'",
+            "creator = '0x00000000000000000000000000000000000000aa'",
+            "attempt_base = attempt",
+            "created_at = now()",
+        ] {
+            let sql = format!("UPDATE {table} SET {set} WHERE creator = {one}");
+            assert_eq!(outcome(&mut worker, &sql).await, "42501", "{sql}");
+        }
+    }
+    // What its statements write, it may (here in a transaction rolled back).
+    sqlx::query("BEGIN").execute(&mut worker).await.unwrap();
+    let sql = format!(
+        "UPDATE settlement.token_trade_volume_p20261128
+         SET status = 'eligible', attempt = attempt, fence_epoch = 0, lease_owner = NULL, lease_until = NULL,
+             not_before = NULL, last_error = NULL, updated_at = now()
+         WHERE creator = {one}"
+    );
+    assert_eq!(outcome(&mut worker, &sql).await, "ok", "{sql}");
+    sqlx::query("ROLLBACK").execute(&mut worker).await.unwrap();
+    drop_login(&env, worker, &login).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_api_role_changes_a_balance_only_through_the_payout_function() {
+    let env = Env::new().await;
+    env.run_ok(&["seed", "--period", "2026-11-28", "--creators", "20"]);
+    env.run_ok(&["worker", "--period", "2026-11-28"]);
+    let (creator, balance): (String, String) = sqlx::query_as(
+        "SELECT creator, balance::text FROM settlement.creator_balance WHERE balance > 10 ORDER BY creator LIMIT 1",
+    )
+    .fetch_one(&env.pool)
+    .await
+    .unwrap();
+    let (mut api, login) = login_as(&env, "settled_api").await;
+    for sql in [
+        format!("UPDATE settlement.creator_balance SET balance = balance * 1000 WHERE creator = '{creator}'"),
+        "INSERT INTO settlement.creator_balance (creator, balance) VALUES ('0x00000000000000000000000000000000000000aa', 10)"
+            .to_string(),
+        format!(
+            "INSERT INTO settlement.payouts (creator, amount, idempotency_key, request_hash) VALUES ('{creator}', 1, 'k', 'h')"
+        ),
+        format!("INSERT INTO settlement.creator_holds (creator, reason) VALUES ('{creator}', 'r')"),
+        format!("SELECT 1 FROM settlement.creator_balance WHERE creator = '{creator}' FOR NO KEY UPDATE"),
+    ] {
+        assert_eq!(outcome(&mut api, &sql).await, "42501", "{sql}");
+    }
+    let debit = |amount: &str| {
+        format!("SELECT outcome, balance_before::text FROM settlement.debit_for_payout('{creator}', {amount}, 'key-{amount}', 'h', NULL, NULL, NULL)")
+    };
+    // More than the balance, or not above zero: refused, nothing changes.
+    let (said, before): (String, Option<String>) = sqlx::query_as(&debit(&format!("{balance} + 1")))
+        .fetch_one(&mut api)
+        .await
+        .unwrap();
+    assert_eq!(
+        (said.as_str(), before.as_deref()),
+        ("insufficient_funds", Some(balance.as_str()))
+    );
+    assert_eq!(outcome(&mut api, &debit("-5")).await, "23514");
+    assert_eq!(outcome(&mut api, &debit("0")).await, "23514");
+    let (said, _): (String, Option<String>) = sqlx::query_as(&debit("7")).fetch_one(&mut api).await.unwrap();
+    assert_eq!(said, "paid");
+    let after = env
+        .scalar_text(&format!(
+            "SELECT (balance + 7)::text FROM settlement.creator_balance WHERE creator = '{creator}'"
+        ))
+        .await;
+    assert_eq!(after, balance);
+    assert_eq!(
+        env.scalar_i64("SELECT count(*) FROM settlement.payouts WHERE amount = 7")
+            .await,
+        1
+    );
+    drop_login(&env, api, &login).await;
+    // Nobody else may call it.
+    let (mut worker, login) = login_as(&env, "settled_worker").await;
+    assert_eq!(outcome(&mut worker, &debit("1")).await, "42501");
+    drop_login(&env, worker, &login).await;
+    env.run_ok(&["--role-per-command", "verify", "--period", "2026-11-28"]);
+}
+
 /// The grants of the three roles as the catalog has them, as a Markdown
-/// table: one row per role and table, table-wide privileges then
-/// column ones (`UPDATE (a, b)`).
+/// table: one row per role and table (table-wide privileges, then column
+/// ones: `UPDATE (a, b)`) or function (`EXECUTE`).
 async fn grants_table(env: &Env) -> String {
     let rows: Vec<(String, String, String)> = sqlx::query_as(
         "WITH grants AS (
@@ -121,6 +247,12 @@ async fn grants_table(env: &Env) -> String {
              JOIN pg_roles r ON r.oid = a.grantee
              WHERE r.rolname IN ('settled_worker', 'settled_api', 'settled_readonly')
              GROUP BY r.rolname, n.nspname, c.relname, a.privilege_type
+             UNION ALL
+             SELECT r.rolname, p.oid::regprocedure::text, a.privilege_type
+             FROM pg_proc p
+             CROSS JOIN LATERAL aclexplode(p.proacl) a
+             JOIN pg_roles r ON r.oid = a.grantee
+             WHERE r.rolname IN ('settled_worker', 'settled_api', 'settled_readonly')
          )
          SELECT role, tbl, string_agg(privilege, ', ' ORDER BY privilege ~ '\\(', privilege)
          FROM grants GROUP BY role, tbl
@@ -129,7 +261,7 @@ async fn grants_table(env: &Env) -> String {
     .fetch_all(&env.pool)
     .await
     .unwrap();
-    let mut out = String::from("| role | table | privileges |\n|---|---|---|\n");
+    let mut out = String::from("| role | table or function | privileges |\n|---|---|---|\n");
     for (role, table, privileges) in rows {
         out.push_str(&format!("| `{role}` | `{table}` | {privileges} |\n"));
     }

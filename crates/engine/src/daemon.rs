@@ -29,7 +29,7 @@ pub struct DaemonConfig {
     /// When runs are due.
     pub schedule: Schedule,
     /// How many days back missed runs are created (catch-up), at most
-    /// [`MAX_CATCH_UP_DAYS`].
+    /// 366 days.
     pub catch_up_days: u32,
     /// Longest pause between two looks when idle (notifications wake it sooner).
     pub max_poll: Duration,
@@ -147,7 +147,7 @@ pub async fn run<H: RunHooks, D: Drainer>(
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(MAX_OUTAGE_BACKOFF);
             }
-            Err(err) => return Err(err),
+            Err(err) => return Err(err.refused(pool).await),
         }
     }
     Ok(())
@@ -175,19 +175,22 @@ async fn step<H: RunHooks, D: Drainer>(
     state: &mut LoopState,
 ) -> Result<(), EngineError> {
     match job.reopen_oldest_with_work(pool).await {
-        Err(err) if !err.is_transient() => tracing::warn!(error = %err, "could not look for reopened work"),
+        Err(err) if !err.is_transient() && !err.is_fatal() => {
+            tracing::warn!(error = %err, "could not look for reopened work")
+        }
         other => {
             other?;
         }
     }
     match start_due_runs(job, pool, worker, daemon, &mut state.warned).await {
-        Err(err) if !err.is_transient() => tracing::warn!(error = %err, "could not start due runs"),
+        Err(err) if !err.is_transient() && !err.is_fatal() => tracing::warn!(error = %err, "could not start due runs"),
         other => other?,
     }
     if let Some(run) = job.running_run(pool).await? {
         match job.work(pool, &run.scope, drainer, cfg, worker).await {
             Ok(outcome) => tracing::info!(?outcome, "run worked"),
-            Err(err) if err.is_transient() => return Err(err),
+            // A missing grant or migration stops the daemon: it could never succeed.
+            Err(err) if err.is_transient() || err.is_fatal() => return Err(err),
             Err(err) => {
                 tracing::warn!(error = %err, "working on the run failed; retrying");
                 tokio::time::sleep(state.poll).await;

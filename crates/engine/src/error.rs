@@ -100,6 +100,22 @@ pub enum EngineError {
         #[source]
         source: HandlerError,
     },
+    /// The database refused a statement for a reason no retry can change
+    /// and no item causes (see [`is_deployment_fault`]): a grant or a
+    /// migration is missing. The drain stops; no item is failed for it.
+    #[error(
+        "the database refused role {role}: {message} (SQLSTATE {code}, while {context}); a grant or a migration is missing, not an item's fault: this worker stops and fails no item"
+    )]
+    Refused {
+        /// The role the statement ran as (and the login, when another).
+        role: String,
+        /// What the engine was doing.
+        context: String,
+        /// The SQLSTATE.
+        code: String,
+        /// The database's message (it names the table, column or function).
+        message: String,
+    },
     /// The handler failed too many times in a row.
     #[error("giving up after {attempts} consecutive failures; last: {last}")]
     TooManyFailures {
@@ -114,6 +130,50 @@ impl EngineError {
     /// Wraps a driver error with what the engine was doing.
     pub fn db(context: &'static str) -> impl FnOnce(sqlx::Error) -> EngineError {
         move |source| EngineError::Database { context, source }
+    }
+
+    /// The database error inside, and what the engine was doing.
+    fn database_error(&self) -> Option<(String, &sqlx::Error)> {
+        match self {
+            EngineError::Database { context, source } => Some((context.to_string(), source)),
+            EngineError::Handler {
+                source: HandlerError::Database(source),
+                items,
+                ..
+            } => Some((format!("settling a chunk of {items} items"), source)),
+            _ => None,
+        }
+    }
+
+    /// A fatal error (see [`EngineError::is_fatal`]) said as
+    /// [`EngineError::Refused`], naming the role it ran as on `pool`.
+    pub async fn refused(self, pool: &sqlx::PgPool) -> EngineError {
+        let Some((context, db)) = self.database_error().filter(|_| self.is_fatal()) else {
+            return self;
+        };
+        let (code, message) = db
+            .as_database_error()
+            .map(|e| (e.code().unwrap_or_default().into_owned(), e.message().to_string()))
+            .unwrap_or_default();
+        let role = sqlx::query_as::<_, (String, String)>("SELECT current_user::text, session_user::text")
+            .fetch_one(pool)
+            .await
+            .map_or_else(
+                |_| "(unknown)".to_string(),
+                |(role, login)| {
+                    if role == login {
+                        role
+                    } else {
+                        format!("{role} (login {login})")
+                    }
+                },
+            );
+        EngineError::Refused {
+            role,
+            context,
+            code,
+            message,
+        }
     }
 
     /// Wraps the error of a COMMIT: once COMMIT is sent, no error proves it
@@ -148,6 +208,13 @@ pub enum HandlerError {
 }
 
 impl HandlerError {
+    /// True when no item can succeed until the deployment changes (see
+    /// [`is_deployment_fault`]): the drain stops instead of failing items.
+    /// Check it before [`HandlerError::is_permanent`].
+    pub fn is_fatal(&self) -> bool {
+        matches!(self, HandlerError::Database(err) if is_deployment_fault(err))
+    }
+
     /// True when retrying the same item cannot succeed.
     pub fn is_permanent(&self) -> bool {
         match self {
@@ -180,7 +247,30 @@ pub fn is_transient_sqlx(err: &sqlx::Error) -> bool {
     }
 }
 
+/// True when the statement cannot run as deployed, whatever the item and
+/// however often it is retried: SQLSTATE class 42 (a privilege missing,
+/// 42501; a table, column or function that does not exist; a statement the
+/// server cannot parse) or 3F000 (no such schema). A grant or a migration
+/// is missing; no item's data can cause it.
+pub fn is_deployment_fault(err: &sqlx::Error) -> bool {
+    err.as_database_error()
+        .and_then(|e| e.code())
+        .is_some_and(|code| code.starts_with("42") || code == "3F000")
+}
+
 impl EngineError {
+    /// True when the process cannot do its work until the deployment changes
+    /// (see [`is_deployment_fault`]): a claim loop stops at once, without
+    /// retrying and without failing items.
+    pub fn is_fatal(&self) -> bool {
+        match self {
+            EngineError::Refused { .. } => true,
+            EngineError::Database { source, .. } => is_deployment_fault(source),
+            EngineError::Handler { source, .. } => source.is_fatal(),
+            _ => false,
+        }
+    }
+
     /// True for failures that pass by themselves (the database restarting,
     /// a terminated connection): retried without limit, with backoff.
     pub fn is_transient(&self) -> bool {

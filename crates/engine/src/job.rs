@@ -337,7 +337,7 @@ impl<H: RunHooks> Job<H> {
                     .queue
                     .count_by_status(&mut tx, scope)
                     .await?
-                    .get(crate::ItemStatus::Eligible);
+                    .get(crate::status::ItemStatus::Eligible);
                 if eligible == 0 {
                     Reopened::NoWork { run_id: run.id }
                 } else if runs::reopen(&mut tx, self.name(), scope, &[RunState::Finished]).await? {
@@ -388,8 +388,24 @@ impl<H: RunHooks> Job<H> {
     }
 
     /// One worker's turn at `scope`: joins (or starts) its run, drains it
-    /// with `drainer`, and finishes it when nothing is left.
+    /// with `drainer`, and finishes it when nothing is left. A fatal error
+    /// (a missing grant: [`EngineError::is_fatal`]) comes back as
+    /// [`EngineError::Refused`], naming the role.
     pub async fn work<D: Drainer>(
+        &self,
+        pool: &PgPool,
+        scope: &str,
+        drainer: &D,
+        cfg: &DrainConfig,
+        worker: &Worker,
+    ) -> Result<WorkOutcome, EngineError> {
+        match self.work_turn(pool, scope, drainer, cfg, worker).await {
+            Err(err) => Err(err.refused(pool).await),
+            worked => worked,
+        }
+    }
+
+    async fn work_turn<D: Drainer>(
         &self,
         pool: &PgPool,
         scope: &str,
@@ -498,7 +514,7 @@ impl<H: crate::ChunkHandler> Drainer for InTransaction<H> {
 
     async fn drain(&self, t: RunTarget<'_>) -> Result<(), EngineError> {
         let handler = self.0.clone();
-        crate::drain_in_transactions(
+        crate::drain::drain_in_transactions(
             t.pool,
             t.queue.clone(),
             t.run_id,
@@ -527,7 +543,7 @@ impl<H: crate::LeasedHandler> Drainer for Leased<H> {
 
     async fn drain(&self, t: RunTarget<'_>) -> Result<(), EngineError> {
         let (queue, handler, stats) = (t.queue.clone(), self.handler.clone(), t.stats.clone());
-        crate::drain_leased(
+        crate::leased::drain_leased(
             t.pool,
             queue,
             t.run_id,

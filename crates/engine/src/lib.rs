@@ -1,61 +1,109 @@
-//! settled-engine: turn any PostgreSQL table into an exactly-once work queue.
+//! settled-engine: PostgreSQL tables as exactly-once work queues.
 //!
-//! Workers split the rows of a *work table* with `FOR NO KEY UPDATE SKIP
-//! LOCKED`, so no worker waits for another, and every effect is guarded by the
-//! database itself: a row lock held for the whole transaction (in-transaction
-//! mode), a fence carried from claim to completion (leased mode), status
-//! re-checks in conditional updates, and unique constraints.
+//! Workers split a work table's rows with `FOR NO KEY UPDATE SKIP LOCKED`,
+//! so no worker waits for another, and the database itself guards every
+//! effect: a row lock held for the whole transaction (in-transaction mode),
+//! a fence carried from claim to completion (leased mode), status re-checks
+//! in conditional updates, and unique keys.
 //!
-//! An application declares a [`Job`] (a [`WorkQueue`] over its table, and
-//! [`RunHooks`]) and a handler ([`ChunkHandler`] or [`LeasedHandler`]); the
-//! engine owns the rest of the lifecycle: runs (one per job and scope),
-//! draining, finishing (one finisher), cancel, resume, retry, releasing held
-//! items, reopening, the rescuer, the scheduling [`daemon`], and the worker
-//! registry. The application writes no SQL against the engine's tables.
+//! Two kinds of queue share those primitives:
 //!
-//! A work table needs a scope column (what one run covers, e.g. a date), a
-//! single key column (unique within a scope), the columns in
-//! [`queue::REQUIRED_COLUMNS`] and the indexes in [`queue::REQUIRED_INDEXES`];
-//! [`Job::check_work_table`] names whatever is missing. A work table may be
-//! partitioned by its scope; give the engine sessions with custom plans then
-//! ([`session::use_custom_plans`]). See `examples/email_digest.rs` for a job
-//! that is not settlement.
+//! - a **continuous queue** ([`Queue`]): jobs enqueued inside the
+//!   application's own transactions, served until stopped ([`serve()`](fn@serve),
+//!   [`serve_leased`]), retried with backoff, kept as dead letters, pruned
+//!   after a retention period (see `docs/queues.md`);
+//! - a **batch job** ([`Job`]): a work table with a scope column (a day),
+//!   drained once per scope by a run the engine starts, finishes (one
+//!   finisher), cancels, resumes and retries; the scheduling [`daemon`]
+//!   starts runs at their due times.
+//!
+//! A continuous queue, from enqueue to effect:
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use settled_engine::{ClaimedJob, HandlerError, JobHandler, NewJob, Queue, ServeConfig, ServeStats};
+//! use sqlx::{Connection, PgConnection, PgPool};
+//!
+//! struct SendReceipt;
+//!
+//! impl JobHandler for SendReceipt {
+//!     async fn handle(&self, tx: &mut PgConnection, job: &ClaimedJob) -> Result<(), HandlerError> {
+//!         // The effect, on the claiming transaction: it commits with the
+//!         // job's completion, or neither does.
+//!         sqlx::query("INSERT INTO shop.receipts (order_key) VALUES ($1)")
+//!             .bind(&job.key)
+//!             .execute(tx)
+//!             .await?;
+//!         Ok(())
+//!     }
+//! }
+//!
+//! # async fn example(pool: PgPool) -> Result<(), Box<dyn std::error::Error>> {
+//! settled_engine::migrate(&pool).await?;
+//! let queue = Arc::new(Queue::new("receipts", "shop.receipt_jobs")?);
+//! queue.create_table(&mut *pool.acquire().await?).await?;
+//!
+//! // Enqueue in the application's own transaction: the order and its job
+//! // commit together.
+//! let mut conn = pool.acquire().await?;
+//! let mut tx = conn.begin().await?;
+//! sqlx::query("INSERT INTO shop.orders (id) VALUES (42)").execute(&mut *tx).await?;
+//! queue.enqueue(&mut tx, &NewJob::new("order-42")).await?;
+//! tx.commit().await?;
+//!
+//! // Serve until stopped (`stats.request_stop()`, e.g. on SIGTERM).
+//! let stats = Arc::new(ServeStats::default());
+//! settled_engine::serve(&pool, queue, Arc::new(SendReceipt), ServeConfig::default(), stats).await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! The crate's root names what an application needs; [`raw`] holds the
+//! storage operations and loops that tools (reports, a bench, a dashboard)
+//! use. See `examples/webhook_sender.rs` (a continuous queue, leased) and
+//! `examples/email_digest.rs` (a batch job).
 
 pub mod continuous;
 pub mod daemon;
-pub mod drain;
-pub mod error;
-pub mod fence;
-pub mod item;
-pub mod job;
-pub mod leased;
-pub mod migrate;
+mod drain;
+mod error;
+mod fence;
+mod item;
+mod job;
+mod leased;
+mod migrate;
 pub mod once;
-pub mod queue;
+mod queue;
 mod ranges;
-pub mod rescuer;
-pub mod runs;
-pub mod schedule;
-pub mod session;
-pub mod status;
-pub mod telemetry;
-pub mod workers;
+pub mod raw;
+mod rescuer;
+mod runs;
+mod schedule;
+mod session;
+mod status;
+mod telemetry;
+mod workers;
 
+// Both kinds of queue.
+pub use error::{EngineError, HandlerError};
+pub use fence::Fence;
+pub use migrate::migrate;
+
+// Continuous queues: declare, enqueue in a transaction, serve.
 pub use continuous::{
     serve, serve_leased, ClaimedJob, Enqueued, JobHandler, LeasedJobHandler, NewJob, Queue, ServeConfig, ServeStats,
 };
-pub use daemon::DaemonConfig;
-pub use drain::{drain_in_transactions, ChunkHandler, DrainConfig, DrainStats};
-pub use error::{EngineError, HandlerError};
-pub use fence::Fence;
-pub use item::{Chunk, ClaimedItem, Handled};
-pub use job::{
-    ByMode, Cancelled, Drainer, InTransaction, Job, Leased, NoHooks, Reopened, RunHooks, RunTarget, WorkOutcome,
-};
-pub use leased::{drain_leased, LeaseConfig, LeaseKeeper, LeasedHandler};
-pub use migrate::migrate;
-pub use queue::{ChunkDone, ChunkSql, ChunkStatements, FailOutcome, KeyWindow, QueueSpec, RetryPolicy, WorkQueue};
-pub use runs::{Run, RunState};
-pub use schedule::Schedule;
-pub use status::ItemStatus;
+
+// Batch queues: a job over a scoped work table, drained run by run.
+pub use drain::{ChunkHandler, DrainConfig};
+pub use item::{Chunk, Handled};
+pub use job::{InTransaction, Job, Leased, NoHooks, RunHooks, WorkOutcome};
+pub use leased::{LeaseConfig, LeasedHandler};
+pub use queue::QueueSpec;
 pub use workers::Worker;
+
+// Inside the crate, the names every module uses.
+pub(crate) use drain::DrainStats;
+pub(crate) use item::ClaimedItem;
+pub(crate) use queue::WorkQueue;
+pub(crate) use schedule::Schedule;

@@ -95,7 +95,7 @@ impl TryFrom<RunRow> for Run {
 
 const RUN_COLUMNS: &str = "id, job, scope, state, started_by, started_at, finished_at, report";
 
-/// The result of [`start_or_join`].
+/// The result of starting or joining a run.
 #[derive(Debug, Clone)]
 pub struct Joined {
     /// The run for (job, scope).

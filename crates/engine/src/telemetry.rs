@@ -3,7 +3,7 @@
 //! histogram carries a `mode` label, `tx` or `leased`.
 
 /// Seconds one claim statement took (for a handler with a chunk statement,
-/// [`crate::ChunkSql`], that statement: claim, status change and effects).
+/// [`crate::raw::ChunkSql`], that statement: claim, status change and effects).
 pub const CLAIM_DURATION: &str = "work_queue_claim_duration_seconds";
 /// Seconds the application's handler took on one chunk (tx, handlers without
 /// a chunk statement) or item (leased).

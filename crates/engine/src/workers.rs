@@ -27,7 +27,10 @@ pub struct Worker {
 impl Worker {
     /// Registers this process and starts its heartbeat.
     pub async fn register(pool: &PgPool, version: &str) -> Result<Worker, EngineError> {
-        let id = register(pool, version).await?;
+        let id = match register(pool, version).await {
+            Ok(id) => id,
+            Err(err) => return Err(err.refused(pool).await),
+        };
         let stats = Arc::new(DrainStats::default());
         let heartbeat = tokio::spawn(heartbeat_loop(pool.clone(), id, stats.clone()));
         Ok(Worker {

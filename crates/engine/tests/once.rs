@@ -11,7 +11,7 @@ use sqlx::postgres::PgPoolOptions;
 async fn pool() -> (settled_testkit::TestDb, sqlx::PgPool) {
     let db = settled_testkit::TestDb::create().await.unwrap();
     let pool = PgPoolOptions::new().max_connections(40).connect(&db.url).await.unwrap();
-    settled_engine::migrate::migrate(&pool).await.unwrap();
+    settled_engine::migrate(&pool).await.unwrap();
     (db, pool)
 }
 

@@ -195,7 +195,7 @@ impl metrics::Recorder for PickupRecorder {
         metrics::Gauge::noop()
     }
     fn register_histogram(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Histogram {
-        if key.name() == settled_engine::telemetry::PICKUP_LATENCY {
+        if key.name() == settled_engine::raw::telemetry::PICKUP_LATENCY {
             metrics::Histogram::from_arc(Arc::new(PickupHistogram(self.0.clone())))
         } else {
             metrics::Histogram::noop()

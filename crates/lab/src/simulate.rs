@@ -8,9 +8,8 @@ use settled::money::Amount;
 use settled::provider::{HttpProvider, Payment, PayoutProvider, ProviderError};
 use settled::settlement::{SettleRewards, SettleWithProvider};
 use settled::worker::Mode;
-use settled_engine::{
-    ByMode, Chunk, ChunkHandler, ClaimedItem, Handled, HandlerError, InTransaction, LeaseConfig, Leased, LeasedHandler,
-};
+use settled_engine::raw::{ByMode, ClaimedItem};
+use settled_engine::{Chunk, ChunkHandler, Handled, HandlerError, InTransaction, LeaseConfig, Leased, LeasedHandler};
 use sqlx::{PgConnection, PgPool};
 use std::sync::Arc;
 
@@ -40,7 +39,7 @@ impl<H: ChunkHandler> ChunkHandler for SimulatedWork<H> {
 
     /// Without simulated work, the real handler's one-statement chunks (the
     /// product's path); with it, `handle_chunk`, where the work can sit.
-    fn chunk_sql(&self) -> Option<settled_engine::ChunkSql> {
+    fn chunk_sql(&self) -> Option<settled_engine::raw::ChunkSql> {
         if self.per_item.is_zero() {
             self.inner.chunk_sql()
         } else {

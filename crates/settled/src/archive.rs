@@ -117,7 +117,7 @@ pub struct ArchiveDone {
 /// Detaching waits for the parents' ACCESS EXCLUSIVE lock while the archive
 /// holds its periods' partitions. settled's own sessions never lock an old
 /// period's partition (they plan for the period they touch,
-/// [`settled_engine::session`]), but another session that holds a parent
+/// [`settled_engine::raw::session`]), but another session that holds a parent
 /// and then asks for an old partition closes a cycle, and PostgreSQL ends
 /// one of the two. When that is the archive, its transaction rolls back
 /// whole (files removed) and it starts over, up to [`ARCHIVE_ATTEMPTS`].
@@ -348,7 +348,7 @@ async fn archive_in_tx(
 
 /// Why `period` may not be archived, if it may not.
 async fn refusal(conn: &mut PgConnection, period: Period) -> anyhow::Result<Option<String>> {
-    let run_state = settled_engine::runs::find(&mut *conn, JOB, &period.to_string())
+    let run_state = settled_engine::raw::runs::find(&mut *conn, JOB, &period.to_string())
         .await?
         .map(|run| run.state.as_str().to_string());
     let unsettled: Vec<(String, i64)> = sqlx::query_as(

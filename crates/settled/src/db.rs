@@ -1,6 +1,10 @@
 //! Where the database comes from: `DATABASE_URL`, or a private PostgreSQL
 //! started from the installed server binaries in the project's data directory.
-//! Also applies the migrations (engine first, then settlement).
+//! Also makes sure the schema is this version's before a command runs: the
+//! migrations (engine first, then settlement) are applied when some are
+//! missing and the login may apply them, and otherwise checked, with one
+//! line saying what to do; a server that takes no writes (a standby) serves
+//! the commands that only read.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -48,6 +52,22 @@ pub struct DbOptions {
     pub pooler: Pooler,
     /// A URL without the transaction pooler (migrations, LISTEN).
     pub direct_url: Option<String>,
+    /// Whether the command writes (see [`Access`]).
+    pub access: Access,
+}
+
+/// What a command does with the database, for a server that takes no
+/// writes (a hot standby, or `default_transaction_read_only`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Access {
+    /// It writes: refused at start on a read-only server, in one line.
+    #[default]
+    Writes,
+    /// It only reads: it works on a standby too.
+    Reads,
+    /// It serves requests, some of which write: it starts on a read-only
+    /// server (its reads work there) and reports itself not ready.
+    Serves,
 }
 
 /// What sits between settled and PostgreSQL.
@@ -93,6 +113,7 @@ impl Database {
             role: None,
             pooler: Pooler::None,
             direct_url: None,
+            access: Access::Writes,
         })
         .await
     }
@@ -148,8 +169,42 @@ impl Database {
             pooler: opts.pooler,
             direct_url: opts.direct_url.clone(),
         };
-        match (role, opts.pooler, &opts.direct_url) {
-            (Some(role), _, _) => check_migrated(&db.pool, role).await?,
+        db.ensure_migrated(opts).await?;
+        Ok(db)
+    }
+
+    /// Makes sure the schema is this version's: nothing to do when every
+    /// migration is applied (so a login that may not migrate, or a standby,
+    /// only checks); otherwise they are applied where this login can apply
+    /// them, and refused in one line saying what to do where it cannot. A
+    /// command that writes is refused on a read-only server.
+    async fn ensure_migrated(&self, opts: &DbOptions) -> anyhow::Result<()> {
+        let read_only = read_only_reason(&self.pool).await?;
+        if let (Some(reason), Access::Writes) = (read_only, opts.access) {
+            anyhow::bail!(
+                "this server is read-only (a standby?): {reason}, and this command writes; point DATABASE_URL at the primary"
+            );
+        }
+        let pending = pending_migrations(&self.pool).await.with_context(|| {
+            let role = self.role.map(|r| format!(" as role {r}")).unwrap_or_default();
+            format!("reading the applied migrations{role}")
+        })?;
+        if pending.is_empty() {
+            if let (Some(reason), Access::Serves) = (read_only, opts.access) {
+                tracing::warn!(reason, "this server is read-only (a standby?): reads are served, writes answer 503 and /readyz says not ready");
+            }
+            return Ok(());
+        }
+        let pending = pending.describe();
+        if let Some(reason) = read_only {
+            anyhow::bail!(
+                "this server is read-only (a standby?): {reason}, and {pending}; run `settled migrate` on the primary"
+            );
+        }
+        match (self.role, opts.pooler, &opts.direct_url) {
+            (Some(role), _, _) => anyhow::bail!(
+                "{pending}, which role {role} may not apply; run `settled migrate` with the owner role first"
+            ),
             (None, Pooler::Transaction, Some(direct)) => {
                 // The migrator holds a session advisory lock: not through the pooler.
                 let direct_pool = PgPoolOptions::new()
@@ -158,17 +213,27 @@ impl Database {
                     .connect_with(PgConnectOptions::from_str_checked(direct)?.application_name(&opts.application_name))
                     .await
                     .with_context(|| format!("connecting to SETTLED_DIRECT_URL {}", redact_url(direct)))?;
-                migrate(&direct_pool).await?;
+                let migrated = migrate(&direct_pool).await;
                 direct_pool.close().await;
+                migrated
             }
-            (None, Pooler::Transaction, None) => check_migrated(&db.pool, "the login role").await.map_err(|_| {
-                anyhow::anyhow!(
-                    "behind a transaction pooler the migrations need a session: set SETTLED_DIRECT_URL (or --direct-url) to a URL that reaches PostgreSQL without the pooler"
-                )
-            })?,
-            (None, _, _) => migrate(&db.pool).await?,
+            (None, Pooler::Transaction, None) => anyhow::bail!(
+                "behind a transaction pooler the migrations need a session: set SETTLED_DIRECT_URL (or --direct-url) to a URL that reaches PostgreSQL without the pooler"
+            ),
+            (None, _, _) => match migrate(&self.pool).await {
+                Err(err) => match denied(&err) {
+                    Some(refusal) => {
+                        let login: String =
+                            sqlx::query_scalar("SELECT session_user::text").fetch_one(&self.pool).await?;
+                        anyhow::bail!(
+                            "{pending}, which login {login} may not apply ({refusal}); run `settled migrate` as the owner of the tables first"
+                        )
+                    }
+                    None => Err(err),
+                },
+                Ok(()) => Ok(()),
+            },
         }
-        Ok(db)
     }
 
     /// Closes the pool and stops the private server if this process started it.
@@ -233,7 +298,7 @@ pub fn with_settings(options: PgConnectOptions, application_name: &str) -> PgCon
 /// A pool that takes `role` (a constant of [`ROLES`]) on every connection,
 /// plans every statement for its values (on a direct connection: the work
 /// table and the ledger are partitioned by period, see
-/// [`settled_engine::session`]) and, with a follower, drops connections
+/// [`settled_engine::raw::session`]) and, with a follower, drops connections
 /// opened before a failover.
 fn pool_options(
     role: Option<&'static str>,
@@ -255,7 +320,7 @@ fn pool_options(
                 // Behind a transaction pooler statements go unnamed, planned
                 // for their values each time; a SET would outlive this client.
                 if pooler != Pooler::Transaction {
-                    settled_engine::session::use_custom_plans(conn)
+                    settled_engine::raw::session::use_custom_plans(conn)
                         .await
                         .map_err(|e| sqlx::Error::Configuration(e.into()))?;
                 }
@@ -316,30 +381,113 @@ async fn start_private(data_dir: &std::path::Path) -> anyhow::Result<(String, Lo
 /// Applies the engine's and the settlement's migrations.
 pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
     // The engine's error already says "applying the engine's migrations".
-    settled_engine::migrate::migrate(pool).await?;
+    settled_engine::migrate(pool).await?;
     let mut migrator = sqlx::migrate!("./migrations");
     migrator.set_ignore_missing(true);
     migrator.run(pool).await.context("applying the settlement migrations")?;
     Ok(())
 }
 
-/// With a least-privilege role, migrations cannot run: require them applied.
-async fn check_migrated(pool: &PgPool, role: &str) -> anyhow::Result<()> {
-    let latest = sqlx::migrate!("./migrations")
-        .iter()
-        .map(|m| m.version)
-        .max()
-        .unwrap_or(0);
-    let applied: Option<i64> = sqlx::query_scalar("SELECT max(version) FROM public._sqlx_migrations WHERE success")
+/// Every embedded migration, the engine's then the settlement's.
+fn embedded_migrations() -> Vec<sqlx::migrate::Migration> {
+    let settlement = sqlx::migrate!("./migrations");
+    let engine = settled_engine::raw::migrator();
+    engine.iter().chain(settlement.iter()).cloned().collect()
+}
+
+/// The embedded migrations a database does not have as this build has them.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct PendingMigrations {
+    /// Never applied, or failed.
+    pub missing: Vec<i64>,
+    /// Applied with other text than this build's.
+    pub changed: Vec<i64>,
+}
+
+impl PendingMigrations {
+    /// True when the database has every migration as this build has it.
+    pub fn is_empty(&self) -> bool {
+        self.missing.is_empty() && self.changed.is_empty()
+    }
+
+    /// What is pending, as a clause of one line.
+    pub fn describe(&self) -> String {
+        match (self.missing.is_empty(), self.changed.is_empty()) {
+            (false, true) => format!(
+                "the database lacks migrations this version needs ({})",
+                versions(&self.missing)
+            ),
+            (true, false) => format!(
+                "the database has migrations that differ from this version's ({})",
+                versions(&self.changed)
+            ),
+            _ => format!(
+                "the database lacks migrations this version needs ({}) and has others that differ from its own ({})",
+                versions(&self.missing),
+                versions(&self.changed)
+            ),
+        }
+    }
+}
+
+/// The embedded migrations the database does not have as this build has
+/// them (see [`PendingMigrations`]).
+pub async fn pending_migrations(pool: &PgPool) -> Result<PendingMigrations, sqlx::Error> {
+    let exists: bool = sqlx::query_scalar("SELECT to_regclass('public._sqlx_migrations') IS NOT NULL")
         .fetch_one(pool)
-        .await
-        .with_context(|| format!("reading the applied migrations as role {role}"))?;
-    anyhow::ensure!(
-        applied.unwrap_or(0) >= latest,
-        "the database lacks migrations this version needs (applied {}, needs {latest}); run `settled migrate` with the owner role first",
-        applied.unwrap_or(0)
-    );
-    Ok(())
+        .await?;
+    let applied: Vec<(i64, Vec<u8>)> = if exists {
+        sqlx::query_as("SELECT version, checksum FROM public._sqlx_migrations WHERE success")
+            .fetch_all(pool)
+            .await?
+    } else {
+        Vec::new()
+    };
+    let applied: std::collections::HashMap<i64, Vec<u8>> = applied.into_iter().collect();
+    let mut pending = PendingMigrations::default();
+    for m in embedded_migrations() {
+        match applied.get(&m.version) {
+            None => pending.missing.push(m.version),
+            Some(sum) if sum.as_slice() != &*m.checksum => pending.changed.push(m.version),
+            Some(_) => {}
+        }
+    }
+    Ok(pending)
+}
+
+/// Why this server takes no writes, if it does not: in recovery (a hot
+/// standby), or read-only by default for this session.
+pub async fn read_only_reason(pool: &PgPool) -> Result<Option<&'static str>, sqlx::Error> {
+    let (in_recovery, read_only): (bool, bool) =
+        sqlx::query_as("SELECT pg_is_in_recovery(), current_setting('default_transaction_read_only')::bool")
+            .fetch_one(pool)
+            .await?;
+    Ok(if in_recovery {
+        Some("it is in recovery")
+    } else if read_only {
+        Some("default_transaction_read_only is on")
+    } else {
+        None
+    })
+}
+
+/// Versions for one line: the first few, and how many more.
+fn versions(list: &[i64]) -> String {
+    const SHOWN: usize = 3;
+    let first: Vec<String> = list.iter().take(SHOWN).map(i64::to_string).collect();
+    match list.len() {
+        n if n > SHOWN => format!("{} and {} more", first.join(", "), n - SHOWN),
+        _ => first.join(", "),
+    }
+}
+
+/// The database's message when it refused a privilege (SQLSTATE 42501)
+/// somewhere in `err`.
+fn denied(err: &anyhow::Error) -> Option<String> {
+    err.chain().find_map(|cause| {
+        let db = cause.downcast_ref::<sqlx::Error>()?.as_database_error()?;
+        (db.code()? == "42501").then(|| db.message().to_string())
+    })
 }
 
 /// A URL fit for logs and errors: the userinfo's password and any

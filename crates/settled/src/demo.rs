@@ -5,7 +5,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use settled_engine::runs;
+use settled_engine::raw::runs;
 use sqlx::PgPool;
 
 use crate::money::FeeBps;

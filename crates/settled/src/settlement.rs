@@ -13,9 +13,9 @@ use std::sync::{Arc, OnceLock};
 
 use anyhow::Context;
 
+use settled_engine::raw::{ChunkSql, ClaimedItem, WorkQueue};
 use settled_engine::{
-    Chunk, ChunkHandler, ChunkSql, ClaimedItem, EngineError, Handled, HandlerError, Job, LeasedHandler, QueueSpec,
-    RunHooks, WorkQueue,
+    Chunk, ChunkHandler, EngineError, Handled, HandlerError, Job, LeasedHandler, QueueSpec, RunHooks,
 };
 use sqlx::{PgConnection, PgPool};
 
@@ -145,7 +145,7 @@ pub async fn hold_input_open(tx: &mut PgConnection, period: Period) -> anyhow::R
         .execute(&mut *tx)
         .await
         .with_context(|| format!("holding the input of {period} open"))?;
-    if let Some(run) = settled_engine::runs::find(tx, JOB, &period.to_string()).await? {
+    if let Some(run) = settled_engine::raw::runs::find(tx, JOB, &period.to_string()).await? {
         anyhow::bail!(
             "period {period} already has run {} ({}): its input can no longer change",
             run.id,

@@ -1,8 +1,8 @@
 //! `settled status`: exact counts by status and amounts for a period, read
 //! from committed state (never SKIP LOCKED, which would hide claimed rows).
 
-use settled_engine::queue::StatusCounts;
-use settled_engine::{runs, Run};
+use settled_engine::raw::StatusCounts;
+use settled_engine::raw::{runs, Run};
 use sqlx::PgConnection;
 
 use crate::period::Period;

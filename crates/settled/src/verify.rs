@@ -1,5 +1,6 @@
 //! `settled verify`: proves from committed state that a period was paid
-//! exactly once and that money is conserved to the unit. Every check is one
+//! exactly once, from the input it was given, and that money is conserved
+//! to the unit. Every check is one
 //! exact query (never SKIP LOCKED); each failing check lists up to
 //! [`MAX_OFFENDERS`] offenders.
 
@@ -68,9 +69,10 @@ const POLICY_CHECK: CheckSql = CheckSql {
 const BALANCE_CHECK: CheckSql = CheckSql {
     name: "balances_equal_ledger",
     description:
-        "every creator's balance equals its ledger total (all periods, archived ones carried) less its payouts",
-    offenders: "SELECT coalesce(b.creator, l.creator, p.creator) || ' has balance ' || coalesce(b.balance, 0)
+        "every creator's balance equals its ledger total (all periods, archived ones carried) less its payouts, plus the payouts returned",
+    offenders: "SELECT coalesce(b.creator, l.creator, p.creator, r.creator) || ' has balance ' || coalesce(b.balance, 0)
                        || ' but ledger ' || coalesce(l.total, 0) || ' less payouts ' || coalesce(p.total, 0)
+                       || ' plus returned ' || coalesce(r.total, 0)
                 FROM settlement.creator_balance b
                 FULL JOIN (SELECT creator, sum(amount) AS total
                            FROM (SELECT creator, amount FROM settlement.reward_ledger
@@ -79,7 +81,9 @@ const BALANCE_CHECK: CheckSql = CheckSql {
                        ON l.creator = b.creator
                 FULL JOIN (SELECT creator, sum(amount) AS total FROM settlement.payouts GROUP BY creator) p
                        ON p.creator = coalesce(b.creator, l.creator)
-                WHERE coalesce(b.balance, 0) <> coalesce(l.total, 0) - coalesce(p.total, 0)",
+                FULL JOIN (SELECT creator, sum(amount) AS total FROM settlement.payout_returns GROUP BY creator) r
+                       ON r.creator = coalesce(b.creator, l.creator, p.creator)
+                WHERE coalesce(b.balance, 0) <> coalesce(l.total, 0) - coalesce(p.total, 0) + coalesce(r.total, 0)",
 };
 
 /// The checks over the period's items and ledger rows, in report order:
@@ -106,8 +110,9 @@ const PERIOD_CHECKS: [(&str, &str); 4] = [
 /// instead of one per check: a million items verify in a few seconds.
 const PERIOD_SCAN_SQL: &str = "
 WITH fee AS (SELECT fee_bps FROM settlement.settlement_policy WHERE period = $1::date),
+recorded AS (SELECT items, digest FROM settlement.period_inputs WHERE period = $1::date),
 joined AS (
-    SELECT v.creator AS item, v.status, l.creator AS paid, l.amount,
+    SELECT v.creator AS item, v.status, v.volume, l.creator AS paid, l.amount,
            settlement.reward(v.volume, (SELECT fee_bps FROM fee)) AS due
     FROM (SELECT creator, volume, status FROM settlement.token_trade_volume WHERE period = $1::date) v
     FULL JOIN (SELECT creator, amount FROM settlement.reward_ledger WHERE period = $1::date) l
@@ -133,7 +138,11 @@ SELECT count(*) FILTER (WHERE unfinished) AS unfinished,
        (array_agg(paid || ' was paid ' || amount || ', policy gives ' || due ORDER BY paid)
             FILTER (WHERE misprized))[1:$2] AS misprized_list,
        coalesce(sum(amount), 0)::text AS ledger_total,
-       coalesce(sum(due) FILTER (WHERE status = 'settled'), 0)::text AS expected_total
+       coalesce(sum(due) FILTER (WHERE status = 'settled'), 0)::text AS expected_total,
+       count(item) AS items,
+       coalesce(sum(settlement.input_digest(item, volume)), 0)::text AS items_digest,
+       coalesce((SELECT items FROM recorded), 0) AS recorded_items,
+       coalesce((SELECT digest FROM recorded), 0)::text AS recorded_digest
 FROM flagged";
 
 #[derive(sqlx::FromRow)]
@@ -148,6 +157,34 @@ struct PeriodScan {
     misprized_list: Option<Vec<String>>,
     ledger_total: String,
     expected_total: String,
+    items: i64,
+    items_digest: String,
+    recorded_items: i64,
+    recorded_digest: String,
+}
+
+impl PeriodScan {
+    /// The input check: the items now against what seed and import recorded
+    /// as they wrote them (`settlement.period_inputs`, migration
+    /// 20261203000102): an UPDATE or DELETE of an item, or an INSERT that
+    /// went around the work table, leaves the record behind.
+    fn input_check(&self) -> Check {
+        let ok = self.items == self.recorded_items && self.items_digest == self.recorded_digest;
+        Check {
+            name: "items_match_their_input",
+            description: "the period's items are those seed and import wrote: as many, and the same digest of their creators and volumes",
+            ok,
+            violations: i64::from(!ok),
+            offenders: if ok {
+                Vec::new()
+            } else {
+                vec![format!(
+                    "the items are {} with digest {}, but seed and import wrote {} with digest {}: an item's volume or creator changed, or an item came or went, after its import",
+                    self.items, self.items_digest, self.recorded_items, self.recorded_digest
+                )]
+            },
+        }
+    }
 }
 
 /// One check, one statement: the total number of offenders (a window over
@@ -287,7 +324,7 @@ async fn run_checks(
             (scan, run_check(conn, &BALANCE_CHECK, &p).await?)
         }
     };
-    let mut checks = vec![run_check(conn, &POLICY_CHECK, &p).await?];
+    let mut checks = vec![run_check(conn, &POLICY_CHECK, &p).await?, scan.input_check()];
     for ((name, description), (violations, offenders)) in PERIOD_CHECKS.into_iter().zip([
         (scan.unfinished, scan.unfinished_list),
         (scan.unpaid, scan.unpaid_list),

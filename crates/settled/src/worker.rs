@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use settled_engine::{
-    ByMode, DaemonConfig, DrainConfig, Drainer, InTransaction, LeaseConfig, Leased, RetryPolicy, WorkOutcome, Worker,
-};
+use settled_engine::daemon::DaemonConfig;
+use settled_engine::raw::{ByMode, Drainer, RetryPolicy};
+use settled_engine::{DrainConfig, InTransaction, LeaseConfig, Leased, WorkOutcome, Worker};
 use sqlx::PgPool;
 
 use crate::period::Period;
@@ -160,7 +160,7 @@ async fn stop(worker: Worker, background: Vec<tokio::task::JoinHandle<()>>) {
 
 /// SIGTERM or SIGINT: stop claiming; in-flight work finishes (or, in leased
 /// mode, is given back after the shutdown grace).
-async fn stop_on_signal(stats: Arc<settled_engine::DrainStats>) {
+async fn stop_on_signal(stats: Arc<settled_engine::raw::DrainStats>) {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
         return;

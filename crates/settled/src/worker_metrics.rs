@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use settled_engine::DrainStats;
+use settled_engine::raw::DrainStats;
 
 /// Serves a worker's own metrics (claim and handler latency histograms, and
 /// its counters) on `listener` until the task is dropped.

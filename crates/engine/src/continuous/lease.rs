@@ -80,7 +80,7 @@ impl Queue {
             .rows_affected())
     }
 
-    /// Sends up to [`RESCUE_BATCH_JOBS`] expired leases back (after a
+    /// Sends up to [`crate::continuous::lease::RESCUE_BATCH_JOBS`] expired leases back (after a
     /// backoff) or to `failed` (attempts spent).
     pub async fn rescue_expired(
         &self,

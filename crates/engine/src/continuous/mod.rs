@@ -11,7 +11,7 @@
 //! then in enqueue order (`seq`), with `FOR NO KEY UPDATE SKIP LOCKED`, and
 //! only while the queue is not paused.
 //!
-//! Jobs are served in either mode ([`serve`]): in-transaction (the handler's
+//! Jobs are served in either mode ([`serve()`](fn@crate::serve), [`crate::serve_leased`]): in-transaction (the handler's
 //! effects and the job's completion commit together) or leased (a lease
 //! renewed while the work runs, a fenced completion, a rescue of expired
 //! leases). A failed attempt is retried with exponential backoff and jitter
@@ -28,13 +28,15 @@
 //! `enqueue.rs`, `claim.rs`, `finish.rs` (complete, fail, snooze), `lease.rs`
 //! (renew, release, rescue), `manage.rs` (pause, resume, cancel, replay),
 //! `retention.rs`, `stats.rs`; `table.rs` creates and checks a conforming
-//! table; `serve/` runs the workers.
+//! table; `registry.rs` lists the registered queues for tools; `serve/`
+//! runs the workers.
 
 mod claim;
 mod enqueue;
 mod finish;
-mod lease;
+pub mod lease;
 mod manage;
+mod registry;
 mod retention;
 pub mod serve;
 mod stats;
@@ -44,6 +46,7 @@ use std::time::Duration;
 
 pub use enqueue::{Enqueued, NewJob};
 pub use manage::ReplayFilter;
+pub use registry::{registered_queues, RegisteredQueue};
 pub use serve::{serve, serve_leased, JobHandler, LeasedJobHandler, ServeConfig, ServeStats, Wake};
 pub use stats::QueueStats;
 pub use table::{CONTINUOUS_COLUMNS, CONTINUOUS_INDEXES};

@@ -94,9 +94,10 @@ pub(super) async fn settle_one_chunk<H: ChunkHandler>(
         Err(err) => {
             let _ = tx.rollback().await;
             drop(conn);
-            if !err.is_permanent() {
+            if err.is_fatal() || !err.is_permanent() {
                 // A lost connection says nothing about the items: retry the
-                // whole chunk later instead of hunting for a culprit.
+                // whole chunk later instead of hunting for a culprit. A
+                // missing grant says nothing about them either: stop.
                 return Err(EngineError::Handler {
                     items: chunk.items.len(),
                     first_key: chunk.items[0].key.clone(),
@@ -152,7 +153,7 @@ async fn isolate_failure<H: ChunkHandler>(
                 }
                 Err(half_err) => {
                     let _ = tx.rollback().await;
-                    if !half_err.is_permanent() {
+                    if half_err.is_fatal() || !half_err.is_permanent() {
                         return Err(EngineError::Handler {
                             items: part.items.len(),
                             first_key: part.items[0].key.clone(),

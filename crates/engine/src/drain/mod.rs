@@ -315,7 +315,8 @@ impl Backoff {
 }
 
 /// Repeats `step` until drained or stopped, backing off after failures
-/// ([`Backoff`]).
+/// ([`Backoff`]); a fatal failure (a missing grant, [`EngineError::is_fatal`])
+/// ends the loop at once.
 pub(crate) async fn run_loop<F, Fut>(
     stats: &DrainStats,
     cfg: &DrainConfig,
@@ -342,6 +343,10 @@ where
             Ok(Step::Idle) => tokio::time::sleep(cfg.idle_poll).await,
             Err(err) => {
                 stats.chunks_rolled_back.fetch_add(1, Ordering::Relaxed);
+                if err.is_fatal() {
+                    // No retry can succeed, and no item is at fault: stop every loop.
+                    return Err(err);
+                }
                 let (pause, say) = backoff.failed(&err)?;
                 if say {
                     let (transient, failures) = (err.is_transient(), backoff.failures());

@@ -60,7 +60,7 @@ async fn statement_failed(
         .after
         .as_ref()
         .map_or_else(|| "(from the start)".to_string(), |a| format!("after {a}"));
-    if !err.is_permanent() {
+    if err.is_fatal() || !err.is_permanent() {
         return Err(EngineError::Handler {
             items: t.cfg.chunk as usize,
             first_key,
@@ -113,7 +113,7 @@ async fn isolate_statement_failure(
                 }
                 Err(half_err) => {
                     let _ = tx.rollback().await;
-                    if !half_err.is_permanent() {
+                    if half_err.is_fatal() || !half_err.is_permanent() {
                         return Err(EngineError::Handler {
                             items: half.len(),
                             first_key: half[0].clone(),

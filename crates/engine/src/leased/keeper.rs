@@ -51,7 +51,7 @@ impl LeaseStore for ScopeLeases {
 /// in its own order, so together they could each hold a row the other
 /// waits for (measured: deadlocks at a million in leased mode). A writer
 /// waits out a renewal in flight, then marks its items; renewals leave
-/// marked items alone until the writer is done ([`LeaseKeeper::writing`]).
+/// marked items alone until the writer is done (`LeaseKeeper::writing`).
 #[derive(Debug)]
 pub struct LeaseKeeper {
     worker: Uuid,

@@ -254,7 +254,7 @@ impl<H: LeasedHandler> LoopCtx<H> {
             Ok(batch) => batch,
             Err(err) => {
                 let all: Vec<&ClaimedItem> = chunk.items.iter().collect();
-                return self.record_failure(chunk, &all, &err).await;
+                return self.record_failure(chunk, &all, err).await;
             }
         };
         let held = self.handler.held(&batch);
@@ -301,8 +301,8 @@ impl<H: LeasedHandler> LoopCtx<H> {
         if !done.is_empty() {
             self.complete(&chunk.with_items(done)).await?;
         }
-        for (item, err) in &failed {
-            self.record_failure(chunk, &[item], err).await?;
+        for (item, err) in failed {
+            self.record_failure(chunk, &[&item], err).await?;
         }
         if !abandoned.is_empty() {
             let still_ours: Vec<String> = abandoned
@@ -348,7 +348,9 @@ impl<H: LeasedHandler> LoopCtx<H> {
                         tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
                     }
                     Err(CompleteError::Engine(err)) => return Err(err),
-                    Err(CompleteError::Handler(err)) if part.items.len() > 1 && err.is_permanent() => {
+                    Err(CompleteError::Handler(err))
+                        if part.items.len() > 1 && err.is_permanent() && !err.is_fatal() =>
+                    {
                         self.stats.chunks_split.fetch_add(1, Ordering::Relaxed);
                         let mid = part.items.len() / 2;
                         pending.push(part.with_items(part.items[mid..].to_vec()));
@@ -357,7 +359,7 @@ impl<H: LeasedHandler> LoopCtx<H> {
                     }
                     Err(CompleteError::Handler(err)) => {
                         let items: Vec<&ClaimedItem> = part.items.iter().collect();
-                        self.record_failure(&part, &items, &err).await?;
+                        self.record_failure(&part, &items, err).await?;
                         break;
                     }
                 }
@@ -400,12 +402,23 @@ impl<H: LeasedHandler> LoopCtx<H> {
         Ok(())
     }
 
+    /// Records a failed attempt of `items`; a fatal error (a missing grant,
+    /// [`HandlerError::is_fatal`]) is not theirs: it ends the loop instead,
+    /// and the drain gives their leases back.
     async fn record_failure(
         &self,
         chunk: &Chunk,
         items: &[&ClaimedItem],
-        err: &HandlerError,
+        err: HandlerError,
     ) -> Result<(), EngineError> {
+        if err.is_fatal() {
+            return Err(EngineError::Handler {
+                items: items.len(),
+                first_key: items.first().map_or_else(String::new, |i| i.key.clone()),
+                source: err,
+            });
+        }
+        let err = &err;
         let pairs: Vec<ClaimedItem> = items.iter().map(|i| (*i).clone()).collect();
         let _writing = self.keeper.writing(&pairs).await;
         let mut conn = self

@@ -5,7 +5,8 @@
 use sqlx::PgConnection;
 
 use super::{Names, WorkQueue};
-use crate::{EngineError, ItemStatus};
+use crate::status::ItemStatus;
+use crate::EngineError;
 
 #[derive(Debug, Clone)]
 pub(super) struct Sql {

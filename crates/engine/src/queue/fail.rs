@@ -182,7 +182,7 @@ impl WorkQueue {
     }
 
     /// Returns the scope's expired leases to `eligible` (after a backoff) or
-    /// `failed` (attempts spent). See [`crate::rescuer`] for running it.
+    /// `failed` (attempts spent). Every leased drain runs it (the rescuer, [`crate::raw::keep_rescuing`]).
     pub async fn rescue_expired(
         &self,
         conn: &mut PgConnection,

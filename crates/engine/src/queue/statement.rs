@@ -318,7 +318,7 @@ impl ChunkStatements {
         self.scope.arg(scope, &self.scope_type)
     }
 
-    /// Begins a chunk's transaction on `conn` (see [`BEGIN_CACHED_PLANS`]);
+    /// Begins a chunk's transaction on `conn` (cached plans when the statements name the scope's own relation);
     /// only these statements may run in it.
     pub async fn begin<'c>(
         &self,

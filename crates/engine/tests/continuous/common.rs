@@ -29,7 +29,7 @@ pub struct Env {
 pub async fn env() -> Env {
     let db = settled_testkit::TestDb::create().await.unwrap();
     let pool = PgPoolOptions::new().max_connections(40).connect(&db.url).await.unwrap();
-    settled_engine::migrate::migrate(&pool).await.unwrap();
+    settled_engine::migrate(&pool).await.unwrap();
     setup(&pool).await;
     Env { pool, db }
 }

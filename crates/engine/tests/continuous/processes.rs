@@ -393,7 +393,7 @@ async fn own_server() -> (LocalPostgres, String) {
 async fn serving_processes_ride_out_a_postgres_restart_under_load() {
     let (server, url) = own_server().await;
     let pool = PgPoolOptions::new().max_connections(4).connect(&url).await.unwrap();
-    settled_engine::migrate::migrate(&pool).await.unwrap();
+    settled_engine::migrate(&pool).await.unwrap();
     setup(&pool).await;
     prepare(&pool).await;
     pool.close().await;

@@ -11,7 +11,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use settled_engine::{Chunk, ChunkHandler, ClaimedItem, Fence, LeaseConfig, RetryPolicy, WorkOutcome};
+use settled_engine::raw::{ClaimedItem, RetryPolicy};
+use settled_engine::{Chunk, ChunkHandler, Fence, LeaseConfig, WorkOutcome};
 use sqlx::PgPool;
 
 use super::Strategy;
@@ -106,7 +107,7 @@ fn record(latency: &Latency, elapsed: Duration) {
     latency.lock().expect("latency lock").saturating_record(us);
 }
 
-/// Feeds the engine's claim-duration histogram (`settled_engine::telemetry::CLAIM_DURATION`) into a histogram:
+/// Feeds the engine's claim-duration histogram (`settled_engine::raw::telemetry::CLAIM_DURATION`) into a histogram:
 /// the product's own claim timing, without changing the product.
 struct ClaimRecorder {
     latency: Latency,
@@ -131,7 +132,7 @@ impl metrics::Recorder for ClaimRecorder {
         metrics::Gauge::noop()
     }
     fn register_histogram(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Histogram {
-        if key.name() == settled_engine::telemetry::CLAIM_DURATION {
+        if key.name() == settled_engine::raw::telemetry::CLAIM_DURATION {
             metrics::Histogram::from_arc(Arc::new(ClaimHistogram(self.latency.clone())))
         } else {
             metrics::Histogram::noop()

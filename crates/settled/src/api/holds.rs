@@ -26,23 +26,18 @@ pub struct HoldRequest {
 
 pub use crate::settlement::Hold;
 
-/// Places the hold under the creator's balance-row lock, the lock every
-/// payout takes before it reads holds: once this commits, no payout that
-/// has not yet committed can pay the creator.
+/// Places the hold through `settlement.place_hold`, which takes the
+/// creator's balance-row lock first, the lock every payout takes before it
+/// reads holds: once this commits, no payout that has not yet committed can
+/// pay the creator. (The API's role may neither lock nor change a balance
+/// itself.)
 async fn place_hold(state: &AppState, creator: &CreatorAddress, reason: &str) -> anyhow::Result<Hold> {
     let mut tx = super::begin(state).await?;
-    sqlx::query("SELECT 1 FROM settlement.creator_balance WHERE creator = $1 FOR NO KEY UPDATE")
+    let hold = sqlx::query_as("SELECT id, creator, reason, created_at, released_at FROM settlement.place_hold($1, $2)")
         .bind(creator.as_str()) // $1
-        .execute(&mut *tx)
+        .bind(reason) // $2
+        .fetch_one(&mut *tx)
         .await?;
-    let hold = sqlx::query_as(
-        "INSERT INTO settlement.creator_holds (creator, reason) VALUES ($1, $2)
-         RETURNING id, creator, reason, created_at, released_at",
-    )
-    .bind(creator.as_str()) // $1
-    .bind(reason) // $2
-    .fetch_one(&mut *tx)
-    .await?;
     super::commit(state, tx).await?;
     Ok(hold)
 }
@@ -86,7 +81,7 @@ pub async fn create(
         Err(err)
             if err
                 .downcast_ref::<sqlx::Error>()
-                .is_some_and(|e| settled_engine::error::is_unique_violation(e, "creator_holds_one_active")) =>
+                .is_some_and(|e| settled_engine::raw::is_unique_violation(e, "creator_holds_one_active")) =>
         {
             let existing: Option<i64> = sqlx::query_scalar(
                 "SELECT id FROM settlement.creator_holds WHERE creator = $1 AND released_at IS NULL",

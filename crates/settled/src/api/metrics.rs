@@ -4,6 +4,11 @@
 //! registry; the API server turns the database's exact state into metrics at scrape time,
 //! so every server reports the same numbers and nothing is lost when a
 //! process dies. Names follow Prometheus conventions (`_total`, base units).
+//!
+//! Continuous queues' gauges (`work_queue_depth`, `work_queue_oldest_ready_seconds`,
+//! `work_queue_paused`) are written straight into the scrape's text rather
+//! than kept in the recorder, so a queue that leaves the registry, or whose
+//! table cannot be read, leaves no stale series behind.
 
 use std::sync::OnceLock;
 
@@ -12,8 +17,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
-use settled_engine::queue::StatusCounts;
-use settled_engine::ItemStatus;
+use settled_engine::raw::ItemStatus;
+use settled_engine::raw::StatusCounts;
 
 use super::dashboard::queries::StoredReport;
 use super::{AppState, Problem};
@@ -44,10 +49,11 @@ const RUNS_COUNTED: i64 = 100_000;
 /// The database's exact state at scrape time.
 struct Snapshot {
     items: StatusCounts,
-    runs: settled_engine::runs::RunCounts,
-    workers: settled_engine::workers::WorkerTotals,
+    runs: settled_engine::raw::runs::RunCounts,
+    workers: settled_engine::raw::workers::WorkerTotals,
     payouts: i64,
     ledger_entries: i64,
+    queues: Vec<crate::queues::QueueView>,
 }
 
 async fn snapshot(state: &AppState) -> anyhow::Result<Snapshot> {
@@ -60,11 +66,11 @@ async fn snapshot(state: &AppState) -> anyhow::Result<Snapshot> {
     // at ten million). Every settled item has exactly one ledger row
     // (`settled verify` proves it), so the ledger's entries are the settled
     // items.
-    let live = match settled_engine::runs::running(&mut conn, job.name()).await? {
+    let live = match settled_engine::raw::runs::running(&mut conn, job.name()).await? {
         Some(run) => vec![job.queue().count_by_status(&mut conn, &run.scope).await?],
         None => Vec::new(),
     };
-    let stored: Vec<_> = settled_engine::runs::list(&mut conn, job.name(), RUNS_COUNTED)
+    let stored: Vec<_> = settled_engine::raw::runs::list(&mut conn, job.name(), RUNS_COUNTED)
         .await?
         .iter()
         .filter_map(StoredReport::of)
@@ -76,18 +82,20 @@ async fn snapshot(state: &AppState) -> anyhow::Result<Snapshot> {
             .map(|s| (*s, stored.iter().chain(&live).map(|c| c.get(*s)).sum()))
             .collect(),
     };
-    let runs = settled_engine::runs::count_by_state(&mut conn, job.name()).await?;
-    let workers = settled_engine::workers::totals(&state.reads).await?;
+    let runs = settled_engine::raw::runs::count_by_state(&mut conn, job.name()).await?;
+    let workers = settled_engine::raw::workers::totals(&state.reads).await?;
     let payouts: i64 = sqlx::query_scalar("SELECT count(*) FROM settlement.payouts")
         .fetch_one(&mut *conn)
         .await?;
     let ledger_entries = items.get(ItemStatus::Settled);
+    let queues = crate::queues::overview(&mut conn).await?;
     Ok(Snapshot {
         items,
         runs,
         workers,
         payouts,
         ledger_entries,
+        queues,
     })
 }
 
@@ -100,7 +108,7 @@ pub async fn serve(State(state): State<AppState>) -> Response {
     for (status, n) in &s.items.counts {
         metrics::gauge!("settled_items", "status" => status.as_str()).set(*n as f64);
     }
-    let settled = s.items.get(settled_engine::ItemStatus::Settled);
+    let settled = s.items.get(settled_engine::raw::ItemStatus::Settled);
     metrics::counter!("settled_items_settled_total").absolute(settled as u64);
     metrics::counter!("settled_ledger_entries_total").absolute(s.ledger_entries as u64);
     for (run_state, n) in [
@@ -121,7 +129,9 @@ pub async fn serve(State(state): State<AppState>) -> Response {
         metrics::gauge!("settled_db_pool_connections", "pool" => name, "state" => "in_use")
             .set(f64::from(pool.size()) - idle);
     }
-    let mut response = (StatusCode::OK, handle().render()).into_response();
+    let mut text = handle().render();
+    text.push_str(&queue_metrics(&s.queues));
+    let mut response = (StatusCode::OK, text).into_response();
     response.headers_mut().insert(
         axum::http::header::CONTENT_TYPE,
         axum::http::HeaderValue::from_static("text/plain; version=0.0.4"),
@@ -129,29 +139,169 @@ pub async fn serve(State(state): State<AppState>) -> Response {
     response
 }
 
-/// `GET /readyz`: 200 once the database answers and its migrations are
-/// applied (so the server can serve every endpoint), else 503.
-pub async fn ready(State(state): State<AppState>) -> Response {
-    let latest = sqlx::migrate!("./migrations")
+/// The continuous queues' gauges in Prometheus text: depth by state and
+/// the oldest ready job's age for each queue whose table could be read, and
+/// whether each registered queue is paused.
+fn queue_metrics(views: &[crate::queues::QueueView]) -> String {
+    if views.is_empty() {
+        return String::new();
+    }
+    let mut depth = String::from(
+        "# HELP work_queue_depth Jobs of a continuous queue by state, exact at scrape time.\n# TYPE work_queue_depth gauge\n",
+    );
+    let mut oldest = String::from(
+        "# HELP work_queue_oldest_ready_seconds Seconds since the oldest ready job of a continuous queue could run (0 when none).\n# TYPE work_queue_oldest_ready_seconds gauge\n",
+    );
+    let mut paused = String::from(
+        "# HELP work_queue_paused 1 while a continuous queue is paused, else 0.\n# TYPE work_queue_paused gauge\n",
+    );
+    for view in views {
+        let queue = label_value(&view.name);
+        paused.push_str(&format!(
+            "work_queue_paused{{queue=\"{queue}\"}} {}\n",
+            u8::from(view.paused)
+        ));
+        let Some(s) = &view.stats else { continue };
+        for (state, n) in [
+            ("ready", s.ready),
+            ("scheduled", s.scheduled),
+            ("processing", s.processing),
+            ("failed", s.failed),
+        ] {
+            depth.push_str(&format!(
+                "work_queue_depth{{queue=\"{queue}\",state=\"{state}\"}} {n}\n"
+            ));
+        }
+        oldest.push_str(&format!(
+            "work_queue_oldest_ready_seconds{{queue=\"{queue}\"}} {}\n",
+            s.oldest_ready_secs
+        ));
+    }
+    format!("{depth}{oldest}{paused}")
+}
+
+/// A label value escaped as the text format wants (`\\`, `\"`, `\n`).
+fn label_value(text: &str) -> String {
+    text.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+/// A queue's pickup latency (from when a job could run to its claim), as
+/// this process measured it in the engine's histogram: known only for a
+/// queue whose jobs this process claimed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pickup {
+    /// Jobs claimed.
+    pub jobs: u64,
+    /// Their mean wait, in seconds.
+    pub mean_secs: f64,
+    /// The histogram bound that 99% of the waits fall within (None: beyond
+    /// its largest bound).
+    pub p99_within_secs: Option<f64>,
+}
+
+/// The pickup latency of `queue`'s jobs claimed by this process, if any.
+pub fn pickup_latency(queue: &str) -> Option<Pickup> {
+    pickup_in(&handle().render(), queue)
+}
+
+/// [`pickup_latency`] read from a rendered Prometheus text.
+fn pickup_in(text: &str, queue: &str) -> Option<Pickup> {
+    let wanted = format!("queue=\"{}\"", label_value(queue));
+    let (mut buckets, mut sum, mut count) = (Vec::new(), 0.0, 0.0);
+    for line in text.lines() {
+        let Some((head, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let Some((metric, labels)) = head.split_once('{') else {
+            continue;
+        };
+        let labels: Vec<&str> = labels.trim_end_matches('}').split(',').collect();
+        let (Some(part), true) = (
+            metric.strip_prefix(settled_engine::raw::telemetry::PICKUP_LATENCY),
+            labels.contains(&wanted.as_str()),
+        ) else {
+            continue;
+        };
+        let Ok(value) = value.parse::<f64>() else { continue };
+        match part {
+            "_sum" => sum = value,
+            "_count" => count = value,
+            "_bucket" => {
+                let le = labels.iter().find_map(|l| l.strip_prefix("le=\"")?.strip_suffix('"'));
+                if let Some(le) = le.and_then(|le| le.parse::<f64>().ok()) {
+                    buckets.push((le, value));
+                }
+            }
+            _ => {}
+        }
+    }
+    if count < 1.0 {
+        return None;
+    }
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let p99_within_secs = buckets
         .iter()
-        .map(|m| m.version)
-        .max()
-        .unwrap_or(0);
-    let applied: Result<Option<i64>, sqlx::Error> =
-        sqlx::query_scalar("SELECT max(version) FROM public._sqlx_migrations WHERE success")
-            .fetch_one(&state.pool)
-            .await;
-    match applied {
-        Ok(Some(v)) if v >= latest => {
+        .find(|(le, seen)| le.is_finite() && *seen >= 0.99 * count)
+        .map(|(le, _)| *le);
+    Some(Pickup {
+        jobs: count as u64,
+        mean_secs: sum / count,
+        p99_within_secs,
+    })
+}
+
+/// `GET /readyz`: 200 once the database answers, has every migration this
+/// version needs, and takes writes; else 503 saying which (a standby, or
+/// `default_transaction_read_only`, answers reads but every payout and hold
+/// would fail, so an orchestrator must not route writes to it).
+pub async fn ready(State(state): State<AppState>) -> Response {
+    let not_ready = |kind: &'static str, detail: String| {
+        Problem::new(StatusCode::SERVICE_UNAVAILABLE, kind, "Not ready", detail).into_response()
+    };
+    match crate::db::read_only_reason(&state.pool).await {
+        Ok(None) => {}
+        Ok(Some(reason)) => {
+            return not_ready(
+                "read-only",
+                format!("this server is read-only (a standby?): {reason}; payouts and holds cannot succeed here"),
+            )
+        }
+        Err(err) => return Problem::unavailable(err).into_response(),
+    }
+    match crate::db::pending_migrations(&state.pool).await {
+        Ok(pending) if pending.is_empty() => {
             (StatusCode::OK, axum::Json(serde_json::json!({"status": "ready"}))).into_response()
         }
-        Ok(_) => Problem::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not-migrated",
-            "Not ready",
-            "the database lacks migrations; run `settled migrate`",
-        )
-        .into_response(),
+        Ok(pending) => not_ready("not-migrated", format!("{}; run `settled migrate`", pending.describe())),
         Err(err) => Problem::unavailable(err).into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pickup_in;
+
+    #[test]
+    fn a_queues_pickup_latency_is_read_from_the_recorders_own_histogram() {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new()
+            .set_buckets(&[0.01, 0.1, 1.0])
+            .unwrap()
+            .build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || {
+            let mail = metrics::histogram!(settled_engine::raw::telemetry::PICKUP_LATENCY, "queue" => "mail");
+            for wait in [0.005, 0.005, 0.05, 0.5] {
+                mail.record(wait);
+            }
+            metrics::histogram!(settled_engine::raw::telemetry::PICKUP_LATENCY, "queue" => "mail2").record(5.0);
+        });
+        let text = handle.render();
+        let mail = pickup_in(&text, "mail").expect("mail's histogram");
+        assert_eq!(mail.jobs, 4);
+        assert!((mail.mean_secs - 0.14).abs() < 1e-9, "{mail:?}");
+        assert_eq!(mail.p99_within_secs, Some(1.0));
+        let slow = pickup_in(&text, "mail2").expect("mail2's histogram");
+        assert_eq!((slow.jobs, slow.p99_within_secs), (1, None));
+        assert_eq!(pickup_in(&text, "other"), None);
     }
 }

@@ -1,4 +1,5 @@
-//! `settled serve`: the HTTP API (payouts, holds, creators, health, OpenAPI).
+//! `settled serve`: the HTTP API (payouts, holds, creators, continuous
+//! queues, health, OpenAPI).
 //!
 //! Owns parsing requests at the edge (addresses, amounts, keys) and mapping
 //! outcomes to HTTP. Every once-only rule is kept by the database: the
@@ -14,6 +15,7 @@ pub mod metrics;
 pub mod openapi;
 pub mod payouts;
 pub mod problem;
+pub mod queues;
 pub mod server;
 
 use std::sync::Arc;
@@ -74,6 +76,8 @@ pub struct AppState {
     pub limits: HttpLimits,
     /// `synchronous_commit` of payouts and holds (None: the server's).
     pub synchronous_commit: Option<SynchronousCommit>,
+    /// How long a payout made with `"confirm": true` waits for its confirmation.
+    pub confirm_ttl: std::time::Duration,
 }
 
 impl AppState {
@@ -89,6 +93,7 @@ impl AppState {
             decimals: crate::money::DEFAULT_DECIMALS,
             limits: HttpLimits::default(),
             synchronous_commit: None,
+            confirm_ttl: std::time::Duration::from_secs(crate::payouts::DEFAULT_CONFIRM_TTL_SECS),
         }
     }
 }
@@ -102,15 +107,29 @@ pub fn router(state: AppState) -> Router {
         .route("/items", get(dashboard::items))
         .route("/locks", get(dashboard::locks))
         .route("/dashboard/retry", post(dashboard::retry))
+        .route("/queues", get(dashboard::queues::list))
+        .route("/queues/{name}", get(dashboard::queues::show))
+        .route("/dashboard/queues/{name}/replay", post(dashboard::queues::replay))
+        .route("/dashboard/queues/{name}/pause", post(dashboard::queues::pause))
+        .route("/dashboard/queues/{name}/resume", post(dashboard::queues::resume))
         .route("/healthz", get(healthz))
         .route("/readyz", get(metrics::ready))
         .route("/metrics", get(metrics::serve))
         .route("/openapi.json", get(openapi::serve))
         .route("/v1/payouts", post(payouts::create))
         .route("/v1/payouts/{id}", get(payouts::show))
+        .route("/v1/payouts/{id}/confirm", post(payouts::confirm))
+        .route("/v1/payouts/{id}/cancel", post(payouts::cancel))
         .route("/v1/creators/{address}", get(creators::show))
         .route("/v1/holds", post(holds::create))
         .route("/v1/holds/{id}/release", post(holds::release))
+        .route("/v1/queues", get(queues::list))
+        .route("/v1/queues/{name}", get(queues::show))
+        .route("/v1/queues/{name}/dead", get(queues::dead))
+        .route("/v1/queues/{name}/pause", post(queues::pause))
+        .route("/v1/queues/{name}/resume", post(queues::resume))
+        .route("/v1/queues/{name}/replay", post(queues::replay))
+        .route("/v1/queues/{name}/cancel", post(queues::cancel))
         .fallback(|| async { Problem::not_found("no-such-route", "no such endpoint; see /openapi.json") })
         .layer(axum::middleware::from_fn_with_state(state.clone(), edge::check_host))
         .layer(TimeoutLayer::with_status_code(

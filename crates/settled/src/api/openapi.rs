@@ -21,6 +21,10 @@ pub fn document(retention_hours: u64) -> serde_json::Value {
     let unavailable = "retry: the database failed or a lock or statement took longer than the API waits (database-busy); the request had no effect";
     let unavailable_write = "retry: the database failed or a lock or statement took longer than the API waits (database-busy), and the request had no effect; or the answer to its COMMIT was lost (outcome-unknown), and it may or may not have taken effect: retrying is safe (a payout with the same Idempotency-Key answers its outcome; a repeated hold or release answers 409 if the first took effect)";
     let wrong_host = "the Host header names a host this server does not serve";
+    let queue_name = serde_json::json!({
+        "name": "name", "in": "path", "required": true,
+        "schema": { "type": "string", "pattern": "^[a-z_][a-z0-9_]*$", "maxLength": 63 }
+    });
     let json = |description: &str, schema: &str| {
         serde_json::json!({
             "description": description,
@@ -32,7 +36,7 @@ pub fn document(retention_hours: u64) -> serde_json::Value {
         "info": {
             "title": "settled API",
             "version": env!("CARGO_PKG_VERSION"),
-            "description": format!("Withdrawals that never pay twice, holds, creators. Amounts are decimal strings of token base units (they exceed 2^53). Errors are application/problem+json with a stable `type`. Bodies are application/json objects that name each field once. Idempotency-Key (IETF draft-ietf-httpapi-idempotency-key-header) is an sf-string, quoted or bare; this server keeps a key and its response for {retention_hours} h (then prunes them), and a payout for ever. A key belongs to the request that used it first while any trace of that request is kept (its stored response, even past the retention, until pruned; the payout it made, for ever): another request with it gets 422 idempotency-key-reused, and a repeat of the request, however late, gets its answer or, once the answer is pruned, the payout it made; never a second payout. A key whose request was refused is free once its response is pruned.")
+            "description": format!("Withdrawals that never pay twice, holds, creators, continuous queues. Amounts are decimal strings of token base units (they exceed 2^53). Errors are application/problem+json with a stable `type`. Bodies are application/json objects that name each field once. Idempotency-Key (IETF draft-ietf-httpapi-idempotency-key-header) is an sf-string, quoted or bare; this server keeps a key and its response for {retention_hours} h (then prunes them), and a payout for ever. A key belongs to the request that used it first while any trace of that request is kept (its stored response, even past the retention, until pruned; the payout it made, for ever): another request with it gets 422 idempotency-key-reused, and a repeat of the request, however late, gets its answer or, once the answer is pruned, the payout it made; never a second payout. A key whose request was refused is free once its response is pruned.")
         },
         "servers": [{ "url": "/" }],
         "components": {
@@ -102,6 +106,75 @@ pub fn document(retention_hours: u64) -> serde_json::Value {
                         "released_at": { "type": "string", "format": "date-time", "nullable": true }
                     }
                 },
+                "QueueStats": {
+                    "type": "object",
+                    "required": ["ready", "scheduled", "processing", "failed", "oldest_ready_secs", "paused"],
+                    "properties": {
+                        "ready": { "type": "integer", "description": "eligible and runnable now" },
+                        "scheduled": { "type": "integer", "description": "eligible, not before a later time (scheduled or backing off)" },
+                        "processing": { "type": "integer", "description": "claimed under a lease" },
+                        "failed": { "type": "integer", "description": "dead letters" },
+                        "oldest_ready_secs": { "type": "number", "description": "seconds since the oldest ready job could run (0 when none)" },
+                        "paused": { "type": "boolean" }
+                    }
+                },
+                "Queue": {
+                    "type": "object",
+                    "required": ["name", "table", "paused", "paused_at", "stats", "error"],
+                    "properties": {
+                        "name": { "type": "string" },
+                        "table": { "type": "string" },
+                        "paused": { "type": "boolean" },
+                        "paused_at": { "type": "string", "format": "date-time", "nullable": true },
+                        "stats": { "allOf": [{ "$ref": "#/components/schemas/QueueStats" }], "nullable": true, "description": "exact counts; null when `error` says why they cannot be read" },
+                        "error": { "type": "string", "nullable": true, "description": "why the queue's table cannot be read (missing, not conforming, no privilege)" }
+                    }
+                },
+                "DeadLetter": {
+                    "type": "object",
+                    "required": ["key", "attempts", "last_error", "failed_at", "history"],
+                    "properties": {
+                        "key": { "type": "string" },
+                        "attempts": { "type": "integer", "description": "attempts counted toward the queue's limit (since its last replay)" },
+                        "last_error": { "type": "string", "nullable": true },
+                        "failed_at": { "type": "string", "format": "date-time" },
+                        "history": { "type": "array", "description": "the attempt history, oldest first", "items": {
+                            "type": "object",
+                            "properties": {
+                                "attempt": { "type": "integer" },
+                                "at": { "type": "string", "format": "date-time" },
+                                "error": { "type": "string" }
+                            }
+                        } }
+                    }
+                },
+                "ReplayRequest": {
+                    "type": "object",
+                    "additionalProperties": false,
+                    "description": "every member optional; those that are set must all hold; none: every dead letter (up to limit)",
+                    "properties": {
+                        "key": { "type": "string", "minLength": 1 },
+                        "error_contains": { "type": "string", "minLength": 1 },
+                        "failed_since": { "type": "string", "format": "date-time", "description": "RFC 3339; failed at or after" },
+                        "failed_before": { "type": "string", "format": "date-time", "description": "RFC 3339; failed before (later than failed_since)" },
+                        "limit": { "type": "integer", "minimum": 1, "maximum": 10000, "description": "oldest failure first; 10000 by default" }
+                    }
+                },
+                "CancelRequest": {
+                    "type": "object",
+                    "additionalProperties": false,
+                    "required": ["key"],
+                    "properties": { "key": { "type": "string" } }
+                },
+                "QueuePause": {
+                    "type": "object",
+                    "required": ["queue", "paused", "changed"],
+                    "properties": {
+                        "queue": { "type": "string" },
+                        "paused": { "type": "boolean" },
+                        "changed": { "type": "boolean", "description": "false when the queue already was so" }
+                    }
+                },
                 "Creator": {
                     "type": "object",
                     "required": ["creator", "balance", "holds", "ledger"],
@@ -143,11 +216,11 @@ pub fn document(retention_hours: u64) -> serde_json::Value {
                 }
             } },
             "/readyz": { "get": {
-                "summary": "Readiness: 200 once the database answers and is migrated",
+                "summary": "Readiness: 200 once the database answers, is migrated, and takes writes",
                 "responses": {
                     "200": { "description": "ready", "content": { "application/json": { "schema": {
                         "type": "object", "required": ["status"], "properties": { "status": { "type": "string" } } } } } },
-                    "503": problem("retry: not ready")
+                    "503": problem("not ready: the database is unreachable, lacks migrations (not-migrated), or takes no writes (read-only: a standby, or default_transaction_read_only)")
                 }
             } },
             "/metrics": { "get": {
@@ -204,6 +277,120 @@ pub fn document(retention_hours: u64) -> serde_json::Value {
                     "404": problem("unknown creator"),
                     "421": problem(wrong_host),
                     "503": problem(unavailable)
+                }
+            } },
+            "/v1/queues": { "get": {
+                "summary": "Every registered continuous queue with its exact state (a queue whose table cannot be read carries the error)",
+                "responses": {
+                    "200": { "description": "the queues, by name", "content": { "application/json": { "schema": {
+                        "type": "object", "required": ["queues"],
+                        "properties": { "queues": { "type": "array", "items": { "$ref": "#/components/schemas/Queue" } } } } } } },
+                    "421": problem(wrong_host),
+                    "503": problem(unavailable)
+                }
+            } },
+            "/v1/queues/{name}": { "get": {
+                "summary": "A continuous queue's exact state",
+                "parameters": [queue_name.clone()],
+                "responses": {
+                    "200": json("the queue", "Queue"),
+                    "404": problem("no such queue (unknown-queue)"),
+                    "421": problem(wrong_host),
+                    "503": problem(unavailable)
+                }
+            } },
+            "/v1/queues/{name}/dead": { "get": {
+                "summary": "A queue's dead letters, newest failure first",
+                "parameters": [queue_name.clone(), {
+                    "name": "limit", "in": "query", "required": false,
+                    "schema": { "type": "integer", "minimum": 1, "maximum": 1000, "default": 50 }
+                }],
+                "responses": {
+                    "200": { "description": "the dead letters", "content": { "application/json": { "schema": {
+                        "type": "object", "required": ["queue", "dead_letters"],
+                        "properties": {
+                            "queue": { "type": "string" },
+                            "dead_letters": { "type": "array", "items": { "$ref": "#/components/schemas/DeadLetter" } }
+                        } } } } },
+                    "400": problem("limit is not an integer 1..=1000 (invalid-limit)"),
+                    "404": problem("no such queue (unknown-queue)"),
+                    "409": problem("the queue's table is missing, does not conform or cannot be read (queue-unusable)"),
+                    "421": problem(wrong_host),
+                    "503": problem(unavailable)
+                }
+            } },
+            "/v1/queues/{name}/pause": { "post": {
+                "summary": "Pause a queue: its workers claim nothing until it is resumed",
+                "security": [{ "bearer": [] }],
+                "parameters": [queue_name.clone()],
+                "responses": {
+                    "200": json("paused (changed: false when it already was)", "QueuePause"),
+                    "401": problem("missing or wrong bearer token"),
+                    "404": problem("no such queue (unknown-queue)"),
+                    "421": problem(wrong_host),
+                    "503": problem(unavailable_write)
+                }
+            } },
+            "/v1/queues/{name}/resume": { "post": {
+                "summary": "Resume a paused queue and wake its workers",
+                "security": [{ "bearer": [] }],
+                "parameters": [queue_name.clone()],
+                "responses": {
+                    "200": json("serving (changed: false when it was not paused)", "QueuePause"),
+                    "401": problem("missing or wrong bearer token"),
+                    "404": problem("no such queue (unknown-queue)"),
+                    "421": problem(wrong_host),
+                    "503": problem(unavailable_write)
+                }
+            } },
+            "/v1/queues/{name}/replay": { "post": {
+                "summary": "Make dead letters eligible again with a fresh count of attempts: one by key, or those a filter selects",
+                "security": [{ "bearer": [] }],
+                "parameters": [queue_name.clone()],
+                "requestBody": { "required": true, "content": { "application/json": { "schema": { "$ref": "#/components/schemas/ReplayRequest" } } } },
+                "responses": {
+                    "200": { "description": "how many were replayed", "content": { "application/json": { "schema": {
+                        "type": "object", "required": ["queue", "replayed", "limit_reached"],
+                        "properties": {
+                            "queue": { "type": "string" },
+                            "replayed": { "type": "integer", "minimum": 1 },
+                            "limit_reached": { "type": "boolean", "description": "as many as the limit: more may match" }
+                        } } } } },
+                    "400": problem("malformed body (a field named twice: duplicate-field, naming it)"),
+                    "401": problem("missing or wrong bearer token"),
+                    "404": problem("no such queue (unknown-queue), or no dead letter matches (no-dead-letter-matched)"),
+                    "408": problem("the body did not arrive in time (body-timeout); the connection is closed and nothing was done"),
+                    "409": problem("the queue's table is missing, does not conform or cannot be read (queue-unusable)"),
+                    "413": problem("body too large"),
+                    "415": problem("the body is not sent as application/json"),
+                    "421": problem(wrong_host),
+                    "422": problem("invalid field (named)"),
+                    "503": problem(unavailable_write)
+                }
+            } },
+            "/v1/queues/{name}/cancel": { "post": {
+                "summary": "Cancel a job that has not started",
+                "security": [{ "bearer": [] }],
+                "parameters": [queue_name],
+                "requestBody": { "required": true, "content": { "application/json": { "schema": { "$ref": "#/components/schemas/CancelRequest" } } } },
+                "responses": {
+                    "200": { "description": "the job will not run", "content": { "application/json": { "schema": {
+                        "type": "object", "required": ["queue", "key", "cancelled"],
+                        "properties": {
+                            "queue": { "type": "string" },
+                            "key": { "type": "string" },
+                            "cancelled": { "type": "boolean", "enum": [true] }
+                        } } } } },
+                    "400": problem("malformed body (a field named twice: duplicate-field, naming it)"),
+                    "401": problem("missing or wrong bearer token"),
+                    "404": problem("no such queue (unknown-queue) or job (unknown-job)"),
+                    "408": problem("the body did not arrive in time (body-timeout); the connection is closed and nothing was done"),
+                    "409": problem("the job has started or ended (job-started), or the queue's table cannot serve (queue-unusable)"),
+                    "413": problem("body too large"),
+                    "415": problem("the body is not sent as application/json"),
+                    "421": problem(wrong_host),
+                    "422": problem("the key is not a value of the queue's key type"),
+                    "503": problem(unavailable_write)
                 }
             } },
             "/v1/holds": { "post": {

@@ -12,6 +12,7 @@ pub mod import;
 pub mod lease;
 pub mod migrate;
 pub mod policy;
+pub mod queues;
 pub mod retry;
 pub mod run;
 pub mod runs;
@@ -27,7 +28,7 @@ use std::path::PathBuf;
 use std::pin::Pin;
 use std::process::ExitCode;
 
-use crate::db::{Database, DbOptions};
+use crate::db::{Access, Database, DbOptions};
 
 /// Default claim loops per worker process.
 pub const DEFAULT_CONCURRENCY: u32 = 4;
@@ -100,6 +101,8 @@ pub type Outcome = anyhow::Result<ExitCode>;
 pub trait DbCommand: Sized + 'static {
     /// The least role it needs under `--role-per-command` (None: the login role).
     const ROLE: Option<&'static str> = None;
+    /// Whether it writes, so whether it can run on a standby.
+    const ACCESS: Access = Access::Writes;
     /// Shown in `pg_stat_activity.application_name`.
     const APPLICATION_NAME: &'static str = "settled";
     /// Whether one runtime thread serves it best (its loops mostly wait on
@@ -109,6 +112,12 @@ pub trait DbCommand: Sized + 'static {
     /// Connections its pool needs.
     fn connections(&self) -> u32 {
         4
+    }
+
+    /// The least role this invocation needs: [`DbCommand::ROLE`], unless
+    /// the command's verbs need different roles.
+    fn role(&self) -> Option<&'static str> {
+        Self::ROLE
     }
 
     /// Runs it.
@@ -141,10 +150,11 @@ impl<C: DbCommand> Runnable for OnDatabase<C> {
                 url: global.database_url(),
                 data_dir: global.data_dir.clone(),
                 max_connections: self.0.connections(),
-                role: if global.role_per_command { C::ROLE } else { None },
+                role: if global.role_per_command { self.0.role() } else { None },
                 application_name: C::APPLICATION_NAME.to_string(),
                 pooler: global.pooler,
                 direct_url: global.direct_url.clone().filter(|u| !u.is_empty()),
+                access: C::ACCESS,
             };
             let db = Database::open(&opts).await?;
             let result = self.0.run(&db).await;

@@ -1,7 +1,7 @@
 //! `settled runs`.
 
 use crate::cmd::{DbCommand, Outcome};
-use crate::db::Database;
+use crate::db::{Access, Database};
 use crate::settlement::job;
 
 /// List runs, newest first: state, starter, timing, report summary.
@@ -20,11 +20,12 @@ pub struct Args {
 struct PeriodRun<'a> {
     period: &'a str,
     #[serde(flatten)]
-    run: &'a settled_engine::Run,
+    run: &'a settled_engine::raw::Run,
 }
 
 impl DbCommand for Args {
     const ROLE: Option<&'static str> = Some("settled_readonly");
+    const ACCESS: Access = Access::Reads;
 
     async fn run(self, db: &Database) -> Outcome {
         let all = job().list_runs(&db.pool, self.limit).await?;
@@ -50,7 +51,7 @@ impl DbCommand for Args {
     }
 }
 
-fn line(run: &settled_engine::Run) -> String {
+fn line(run: &settled_engine::raw::Run) -> String {
     let took = run
         .finished_at
         .map(|f| format!("{:.1}s", (f - run.started_at).num_milliseconds() as f64 / 1000.0))

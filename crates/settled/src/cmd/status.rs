@@ -1,7 +1,7 @@
 //! `settled status`.
 
 use crate::cmd::{DbCommand, Outcome};
-use crate::db::Database;
+use crate::db::{Access, Database};
 use crate::period::Period;
 
 /// Show exact counts by status and amounts paid for a period.
@@ -21,6 +21,7 @@ pub struct Args {
 
 impl DbCommand for Args {
     const ROLE: Option<&'static str> = Some("settled_readonly");
+    const ACCESS: Access = Access::Reads;
 
     async fn run(self, db: &Database) -> Outcome {
         let mut conn = db.pool.acquire().await?;

@@ -3,13 +3,14 @@
 use std::time::Duration;
 
 use crate::cmd::{exit_code, DbCommand, Outcome};
-use crate::db::Database;
+use crate::db::{Access, Database};
 use crate::period::Period;
 
 /// Prove from committed state that a period was paid exactly once and
 /// money is conserved; exit 1 and list offenders otherwise.
 ///
-/// Checks: a policy exists; no work left; every settled creator has one
+/// Checks: a policy exists; the items are those seed and import wrote (no
+/// volume changed since); no work left; every settled creator has one
 /// ledger row; no ledger row lacks its settled item; every amount follows
 /// the policy; the ledger total equals the expected total; every balance
 /// equals its ledger total.
@@ -34,6 +35,7 @@ pub struct Args {
 
 impl DbCommand for Args {
     const ROLE: Option<&'static str> = Some("settled_readonly");
+    const ACCESS: Access = Access::Reads;
 
     async fn run(self, db: &Database) -> Outcome {
         let mut conn = db.pool.acquire().await?;

@@ -3,7 +3,9 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use settled_engine::{DaemonConfig, Drainer, LeaseConfig, RetryPolicy, WorkOutcome};
+use settled_engine::daemon::DaemonConfig;
+use settled_engine::raw::{Drainer, RetryPolicy};
+use settled_engine::{LeaseConfig, WorkOutcome};
 
 use crate::cmd::{DbCommand, Outcome, DEFAULT_CHUNK, DEFAULT_CONCURRENCY, DEFAULT_LEASED_CHUNK};
 use crate::db::Database;
@@ -129,7 +131,7 @@ pub struct EngineFlags {
     #[arg(long, env = "SETTLED_RESCUE_INTERVAL_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(50..=3_600_000))]
     pub rescue_interval_ms: u64,
     /// Attempts before an item goes to failed.
-    #[arg(long, env = "SETTLED_MAX_ATTEMPTS", default_value_t = settled_engine::queue::DEFAULT_MAX_ATTEMPTS, value_parser = clap::value_parser!(i32).range(1..=1000))]
+    #[arg(long, env = "SETTLED_MAX_ATTEMPTS", default_value_t = settled_engine::raw::DEFAULT_MAX_ATTEMPTS, value_parser = clap::value_parser!(i32).range(1..=1000))]
     pub max_attempts: i32,
     /// First retry backoff in milliseconds (doubles per attempt, with jitter).
     #[arg(long, default_value_t = 1_000)]
@@ -143,8 +145,8 @@ pub struct EngineFlags {
     pub shutdown_grace_ms: u64,
     /// Leased mode: provider calls in flight at once per worker process, over
     /// all its claim loops (a chunk's calls run concurrently), 1..=1024.
-    #[arg(long, env = "SETTLED_PROVIDER_CONCURRENCY", default_value_t = settled_engine::leased::DEFAULT_CALLS_IN_FLIGHT as u32,
-          value_parser = clap::value_parser!(u32).range(1..=settled_engine::leased::MAX_CALLS_IN_FLIGHT as i64))]
+    #[arg(long, env = "SETTLED_PROVIDER_CONCURRENCY", default_value_t = settled_engine::raw::DEFAULT_CALLS_IN_FLIGHT as u32,
+          value_parser = clap::value_parser!(u32).range(1..=settled_engine::raw::MAX_CALLS_IN_FLIGHT as i64))]
     pub provider_concurrency: u32,
 }
 
@@ -195,7 +197,7 @@ impl Args {
         let opts = self.options();
         if self.period.is_none() {
             let daemon = DaemonConfig {
-                schedule: settled_engine::Schedule::parse(&self.schedule, &self.timezone)?,
+                schedule: settled_engine::raw::Schedule::parse(&self.schedule, &self.timezone)?,
                 catch_up_days: self.catch_up_days,
                 max_poll: Duration::from_millis(self.max_poll_ms),
                 max_outage: Duration::from_secs(self.max_outage_secs),

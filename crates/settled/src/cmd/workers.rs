@@ -1,7 +1,7 @@
 //! `settled workers`.
 
 use crate::cmd::{DbCommand, Outcome};
-use crate::db::Database;
+use crate::db::{Access, Database};
 
 /// List worker processes: host, pid, version, heartbeat, alive/stopped/dead.
 #[derive(Debug, clap::Args)]
@@ -16,10 +16,11 @@ pub struct Args {
 
 impl DbCommand for Args {
     const ROLE: Option<&'static str> = Some("settled_readonly");
+    const ACCESS: Access = Access::Reads;
 
     async fn run(self, db: &Database) -> Outcome {
         let queue = crate::settlement::queue();
-        let all = settled_engine::workers::list(&db.pool, Some(&queue), self.limit).await?;
+        let all = settled_engine::raw::workers::list(&db.pool, Some(&queue), self.limit).await?;
         if self.json {
             println!("{}", serde_json::to_string_pretty(&all)?);
             return Ok(std::process::ExitCode::SUCCESS);

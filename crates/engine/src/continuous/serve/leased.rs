@@ -112,8 +112,8 @@ impl<H: LeasedJobHandler> Leased<H> {
         if !outcomes.done.is_empty() {
             self.complete(outcomes.done).await?;
         }
-        for (job, err) in &outcomes.failed {
-            self.record_failure(job, err).await?;
+        for (job, err) in outcomes.failed {
+            self.record_failure(&job, err).await?;
         }
         if !outcomes.abandoned.is_empty() {
             self.give_back(&outcomes.abandoned).await?;
@@ -163,11 +163,12 @@ impl<H: LeasedJobHandler> Leased<H> {
                     tracing::warn!(queue = self.ctx.queue.name(), error = %err, attempt, "completion failed; retrying");
                     tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
                 }
-                Err(EngineError::Handler { source, .. }) if source.is_permanent() => {
+                Err(EngineError::Handler { source, .. }) if source.is_permanent() && !source.is_fatal() => {
                     // The handler refused the batch's effects: each job's
                     // attempt fails (fenced), and is retried or dead.
+                    let error = source.to_string();
                     for (job, _) in &done {
-                        self.record_failure(job, &source).await?;
+                        self.record_failure(job, HandlerError::Permanent(error.clone())).await?;
                     }
                     return Ok(());
                 }
@@ -222,7 +223,16 @@ impl<H: LeasedJobHandler> Leased<H> {
     }
 
     /// A failed attempt: snoozed (no attempt spent), retried later, or dead.
-    async fn record_failure(&self, job: &ClaimedJob, err: &HandlerError) -> Result<(), EngineError> {
+    async fn record_failure(&self, job: &ClaimedJob, err: HandlerError) -> Result<(), EngineError> {
+        if err.is_fatal() {
+            // A missing grant or migration is not the job's fault: stop.
+            return Err(EngineError::Handler {
+                items: 1,
+                first_key: job.key.clone(),
+                source: err,
+            });
+        }
+        let err = &err;
         let ctx = &self.ctx;
         let jobs = std::slice::from_ref(job);
         let _writing = self.keeper.writing(&items(jobs)).await;

@@ -322,6 +322,7 @@ impl Ctx {
                         self.sleep(woken, self.cfg.poll).await;
                     }
                 }
+                Err(err) if err.is_fatal() => return Err(err),
                 Err(err) => {
                     let (pause, say) = backoff.failed(&err)?;
                     if say {

@@ -28,10 +28,11 @@ pub(super) async fn step<H: JobHandler>(ctx: &Ctx, handler: &H) -> Result<Step, 
     let jobs: Vec<ClaimedJob> = claimed.into_iter().map(|(job, _)| job).collect();
     for job in &jobs {
         if let Err(err) = guarded(job, handler.handle(&mut tx, job)).await {
-            let lost = is_lost_connection(&err);
+            let lost = is_lost_connection(&err) || err.is_fatal();
             let _ = tx.rollback().await;
             if lost {
-                // Says nothing about the jobs: the loop retries them later.
+                // Says nothing about the jobs: the loop retries them later,
+                // or stops for good when a grant or a migration is missing.
                 return Err(EngineError::Handler {
                     items: jobs.len(),
                     first_key: job.key.clone(),
@@ -40,7 +41,7 @@ pub(super) async fn step<H: JobHandler>(ctx: &Ctx, handler: &H) -> Result<Step, 
             }
             drop(conn);
             if jobs.len() == 1 {
-                record_failure(ctx, job, &err).await?;
+                record_failure(ctx, job, err).await?;
             } else {
                 for job in &jobs {
                     alone(ctx, handler, job).await?;
@@ -79,14 +80,23 @@ async fn alone<H: JobHandler>(ctx: &Ctx, handler: &H, job: &ClaimedJob) -> Resul
         Err(err) => {
             let _ = tx.rollback().await;
             drop(conn);
-            record_failure(ctx, &job, &err).await
+            record_failure(ctx, &job, err).await
         }
     }
 }
 
 /// After the job's transaction rolled back: a snooze (no attempt spent),
 /// or a failed attempt (retried after a backoff, or a dead letter).
-async fn record_failure(ctx: &Ctx, job: &ClaimedJob, err: &HandlerError) -> Result<(), EngineError> {
+async fn record_failure(ctx: &Ctx, job: &ClaimedJob, err: HandlerError) -> Result<(), EngineError> {
+    if err.is_fatal() {
+        // A missing grant or migration is not the job's fault: stop.
+        return Err(EngineError::Handler {
+            items: 1,
+            first_key: job.key.clone(),
+            source: err,
+        });
+    }
+    let err = &err;
     let mut conn = ctx.conn().await?;
     let jobs = std::slice::from_ref(job);
     if let HandlerError::Snooze { after, reason } = err {

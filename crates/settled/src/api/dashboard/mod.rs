@@ -6,6 +6,8 @@
 
 mod pages;
 pub(crate) mod queries;
+mod queue_pages;
+pub mod queues;
 pub mod sql_text;
 
 pub use pages::REFRESH_SECS;
@@ -19,7 +21,7 @@ use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Redirect, Response};
 use maud::Markup;
 use serde::Deserialize;
-use settled_engine::{ItemStatus, RunState};
+use settled_engine::raw::{ItemStatus, RunState};
 
 use super::{AppState, Problem};
 use crate::period::Period;
@@ -165,7 +167,7 @@ pub async fn run_report(State(state): State<AppState>, Path(id): Path<String>) -
 
 /// `GET /workers`.
 pub async fn workers(State(state): State<AppState>) -> Page {
-    let all = settled_engine::workers::list(&state.reads, Some(&crate::settlement::queue()), 100)
+    let all = settled_engine::raw::workers::list(&state.reads, Some(&crate::settlement::queue()), 100)
         .await
         .map_err(Problem::unavailable)?;
     Ok(pages::workers(&all))

@@ -2,7 +2,7 @@
 //! escaped by the template engine; nothing here touches the database.
 
 use maud::{html, Markup, PreEscaped, DOCTYPE};
-use settled_engine::workers::WorkerRow;
+use settled_engine::raw::workers::WorkerRow;
 
 use super::queries::{ItemRow, LockRow, RunProgress, Second};
 use super::Verified;
@@ -34,6 +34,7 @@ pub fn page(title: &str, refresh: bool, body: Markup) -> Markup {
                     a href="/workers" { "workers" }
                     a href="/items?status=failed" { "failed" }
                     a href="/items?status=held" { "held" }
+                    a href="/queues" { "queues" }
                     a href="/locks" { "locks" }
                     a href="/metrics" { "metrics" }
                 }

@@ -1,0 +1,44 @@
+//! What tools need and applications do not: the storage operations behind
+//! both kinds of queue (each statement of a work table, runs, the worker
+//! registry, key ranges), the drain loops themselves, metric names and
+//! session settings. `settled` uses them for its reports, its bench and its
+//! dashboard; an application of the engine needs only the crate's root.
+
+pub use crate::drain::{drain_in_transactions, DrainStats, MAX_CONCURRENCY, MAX_RETRY_BACKOFF_MS};
+pub use crate::error::{is_deployment_fault, is_transient_sqlx, is_unique_violation};
+pub use crate::item::ClaimedItem;
+pub use crate::job::{ByMode, Cancelled, Drainer, Reopened, RunTarget, FINISH_RETRY_FOR};
+pub use crate::leased::{
+    drain_leased, LeaseKeeper, COMPLETION_RETRIES, DEFAULT_CALLS_IN_FLIGHT, MAX_CALLS_IN_FLIGHT, MAX_LEASE_TTL_MS,
+    MIN_LEASE_TTL_MS,
+};
+pub use crate::migrate::migrator;
+pub use crate::queue::{
+    ChunkDone, ChunkSql, ChunkStatements, FailOutcome, Failure, KeyWindow, RetryPolicy, StatusCounts, WorkQueue,
+    DEFAULT_MAX_ATTEMPTS, MAX_CHUNK_ITEMS, REQUIRED_COLUMNS, REQUIRED_INDEXES,
+};
+pub use crate::rescuer::{keep_rescuing, rescue_expired_leases};
+pub use crate::runs::{Run, RunState};
+pub use crate::schedule::Schedule;
+pub use crate::status::ItemStatus;
+pub use crate::workers::{WorkerRow, WorkerTotals};
+
+/// A job's runs: one per job and scope (see [`crate::Job`] for the lifecycle).
+pub mod runs {
+    pub use crate::runs::*;
+}
+
+/// The worker registry and its heartbeat.
+pub mod workers {
+    pub use crate::workers::*;
+}
+
+/// Session settings the engine's statements rely on.
+pub mod session {
+    pub use crate::session::*;
+}
+
+/// Metric names.
+pub mod telemetry {
+    pub use crate::telemetry::*;
+}

@@ -1,0 +1,110 @@
+//! Every model checked at the bounds `cargo test` runs: each property holds
+//! (each `sometimes` is reached, so no model is vacuous), and the state
+//! graph has no cycle (so each `eventually` was checked on every
+//! behaviour). Then each guard removed: its variant must give a
+//! counterexample, printed one action a line (`-- --show-output`).
+
+use settled_models::suite::{self, Bounds, Counterexample, Summary};
+
+fn assert_holds(summaries: Vec<Summary>) {
+    for summary in summaries {
+        println!("{}", summary.report);
+        assert!(summary.all_held, "{}", summary.report);
+        assert!(
+            summary.acyclic.is_ok(),
+            "{}: a cycle, so `eventually` is unchecked on it:\n{}",
+            summary.name,
+            summary.acyclic.unwrap_err()
+        );
+        assert_eq!(
+            summary.searched_states, summary.unique_states,
+            "{}: the cycle search and the checker saw different state spaces",
+            summary.name
+        );
+    }
+}
+
+#[test]
+fn leased_work_holds_every_property_at_ci_bounds() {
+    let summaries = suite::leased_models(Bounds::Ci)
+        .into_iter()
+        .map(suite::check_model)
+        .collect();
+    assert_holds(summaries);
+}
+
+#[test]
+fn runs_hold_every_property_at_ci_bounds() {
+    let summaries = suite::runs_models(Bounds::Ci)
+        .into_iter()
+        .map(suite::check_model)
+        .collect();
+    assert_holds(summaries);
+}
+
+#[test]
+fn payouts_hold_every_property_at_ci_bounds() {
+    let summaries = suite::payouts_models(Bounds::Ci)
+        .into_iter()
+        .map(suite::check_model)
+        .collect();
+    assert_holds(summaries);
+}
+
+/// The variant breaks the property; the trace is printed.
+fn assert_counterexample(found: &Counterexample) -> String {
+    let trace = found.trace.clone().unwrap_or_else(|| {
+        panic!(
+            "{}: no counterexample to \"{}\" without {} ({} states)",
+            found.model, found.case.property, found.case.guard, found.states
+        )
+    });
+    println!(
+        "without {}: \"{}\" fails ({}):\n{trace}",
+        found.case.guard, found.case.property, found.model
+    );
+    trace
+}
+
+#[test]
+fn without_the_fence_a_zombies_completion_is_accepted() {
+    let trace = assert_counterexample(&suite::without_fence());
+    // A zombie of a rescue: paused or slow past its lease, no failover.
+    assert!(trace.contains("rescue_expired_leases"), "{trace}");
+    assert!(!trace.contains("FAILOVER"), "{trace}");
+}
+
+#[test]
+fn without_the_timeline_in_the_fence_a_claim_lost_in_a_failover_completes() {
+    let trace = assert_counterexample(&suite::without_timeline());
+    assert!(trace.contains("FAILOVER"), "{trace}");
+}
+
+#[test]
+fn without_the_idempotency_key_the_provider_pays_an_item_twice() {
+    assert_counterexample(&suite::without_idempotency_key());
+}
+
+#[test]
+fn without_the_conditional_update_on_its_state_a_payout_is_returned_twice_or_after_paying() {
+    let found = suite::without_state_condition();
+    assert_eq!(found.len(), 3);
+    for found in &found {
+        assert_counterexample(found);
+    }
+}
+
+#[test]
+fn without_the_unique_event_id_a_duplicated_webhook_is_applied_twice() {
+    assert_counterexample(&suite::without_event_id());
+}
+
+#[test]
+fn without_the_payouts_idempotency_key_the_provider_pays_a_payout_twice() {
+    assert_counterexample(&suite::without_payout_key());
+}
+
+#[test]
+fn without_one_running_run_per_job_two_runs_run_at_once() {
+    assert_counterexample(&suite::without_one_running_per_job());
+}
