@@ -46,8 +46,11 @@ enum Command {
     ProviderSim(lab::provider_sim::Args),
     Chaos(lab::chaos::Args),
     Bench(lab::bench::Args),
+    Lab(lab::lab::Args),
     #[command(hide = true)]
     BenchWorker(lab::bench_worker::Args),
+    #[command(hide = true)]
+    BenchQueueWorker(lab::bench_queue_worker::Args),
     #[command(hide = true)]
     LabWorker(lab::lab_worker::Args),
 }
@@ -73,7 +76,9 @@ fn dispatch(command: Command) -> Box<dyn Runnable> {
         Command::ProviderSim(args) => Box::new(args),
         Command::Chaos(args) => Box::new(args),
         Command::Bench(args) => Box::new(args),
+        Command::Lab(args) => Box::new(args),
         Command::BenchWorker(args) => Box::new(args),
+        Command::BenchQueueWorker(args) => Box::new(args),
         Command::LabWorker(args) => on_database(args),
     }
 }

@@ -403,7 +403,7 @@ async fn a_lost_commit_answer_is_an_unknown_outcome_and_a_retry_with_the_same_ke
             .json(&payout)
             .send()
     };
-    proxy.lose_commit_answer_after("INSERT INTO settlement.payouts");
+    proxy.lose_commit_answer_after("settlement.debit_for_payout(");
     assert_outcome_unknown("payout", pay().await.unwrap()).await;
     assert_eq!(proxy.lost_answers(), 1);
     let made = env.scalar_i64("SELECT id FROM settlement.payouts").await;
@@ -429,7 +429,7 @@ async fn a_lost_commit_answer_is_an_unknown_outcome_and_a_retry_with_the_same_ke
             .json(&json!({ "creator": creator, "reason": "review" }))
             .send()
     };
-    proxy.lose_commit_answer_after("INSERT INTO settlement.creator_holds");
+    proxy.lose_commit_answer_after("settlement.place_hold(");
     assert_outcome_unknown("hold", hold().await.unwrap()).await;
     let held = env.scalar_i64("SELECT id FROM settlement.creator_holds").await;
     let again: Value = hold().await.unwrap().json().await.unwrap();

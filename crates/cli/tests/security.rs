@@ -191,7 +191,7 @@ async fn the_api_role_changes_a_balance_only_through_the_payout_function() {
         assert_eq!(outcome(&mut api, &sql).await, "42501", "{sql}");
     }
     let debit = |amount: &str| {
-        format!("SELECT outcome, balance_before::text FROM settlement.debit_for_payout('{creator}', {amount}, 'key-{amount}', 'h')")
+        format!("SELECT outcome, balance_before::text FROM settlement.debit_for_payout('{creator}', {amount}, 'key-{amount}', 'h', NULL, NULL, NULL)")
     };
     // More than the balance, or not above zero: refused, nothing changes.
     let (said, before): (String, Option<String>) = sqlx::query_as(&debit(&format!("{balance} + 1")))

@@ -1,7 +1,9 @@
 //! settled-lab: what measures and attacks the product, kept out of it.
 //!
 //! The benchmark (`bench/`: strategies as worker processes, the SQL floors,
-//! peer job queues, the report and its plots), the chaos harness
+//! peer job queues, the report and its plots; `bench/continuous/`: job
+//! queues side by side on their own workload), the adapter of the public
+//! job-queue benchmark (`harness.rs`), the chaos harness
 //! (`chaos.rs`), the payment provider simulator (`provider_sim/`), and
 //! the layers the lab puts around the product's real handlers
 //! (`simulate.rs`). Its commands (`cmd/`) are offered by the same `settled`
@@ -14,5 +16,6 @@
 pub mod bench;
 pub mod chaos;
 pub mod cmd;
+pub mod harness;
 pub mod provider_sim;
 pub mod simulate;

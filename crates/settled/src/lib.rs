@@ -1,10 +1,11 @@
 //! settled: settle creators' rewards from token trade volume exactly once,
 //! with any number of worker processes on any number of servers.
 //!
-//! The money path reads top to bottom in three files:
-//! `settled_engine::raw::claim` (claim with SKIP LOCKED, hand out fences),
-//! [`settlement`] (pay a chunk with those fences), `settled_engine::drain`
-//! (mark settled, commit).
+//! The money path reads top to bottom in three files: the engine's chunk
+//! statement (`crates/engine/src/queue/statement.rs`: claim with SKIP
+//! LOCKED, mark settled, hand out fences), [`settlement`] (pay a chunk with
+//! those fences), the engine's drain (`crates/engine/src/drain/`: check the
+//! counts, commit). Money leaves through [`payouts`].
 //!
 //! This crate is only the product: settlement, its commands ([`cmd`]), the
 //! HTTP API and dashboard ([`api`]). The lab (benchmarks, chaos, the
@@ -23,6 +24,7 @@ pub mod import;
 pub mod json;
 pub mod money;
 pub mod partitions;
+pub mod payouts;
 pub mod period;
 pub mod progress;
 pub mod provider;

@@ -69,9 +69,10 @@ const POLICY_CHECK: CheckSql = CheckSql {
 const BALANCE_CHECK: CheckSql = CheckSql {
     name: "balances_equal_ledger",
     description:
-        "every creator's balance equals its ledger total (all periods, archived ones carried) less its payouts",
-    offenders: "SELECT coalesce(b.creator, l.creator, p.creator) || ' has balance ' || coalesce(b.balance, 0)
+        "every creator's balance equals its ledger total (all periods, archived ones carried) less its payouts, plus the payouts returned",
+    offenders: "SELECT coalesce(b.creator, l.creator, p.creator, r.creator) || ' has balance ' || coalesce(b.balance, 0)
                        || ' but ledger ' || coalesce(l.total, 0) || ' less payouts ' || coalesce(p.total, 0)
+                       || ' plus returned ' || coalesce(r.total, 0)
                 FROM settlement.creator_balance b
                 FULL JOIN (SELECT creator, sum(amount) AS total
                            FROM (SELECT creator, amount FROM settlement.reward_ledger
@@ -80,7 +81,9 @@ const BALANCE_CHECK: CheckSql = CheckSql {
                        ON l.creator = b.creator
                 FULL JOIN (SELECT creator, sum(amount) AS total FROM settlement.payouts GROUP BY creator) p
                        ON p.creator = coalesce(b.creator, l.creator)
-                WHERE coalesce(b.balance, 0) <> coalesce(l.total, 0) - coalesce(p.total, 0)",
+                FULL JOIN (SELECT creator, sum(amount) AS total FROM settlement.payout_returns GROUP BY creator) r
+                       ON r.creator = coalesce(b.creator, l.creator, p.creator)
+                WHERE coalesce(b.balance, 0) <> coalesce(l.total, 0) - coalesce(p.total, 0) + coalesce(r.total, 0)",
 };
 
 /// The checks over the period's items and ledger rows, in report order:

@@ -18,7 +18,7 @@
 
 use std::time::Duration;
 
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use crate::EngineError;
@@ -93,6 +93,59 @@ impl OnceToken {
         .execute(pool)
         .await
         .map_err(EngineError::db("releasing a token"))?
+        .rows_affected();
+        Ok(done == 1)
+    }
+
+    /// Issues a token on the caller's connection or transaction (it exists
+    /// only if that transaction commits), for `purpose` and `subject`,
+    /// valid for `ttl`.
+    pub async fn issue_in(
+        conn: &mut PgConnection,
+        purpose: &str,
+        subject: &str,
+        ttl: Duration,
+    ) -> Result<Uuid, EngineError> {
+        if ttl.as_secs() > MAX_TOKEN_TTL_SECS {
+            return Err(EngineError::Invariant(format!(
+                "token ttl must be at most {MAX_TOKEN_TTL_SECS} s"
+            )));
+        }
+        let id = Uuid::new_v4();
+        sqlx::query(
+            "INSERT INTO settled_engine.once_tokens (id, purpose, subject, expires_at)
+             VALUES ($1, $2, $3, now() + $4 * interval '1 millisecond')",
+        )
+        .bind(id) // $1
+        .bind(purpose) // $2
+        .bind(subject) // $3
+        .bind(ttl.as_millis() as i64) // $4
+        .execute(conn)
+        .await
+        .map_err(EngineError::db("issuing a token"))?;
+        Ok(id)
+    }
+
+    /// Uses the token up in one conditional update on the caller's
+    /// transaction (`issued -> completed`), if it is for `purpose` and
+    /// `subject` and not expired: of racing callers exactly one gets
+    /// `true`, and it is used up only if that transaction commits.
+    pub async fn redeem_in(
+        conn: &mut PgConnection,
+        token: Uuid,
+        purpose: &str,
+        subject: &str,
+    ) -> Result<bool, EngineError> {
+        let done = sqlx::query(
+            "UPDATE settled_engine.once_tokens SET status = 'completed', reserved_at = now(), completed_at = now()
+             WHERE id = $1 AND purpose = $2 AND subject = $3 AND status = 'issued' AND expires_at > now()",
+        )
+        .bind(token) // $1
+        .bind(purpose) // $2
+        .bind(subject) // $3
+        .execute(conn)
+        .await
+        .map_err(EngineError::db("redeeming a token"))?
         .rows_affected();
         Ok(done == 1)
     }

@@ -24,14 +24,7 @@ pub(super) fn bench_period() -> Period {
 }
 
 pub(super) async fn prepare_case(ctx: &Ctx, creators: u64) -> anyhow::Result<CaseDb> {
-    let name = format!("settled_bench_{}", uuid::Uuid::new_v4().simple());
-    let mut admin = PgConnection::connect(&ctx.admin_url).await?;
-    sqlx::query(&format!("CREATE DATABASE {name}"))
-        .execute(&mut admin)
-        .await
-        .with_context(|| format!("creating database {name}"))?;
-    admin.close().await?;
-    let url = settled_embedded::with_database(&ctx.admin_url, &name);
+    let (name, url) = create_database_at(&ctx.admin_url).await?;
     let db = settled::db::Database::open_url(&url, 4, "settled-bench").await?;
     let period = bench_period();
     settled::seed::seed(&db.pool, period, creators, BENCH_SEED, None, &Progress::hidden()).await?;
@@ -70,7 +63,27 @@ pub(super) async fn finish_case(ctx: &Ctx, db: &CaseDb) -> anyhow::Result<settle
 /// Drops a benchmark database (`name` is generated, never input), its
 /// sessions included.
 pub(super) async fn drop_database(ctx: &Ctx, name: &str) -> anyhow::Result<()> {
-    let mut admin = PgConnection::connect(&ctx.admin_url).await?;
+    drop_database_at(&ctx.admin_url, name).await
+}
+
+/// Creates an empty benchmark database on `admin_url`'s server; returns its
+/// name and URL.
+pub(super) async fn create_database_at(admin_url: &str) -> anyhow::Result<(String, String)> {
+    let name = format!("settled_bench_{}", uuid::Uuid::new_v4().simple());
+    let mut admin = PgConnection::connect(admin_url).await?;
+    sqlx::query(&format!("CREATE DATABASE {name}"))
+        .execute(&mut admin)
+        .await
+        .with_context(|| format!("creating database {name}"))?;
+    admin.close().await?;
+    let url = settled_embedded::with_database(admin_url, &name);
+    Ok((name, url))
+}
+
+/// Drops a benchmark database on `admin_url`'s server (`name` is
+/// generated, never input), its sessions included.
+pub(super) async fn drop_database_at(admin_url: &str, name: &str) -> anyhow::Result<()> {
+    let mut admin = PgConnection::connect(admin_url).await?;
     sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
         .execute(&mut admin)
         .await?;

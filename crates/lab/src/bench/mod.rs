@@ -12,6 +12,7 @@
 
 mod casedb;
 pub mod child;
+pub mod continuous;
 mod floors;
 mod markdown;
 pub mod pairs;
@@ -244,7 +245,17 @@ async fn start_server_with(
     scratch: &Path,
     settings: Vec<String>,
 ) -> anyhow::Result<(Option<LocalPostgres>, String)> {
-    Ok(match &opts.database_url {
+    start_server_at(&opts.database_url, scratch, settings).await
+}
+
+/// `database_url`'s server, or a private one (fsync on) in `scratch`,
+/// started for the run; returns it (None: not ours) and its admin URL.
+async fn start_server_at(
+    database_url: &Option<String>,
+    scratch: &Path,
+    settings: Vec<String>,
+) -> anyhow::Result<(Option<LocalPostgres>, String)> {
+    Ok(match database_url {
         Some(url) => (None, url.clone()),
         None => {
             let local = LocalOptions {

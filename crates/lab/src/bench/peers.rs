@@ -31,13 +31,23 @@ struct PeerRun {
 
 /// The peer's directory, absolute (its scripts run from it).
 fn peer_dir(ctx: &Ctx, peer: &str) -> anyhow::Result<std::path::PathBuf> {
-    let dir = ctx.opts.peers_dir.join(peer);
+    peer_dir_in(&ctx.opts.peers_dir, peer)
+}
+
+/// The directory of `peer` under `peers_dir`, absolute.
+pub fn peer_dir_in(peers_dir: &std::path::Path, peer: &str) -> anyhow::Result<std::path::PathBuf> {
+    let dir = peers_dir.join(peer);
     std::fs::canonicalize(&dir).with_context(|| format!("peer directory {}", dir.display()))
 }
 
 /// Runs the peer's `install` script.
 pub async fn install(ctx: &Ctx, peer: &str) -> anyhow::Result<()> {
-    let dir = peer_dir(ctx, peer)?;
+    install_in(&ctx.opts.peers_dir, peer).await
+}
+
+/// Runs the `install` script of `peer` under `peers_dir`.
+pub async fn install_in(peers_dir: &std::path::Path, peer: &str) -> anyhow::Result<()> {
+    let dir = peer_dir_in(peers_dir, peer)?;
     let script = dir.join("install");
     anyhow::ensure!(script.is_file(), "{} does not exist", script.display());
     eprintln!("bench: installing peer {peer} ({})", script.display());

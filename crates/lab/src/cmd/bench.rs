@@ -5,8 +5,10 @@ use std::path::PathBuf;
 use std::pin::Pin;
 use std::process::ExitCode;
 
+use anyhow::Context;
 use settled::cmd::{exit_code, Global, Outcome, Runnable};
 
+use crate::bench::continuous::ContinuousOptions;
 use crate::bench::{BenchOptions, Strategy, DEFAULT_PEERS};
 
 /// Measure claiming strategies, the SQL floors and peer job queues.
@@ -22,8 +24,53 @@ use crate::bench::{BenchOptions, Strategy, DEFAULT_PEERS};
 /// and one set-based transaction. Peers: the scripts under --peers-dir.
 /// Prints a markdown table; --out DIR also writes results.json, results.md
 /// and SVG/PNG plots. Exit 1 if any case failed.
+///
+/// With --continuous: job queues on their own workload instead (settled in
+/// both modes and the peers' `continuous` scripts, 1 ms of work and one
+/// effect row per job, a fixed-rate and a saturating producer, W jobs in
+/// flight; completed jobs/s, pickup latency p50/p99, peak dead tuples,
+/// duplicates; see docs/benchmarks.md).
 #[derive(Debug, clap::Args)]
 pub struct Args {
+    /// Measure continuous job queues (settled's engine in both modes and
+    /// the peers), each case a fresh database: --workers [default:
+    /// 1,4,16,64], --peers, --seconds, --rate, --runs, --json FILE.
+    #[arg(long, conflicts_with_all = ["days", "held_xmin", "pairs", "replot"])]
+    continuous: bool,
+    /// --continuous: seconds each case's producer runs (the first fifth, at
+    /// most 2 s, is a warm-up not counted).
+    #[arg(long, default_value_t = 10, requires = "continuous", value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    seconds: u64,
+    /// --continuous: the fixed-rate producer's offered rate, jobs/s.
+    #[arg(long, default_value_t = 500, requires = "continuous", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    rate: u64,
+    /// --continuous: producers, comma separated (fixed, saturation).
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = vec![crate::bench::continuous::Producer::Fixed, crate::bench::continuous::Producer::Saturation], requires = "continuous")]
+    producers: Vec<crate::bench::continuous::Producer>,
+    /// --continuous: settled's modes, comma separated (tx, leased).
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = vec![crate::bench::continuous::ServeMode::Tx, crate::bench::continuous::ServeMode::Leased], requires = "continuous")]
+    settled_modes: Vec<crate::bench::continuous::ServeMode>,
+    /// --continuous: measure nothing; read earlier --continuous reports
+    /// (comma separated: a later file's cases replace the earlier files'
+    /// cases of the same system), judge the targets again, print the tables.
+    #[arg(long, value_delimiter = ',', value_name = "JSON", requires = "continuous")]
+    from_json: Option<Vec<PathBuf>>,
+    /// --continuous: measure the peers only (to repeat a peer's cases).
+    #[arg(long, requires = "continuous", conflicts_with = "settled_modes")]
+    no_settled: bool,
+    /// --continuous: repeats of the whole matrix (the report quotes medians).
+    #[arg(long, default_value_t = 1, requires = "continuous", value_parser = clap::value_parser!(u32).range(1..=100))]
+    runs: u32,
+    /// --continuous: settled's jobs per claim.
+    #[arg(long, default_value_t = 10, requires = "continuous", value_parser = clap::value_parser!(u32).range(1..=10000))]
+    batch: u32,
+    /// --continuous: the saturating producer keeps this many jobs waiting.
+    #[arg(long, default_value_t = 2000, requires = "continuous", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    depth: u64,
+    /// --continuous: seconds settled keeps finished jobs before its
+    /// retention removes them.
+    #[arg(long, default_value_t = 60, requires = "continuous", value_parser = clap::value_parser!(u64).range(1..))]
+    retention_secs: u64,
     /// Small and fast, for CI smoke runs: 5,000 creators (400 with work),
     /// workers 1,4, no peers unless --peers is given.
     #[arg(long)]
@@ -98,9 +145,10 @@ pub struct Args {
     /// Write results.json, results.md and plots (SVG, PNG) here.
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Print the report as JSON instead of markdown.
-    #[arg(long)]
-    json: bool,
+    /// Print the report as JSON instead of markdown; with a FILE, write
+    /// the JSON there and print the markdown.
+    #[arg(long, value_name = "FILE", num_args = 0..=1)]
+    json: Option<Option<PathBuf>>,
     /// Measure nothing: redraw results.md and the plots into --out from
     /// an earlier run's results.json.
     #[arg(long, value_name = "RESULTS_JSON", requires = "out")]
@@ -108,6 +156,33 @@ pub struct Args {
 }
 
 impl Args {
+    fn continuous_options(&self, global: &Global) -> ContinuousOptions {
+        ContinuousOptions {
+            settled_modes: if self.no_settled {
+                Vec::new()
+            } else {
+                self.settled_modes.clone()
+            },
+            peers: match &self.peers {
+                Some(list) if list.iter().any(|p| p == "none") => Vec::new(),
+                Some(list) => list.clone(),
+                None => DEFAULT_PEERS.iter().map(|p| p.to_string()).collect(),
+            },
+            peers_dir: self.peers_dir.clone(),
+            workers: self.workers.clone().unwrap_or_else(|| vec![1, 4, 16, 64]),
+            producers: self.producers.clone(),
+            rate: self.rate,
+            seconds: self.seconds,
+            runs: self.runs,
+            batch: self.batch,
+            depth: self.depth,
+            retention_secs: self.retention_secs,
+            work_ms: 1,
+            database_url: global.database_url(),
+            command: command_line(),
+        }
+    }
+
     fn options(self, global: &Global) -> BenchOptions {
         let quick = self.quick;
         let peers = match self.peers {
@@ -139,12 +214,37 @@ impl Args {
             balance_fillfactor: self.balance_fillfactor,
             out: self.out,
             database_url: global.database_url(),
-            command: std::iter::once("settled".to_string())
-                .chain(std::env::args().skip(1))
-                .collect::<Vec<_>>()
-                .join(" "),
+            command: command_line(),
         }
     }
+}
+
+/// This command line, for the report.
+fn command_line() -> String {
+    std::iter::once("settled".to_string())
+        .chain(std::env::args().skip(1))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Prints the report: JSON to stdout (--json), or JSON to a file
+/// (--json FILE) and markdown to stdout, or markdown alone.
+fn print<T: serde::Serialize>(
+    report: &T,
+    json: &Option<Option<PathBuf>>,
+    markdown: impl FnOnce() -> String,
+) -> anyhow::Result<()> {
+    match json {
+        Some(None) => println!("{}", serde_json::to_string_pretty(report)?),
+        Some(Some(file)) => {
+            std::fs::write(file, serde_json::to_string_pretty(report)?)
+                .with_context(|| format!("writing {}", file.display()))?;
+            eprintln!("bench: wrote {}", file.display());
+            print!("{}", markdown());
+        }
+        None => print!("{}", markdown()),
+    }
+    Ok(())
 }
 
 impl Runnable for Args {
@@ -157,28 +257,28 @@ impl Runnable for Args {
                     out.display(),
                     results.display()
                 );
-                if self.json {
+                if self.json.is_some() {
                     println!("{}", serde_json::to_string_pretty(&report)?);
                 }
                 return Ok(ExitCode::SUCCESS);
             }
-            let json = self.json;
+            let json = self.json.clone();
+            if self.continuous {
+                let report = match &self.from_json {
+                    Some(files) => crate::bench::continuous::ContinuousReport::merge(files)?,
+                    None => crate::bench::continuous::continuous(&self.continuous_options(&global)).await?,
+                };
+                print(&report, &json, || crate::bench::continuous::markdown(&report))?;
+                return Ok(exit_code(report.ok()));
+            }
             if self.days.is_some() || self.held_xmin || self.pairs.is_some() {
                 let opts = self.options(&global);
                 let report = crate::bench::long_life(&opts).await?;
-                if json {
-                    println!("{}", serde_json::to_string_pretty(&report)?);
-                } else {
-                    print!("{}", report.markdown(&opts));
-                }
+                print(&report, &json, || report.markdown(&opts))?;
                 return Ok(ExitCode::SUCCESS);
             }
             let report = crate::bench::bench(&self.options(&global)).await?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
-            } else {
-                print!("{}", crate::bench::markdown(&report));
-            }
+            print(&report, &json, || crate::bench::markdown(&report))?;
             Ok(exit_code(report.cases.iter().all(|c| c.ok())))
         })
     }

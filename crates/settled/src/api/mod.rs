@@ -76,6 +76,8 @@ pub struct AppState {
     pub limits: HttpLimits,
     /// `synchronous_commit` of payouts and holds (None: the server's).
     pub synchronous_commit: Option<SynchronousCommit>,
+    /// How long a payout made with `"confirm": true` waits for its confirmation.
+    pub confirm_ttl: std::time::Duration,
 }
 
 impl AppState {
@@ -91,6 +93,7 @@ impl AppState {
             decimals: crate::money::DEFAULT_DECIMALS,
             limits: HttpLimits::default(),
             synchronous_commit: None,
+            confirm_ttl: std::time::Duration::from_secs(crate::payouts::DEFAULT_CONFIRM_TTL_SECS),
         }
     }
 }
@@ -115,6 +118,8 @@ pub fn router(state: AppState) -> Router {
         .route("/openapi.json", get(openapi::serve))
         .route("/v1/payouts", post(payouts::create))
         .route("/v1/payouts/{id}", get(payouts::show))
+        .route("/v1/payouts/{id}/confirm", post(payouts::confirm))
+        .route("/v1/payouts/{id}/cancel", post(payouts::cancel))
         .route("/v1/creators/{address}", get(creators::show))
         .route("/v1/holds", post(holds::create))
         .route("/v1/holds/{id}/release", post(holds::release))

@@ -1,7 +1,10 @@
-//! `POST /v1/payouts` and `GET /v1/payouts/{id}`: withdrawals that never pay
-//! twice. The debit and the payout row are one call of the database's
-//! `settlement.debit_for_payout` (the API's role may not change a balance
-//! itself), in the same transaction as the stored idempotent response.
+//! `POST /v1/payouts`, its confirmation and cancel, and `GET
+//! /v1/payouts/{id}`: withdrawals that never pay twice. The debit, the
+//! payout row and its delivery job (the outbox) are one call of the
+//! database's `settlement.debit_for_payout` (the API's role may not change a
+//! balance itself), in the same transaction as the stored idempotent
+//! response. Every later state change is a conditional update
+//! ([`crate::payouts::move_payout`]).
 
 use axum::body::Body;
 use axum::extract::{Path, State};
@@ -16,6 +19,9 @@ use sqlx::PgConnection;
 use super::{read_json, AppState, Authorized, Problem};
 use crate::address::CreatorAddress;
 use crate::money::Amount;
+use crate::payouts::{self, PayoutState, CONFIRMATION_PURPOSE};
+use anyhow::Context;
+use settled_engine::once::token::OnceToken;
 
 /// Idempotency scope of payouts.
 pub const PAYOUTS_SCOPE: &str = "payouts";
@@ -28,6 +34,11 @@ pub struct PayoutRequest {
     pub creator: String,
     /// Base units as a decimal string (amounts exceed 2^53).
     pub amount: String,
+    /// Hold the payout until `POST /v1/payouts/{id}/confirm` redeems the
+    /// one-time token this answer carries (it expires otherwise, and its
+    /// funds come back).
+    #[serde(default)]
+    pub confirm: bool,
 }
 
 /// A payout as the API shows it.
@@ -39,10 +50,31 @@ pub struct Payout {
     pub creator: String,
     /// Base units, decimal string.
     pub amount: String,
-    /// `completed`.
+    /// `created`, `queued`, `sent`, `paid`, `failed`, `cancelled` or `expired`.
     pub status: String,
+    /// Why its last transition happened.
+    pub reason: Option<String>,
+    /// The provider's id, once it accepted the payment.
+    pub provider_id: Option<String>,
+    /// When an unconfirmed payout expires.
+    pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
     /// When it was made.
     pub created_at: chrono::DateTime<chrono::Utc>,
+    /// Its last change.
+    pub updated_at: chrono::DateTime<chrono::Utc>,
+}
+
+/// The columns of [`Payout`], for its queries.
+const PAYOUT_COLUMNS: &str =
+    "id, creator, amount::text AS amount, status, reason, provider_id, expires_at, created_at, updated_at";
+
+/// A payout just made: with its one-time confirmation token when asked for.
+#[derive(Debug, Serialize)]
+struct Made {
+    #[serde(flatten)]
+    payout: Payout,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    confirm_token: Option<uuid::Uuid>,
 }
 
 fn idempotency_key(headers: &HeaderMap) -> Result<String, Problem> {
@@ -122,7 +154,16 @@ pub async fn create(
     let (request, _) = read_json::<PayoutRequest>(headers, body).await?;
     let (creator, amount) = validate(&request)?;
     // The fingerprint is of the validated request, so formatting does not matter.
-    let canonical = format!("{{\"amount\":\"{amount}\",\"creator\":\"{creator}\"}}");
+    let canonical = format!(
+        "{{\"amount\":\"{amount}\",\"confirm\":{},\"creator\":\"{creator}\"}}",
+        request.confirm
+    );
+    let made = Making {
+        creator: &creator,
+        amount,
+        confirm: request.confirm,
+        traceparent: traceparent(headers),
+    };
     let fingerprint = idempotency::fingerprint("POST", "/v1/payouts", canonical.as_bytes());
     let begun = idempotency::begin(&state.pool, PAYOUTS_SCOPE, &key, &fingerprint, &state.idempotency)
         .await
@@ -150,7 +191,7 @@ pub async fn create(
         Begin::Mismatch => Err(key_reused(
             "this Idempotency-Key belongs to a different request, whose answer is kept; use a new key for a new request",
         )),
-        Begin::New => match pay(state, &key, &fingerprint, &creator, amount).await {
+        Begin::New => match pay(state, &key, &fingerprint, &made).await {
             Ok(answer) => {
                 let content_type = if answer.status.is_success() {
                     "application/json"
@@ -204,16 +245,11 @@ fn key_reused(detail: impl Into<String>) -> Problem {
 /// back rather than answered under the key: the key stays the payout's
 /// request's, whose repeats keep getting the payout. Never a second
 /// payout, never an endless 503.
-async fn pay(
-    state: &AppState,
-    key: &str,
-    fingerprint: &str,
-    creator: &CreatorAddress,
-    amount: Amount,
-) -> anyhow::Result<Answer> {
+async fn pay(state: &AppState, key: &str, fingerprint: &str, made: &Making<'_>) -> anyhow::Result<Answer> {
     let mut tx = super::begin(state).await?;
     let earlier: Option<EarlierPayout> = sqlx::query_as(
-        "SELECT id, creator, amount::text AS amount, status, created_at, request_hash
+        "SELECT id, creator, amount::text AS amount, status, reason, provider_id, expires_at, created_at,
+                updated_at, request_hash
          FROM settlement.payouts WHERE idempotency_key = $1",
     )
     .bind(key) // $1
@@ -237,7 +273,7 @@ async fn pay(
                 replayed: false,
             });
         }
-        None => match debit(&mut tx, key, fingerprint, creator, amount).await? {
+        None => match debit(&mut tx, state, key, fingerprint, made).await? {
             Ok(payout) => (StatusCode::CREATED, serde_json::to_value(&payout)?, false),
             Err(problem) => (problem.status, problem.body(), false),
         },
@@ -261,91 +297,274 @@ struct EarlierPayout {
 struct Debit {
     outcome: String,
     payout_id: Option<i64>,
-    payout_status: Option<String>,
-    payout_created_at: Option<chrono::DateTime<chrono::Utc>>,
     balance_before: Option<String>,
     active_hold: Option<i64>,
 }
 
-/// Debits the creator and records the payout through
-/// `settlement.debit_for_payout`, the one place a payout changes a balance
-/// (the API's role may not update balances itself), or says why not: an
-/// unknown creator, an active hold (read after the balance row is locked, so
-/// a hold either committed before and is seen, or waits for this payout),
-/// insufficient funds.
+/// A payout to make: who, how much, whether it waits for a confirmation,
+/// and the trace context of its request.
+struct Making<'a> {
+    creator: &'a CreatorAddress,
+    amount: Amount,
+    confirm: bool,
+    traceparent: Option<String>,
+}
+
+/// The request's W3C `traceparent`, when it has a well-formed one.
+fn traceparent(headers: &HeaderMap) -> Option<String> {
+    let value = headers.get("traceparent")?.to_str().ok()?.trim();
+    let parts: Vec<&str> = value.split('-').collect();
+    let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase());
+    (parts.len() == 4 && hex(parts[0], 2) && hex(parts[1], 32) && hex(parts[2], 16) && hex(parts[3], 2))
+        .then(|| value.to_string())
+}
+
+/// Debits the creator, records the payout and (unless it waits for a
+/// confirmation) its delivery job through `settlement.debit_for_payout`,
+/// the one place a payout changes a balance (the API's role may not update
+/// balances itself), or says why not: an unknown creator, an active hold
+/// (read after the balance row is locked, so a hold either committed before
+/// and is seen, or waits for this payout), insufficient funds. A payout to
+/// confirm gets a one-time token in the same transaction.
 async fn debit(
     tx: &mut PgConnection,
+    state: &AppState,
     key: &str,
     fingerprint: &str,
-    creator: &CreatorAddress,
-    amount: Amount,
-) -> anyhow::Result<Result<Payout, Problem>> {
+    made: &Making<'_>,
+) -> anyhow::Result<Result<Made, Problem>> {
+    let (creator, amount) = (made.creator, made.amount);
+    let token = if made.confirm {
+        Some(OnceToken::issue_in(&mut *tx, CONFIRMATION_PURPOSE, key, state.confirm_ttl).await?)
+    } else {
+        None
+    };
     let debit: Debit = sqlx::query_as(
-        "SELECT outcome, payout_id, payout_status, payout_created_at, balance_before::text AS balance_before, active_hold
-         FROM settlement.debit_for_payout($1, $2::numeric, $3, $4)",
+        "SELECT outcome, payout_id, balance_before::text AS balance_before, active_hold
+         FROM settlement.debit_for_payout($1, $2::numeric, $3, $4, $5,
+                                          CASE WHEN $5 IS NULL THEN NULL ELSE now() + $6 * interval '1 second' END, $7)",
     )
     .bind(creator.as_str()) // $1
     .bind(amount.to_string()) // $2
     .bind(key) // $3
     .bind(fingerprint) // $4
+    .bind(token) // $5
+    .bind(state.confirm_ttl.as_secs() as i64) // $6
+    .bind(&made.traceparent) // $7
     .fetch_one(&mut *tx)
     .await?;
     let balance = debit.balance_before.unwrap_or_default();
-    Ok(
-        match (
-            debit.outcome.as_str(),
-            debit.payout_id,
-            debit.payout_status,
-            debit.payout_created_at,
-        ) {
-            ("paid", Some(id), Some(status), Some(created_at)) => Ok(Payout {
-                id,
-                creator: creator.to_string(),
-                amount: amount.to_string(),
-                status,
-                created_at,
-            }),
-            ("unknown_creator", ..) => {
-                Err(Problem::not_found("unknown-creator", format!("creator {creator} has no balance")).field("creator"))
-            }
-            ("on_hold", ..) => {
-                let hold = debit.active_hold.unwrap_or_default();
-                Err(Problem::new(
-                    StatusCode::CONFLICT,
-                    "creator-on-hold",
-                    "The creator is on hold",
-                    format!("creator {creator} has active hold {hold}; nothing is paid out until it is released"),
-                )
-                .field("creator")
-                .extra(serde_json::json!({ "hold": hold })))
-            }
-            ("insufficient_funds", ..) => Err(Problem::new(
+    Ok(match (debit.outcome.as_str(), debit.payout_id) {
+        ("paid", Some(id)) => Ok(Made {
+            payout: one(&mut *tx, id).await?.context("the payout just made")?,
+            confirm_token: token,
+        }),
+        ("unknown_creator", ..) => {
+            Err(Problem::not_found("unknown-creator", format!("creator {creator} has no balance")).field("creator"))
+        }
+        ("on_hold", ..) => {
+            let hold = debit.active_hold.unwrap_or_default();
+            Err(Problem::new(
                 StatusCode::CONFLICT,
-                "insufficient-funds",
-                "Insufficient funds",
-                format!("creator {creator} has a balance of {balance}, less than the {amount} requested"),
+                "creator-on-hold",
+                "The creator is on hold",
+                format!("creator {creator} has active hold {hold}; nothing is paid out until it is released"),
             )
-            .field("amount")
-            .extra(serde_json::json!({ "balance": balance }))),
-            (outcome, ..) => anyhow::bail!("settlement.debit_for_payout answered {outcome:?} without its payout"),
-        },
-    )
+            .field("creator")
+            .extra(serde_json::json!({ "hold": hold })))
+        }
+        ("insufficient_funds", ..) => Err(Problem::new(
+            StatusCode::CONFLICT,
+            "insufficient-funds",
+            "Insufficient funds",
+            format!("creator {creator} has a balance of {balance}, less than the {amount} requested"),
+        )
+        .field("amount")
+        .extra(serde_json::json!({ "balance": balance }))),
+        (outcome, ..) => anyhow::bail!("settlement.debit_for_payout answered {outcome:?} without its payout"),
+    })
 }
 
-/// `GET /v1/payouts/{id}`.
+/// Payout `id`, if it exists.
+async fn one(conn: &mut PgConnection, id: i64) -> anyhow::Result<Option<Payout>> {
+    Ok(sqlx::query_as(&format!(
+        "SELECT {PAYOUT_COLUMNS} FROM settlement.payouts WHERE id = $1"
+    ))
+    .bind(id) // $1
+    .fetch_optional(conn)
+    .await?)
+}
+
+fn payout_id(id: &str) -> Result<i64, Problem> {
+    id.parse()
+        .map_err(|_| Problem::bad_request("invalid-id", "payout id must be an integer").field("id"))
+}
+
+/// A transition of a payout, as `GET /v1/payouts/{id}` lists them.
+#[derive(Debug, Serialize, sqlx::FromRow)]
+struct Transition {
+    from_state: Option<String>,
+    to_state: String,
+    reason: Option<String>,
+    at: chrono::DateTime<chrono::Utc>,
+}
+
+/// `GET /v1/payouts/{id}`: the payout and its history.
 pub async fn show(State(state): State<AppState>, Path(id): Path<String>) -> Result<Response, Problem> {
-    let id: i64 = id
-        .parse()
-        .map_err(|_| Problem::bad_request("invalid-id", "payout id must be an integer").field("id"))?;
-    let payout: Option<Payout> = sqlx::query_as(
-        "SELECT id, creator, amount::text AS amount, status, created_at FROM settlement.payouts WHERE id = $1",
+    let id = payout_id(&id)?;
+    let mut conn = state.reads.acquire().await.map_err(Problem::unavailable)?;
+    let payout = one(&mut conn, id)
+        .await
+        .map_err(Problem::unavailable)?
+        .ok_or_else(|| Problem::not_found("unknown-payout", format!("no payout {id}")))?;
+    let history: Vec<Transition> = sqlx::query_as(
+        "SELECT from_state, to_state, reason, at FROM settlement.payout_history WHERE payout_id = $1 ORDER BY id",
     )
     .bind(id) // $1
-    .fetch_optional(&state.reads)
+    .fetch_all(&mut *conn)
     .await
     .map_err(Problem::unavailable)?;
-    let payout = payout.ok_or_else(|| Problem::not_found("unknown-payout", format!("no payout {id}")))?;
-    Ok((StatusCode::OK, axum::Json(payout)).into_response())
+    let mut body = serde_json::to_value(&payout).map_err(|e| Problem::unavailable(anyhow::Error::new(e)))?;
+    body["history"] = serde_json::to_value(history).map_err(|e| Problem::unavailable(anyhow::Error::new(e)))?;
+    Ok((StatusCode::OK, axum::Json(body)).into_response())
+}
+
+/// The body of a confirmation.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfirmRequest {
+    /// The one-time token the payout's creation answered with.
+    pub token: String,
+}
+
+/// `POST /v1/payouts/{id}/confirm`: redeems the payout's one-time token and
+/// queues the payout for delivery, in one transaction. Of racing
+/// confirmations (on any number of servers) exactly one succeeds: the
+/// token's conditional update and the payout's are both decided by the
+/// database.
+pub async fn confirm(
+    State(state): State<AppState>,
+    _: Authorized,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, Problem> {
+    let id = payout_id(&id)?;
+    let (request, _) = read_json::<ConfirmRequest>(&headers, body).await?;
+    let token: uuid::Uuid = request
+        .token
+        .parse()
+        .map_err(|_| Problem::invalid("token", "token must be the UUID the payout's creation answered with"))?;
+    let confirmed = confirm_in_tx(&state, id, token).await.map_err(Problem::unavailable)?;
+    match confirmed {
+        Ok(payout) => Ok((StatusCode::OK, axum::Json(payout)).into_response()),
+        Err(problem) => Err(problem),
+    }
+}
+
+async fn confirm_in_tx(state: &AppState, id: i64, token: uuid::Uuid) -> anyhow::Result<Result<Payout, Problem>> {
+    let mut tx = super::begin(state).await?;
+    let found: Option<(String, String)> =
+        sqlx::query_as("SELECT idempotency_key, status FROM settlement.payouts WHERE id = $1 AND kind = 'withdrawal'")
+            .bind(id) // $1
+            .fetch_optional(&mut *tx)
+            .await?;
+    let Some((key, status)) = found else {
+        return Ok(Err(Problem::not_found("unknown-payout", format!("no payout {id}"))));
+    };
+    let redeemed = OnceToken::redeem_in(&mut tx, token, CONFIRMATION_PURPOSE, &key).await?;
+    let moved = redeemed
+        && payouts::move_payout(
+            &mut tx,
+            id,
+            &[PayoutState::Created],
+            PayoutState::Queued,
+            "confirmed",
+            None,
+        )
+        .await?;
+    if !moved {
+        tx.rollback().await?;
+        return Ok(Err(not_confirmed(state, id, &status, token).await?));
+    }
+    let payout = one(&mut tx, id).await?.context("the payout just confirmed")?;
+    super::commit(state, tx).await?;
+    Ok(Ok(payout))
+}
+
+/// Why a confirmation did nothing: the payout is past confirming, the token
+/// expired, or the token is not this payout's (or was used).
+async fn not_confirmed(state: &AppState, id: i64, status: &str, token: uuid::Uuid) -> anyhow::Result<Problem> {
+    if status != PayoutState::Created.as_str() {
+        return Ok(Problem::new(
+            StatusCode::CONFLICT,
+            "payout-not-awaiting-confirmation",
+            "The payout is not awaiting confirmation",
+            format!("payout {id} is {status}"),
+        )
+        .extra(serde_json::json!({ "status": status })));
+    }
+    let expired: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM settled_engine.once_tokens WHERE id = $1 AND expires_at <= now())",
+    )
+    .bind(token) // $1
+    .fetch_one(&state.pool)
+    .await?;
+    Ok(if expired {
+        Problem::new(
+            StatusCode::GONE,
+            "confirmation-expired",
+            "The confirmation expired",
+            format!("the token of payout {id} expired; the payout expires and its funds come back"),
+        )
+    } else {
+        Problem::new(
+            StatusCode::FORBIDDEN,
+            "token-refused",
+            "The token does not confirm this payout",
+            format!("the token is not payout {id}'s, or it was used"),
+        )
+        .field("token")
+    })
+}
+
+/// `POST /v1/payouts/{id}/cancel`: cancels a payout still awaiting its
+/// confirmation; its funds come back in the same transaction.
+pub async fn cancel(State(state): State<AppState>, _: Authorized, Path(id): Path<String>) -> Result<Response, Problem> {
+    let id = payout_id(&id)?;
+    let result: anyhow::Result<Result<Payout, Problem>> = async {
+        let mut tx = super::begin(&state).await?;
+        let moved = payouts::move_payout(
+            &mut tx,
+            id,
+            &[PayoutState::Created],
+            PayoutState::Cancelled,
+            "cancelled by request",
+            None,
+        )
+        .await?;
+        let payout = one(&mut tx, id).await?;
+        if !moved {
+            tx.rollback().await?;
+            return Ok(Err(match payout {
+                None => Problem::not_found("unknown-payout", format!("no payout {id}")),
+                Some(p) => Problem::new(
+                    StatusCode::CONFLICT,
+                    "payout-not-cancellable",
+                    "Only a payout awaiting confirmation can be cancelled",
+                    format!("payout {id} is {}", p.status),
+                )
+                .extra(serde_json::json!({ "status": p.status })),
+            }));
+        }
+        super::commit(&state, tx).await?;
+        Ok(Ok(payout.context("the payout just cancelled")?))
+    }
+    .await;
+    match result.map_err(Problem::unavailable)? {
+        Ok(payout) => Ok((StatusCode::OK, axum::Json(payout)).into_response()),
+        Err(problem) => Err(problem),
+    }
 }
 
 #[cfg(test)]

@@ -32,6 +32,12 @@ pub struct Args {
     /// a second one, and a key that paid never serves another request.
     #[arg(long, default_value_t = 24, value_parser = clap::value_parser!(u64).range(1..=24 * 90))]
     idempotency_retention_hours: u64,
+    /// How long a payout made with `"confirm": true` waits for
+    /// `POST /v1/payouts/{id}/confirm`, in seconds; then it expires and its
+    /// funds are returned.
+    #[arg(long, default_value_t = crate::payouts::DEFAULT_CONFIRM_TTL_SECS,
+          value_parser = clap::value_parser!(u64).range(1..=crate::payouts::MAX_CONFIRM_TTL_SECS))]
+    confirm_ttl_secs: u64,
     /// Host names the pages and API answer (the Host header, port ignored;
     /// repeatable). Default: the loopback names when bound to loopback,
     /// any host when bound to all interfaces.
@@ -91,6 +97,7 @@ impl DbCommand for Args {
             allowed_hosts: AllowedHosts::for_bind(self.bind, &self.allowed_hosts),
             decimals: self.token_decimals,
             synchronous_commit: self.synchronous_commit,
+            confirm_ttl: Duration::from_secs(self.confirm_ttl_secs),
             limits,
             ..crate::api::AppState::new(db.pool.clone(), reads)
         };

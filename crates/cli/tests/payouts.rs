@@ -1,0 +1,273 @@
+//! The payout lifecycle on the API side, with real servers: the outbox
+//! (debit, payout row and delivery job in one transaction), confirmation
+//! tokens raced on two servers, cancel and expiry returning funds once, and
+//! the database refusing any transition the state machine does not allow.
+
+mod common;
+
+use common::Env;
+use serde_json::{json, Value};
+
+const TOKEN: &str = "test-token";
+
+/// A period settled for `n` creators; returns the richest creator and its balance.
+async fn settled_env(n: &str) -> (Env, String, String) {
+    let env = Env::new().await;
+    env.run_ok(&["seed", "--period", "2026-11-28", "--creators", n]);
+    env.run_ok(&["worker", "--period", "2026-11-28"]);
+    let (creator, balance): (String, String) =
+        sqlx::query_as("SELECT creator, balance::text FROM settlement.creator_balance ORDER BY balance DESC LIMIT 1")
+            .fetch_one(&env.pool)
+            .await
+            .unwrap();
+    (env, creator, balance)
+}
+
+async fn post(url: &str, key: Option<&str>, body: &Value) -> (u16, Value) {
+    let mut request = reqwest::Client::new().post(url).bearer_auth(TOKEN).json(body);
+    if let Some(key) = key {
+        request = request.header("Idempotency-Key", key);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap())
+}
+
+async fn balance(env: &Env, creator: &str) -> String {
+    env.scalar_text(&format!(
+        "SELECT balance::text FROM settlement.creator_balance WHERE creator = '{creator}'"
+    ))
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_payout_commits_its_debit_row_and_delivery_job_together_with_its_history() {
+    let (env, creator, before) = settled_env("20").await;
+    let server = env.serve(TOKEN).await;
+    let (status, payout) = post(
+        &format!("{}/v1/payouts", server.base),
+        Some("outbox-1"),
+        &json!({ "creator": creator, "amount": "1000" }),
+    )
+    .await;
+    assert_eq!(status, 201, "{payout}");
+    assert_eq!(payout["status"], "queued");
+    let id = payout["id"].as_i64().unwrap();
+    assert_eq!(
+        env.scalar_i64(&format!(
+            "SELECT count(*) FROM settlement.payout_jobs WHERE payout_id = {id}"
+        ))
+        .await,
+        1,
+        "the delivery job committed with the payout"
+    );
+    let expected = env
+        .scalar_text(&format!("SELECT ({before}::numeric - 1000)::text"))
+        .await;
+    assert_eq!(balance(&env, &creator).await, expected);
+    // A refused payout writes nothing: no row, no job, no debit.
+    let (status, _) = post(
+        &format!("{}/v1/payouts", server.base),
+        Some("outbox-2"),
+        &json!({ "creator": creator, "amount": before }),
+    )
+    .await;
+    assert_eq!(status, 409);
+    assert_eq!(env.scalar_i64("SELECT count(*) FROM settlement.payout_jobs").await, 1);
+    let shown: Value = reqwest::get(format!("{}/v1/payouts/{id}", server.base))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(shown["history"][0]["to_state"], "queued", "{shown}");
+    assert!(shown["history"][0]["from_state"].is_null(), "{shown}");
+    env.run_ok(&["verify", "--period", "2026-11-28"]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn racing_confirmations_on_two_servers_give_one_success() {
+    let (env, creator, _) = settled_env("20").await;
+    let (a, b) = (env.serve(TOKEN).await, env.serve(TOKEN).await);
+    let (status, payout) = post(
+        &format!("{}/v1/payouts", a.base),
+        Some("confirm-1"),
+        &json!({ "creator": creator, "amount": "777", "confirm": true }),
+    )
+    .await;
+    assert_eq!(status, 201, "{payout}");
+    assert_eq!(payout["status"], "created");
+    let (id, token) = (
+        payout["id"].as_i64().unwrap(),
+        payout["confirm_token"].as_str().unwrap().to_string(),
+    );
+    assert_eq!(
+        env.scalar_i64("SELECT count(*) FROM settlement.payout_jobs").await,
+        0,
+        "nothing is delivered before the confirmation"
+    );
+    let mut racing = tokio::task::JoinSet::new();
+    for i in 0..40 {
+        let url = format!("{}/v1/payouts/{id}/confirm", if i % 2 == 0 { &a.base } else { &b.base });
+        let token = token.clone();
+        racing.spawn(async move { post(&url, None, &json!({ "token": token })).await });
+    }
+    let mut answers = Vec::new();
+    while let Some(answer) = racing.join_next().await {
+        answers.push(answer.unwrap());
+    }
+    let ok: Vec<&(u16, Value)> = answers.iter().filter(|(s, _)| *s == 200).collect();
+    assert_eq!(ok.len(), 1, "exactly one confirmation succeeds: {answers:?}");
+    assert_eq!(ok[0].1["status"], "queued");
+    for (status, body) in answers.iter().filter(|(s, _)| *s != 200) {
+        assert!(
+            *status == 409 && body["type"] == "/problems/payout-not-awaiting-confirmation"
+                || *status == 403 && body["type"] == "/problems/token-refused",
+            "{status} {body}"
+        );
+    }
+    assert_eq!(env.scalar_i64("SELECT count(*) FROM settlement.payout_jobs").await, 1);
+    assert_eq!(
+        env.scalar_i64(&format!(
+            "SELECT count(*) FROM settlement.payout_history WHERE payout_id = {id} AND to_state = 'queued'"
+        ))
+        .await,
+        1
+    );
+    // A wrong token confirms nothing, even for a payout still awaiting one.
+    let (_, other) = post(
+        &format!("{}/v1/payouts", a.base),
+        Some("confirm-2"),
+        &json!({ "creator": creator, "amount": "5", "confirm": true }),
+    )
+    .await;
+    let other_id = other["id"].as_i64().unwrap();
+    let (status, body) = post(
+        &format!("{}/v1/payouts/{other_id}/confirm", a.base),
+        None,
+        &json!({ "token": token }),
+    )
+    .await;
+    assert_eq!(
+        (status, body["type"].as_str()),
+        (403, Some("/problems/token-refused")),
+        "{body}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unconfirmed_payout_expires_or_is_cancelled_and_its_funds_come_back_once() {
+    let (env, creator, before) = settled_env("20").await;
+    let server = env.serve(TOKEN).await;
+    let make = |key: &'static str| {
+        let (url, creator) = (format!("{}/v1/payouts", server.base), creator.clone());
+        async move {
+            post(
+                &url,
+                Some(key),
+                &json!({ "creator": creator, "amount": "300", "confirm": true }),
+            )
+            .await
+        }
+    };
+    let (_, first) = make("expire-1").await;
+    let (_, second) = make("cancel-1").await;
+    let (first, second) = (first["id"].as_i64().unwrap(), second["id"].as_i64().unwrap());
+    // Its window passes (made so in SQL), and the expiry runs twice.
+    sqlx::query("UPDATE settlement.payouts SET expires_at = now() - interval '1 second' WHERE id = $1")
+        .bind(first)
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        env.scalar_i64("SELECT settlement.expire_unconfirmed_payouts(100)")
+            .await,
+        1
+    );
+    assert_eq!(
+        env.scalar_i64("SELECT settlement.expire_unconfirmed_payouts(100)")
+            .await,
+        0
+    );
+    let (status, body) = post(&format!("{}/v1/payouts/{second}/cancel", server.base), None, &json!({})).await;
+    assert_eq!((status, body["status"].as_str()), (200, Some("cancelled")), "{body}");
+    let (status, body) = post(&format!("{}/v1/payouts/{second}/cancel", server.base), None, &json!({})).await;
+    assert_eq!(
+        (status, body["type"].as_str()),
+        (409, Some("/problems/payout-not-cancellable")),
+        "{body}"
+    );
+    assert_eq!(balance(&env, &creator).await, before, "both amounts came back, once");
+    assert_eq!(
+        env.scalar_i64("SELECT count(*) FROM settlement.payout_returns").await,
+        2
+    );
+    env.run_ok(&["verify", "--period", "2026-11-28"]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_database_refuses_every_change_the_state_machine_does_not_allow() {
+    let (env, creator, _) = settled_env("20").await;
+    let server = env.serve(TOKEN).await;
+    let (_, payout) = post(
+        &format!("{}/v1/payouts", server.base),
+        Some("rules-1"),
+        &json!({ "creator": creator, "amount": "10" }),
+    )
+    .await;
+    let id = payout["id"].as_i64().unwrap();
+    let refused = |sql: String| {
+        let pool = env.pool.clone();
+        async move {
+            let err = sqlx::query(&sql).execute(&pool).await.expect_err(&sql);
+            err.as_database_error().unwrap().message().to_string()
+        }
+    };
+    // Queued cannot jump back, nor be cancelled; what it pays never changes.
+    for (sql, says) in [
+        (
+            format!("UPDATE settlement.payouts SET status = 'created' WHERE id = {id}"),
+            "cannot go from queued to created",
+        ),
+        (
+            format!("UPDATE settlement.payouts SET status = 'cancelled' WHERE id = {id}"),
+            "cannot go from queued to cancelled",
+        ),
+        (
+            format!("UPDATE settlement.payouts SET amount = 1 WHERE id = {id}"),
+            "never change",
+        ),
+        (format!("DELETE FROM settlement.payouts WHERE id = {id}"), "append-only"),
+        (
+            format!("DELETE FROM settlement.payout_history WHERE payout_id = {id}"),
+            "append-only",
+        ),
+    ] {
+        let message = refused(sql.clone()).await;
+        assert!(message.contains(says), "{sql}: {message}");
+    }
+    // Paid is final: failed after it is refused, so no funds can come back.
+    let moved: bool = sqlx::query_scalar("SELECT settlement.move_payout($1, ARRAY['queued'], 'paid', 'test', 'p-1')")
+        .bind(id)
+        .fetch_one(&env.pool)
+        .await
+        .unwrap();
+    assert!(moved);
+    let message = refused(format!(
+        "UPDATE settlement.payouts SET status = 'failed' WHERE id = {id}"
+    ))
+    .await;
+    assert!(message.contains("cannot go from paid to failed"), "{message}");
+    let moved: bool =
+        sqlx::query_scalar("SELECT settlement.move_payout($1, ARRAY['queued', 'sent'], 'failed', 'test', NULL)")
+            .bind(id)
+            .fetch_one(&env.pool)
+            .await
+            .unwrap();
+    assert!(!moved, "a conditional move from the wrong state does nothing");
+    assert_eq!(
+        env.scalar_i64("SELECT count(*) FROM settlement.payout_returns").await,
+        0
+    );
+    env.run_ok(&["verify", "--period", "2026-11-28"]);
+}

@@ -1,0 +1,299 @@
+//! The payout lifecycle: one state machine over every payout (withdrawals
+//! through the API, and settlements paid through the provider), its moves,
+//! and what the provider's word does to it.
+//!
+//! ```text
+//! created ──► queued ──► sent ──► paid
+//!    │           │         └────► failed     (funds returned)
+//!    │           ├──────────────► paid | failed
+//!    ├──► cancelled (funds returned)
+//!    └──► expired   (funds returned: never confirmed)
+//! ```
+//!
+//! The database holds the rules (migration `20261203000501`): the allowed
+//! transitions are a table a trigger checks, every transition appends a
+//! history row, and a payout that ends without paying gets its amount back
+//! on the balance in the same transaction, once (the return's primary key).
+//! Here every move is one conditional update through
+//! `settlement.move_payout`, whose answer (moved or not) is the truth;
+//! nothing is decided from a state read earlier.
+
+use sqlx::PgConnection;
+
+/// The delivery queue's name (a continuous queue of the engine).
+pub const DELIVERY_QUEUE: &str = "payout_delivery";
+/// Its table: one job per queued payout, keyed by the payout's id.
+pub const DELIVERY_TABLE: &str = "settlement.payout_jobs";
+/// What a confirmation token is for (`settled_engine.once_tokens.purpose`).
+pub const CONFIRMATION_PURPOSE: &str = "payout-confirmation";
+/// How long a payout waits for its confirmation by default.
+pub const DEFAULT_CONFIRM_TTL_SECS: u64 = 900;
+/// Longest confirmation window allowed.
+pub const MAX_CONFIRM_TTL_SECS: u64 = 7 * 24 * 3600;
+
+/// The delivery queue.
+pub fn delivery_queue() -> settled_engine::Queue {
+    settled_engine::Queue::with_key(DELIVERY_QUEUE, DELIVERY_TABLE, "payout_id", "bigint")
+        .expect("the delivery queue's names are valid")
+}
+
+/// Where a payout stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PayoutState {
+    /// Debited, awaiting its confirmation.
+    Created,
+    /// Debited, its delivery job committed with it.
+    Queued,
+    /// Accepted by the provider, not yet paid.
+    Sent,
+    /// Paid (final).
+    Paid,
+    /// The provider refused or failed it; funds returned (final).
+    Failed,
+    /// Cancelled before confirmation; funds returned (final).
+    Cancelled,
+    /// Never confirmed; funds returned (final).
+    Expired,
+}
+
+impl PayoutState {
+    /// Every state.
+    pub const ALL: [PayoutState; 7] = [
+        PayoutState::Created,
+        PayoutState::Queued,
+        PayoutState::Sent,
+        PayoutState::Paid,
+        PayoutState::Failed,
+        PayoutState::Cancelled,
+        PayoutState::Expired,
+    ];
+
+    /// The stored value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PayoutState::Created => "created",
+            PayoutState::Queued => "queued",
+            PayoutState::Sent => "sent",
+            PayoutState::Paid => "paid",
+            PayoutState::Failed => "failed",
+            PayoutState::Cancelled => "cancelled",
+            PayoutState::Expired => "expired",
+        }
+    }
+
+    /// Parses a stored value.
+    pub fn parse(value: &str) -> Option<PayoutState> {
+        PayoutState::ALL.into_iter().find(|s| s.as_str() == value)
+    }
+
+    /// True for the states a payout never leaves.
+    pub fn is_final(self) -> bool {
+        matches!(
+            self,
+            PayoutState::Paid | PayoutState::Failed | PayoutState::Cancelled | PayoutState::Expired
+        )
+    }
+}
+
+impl std::fmt::Display for PayoutState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Moves payout `id` from one of `from` to `to` in one conditional update
+/// on `conn` (with its history, and a return of funds for a payout that
+/// ends unpaid); false when it was in none of `from`.
+pub async fn move_payout(
+    conn: &mut PgConnection,
+    id: i64,
+    from: &[PayoutState],
+    to: PayoutState,
+    reason: &str,
+    provider_id: Option<&str>,
+) -> anyhow::Result<bool> {
+    let from: Vec<&str> = from.iter().map(|s| s.as_str()).collect();
+    Ok(sqlx::query_scalar("SELECT settlement.move_payout($1, $2, $3, $4, $5)")
+        .bind(id) // $1
+        .bind(from) // $2
+        .bind(to.as_str()) // $3
+        .bind(reason) // $4
+        .bind(provider_id) // $5
+        .fetch_one(conn)
+        .await?)
+}
+
+/// What the provider says of a payment, from any source.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProviderWord {
+    /// Accepted, not paid yet.
+    Pending {
+        /// The provider's id.
+        provider_id: String,
+    },
+    /// Paid.
+    Paid {
+        /// The provider's id.
+        provider_id: String,
+    },
+    /// Failed after acceptance, or refused.
+    Failed {
+        /// The provider's id, when it has one.
+        provider_id: Option<String>,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Where the provider's word came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// The delivery call's answer.
+    Delivery,
+    /// A webhook event.
+    Webhook,
+    /// A lookup of a payout sent long ago.
+    Poll,
+    /// `settled reconcile`.
+    Reconcile,
+}
+
+impl Source {
+    fn as_str(self) -> &'static str {
+        match self {
+            Source::Delivery => "delivery",
+            Source::Webhook => "webhook",
+            Source::Poll => "poll",
+            Source::Reconcile => "reconcile",
+        }
+    }
+}
+
+/// What the provider's word did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Applied {
+    /// The payout moved.
+    Moved,
+    /// It said nothing new (a repeat, or a late `pending`).
+    Already,
+    /// It contradicts the payout's final state: recorded, not applied.
+    Conflict,
+}
+
+impl Applied {
+    /// The stored outcome of a webhook event.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Applied::Moved => "applied",
+            Applied::Already => "already",
+            Applied::Conflict => "conflict",
+        }
+    }
+}
+
+/// Applies the provider's word about payout `id` on `conn`: each possible
+/// move is a conditional update, so a repeat or a late event changes
+/// nothing, and one that contradicts a final state is recorded as a
+/// conflict and never flips it.
+pub async fn apply_word(
+    conn: &mut PgConnection,
+    id: i64,
+    word: &ProviderWord,
+    source: Source,
+    event_id: Option<&str>,
+) -> anyhow::Result<Applied> {
+    use PayoutState::{Failed, Paid, Queued, Sent};
+    let why = |what: &str| {
+        format!(
+            "{what} ({})",
+            event_id.map_or(source.as_str().to_string(), |e| format!("event {e}"))
+        )
+    };
+    let (moved, provider_status) = match word {
+        ProviderWord::Pending { provider_id } => (
+            move_payout(
+                conn,
+                id,
+                &[Queued],
+                Sent,
+                &why("accepted by the provider"),
+                Some(provider_id),
+            )
+            .await?,
+            "pending",
+        ),
+        ProviderWord::Paid { provider_id } => (
+            move_payout(conn, id, &[Queued, Sent], Paid, &why("paid"), Some(provider_id)).await?,
+            "paid",
+        ),
+        ProviderWord::Failed { provider_id, reason } => (
+            move_payout(
+                conn,
+                id,
+                &[Queued, Sent],
+                Failed,
+                &why(&format!("failed: {reason}")),
+                provider_id.as_deref(),
+            )
+            .await?,
+            "failed",
+        ),
+    };
+    if moved {
+        return Ok(Applied::Moved);
+    }
+    let state: String = sqlx::query_scalar("SELECT status FROM settlement.payouts WHERE id = $1")
+        .bind(id) // $1
+        .fetch_one(&mut *conn)
+        .await?;
+    let contradicts = matches!(
+        (state.as_str(), provider_status),
+        ("paid", "failed") | ("failed", "paid") | ("cancelled" | "expired", "paid" | "pending")
+    );
+    if !contradicts {
+        return Ok(Applied::Already);
+    }
+    sqlx::query(
+        "INSERT INTO settlement.payout_conflicts (payout_id, state, provider_status, source, event_id, detail)
+         VALUES ($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(id) // $1
+    .bind(&state) // $2
+    .bind(provider_status) // $3
+    .bind(source.as_str()) // $4
+    .bind(event_id) // $5
+    .bind(format!(
+        "the provider says {provider_status} of a payout that is {state}"
+    )) // $6
+    .execute(&mut *conn)
+    .await?;
+    tracing::warn!(
+        payout = id,
+        state,
+        provider_status,
+        source = source.as_str(),
+        "the provider contradicts a final state; recorded, not applied"
+    );
+    Ok(Applied::Conflict)
+}
+
+/// The payout whose provider key is `key`, if settled made one.
+pub async fn by_provider_key(conn: &mut PgConnection, key: &str) -> anyhow::Result<Option<i64>> {
+    Ok(
+        sqlx::query_scalar("SELECT id FROM settlement.payouts WHERE provider_key = $1")
+            .bind(key) // $1
+            .fetch_optional(conn)
+            .await?,
+    )
+}
+
+/// Expires up to `batch` payouts whose confirmation window has passed
+/// (funds returned); returns how many.
+pub async fn expire_unconfirmed(conn: &mut PgConnection, batch: i32) -> anyhow::Result<i64> {
+    Ok(sqlx::query_scalar("SELECT settlement.expire_unconfirmed_payouts($1)")
+        .bind(batch) // $1
+        .fetch_one(conn)
+        .await?)
+}
