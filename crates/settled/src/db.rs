@@ -280,6 +280,18 @@ impl Database {
         }
     }
 
+    /// How a continuous queue's idle loops wake: LISTEN on the pool, on a
+    /// direct connection behind a transaction pooler, or polling when there
+    /// is none.
+    pub async fn wake(&self) -> anyhow::Result<settled_engine::continuous::Wake> {
+        use settled_engine::continuous::Wake;
+        Ok(match (self.pooler, self.listen_pool().await?) {
+            (_, None) => Wake::Poll,
+            (Pooler::Transaction, Some(direct)) => Wake::ListenVia(direct),
+            (_, Some(_)) => Wake::Listen,
+        })
+    }
+
     /// The private server, when one is in use by this process.
     pub fn private_server(&self) -> Option<&LocalPostgres> {
         self.server.as_ref()

@@ -158,17 +158,22 @@ async fn stop(worker: Worker, background: Vec<tokio::task::JoinHandle<()>>) {
     worker.deregister().await;
 }
 
-/// SIGTERM or SIGINT: stop claiming; in-flight work finishes (or, in leased
-/// mode, is given back after the shutdown grace).
-async fn stop_on_signal(stats: Arc<settled_engine::raw::DrainStats>) {
+/// Returns at the first SIGTERM or SIGINT (never, if they cannot be caught).
+pub async fn stop_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
-        return;
+        return std::future::pending().await;
     };
     tokio::select! {
         _ = term.recv() => {},
         _ = int.recv() => {},
     }
+}
+
+/// SIGTERM or SIGINT: stop claiming; in-flight work finishes (or, in leased
+/// mode, is given back after the shutdown grace).
+async fn stop_on_signal(stats: Arc<settled_engine::raw::DrainStats>) {
+    stop_signal().await;
     tracing::info!("signal received: finishing the work in flight, claiming no more");
     stats.stop.store(true, std::sync::atomic::Ordering::Relaxed);
 }

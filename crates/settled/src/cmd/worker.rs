@@ -1,6 +1,7 @@
 //! `settled worker`: one worker process, for one period or as the daemon.
 
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use settled_engine::daemon::DaemonConfig;
@@ -148,9 +149,33 @@ pub struct EngineFlags {
     #[arg(long, env = "SETTLED_PROVIDER_CONCURRENCY", default_value_t = settled_engine::raw::DEFAULT_CALLS_IN_FLIGHT as u32,
           value_parser = clap::value_parser!(u32).range(1..=settled_engine::raw::MAX_CALLS_IN_FLIGHT as i64))]
     pub provider_concurrency: u32,
+    /// Calls per second to the provider, over every process that calls it
+    /// (the daemon's payout delivery, `settled deliver`).
+    #[arg(long, env = "SETTLED_PROVIDER_RATE", default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub provider_rate: u32,
 }
 
 impl EngineFlags {
+    /// The daemon's payout delivery, when it has a provider.
+    pub fn delivery(&self, wake: settled_engine::continuous::Wake) -> Option<crate::payouts::deliver::DeliveryOptions> {
+        let url = self.provider_url.clone()?;
+        let args = crate::cmd::deliver::Args {
+            provider_url: url,
+            provider_timeout_ms: self.provider_timeout_ms,
+            provider_rate: self.provider_rate,
+            provider_burst: None,
+            concurrency: 2,
+            batch: 50,
+            provider_concurrency: self.provider_concurrency,
+            lease_ttl_ms: self.lease_ttl_ms,
+            rescue_interval_ms: self.rescue_interval_ms,
+            shutdown_grace_ms: self.shutdown_grace_ms,
+            poll_after_secs: 300,
+            max_poll_ms: 1_000,
+        };
+        Some(args.options(wake))
+    }
+
     /// Lease timings.
     pub fn leases(&self) -> LeaseConfig {
         LeaseConfig {
@@ -206,9 +231,22 @@ impl Args {
             let archiver = self
                 .archive_after_days
                 .map(|days| tokio::spawn(archive_loop(db.pool.clone(), days, self.archive_dir.clone())));
+            // With a provider, the daemon delivers payouts too.
+            let delivery = self.engine.delivery(db.wake().await?).map(|opts| {
+                let (pool, stats) = (db.pool.clone(), Arc::new(settled_engine::ServeStats::default()));
+                let handle = tokio::spawn({
+                    let stats = stats.clone();
+                    async move { crate::payouts::deliver::run_delivery(&pool, opts, stats).await }
+                });
+                (handle, stats)
+            });
             let ran = crate::worker::run_daemon(&db.pool, &opts, drainer, &daemon).await;
             if let Some(archiver) = archiver {
                 archiver.abort();
+            }
+            if let Some((handle, stats)) = delivery {
+                stats.request_stop();
+                handle.await??;
             }
             ran?;
             println!("worker daemon stopped");
@@ -269,7 +307,9 @@ impl DbCommand for Args {
     const SINGLE_THREADED: bool = true;
 
     fn connections(&self) -> u32 {
-        self.concurrency + 4
+        // The daemon's payout delivery, with a provider: its loops and helpers.
+        let delivery = if self.period.is_none() && self.engine.provider_url.is_some() { 6 } else { 0 };
+        self.concurrency + 4 + delivery
     }
 
     async fn run(self, db: &Database) -> Outcome {

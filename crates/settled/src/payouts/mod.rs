@@ -20,6 +20,8 @@
 
 use sqlx::PgConnection;
 
+pub mod deliver;
+
 /// The delivery queue's name (a continuous queue of the engine).
 pub const DELIVERY_QUEUE: &str = "payout_delivery";
 /// Its table: one job per queued payout, keyed by the payout's id.
