@@ -213,7 +213,11 @@ async fn crash_mid_run_and_promote(synchronous: bool, mode: Mode) {
         .send()
         .await
         .unwrap();
-    assert_eq!(paid.status(), 201, "a payout after the failover");
+    // Leased settlement paid the rewards out through the provider, so the
+    // balances are empty there: the answer is still a decision written on
+    // the new primary (its idempotency key stored), not an error.
+    let want = if mode == Mode::Leased { 409 } else { 201 };
+    assert_eq!(paid.status(), want, "a payout after the failover");
     let _ = serve.kill();
     let _ = serve.wait();
     // On the new primary: the run finished, every creator paid once.

@@ -199,7 +199,7 @@ async fn each_verb_says_what_it_changed_and_refuses_what_it_cannot_do() {
     let (code, _, err) = queues(&env, &["pause", "nope"]);
     assert_eq!(code, 1);
     assert!(
-        err.contains("no queue named \"nope\" is registered (registered: mail)"),
+        err.contains("no queue named \"nope\" is registered (registered: mail, payout_delivery)"),
         "{err}"
     );
 

@@ -142,7 +142,7 @@ pub fn drainer(
             };
             ByMode::Leased(Leased {
                 handler: Arc::new(SimulatedWork {
-                    inner: SettleWithProvider { provider },
+                    inner: SettleWithProvider::new(provider),
                     per_item,
                 }),
                 leases,

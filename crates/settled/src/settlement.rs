@@ -22,7 +22,7 @@ use sqlx::{PgConnection, PgPool};
 use crate::address::CreatorAddress;
 use crate::money::{Amount, FeeBps};
 use crate::period::Period;
-use crate::provider::{payout_key, PayoutProvider, ProviderError};
+use crate::provider::{payout_key, Payment, PaymentStatus, PayoutProvider, ProviderError};
 
 /// The job's name in the engine's runs.
 pub const JOB: &str = "creator-rewards";
@@ -280,12 +280,46 @@ async fn pay_chunk(tx: &mut PgConnection, chunk: &Chunk) -> Result<(), HandlerEr
 
 /// The settlement handler for leased mode: each creator is paid through the
 /// provider (idempotency key from period and creator) outside any
-/// transaction; the ledger rows and balance credits of the items whose fence
-/// still holds are written at completion.
+/// transaction; at completion, for the items whose fence still holds, the
+/// ledger rows and balance credits, and each payment as a payout of the
+/// credited reward (`kind = 'settlement'`, debited at once) in the state the
+/// provider answered: `sent`, `paid`, or `failed` with the reward back on
+/// the balance. A payment that fails later (its webhook, a lookup) returns
+/// the reward to the balance the same way, so money is never lost.
 #[derive(Debug, Clone)]
 pub struct SettleWithProvider<P> {
     /// The provider.
     pub provider: P,
+    /// The provider's answers, by payout key, from the work to the
+    /// completion (an answer lost on the way records the payment `sent`,
+    /// and a lookup settles it).
+    answers: Arc<std::sync::Mutex<std::collections::HashMap<String, (Payment, std::time::Instant)>>>,
+}
+
+/// Answers kept at most this long for a completion (a completion refused
+/// by the fence never takes its answer).
+const ANSWER_KEPT: std::time::Duration = std::time::Duration::from_secs(3_600);
+
+impl<P> SettleWithProvider<P> {
+    /// A handler paying through `provider`.
+    pub fn new(provider: P) -> SettleWithProvider<P> {
+        SettleWithProvider {
+            provider,
+            answers: Arc::default(),
+        }
+    }
+
+    fn keep(&self, key: String, payment: Payment) {
+        let mut answers = self.answers.lock().expect("answers");
+        if answers.len() > 10_000 {
+            answers.retain(|_, (_, at)| at.elapsed() < ANSWER_KEPT);
+        }
+        answers.insert(key, (payment, std::time::Instant::now()));
+    }
+
+    fn take(&self, key: &str) -> Option<Payment> {
+        self.answers.lock().expect("answers").remove(key).map(|(p, _)| p)
+    }
 }
 
 /// What leased settlement loads for a chunk.
@@ -336,19 +370,73 @@ impl<P: PayoutProvider> LeasedHandler for SettleWithProvider<P> {
         let amount = *batch.amounts.get(&item.key).ok_or_else(|| {
             HandlerError::Permanent(format!("creator {} has no reward for {}", item.key, chunk.scope))
         })?;
-        match self
-            .provider
-            .pay(&payout_key(batch.period, &item.key), &item.key, amount, None)
-            .await
-        {
-            Ok(_) => Ok(()),
+        let key = payout_key(batch.period, &item.key);
+        match self.provider.pay(&key, &item.key, amount, None).await {
+            Ok((payment, _)) => {
+                self.keep(key, payment);
+                Ok(())
+            }
             Err(e) => Err(item_error(e)),
         }
     }
 
     async fn commit(&self, tx: &mut PgConnection, chunk: &Chunk) -> Result<(), HandlerError> {
-        pay_chunk(tx, chunk).await
+        pay_chunk(tx, chunk).await?;
+        record_payments(tx, chunk, |key| self.take(key)).await
     }
+}
+
+/// Records each paid item's payment as a payout of its reward (debited at
+/// once), in the state `answer` gives (none: `sent`, for a lookup to
+/// settle), on the completion's transaction, after its ledger rows and
+/// credits. Rewards of zero pay nothing and record nothing.
+async fn record_payments(
+    tx: &mut PgConnection,
+    chunk: &Chunk,
+    answer: impl Fn(&str) -> Option<Payment>,
+) -> Result<(), HandlerError> {
+    let period = Period::parse(&chunk.scope).map_err(HandlerError::Permanent)?;
+    let (mut creators, mut keys, mut ids, mut states, mut reasons) = (vec![], vec![], vec![], vec![], vec![]);
+    for item in &chunk.items {
+        let key = payout_key(period, &item.key);
+        let payment = answer(&key);
+        let (state, reason) = match payment.as_ref().map(|p| p.status) {
+            Some(PaymentStatus::Paid) => ("paid", "paid at once".to_string()),
+            Some(PaymentStatus::Failed) => (
+                "failed",
+                format!(
+                    "failed: {}",
+                    payment
+                        .as_ref()
+                        .and_then(|p| p.failure_reason.clone())
+                        .unwrap_or_default()
+                ),
+            ),
+            Some(PaymentStatus::Pending) => ("sent", "accepted by the provider".to_string()),
+            None => ("sent", "accepted by the provider; its answer is looked up".to_string()),
+        };
+        creators.push(item.key.clone());
+        keys.push(key);
+        ids.push(payment.map(|p| p.id));
+        states.push(state);
+        reasons.push(reason);
+    }
+    sqlx::query(
+        "SELECT settlement.record_settlement_payment(l.creator, l.amount, l.period, a.key, a.id, a.state, a.reason)
+         FROM settlement.reward_ledger l
+         JOIN unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[]) AS a(creator, key, id, state, reason)
+           ON a.creator = l.creator
+         WHERE l.period = $1 AND l.amount > 0",
+    )
+    .bind(period.date()) // $1
+    .bind(creators) // $2
+    .bind(keys) // $3
+    .bind(ids) // $4
+    .bind(states) // $5
+    .bind(reasons) // $6
+    .execute(tx)
+    .await?;
+    Ok(())
 }
 
 /// How a provider call that failed ends a settlement item's attempt: a

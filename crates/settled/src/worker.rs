@@ -43,9 +43,7 @@ pub fn drainer(
         Mode::Leased => {
             let url = provider_url.context("leased mode pays through a payment provider: give --provider-url")?;
             ByMode::Leased(Leased {
-                handler: Arc::new(SettleWithProvider {
-                    provider: HttpProvider::new(url, provider_timeout)?,
-                }),
+                handler: Arc::new(SettleWithProvider::new(HttpProvider::new(url, provider_timeout)?)),
                 leases,
             })
         }

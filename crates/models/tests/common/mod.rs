@@ -91,9 +91,7 @@ pub async fn payments_to(url: &str, creator: &str) -> Vec<Payment> {
 /// The settlement's real leased handler on the simulator, with calls that
 /// time out after `timeout`.
 pub fn real_handler(url: &str, timeout: Duration) -> SettleWithProvider<HttpProvider> {
-    SettleWithProvider {
-        provider: HttpProvider::new(url, timeout).unwrap(),
-    }
+    SettleWithProvider::new(HttpProvider::new(url, timeout).unwrap())
 }
 
 /// A named point a scripted handler stops at.

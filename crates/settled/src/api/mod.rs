@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod openapi;
 pub mod payouts;
 pub mod problem;
+pub mod provider_events;
 pub mod queues;
 pub mod server;
 
@@ -78,6 +79,9 @@ pub struct AppState {
     pub synchronous_commit: Option<SynchronousCommit>,
     /// How long a payout made with `"confirm": true` waits for its confirmation.
     pub confirm_ttl: std::time::Duration,
+    /// The secrets webhooks are signed with (one, or two while rotating);
+    /// None: `POST /v1/provider-events` answers 503 so the provider retries.
+    pub webhook_secrets: Option<Arc<Vec<Vec<u8>>>>,
 }
 
 impl AppState {
@@ -94,6 +98,7 @@ impl AppState {
             limits: HttpLimits::default(),
             synchronous_commit: None,
             confirm_ttl: std::time::Duration::from_secs(crate::payouts::DEFAULT_CONFIRM_TTL_SECS),
+            webhook_secrets: None,
         }
     }
 }
@@ -120,6 +125,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/payouts/{id}", get(payouts::show))
         .route("/v1/payouts/{id}/confirm", post(payouts::confirm))
         .route("/v1/payouts/{id}/cancel", post(payouts::cancel))
+        .route("/v1/provider-events", post(provider_events::receive))
         .route("/v1/creators/{address}", get(creators::show))
         .route("/v1/holds", post(holds::create))
         .route("/v1/holds/{id}/release", post(holds::release))

@@ -38,6 +38,13 @@ pub struct Args {
     #[arg(long, default_value_t = crate::payouts::DEFAULT_CONFIRM_TTL_SECS,
           value_parser = clap::value_parser!(u64).range(1..=crate::payouts::MAX_CONFIRM_TTL_SECS))]
     confirm_ttl_secs: u64,
+    /// The secret the provider signs its webhooks with
+    /// (`POST /v1/provider-events`); two separated by a comma are both
+    /// accepted, while rotating. Unset: webhooks answer 503 and the
+    /// provider sends them again later.
+    #[arg(long, env = "SETTLED_PROVIDER_WEBHOOK_SECRET", hide_env_values = true,
+          value_parser = parse_webhook_secrets)]
+    provider_webhook_secret: Option<WebhookSecrets>,
     /// Host names the pages and API answer (the Host header, port ignored;
     /// repeatable). Default: the loopback names when bound to loopback,
     /// any host when bound to all interfaces.
@@ -98,6 +105,7 @@ impl DbCommand for Args {
             decimals: self.token_decimals,
             synchronous_commit: self.synchronous_commit,
             confirm_ttl: Duration::from_secs(self.confirm_ttl_secs),
+            webhook_secrets: self.provider_webhook_secret.map(|s| Arc::new(s.0)),
             limits,
             ..crate::api::AppState::new(db.pool.clone(), reads)
         };
@@ -135,4 +143,18 @@ impl clap::builder::TypedValueParser for ApiTokenParser {
             .ok_or_else(|| refuse("SETTLED_API_TOKEN (--api-token) is not valid UTF-8".into()))?;
         crate::api::auth::parse_api_token(text).map_err(refuse)
     }
+}
+
+/// The webhook secrets, parsed once (never shown in errors or `--help`).
+#[derive(Clone)]
+pub struct WebhookSecrets(Vec<Vec<u8>>);
+
+impl std::fmt::Debug for WebhookSecrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "WebhookSecrets({} secrets)", self.0.len())
+    }
+}
+
+fn parse_webhook_secrets(value: &str) -> Result<WebhookSecrets, String> {
+    crate::provider::signature::secrets_from_env(value).map(WebhookSecrets)
 }

@@ -308,7 +308,11 @@ impl DbCommand for Args {
 
     fn connections(&self) -> u32 {
         // The daemon's payout delivery, with a provider: its loops and helpers.
-        let delivery = if self.period.is_none() && self.engine.provider_url.is_some() { 6 } else { 0 };
+        let delivery = if self.period.is_none() && self.engine.provider_url.is_some() {
+            6
+        } else {
+            0
+        };
         self.concurrency + 4 + delivery
     }
 

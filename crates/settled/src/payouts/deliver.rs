@@ -206,7 +206,11 @@ pub struct Deliver<P> {
 impl<P: PayoutProvider> Deliver<P> {
     /// A handler calling `provider`, within the fleet's `limiter`.
     pub fn new(provider: P, pool: PgPool, limiter: Arc<Limiter>) -> Deliver<P> {
-        Deliver { provider, pool, limiter }
+        Deliver {
+            provider,
+            pool,
+            limiter,
+        }
     }
 
     async fn load(&self, id: i64) -> Result<Option<ToDeliver>, HandlerError> {
@@ -245,7 +249,12 @@ impl<P: PayoutProvider> LeasedJobHandler for Deliver<P> {
         }
         let amount = Amount::parse_decimal(&payout.amount)
             .map_err(|e| HandlerError::Permanent(format!("payout {id}'s amount {:?}: {e}", payout.amount)))?;
-        match self.limiter.take().await.map_err(|e| HandlerError::Transient(e.to_string()))? {
+        match self
+            .limiter
+            .take()
+            .await
+            .map_err(|e| HandlerError::Transient(e.to_string()))?
+        {
             Ok(()) => {}
             Err(wait) => return Err(snooze(wait, "waiting for the provider's limits")),
         }
@@ -256,12 +265,21 @@ impl<P: PayoutProvider> LeasedJobHandler for Deliver<P> {
             .await;
         match answer {
             Ok((payment, _created)) => {
-                self.limiter.up().await.map_err(|e| HandlerError::Transient(e.to_string()))?;
+                self.limiter
+                    .up()
+                    .await
+                    .map_err(|e| HandlerError::Transient(e.to_string()))?;
                 Ok(Delivered::Word(word_of(&payment)))
             }
-            Err(ProviderError::RateLimited { retry_after }) => Err(snooze(retry_after, "the provider is rate limiting")),
+            Err(ProviderError::RateLimited { retry_after }) => {
+                Err(snooze(retry_after, "the provider is rate limiting"))
+            }
             Err(ProviderError::Transient(e)) => {
-                let wait = self.limiter.down().await.map_err(|e| HandlerError::Transient(e.to_string()))?;
+                let wait = self
+                    .limiter
+                    .down()
+                    .await
+                    .map_err(|e| HandlerError::Transient(e.to_string()))?;
                 Err(snooze(wait, format!("the provider is unavailable: {e}")))
             }
             Err(ProviderError::Refused(e)) => Ok(Delivered::Refused(e)),
@@ -348,7 +366,10 @@ async fn record_missing(pool: &PgPool, id: i64) -> anyhow::Result<()> {
     .bind(id) // $1
     .execute(pool)
     .await?;
-    tracing::warn!(payout = id, "a sent payout is unknown to the provider; recorded as a conflict");
+    tracing::warn!(
+        payout = id,
+        "a sent payout is unknown to the provider; recorded as a conflict"
+    );
     Ok(())
 }
 
@@ -384,7 +405,8 @@ pub async fn run_delivery(
     let limiter = Arc::new(Limiter::new(pool.clone(), opts.limits.clone()));
     let handler = Arc::new(Deliver::new(provider.clone(), pool.clone(), limiter));
     let housekeeping = tokio::spawn(housekeeping(pool.clone(), provider, opts.poll_after));
-    let served = settled_engine::serve_leased(pool, Arc::new(super::delivery_queue()), handler, opts.serve, stats).await;
+    let served =
+        settled_engine::serve_leased(pool, Arc::new(super::delivery_queue()), handler, opts.serve, stats).await;
     housekeeping.abort();
     Ok(served?)
 }

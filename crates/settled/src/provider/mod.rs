@@ -121,6 +121,14 @@ impl EventType {
         }
     }
 
+    /// The event's `type`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventType::PaymentPaid => "payment.paid",
+            EventType::PaymentFailed => "payment.failed",
+        }
+    }
+
     /// The status the event announces.
     pub fn status(self) -> PaymentStatus {
         match self {

@@ -48,6 +48,17 @@ pub enum SignatureError {
     },
 }
 
+impl SignatureError {
+    /// A short name of what failed (a metric label).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SignatureError::Malformed(_) => "malformed",
+            SignatureError::NoMatch => "no_match",
+            SignatureError::OutsideTolerance { .. } => "outside_tolerance",
+        }
+    }
+}
+
 /// The header value signing `body` with `secret` at `timestamp` (unix seconds).
 pub fn sign(secret: &[u8], timestamp: i64, body: &[u8]) -> String {
     let digest = mac_of(secret, timestamp, body).finalize().into_bytes();

@@ -1,0 +1,405 @@
+//! Payouts leave the database exactly once, with real processes: `settled
+//! deliver` against the provider simulator (asynchronous payments, signed
+//! webhooks duplicated, held back and lost, 429s, refusals, an outage),
+//! webhooks into `settled serve`, lookups of payouts whose webhook never
+//! came, and leased settlement paying through the same provider.
+
+mod common;
+
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+use common::{wait_bounded, wait_until, Env, ProviderSim, Server};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use serde_json::{json, Value};
+
+const TOKEN: &str = "test-token";
+const SECRET: &str = "whsec-test";
+
+/// A settled period, a server that takes webhooks, a simulator posting them.
+async fn setup(creators: &str, sim_flags: &[&str]) -> (Env, Server, ProviderSim) {
+    let env = Env::new().await;
+    env.run_ok(&["seed", "--period", "2026-11-28", "--creators", creators]);
+    env.run_ok(&["worker", "--period", "2026-11-28"]);
+    let server = env.serve_with(TOKEN, &["--provider-webhook-secret", SECRET]).await;
+    let sim = ProviderSim::start(sim_flags);
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/webhook-endpoint", sim.url))
+        .json(&json!({ "url": format!("{}/v1/provider-events", server.base), "secret": SECRET }))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    (env, server, sim)
+}
+
+/// `n` payouts of `amount`, one per creator with enough balance.
+async fn make_payouts(env: &Env, server: &Server, n: i64, amount: &str) -> Vec<i64> {
+    let creators: Vec<String> = sqlx::query_scalar(
+        "SELECT creator FROM settlement.creator_balance WHERE balance >= $1::numeric ORDER BY creator LIMIT $2",
+    )
+    .bind(amount)
+    .bind(n)
+    .fetch_all(&env.pool)
+    .await
+    .unwrap();
+    assert_eq!(creators.len() as i64, n, "creators with enough balance");
+    let client = reqwest::Client::new();
+    let mut ids = Vec::new();
+    for (i, creator) in creators.iter().enumerate() {
+        let r = client
+            .post(format!("{}/v1/payouts", server.base))
+            .bearer_auth(TOKEN)
+            .header("Idempotency-Key", format!("p-{i}"))
+            .json(&json!({ "creator": creator, "amount": amount }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201);
+        ids.push(r.json::<Value>().await.unwrap()["id"].as_i64().unwrap());
+    }
+    ids
+}
+
+/// `settled deliver`, looking up payouts sent `poll_after` seconds ago.
+fn deliver(env: &Env, sim: &ProviderSim, poll_after: &str) -> Child {
+    env.cmd(&[
+        "deliver",
+        "--provider-url",
+        &sim.url,
+        "--provider-timeout-ms",
+        "500",
+        "--lease-ttl-ms",
+        "1000",
+        "--rescue-interval-ms",
+        "200",
+        "--shutdown-grace-ms",
+        "300",
+        "--poll-after-secs",
+        poll_after,
+        "--batch",
+        "10",
+    ])
+    .stdout(Stdio::null())
+    .spawn()
+    .unwrap()
+}
+
+fn stop(mut child: Child) {
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
+    let status = wait_bounded(&mut child, 30);
+    assert!(status.success(), "deliver exited with {status}");
+}
+
+async fn count(env: &Env, sql: &str) -> i64 {
+    env.scalar_i64(sql).await
+}
+
+/// Every payout final: paid once at the provider, or failed and returned once.
+async fn check_final(env: &Env, sim: &ProviderSim) {
+    assert_eq!(
+        count(
+            env,
+            "SELECT count(*) FROM settlement.payouts WHERE status NOT IN ('paid', 'failed')"
+        )
+        .await,
+        0
+    );
+    assert_eq!(
+        count(
+            env,
+            "SELECT count(*) FROM settlement.payouts p
+             WHERE (p.status = 'failed') <> EXISTS (SELECT 1 FROM settlement.payout_returns r WHERE r.payout_id = p.id)"
+        )
+        .await,
+        0,
+        "exactly the failed payouts were returned"
+    );
+    let provider = settled::provider::HttpProvider::new(&sim.url, Duration::from_secs(10)).unwrap();
+    let payments = provider.list_all().await.unwrap();
+    let mut keys: Vec<&str> = payments.iter().map(|p| p.idempotency_key.as_str()).collect();
+    keys.sort_unstable();
+    let before = keys.len();
+    keys.dedup();
+    assert_eq!(keys.len(), before, "one payment per key at the provider");
+    for p in &payments {
+        let (status, amount): (String, String) =
+            sqlx::query_as("SELECT status, amount::text FROM settlement.payouts WHERE provider_key = $1")
+                .bind(&p.idempotency_key)
+                .fetch_one(&env.pool)
+                .await
+                .unwrap();
+        assert_eq!(amount, p.amount, "the provider paid the payout's amount");
+        assert_eq!(
+            status,
+            p.status.as_str(),
+            "{}: settled and the provider agree",
+            p.idempotency_key
+        );
+    }
+    env.run_ok(&["verify", "--period", "2026-11-28"]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_deliverers_pay_each_payout_once_and_webhooks_finish_them_through_every_fault() {
+    let (env, server, sim) = setup(
+        "300",
+        &[
+            "--settle-delay-ms",
+            "200",
+            "--failure-rate",
+            "0.2",
+            "--error-rate",
+            "0.1",
+            "--applied-timeout-rate",
+            "0.1",
+            "--applied-timeout-ms",
+            "800",
+            "--rate-limit-rate",
+            "0.05",
+            "--webhook-duplicate-rate",
+            "0.3",
+            "--webhook-reorder-rate",
+            "0.3",
+            "--webhook-reorder-max-ms",
+            "500",
+            "--webhook-loss-rate",
+            "0.2",
+        ],
+    )
+    .await;
+    let ids = make_payouts(&env, &server, 150, "1000").await;
+    let (a, b) = (deliver(&env, &sim, "1"), deliver(&env, &sim, "1"));
+    wait_until(120, "every payout paid or failed", || async {
+        count(
+            &env,
+            "SELECT count(*) FROM settlement.payouts WHERE status IN ('paid', 'failed')",
+        )
+        .await
+            == ids.len() as i64
+    })
+    .await;
+    stop(a);
+    stop(b);
+    check_final(&env, &sim).await;
+    let counters = sim.counters().await;
+    println!("simulator: {counters}");
+    assert!(count(&env, "SELECT count(*) FROM settlement.payouts WHERE status = 'failed'").await > 0);
+    assert!(
+        count(
+            &env,
+            "SELECT count(*) FROM settlement.provider_events WHERE outcome = 'applied'"
+        )
+        .await
+            > 0,
+        "webhooks moved payouts"
+    );
+    assert_eq!(count(&env, "SELECT count(*) FROM settlement.payout_conflicts").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refusal_fails_the_payout_and_returns_its_funds_and_an_outage_spends_no_attempt() {
+    let (env, server, sim) = setup("40", &["--refusal-rate", "0.3", "--error-rate", "1"]).await;
+    let ids = make_payouts(&env, &server, 20, "500").await;
+    let a = deliver(&env, &sim, "1");
+    // The provider is down: jobs wait, snoozed; no attempt is spent.
+    wait_until(30, "the fleet to see the provider down", || async {
+        count(
+            &env,
+            "SELECT count(*) FROM settlement.provider_limits WHERE down_streak > 0",
+        )
+        .await
+            == 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        count(
+            &env,
+            "SELECT count(*) FROM settlement.payout_jobs WHERE attempt - attempt_base > 1"
+        )
+        .await,
+        0,
+        "an outage spends no attempt"
+    );
+    assert_eq!(
+        count(&env, "SELECT count(*) FROM settlement.payouts WHERE status <> 'queued'").await,
+        0
+    );
+    // Back up: everything is delivered; refusals fail and return.
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/faults", sim.url))
+        .json(&json!({ "refusal_rate": 0.3 }))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success());
+    wait_until(90, "every payout paid or failed", || async {
+        count(
+            &env,
+            "SELECT count(*) FROM settlement.payouts WHERE status IN ('paid', 'failed')",
+        )
+        .await
+            == ids.len() as i64
+    })
+    .await;
+    stop(a);
+    check_final(&env, &sim).await;
+    let refused = count(
+        &env,
+        "SELECT count(*) FROM settlement.payouts WHERE status = 'failed' AND reason LIKE 'refused by the provider%'",
+    )
+    .await;
+    assert!(refused > 0, "some payouts were refused");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn webhooks_are_checked_applied_once_and_a_contradiction_is_recorded_never_applied() {
+    let (env, server, sim) = setup("20", &["--settle-delay-ms", "100000"]).await;
+    let ids = make_payouts(&env, &server, 2, "100").await;
+    let a = deliver(&env, &sim, "3600");
+    wait_until(30, "both payouts sent", || async {
+        count(&env, "SELECT count(*) FROM settlement.payouts WHERE status = 'sent'").await == 2
+    })
+    .await;
+    stop(a);
+    let key = format!("payout-{}", ids[0]);
+    let provider_id: String = env
+        .scalar_text(&format!(
+            "SELECT provider_id FROM settlement.payouts WHERE id = {}",
+            ids[0]
+        ))
+        .await;
+    let event = |id: &str, kind: &str| {
+        json!({ "id": id, "type": kind, "created": 1, "data": {
+            "id": provider_id, "idempotency_key": key, "creator": "0x0", "amount": "100",
+            "status": if kind == "payment.paid" { "paid" } else { "failed" },
+            "failure_reason": if kind == "payment.paid" { Value::Null } else { json!("account closed") } } })
+    };
+    let post = |body: Value, secret: &'static str| {
+        let url = format!("{}/v1/provider-events", server.base);
+        async move {
+            let raw = serde_json::to_vec(&body).unwrap();
+            let now = chrono::Utc::now().timestamp();
+            let header = settled::provider::signature::sign(secret.as_bytes(), now, &raw);
+            let r = reqwest::Client::new()
+                .post(url)
+                .header("Provider-Signature", header)
+                .header("Content-Type", "application/json")
+                .body(raw)
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        }
+    };
+    // A wrong secret: refused, nothing applied, counted.
+    let (status, body) = post(event("ev-1", "payment.paid"), "not-the-secret").await;
+    assert_eq!(
+        (status, body["type"].as_str()),
+        (400, Some("/problems/bad-signature")),
+        "{body}"
+    );
+    assert_eq!(
+        count(&env, "SELECT count(*) FROM settlement.payouts WHERE status = 'paid'").await,
+        0
+    );
+    // Applied once; its repeat changes nothing.
+    let (status, body) = post(event("ev-1", "payment.paid"), SECRET).await;
+    assert_eq!((status, body["outcome"].as_str()), (200, Some("applied")), "{body}");
+    let (status, body) = post(event("ev-1", "payment.paid"), SECRET).await;
+    assert_eq!((status, body["outcome"].as_str()), (200, Some("duplicate")), "{body}");
+    // Failed after paid: a conflict, recorded, never a flip (no return).
+    let (status, body) = post(event("ev-2", "payment.failed"), SECRET).await;
+    assert_eq!((status, body["outcome"].as_str()), (200, Some("conflict")), "{body}");
+    assert_eq!(
+        env.scalar_text(&format!("SELECT status FROM settlement.payouts WHERE id = {}", ids[0]))
+            .await,
+        "paid"
+    );
+    assert_eq!(count(&env, "SELECT count(*) FROM settlement.payout_returns").await, 0);
+    assert_eq!(count(&env, "SELECT count(*) FROM settlement.payout_conflicts").await, 1);
+    // An event for a payout settled never made is kept for review.
+    let mut unknown = event("ev-3", "payment.paid");
+    unknown["data"]["idempotency_key"] = json!("payout-999999");
+    let (status, body) = post(unknown, SECRET).await;
+    assert_eq!(
+        (status, body["outcome"].as_str()),
+        (200, Some("unknown_payout")),
+        "{body}"
+    );
+    let metrics = reqwest::get(format!("{}/metrics", server.base))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("settled_webhook_signature_failures_total{reason=\"no_match\"} 1"),
+        "{metrics}"
+    );
+    drop(sim);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lost_webhook_is_made_good_by_a_lookup() {
+    let (env, server, sim) = setup("20", &["--settle-delay-ms", "300", "--webhook-loss-rate", "1"]).await;
+    let ids = make_payouts(&env, &server, 5, "100").await;
+    let a = deliver(&env, &sim, "1");
+    wait_until(60, "every payout paid, by lookups", || async {
+        count(&env, "SELECT count(*) FROM settlement.payouts WHERE status = 'paid'").await == ids.len() as i64
+    })
+    .await;
+    stop(a);
+    assert_eq!(count(&env, "SELECT count(*) FROM settlement.provider_events").await, 0);
+    check_final(&env, &sim).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn leased_settlement_pays_through_the_provider_and_a_failed_payment_returns_the_reward() {
+    let env = Env::new().await;
+    env.run_ok(&["seed", "--period", "2026-11-28", "--creators", "60"]);
+    let sim = ProviderSim::start(&["--failure-rate", "0.3"]);
+    env.run_ok(&[
+        "worker",
+        "--period",
+        "2026-11-28",
+        "--mode",
+        "leased",
+        "--provider-url",
+        &sim.url,
+    ]);
+    // The payments were accepted pending: the delivery's lookups finish them.
+    let a = deliver(&env, &sim, "1");
+    wait_until(60, "every settlement payment paid or failed", || async {
+        count(&env, "SELECT count(*) FROM settlement.payouts WHERE status = 'sent'").await == 0
+    })
+    .await;
+    stop(a);
+    // Each paid creator's reward left as a settlement payout; the failed
+    // ones are back on the balance.
+    assert_eq!(
+        count(
+            &env,
+            "SELECT count(*) FROM settlement.reward_ledger l
+             WHERE l.amount > 0 AND NOT EXISTS (SELECT 1 FROM settlement.payouts p
+                                                WHERE p.kind = 'settlement' AND p.creator = l.creator)"
+        )
+        .await,
+        0
+    );
+    assert_eq!(
+        count(
+            &env,
+            "SELECT count(*) FROM settlement.creator_balance b
+             WHERE b.balance <> coalesce((SELECT sum(r.amount) FROM settlement.payout_returns r
+                                          WHERE r.creator = b.creator), 0)"
+        )
+        .await,
+        0,
+        "a balance holds exactly the rewards whose payment failed"
+    );
+    assert!(count(&env, "SELECT count(*) FROM settlement.payout_returns").await > 0);
+    env.run_ok(&["verify", "--period", "2026-11-28", "--provider-url", &sim.url]);
+}
