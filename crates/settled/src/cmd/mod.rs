@@ -55,7 +55,9 @@ pub struct Global {
     /// Connect with the least-privilege role each command needs (SET ROLE
     /// settled_worker / settled_api / settled_readonly); the login role must be
     /// a member. Commands that change input or schema keep the login role.
-    #[arg(long, env = "SETTLED_ROLE_PER_COMMAND", global = true)]
+    /// The variable takes 1/0, true/false, yes/no or on/off.
+    #[arg(long, env = "SETTLED_ROLE_PER_COMMAND", global = true,
+          value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::SetTrue)]
     pub role_per_command: bool,
 
     /// What sits between settled and PostgreSQL: none, a session pooler, or

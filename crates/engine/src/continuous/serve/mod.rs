@@ -362,6 +362,13 @@ impl Ctx {
             pickup.record(waited.as_secs_f64());
         }
         self.stats.claimed.fetch_add(jobs.len() as u64, Ordering::Relaxed);
+        // A full batch says more may be waiting: wake one more loop to
+        // claim beside this one. Each woken loop that also fills its batch
+        // wakes the next, so the loops at work grow with the backlog
+        // instead of every loop waking for every commit.
+        if jobs.len() >= self.cfg.batch as usize {
+            self.woken.notify_one();
+        }
     }
 }
 

@@ -1,7 +1,10 @@
 //! The wake-up: one LISTEN connection per serving process and queue. A
-//! notification for the queue wakes every idle loop; so does a lost or
-//! re-opened connection (notifications sent meanwhile are lost, so the
-//! loops look for themselves). The listener reconnects for as long as the
+//! notification for the queue (one per committed transaction that enqueued
+//! into it) wakes one idle loop; a loop whose claim came back full wakes
+//! one more (`Ctx::claimed`), so a backlog draws in loops one at a time
+//! and a trickle wakes one loop per commit rather than all of them. A lost
+//! or re-opened connection wakes every loop: notifications sent meanwhile
+//! are lost, so the loops look for themselves. The listener reconnects for as long as the
 //! process serves, with a capped backoff, so a restart or a failover of
 //! the database never leaves the loops asleep: at worst they poll.
 
@@ -52,7 +55,7 @@ async fn listen_once(via: &PgPool, queue: &Queue, woken: &Notify) -> Result<(), 
     woken.notify_waiters();
     loop {
         match listener.try_recv().await? {
-            Some(notification) if notification.payload() == queue.name() => woken.notify_waiters(),
+            Some(notification) if notification.payload() == queue.name() => woken.notify_one(),
             Some(_) => {}
             None => return Ok(()),
         }
