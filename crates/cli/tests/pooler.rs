@@ -72,6 +72,38 @@ async fn migrations_behind_a_transaction_pooler_need_a_direct_url_and_say_so_in_
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_transaction_pooler_nobody_declared_is_named_at_start_in_one_line() {
+    let env = Env::new().await;
+    let (_bouncer, url) = bouncer_for(&env, 4);
+    ok(pooled(&url, &["seed", "--period", PERIOD, "--creators", "50"]));
+    // The same commands with SETTLED_POOLER unset: refused before anything
+    // runs, saying what to set.
+    for args in [&["status", "--period", PERIOD][..], &["migrate"][..]] {
+        let mut undeclared = pooled(&url, args);
+        undeclared.env_remove("SETTLED_POOLER");
+        let out = undeclared.output().unwrap();
+        assert!(
+            !out.status.success(),
+            "{args:?} succeeded through an undeclared transaction pooler"
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
+        assert_eq!(errors.len(), 1, "{stderr}");
+        assert!(errors[0].contains("transaction pooler"), "{stderr}");
+        assert!(errors[0].contains("SETTLED_POOLER=transaction"), "{stderr}");
+    }
+    // A session pooler in front of the same database is not mistaken for one.
+    let session = PgBouncer::start(&env.db.url, "session", 4);
+    let mut through_session = pooled(&session.url(env.db.name()), &["status", "--period", PERIOD]);
+    through_session.env("SETTLED_POOLER", "session");
+    let status = ok(through_session);
+    assert!(status.contains("0 of 50 items done"), "{status}");
+    // Nor is a direct connection.
+    let direct = env.run_ok(&["status", "--period", PERIOD]);
+    assert!(direct.contains("0 of 50 items done"), "{direct}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn six_workers_through_pgbouncer_in_transaction_mode_settle_a_period_exactly_once() {
     let env = Env::new().await;
     let (bouncer, url) = bouncer_for(&env, 4);

@@ -83,6 +83,47 @@ pub enum Pooler {
     Transaction,
 }
 
+/// Whether `connect` reaches PostgreSQL through a transaction pooler nobody
+/// declared (PgBouncer `pool_mode = transaction`), which would break the
+/// session state settled relies on (the migrator's advisory lock, LISTEN,
+/// SET ROLE) in ways that only show later. One connection asks for its
+/// backend's pid; a second connection opens a transaction and keeps it,
+/// so a pooler must give the second one a server connection the first is
+/// not using; the first asks again. A direct connection or a session pooler
+/// answers the same pid twice; a transaction pooler hands the first
+/// connection's next transaction to another server connection. Simple
+/// queries only, so no prepared statement is left on a server connection.
+/// Says what it saw, or None when it saw nothing (or could not tell: a
+/// pool of one server connection, or an error, which opening the pool
+/// reports next).
+async fn transaction_pooler_seen(connect: &PgConnectOptions) -> Option<String> {
+    use sqlx::Row;
+    const WAIT: Duration = Duration::from_secs(2);
+    async fn pid(conn: &mut PgConnection) -> Option<i32> {
+        let row = tokio::time::timeout(WAIT, sqlx::raw_sql("SELECT pg_backend_pid()").fetch_one(&mut *conn))
+            .await
+            .ok()?
+            .ok()?;
+        row.try_get::<i32, _>(0).ok()
+    }
+    let mut first = tokio::time::timeout(WAIT, connect.connect()).await.ok()?.ok()?;
+    let before = pid(&mut first).await?;
+    let mut second = tokio::time::timeout(WAIT, connect.connect()).await.ok()?.ok()?;
+    let held = tokio::time::timeout(WAIT, sqlx::raw_sql("BEGIN").execute(&mut second)).await;
+    let after = match held {
+        Ok(Ok(_)) => pid(&mut first).await,
+        _ => None,
+    };
+    let _ = tokio::time::timeout(WAIT, second.close()).await;
+    let _ = tokio::time::timeout(WAIT, first.close()).await;
+    match after {
+        Some(after) if after != before => Some(format!(
+            "one connection's backend changed from pid {before} to {after} between two transactions"
+        )),
+        _ => None,
+    }
+}
+
 /// The least-privilege roles the migrations create.
 pub const ROLES: [&str; 3] = ["settled_worker", "settled_api", "settled_readonly"];
 
@@ -151,6 +192,14 @@ impl Database {
         } else {
             connect
         };
+        if opts.pooler != Pooler::Transaction && server.is_none() {
+            if let Some(seen) = transaction_pooler_seen(&connect).await {
+                anyhow::bail!(
+                    "{} leads to a transaction pooler ({seen}): set SETTLED_POOLER=transaction, and SETTLED_DIRECT_URL to a URL without the pooler for migrations",
+                    redact_url(&url)
+                );
+            }
+        }
         let pool = pool_options(role, opts.pooler, opts.max_connections, follower.clone())
             .connect_with(connect.clone())
             .await

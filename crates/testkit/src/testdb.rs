@@ -2,13 +2,25 @@
 //!
 //! With `TEST_DATABASE_URL` set, databases are created on that server;
 //! otherwise on a throwaway private server started once per test process
-//! (fsync off, removed with the process).
+//! (fsync off, removed with the process). On that private server a test
+//! that needs migrations gets a copy of a template database migrated once
+//! per test process (`TestDb::create_prepared`), which costs a file copy
+//! instead of every migration; on a server of `TEST_DATABASE_URL`, which
+//! outlives the process and could keep a template behind, each test
+//! database is prepared on its own.
 
-use std::sync::OnceLock;
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use tokio::sync::OnceCell;
 
 use sqlx::{Connection, PgConnection};
 
 use settled_embedded::{with_database, LocalOptions, LocalPostgres, Result};
+
+/// Template databases of this process, by what prepared them.
+static TEMPLATES: OnceLock<Mutex<HashMap<&'static str, Arc<OnceCell<String>>>>> = OnceLock::new();
 
 static SHARED: OnceLock<std::result::Result<LocalPostgres, String>> = OnceLock::new();
 
@@ -34,6 +46,11 @@ pub fn shared_test_server() -> std::result::Result<&'static LocalPostgres, Strin
         .map_err(Clone::clone)
 }
 
+/// Whether test databases go to this process's private server.
+fn uses_private_server() -> bool {
+    !matches!(std::env::var("TEST_DATABASE_URL"), Ok(url) if !url.is_empty())
+}
+
 /// A database made for one test; dropped (with its connections) on drop.
 #[derive(Debug)]
 pub struct TestDb {
@@ -46,6 +63,50 @@ pub struct TestDb {
 impl TestDb {
     /// Creates a database with a unique name.
     pub async fn create() -> Result<TestDb> {
+        TestDb::create_copy_of(None).await
+    }
+
+    /// Creates a database with a unique name that `prepare` (given its URL)
+    /// has made ready, for example by migrating it. On the private test
+    /// server `prepare` runs once per process and `kind`, on a template
+    /// database every later call copies (`CREATE DATABASE ... TEMPLATE`);
+    /// `prepare` must close every connection it opened before it returns.
+    /// With `TEST_DATABASE_URL` set it runs for every database.
+    pub async fn create_prepared<F, Fut>(kind: &'static str, prepare: F) -> Result<TestDb>
+    where
+        F: Fn(String) -> Fut,
+        Fut: Future<Output = std::result::Result<(), String>>,
+    {
+        let failed = |output: String| settled_embedded::Error::Program {
+            program: format!("preparing a {kind} test database"),
+            output,
+        };
+        if !uses_private_server() {
+            let db = TestDb::create().await?;
+            prepare(db.url.clone()).await.map_err(failed)?;
+            return Ok(db);
+        }
+        let cell = TEMPLATES
+            .get_or_init(Default::default)
+            .lock()
+            .expect("template registry")
+            .entry(kind)
+            .or_default()
+            .clone();
+        let template = cell
+            .get_or_try_init(|| async {
+                // Kept for the process's life: the private server goes with it.
+                let template = TestDb::create().await?;
+                prepare(template.url.clone()).await.map_err(failed)?;
+                let name = template.name.clone();
+                std::mem::forget(template);
+                Ok::<_, settled_embedded::Error>(name)
+            })
+            .await?;
+        TestDb::create_copy_of(Some(template)).await
+    }
+
+    async fn create_copy_of(template: Option<&str>) -> Result<TestDb> {
         let admin_url = match std::env::var("TEST_DATABASE_URL") {
             Ok(url) if !url.is_empty() => url,
             _ => shared_test_server()
@@ -57,10 +118,12 @@ impl TestDb {
         };
         let name = format!("settled_test_{}", uuid::Uuid::new_v4().simple());
         let mut admin = PgConnection::connect(&admin_url).await?;
-        // The name is generated above from hex digits only, never from input.
-        sqlx::query(&format!("CREATE DATABASE \"{name}\""))
-            .execute(&mut admin)
-            .await?;
+        // Both names are generated here from hex digits only, never from input.
+        let create = match template {
+            Some(template) => format!("CREATE DATABASE \"{name}\" TEMPLATE \"{template}\""),
+            None => format!("CREATE DATABASE \"{name}\""),
+        };
+        sqlx::query(&create).execute(&mut admin).await?;
         admin.close().await?;
         Ok(TestDb {
             url: with_database(&admin_url, &name),

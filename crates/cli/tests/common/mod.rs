@@ -18,14 +18,28 @@ pub struct Env {
 
 impl Env {
     pub async fn new() -> Env {
-        let env = Env::unmigrated().await;
-        settled::db::migrate(&env.pool).await.expect("migrate");
-        env
+        // A copy of a database migrated once per test binary.
+        let db = TestDb::create_prepared("settled", |url| async move {
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(1)
+                .connect(&url)
+                .await
+                .map_err(|e| e.to_string())?;
+            settled::db::migrate(&pool).await.map_err(|e| format!("{e:#}"))?;
+            pool.close().await;
+            Ok(())
+        })
+        .await
+        .expect("migrated test database");
+        Env::on(db).await
     }
 
     /// A fresh database with no migrations applied.
     pub async fn unmigrated() -> Env {
-        let db = TestDb::create().await.expect("test database");
+        Env::on(TestDb::create().await.expect("test database")).await
+    }
+
+    async fn on(db: TestDb) -> Env {
         let pool = sqlx::postgres::PgPoolOptions::new()
             .max_connections(8)
             .connect(&db.url)

@@ -46,12 +46,23 @@ pub struct Env {
 }
 
 pub async fn env(items: i64) -> Env {
-    let db = settled_testkit::TestDb::create().await.unwrap();
+    // A copy of a database migrated and set up once per test binary.
+    let db = settled_testkit::TestDb::create_prepared("batch", |url| async move {
+        let pool = PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&url)
+            .await
+            .map_err(|e| e.to_string())?;
+        settled_engine::migrate(&pool).await.map_err(|e| e.to_string())?;
+        for sql in TABLE_SQL {
+            sqlx::query(sql).execute(&pool).await.map_err(|e| e.to_string())?;
+        }
+        pool.close().await;
+        Ok(())
+    })
+    .await
+    .unwrap();
     let pool = PgPoolOptions::new().max_connections(60).connect(&db.url).await.unwrap();
-    settled_engine::migrate(&pool).await.unwrap();
-    for sql in TABLE_SQL {
-        sqlx::query(sql).execute(&pool).await.unwrap();
-    }
     add_items(&pool, SCOPE, items).await;
     Env { pool, db }
 }

@@ -27,10 +27,21 @@ pub struct Env {
 
 /// A fresh database with the queue's table and an effects table.
 pub async fn env() -> Env {
-    let db = settled_testkit::TestDb::create().await.unwrap();
+    // A copy of a database migrated and set up once per test binary.
+    let db = settled_testkit::TestDb::create_prepared("continuous", |url| async move {
+        let pool = PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&url)
+            .await
+            .map_err(|e| e.to_string())?;
+        settled_engine::migrate(&pool).await.map_err(|e| e.to_string())?;
+        setup(&pool).await;
+        pool.close().await;
+        Ok(())
+    })
+    .await
+    .unwrap();
     let pool = PgPoolOptions::new().max_connections(40).connect(&db.url).await.unwrap();
-    settled_engine::migrate(&pool).await.unwrap();
-    setup(&pool).await;
     Env { pool, db }
 }
 
