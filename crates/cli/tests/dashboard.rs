@@ -322,9 +322,7 @@ async fn the_payouts_page_and_metrics_show_states_amounts_returns_conflicts_and_
     let env = Env::new().await;
     env.run_ok(&["seed", "--period", "2026-11-28", "--creators", "20"]);
     env.run_ok(&["worker", "--period", "2026-11-28"]);
-    let server = env
-        .serve_with("t0ken", &["--provider-webhook-secret", SECRET])
-        .await;
+    let server = env.serve_with("t0ken", &["--provider-webhook-secret", SECRET]).await;
     let creators: Vec<String> =
         sqlx::query_scalar("SELECT creator FROM settlement.creator_balance ORDER BY balance DESC LIMIT 8")
             .fetch_all(&env.pool)
@@ -428,7 +426,10 @@ async fn the_payouts_page_and_metrics_show_states_amounts_returns_conflicts_and_
         "{conflicts}"
     );
     let unknown = &page[page.find("id=\"unknown-events\"").expect("an unknown events table")..];
-    assert!(unknown.contains("payout-999999") && unknown.contains("evt_2"), "{unknown}");
+    assert!(
+        unknown.contains("payout-999999") && unknown.contains("evt_2"),
+        "{unknown}"
+    );
     let (_, front) = get(&server.base).await;
     assert!(front.contains("href=\"/payouts\""), "the nav links the page");
 

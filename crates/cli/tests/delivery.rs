@@ -429,7 +429,9 @@ async fn leased_settlement_pays_through_the_provider_and_a_failed_payment_return
     assert_eq!(out.status.code(), Some(1), "{report}");
     assert!(
         report.contains("[FAIL] provider_states_agree")
-            && report.contains(&format!("- payout {id} ({key}): settled says paid, the provider's payment")),
+            && report.contains(&format!(
+                "- payout {id} ({key}): settled says paid, the provider's payment"
+            )),
         "{report}"
     );
 }

@@ -209,13 +209,7 @@ async fn reconcile_is_clean_after_real_delivery_and_names_a_payment_the_provider
         .unwrap();
     assert!(ids.contains(&lost));
     let forgotten = payment(&sim, &format!("payout-{lost}")).await;
-    tamper(
-        &sim,
-        reqwest::Method::DELETE,
-        forgotten["id"].as_str().unwrap(),
-        None,
-    )
-    .await;
+    tamper(&sim, reqwest::Method::DELETE, forgotten["id"].as_str().unwrap(), None).await;
     let out = env.run(&["reconcile", "--provider-url", &sim.url]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert!(
@@ -240,7 +234,11 @@ async fn reconcile_is_clean_after_real_delivery_and_names_a_payment_the_provider
     );
 
     // A provider that cannot be reached is an error, not a finding.
-    let out = env.run(&["reconcile", "--provider-url", &format!("http://127.0.0.1:{}", free_port())]);
+    let out = env.run(&[
+        "reconcile",
+        "--provider-url",
+        &format!("http://127.0.0.1:{}", free_port()),
+    ]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
 }
 
@@ -275,11 +273,19 @@ async fn reconcile_detects_each_kind_of_mismatch_by_payout_and_key() {
     assert_eq!((code, report["ok"].as_bool()), (0, Some(true)), "{report}");
 
     let id_of = |v: &Value| v["id"].as_str().unwrap().to_string();
-    let [lost, short, elsewhere, unpaid, twice, _] = paid[..] else { unreachable!() };
+    let [lost, short, elsewhere, unpaid, twice, _] = paid[..] else {
+        unreachable!()
+    };
     let p = payment(&sim, &format!("payout-{lost}")).await;
     tamper(&sim, reqwest::Method::DELETE, &id_of(&p), None).await;
     let p = payment(&sim, &format!("payout-{short}")).await;
-    tamper(&sim, reqwest::Method::PATCH, &id_of(&p), Some(json!({ "amount": "499" }))).await;
+    tamper(
+        &sim,
+        reqwest::Method::PATCH,
+        &id_of(&p),
+        Some(json!({ "amount": "499" })),
+    )
+    .await;
     let p = payment(&sim, &format!("payout-{elsewhere}")).await;
     tamper(
         &sim,
@@ -568,5 +574,8 @@ async fn verify_payouts_holds_through_a_storm_and_names_a_tampered_balance_and_h
         named.ends_with("goes from paid to failed, which the state machine does not allow"),
         "{named}"
     );
-    assert!(report.contains("[FAIL] payout_histories_lead_to_their_states"), "{report}");
+    assert!(
+        report.contains("[FAIL] payout_histories_lead_to_their_states"),
+        "{report}"
+    );
 }

@@ -190,7 +190,11 @@ impl PeriodScan {
 /// One check, one statement: the total number of offenders (a window over
 /// every row, before the limit) beside the first [`MAX_OFFENDERS`] of them.
 /// `period` is its $1 (NULL for a check over no period).
-pub(crate) async fn run_check(conn: &mut PgConnection, check: &CheckSql, period: Option<&str>) -> anyhow::Result<Check> {
+pub(crate) async fn run_check(
+    conn: &mut PgConnection,
+    check: &CheckSql,
+    period: Option<&str>,
+) -> anyhow::Result<Check> {
     let sql = format!(
         "SELECT o.offender, count(*) OVER () AS violations
          FROM ({}) AS o(offender) ORDER BY o.offender LIMIT $2",

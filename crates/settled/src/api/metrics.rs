@@ -188,15 +188,17 @@ fn queue_metrics(views: &[crate::queues::QueueView]) -> String {
 /// exact integers of base units (a scraper stores them as float64, exact
 /// up to 2^53).
 fn payout_metrics(o: &crate::payouts::overview::Overview) -> String {
-    let mut count = String::from(
-        "# HELP settled_payouts Payouts by state, exact at scrape time.\n# TYPE settled_payouts gauge\n",
-    );
+    let mut count =
+        String::from("# HELP settled_payouts Payouts by state, exact at scrape time.\n# TYPE settled_payouts gauge\n");
     let mut amount = String::from(
         "# HELP settled_payouts_amount Base units of the payouts in each state, exact at scrape time.\n# TYPE settled_payouts_amount gauge\n",
     );
     for s in &o.states {
         count.push_str(&format!("settled_payouts{{state=\"{}\"}} {}\n", s.state, s.count));
-        amount.push_str(&format!("settled_payouts_amount{{state=\"{}\"}} {}\n", s.state, s.amount));
+        amount.push_str(&format!(
+            "settled_payouts_amount{{state=\"{}\"}} {}\n",
+            s.state, s.amount
+        ));
     }
     let oldest_sent = o.state(crate::payouts::PayoutState::Sent).oldest_secs.unwrap_or(0.0);
     format!(

@@ -95,8 +95,14 @@ pub fn render(c: &Comparison, provider_url: &str) -> String {
         out.push_str(&format!("  [{}] {}\n", m.kind, m.describe()));
     }
     for (lags, what) in [
-        (&c.in_flight, "in flight (queued, or made after settled was read; delivery records the provider's answer)"),
-        (&c.behind, "behind (sent; the provider's final word reaches settled by its webhook or a lookup)"),
+        (
+            &c.in_flight,
+            "in flight (queued, or made after settled was read; delivery records the provider's answer)",
+        ),
+        (
+            &c.behind,
+            "behind (sent; the provider's final word reaches settled by its webhook or a lookup)",
+        ),
     ] {
         if lags.is_empty() {
             continue;
@@ -106,7 +112,10 @@ pub fn render(c: &Comparison, provider_url: &str) -> String {
             out.push_str(&format!("    - {}\n", describe_lag(lag)));
         }
         if lags.len() > LAGS_LISTED {
-            out.push_str(&format!("    - and {} more (--json lists all)\n", lags.len() - LAGS_LISTED));
+            out.push_str(&format!(
+                "    - and {} more (--json lists all)\n",
+                lags.len() - LAGS_LISTED
+            ));
         }
     }
     out

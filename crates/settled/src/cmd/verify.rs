@@ -72,7 +72,9 @@ impl DbCommand for Args {
             let report = crate::verify::payouts::verify_payouts(&mut conn, provider.as_ref()).await?;
             return self.print(&report, report.render(), report.ok);
         }
-        let period = self.period.expect("clap requires --period without --archive or --payouts");
+        let period = self
+            .period
+            .expect("clap requires --period without --archive or --payouts");
         let mut report = crate::verify::verify_pool(&db.pool, period).await?;
         if let Some(provider) = &provider {
             let mut conn = db.pool.acquire().await?;

@@ -260,7 +260,10 @@ fn canonical(amount: &str) -> &str {
 pub fn compare(payouts: &[PayoutRecord], payments: &[Payment]) -> Comparison {
     let mut by_key: HashMap<&str, Vec<&Payment>> = HashMap::new();
     for payment in payments {
-        by_key.entry(payment.idempotency_key.as_str()).or_default().push(payment);
+        by_key
+            .entry(payment.idempotency_key.as_str())
+            .or_default()
+            .push(payment);
     }
     let mut out = Comparison {
         payouts: payouts.len(),
@@ -293,8 +296,13 @@ pub fn compare(payouts: &[PayoutRecord], payments: &[Payment]) -> Comparison {
         });
     }
     out.mismatches.extend(paid_twice(payouts, payments));
-    out.mismatches
-        .sort_by_key(|m| (MismatchKind::ALL.iter().position(|k| *k == m.kind), m.payout_id, m.key.clone()));
+    out.mismatches.sort_by_key(|m| {
+        (
+            MismatchKind::ALL.iter().position(|k| *k == m.kind),
+            m.payout_id,
+            m.key.clone(),
+        )
+    });
     out
 }
 
@@ -518,12 +526,11 @@ async fn explain_unknown(conn: &mut PgConnection, out: &mut Comparison, payments
     if unknown.is_empty() {
         return Ok(());
     }
-    let made_since: Vec<(String, i64, String)> = sqlx::query_as(
-        "SELECT provider_key, id, status FROM settlement.payouts WHERE provider_key = ANY($1)",
-    )
-    .bind(&unknown) // $1
-    .fetch_all(&mut *conn)
-    .await?;
+    let made_since: Vec<(String, i64, String)> =
+        sqlx::query_as("SELECT provider_key, id, status FROM settlement.payouts WHERE provider_key = ANY($1)")
+            .bind(&unknown) // $1
+            .fetch_all(&mut *conn)
+            .await?;
     let (mut periods, mut creators, mut keys) = (Vec::new(), Vec::new(), Vec::new());
     for key in &unknown {
         let Some((period, creator)) = key.strip_prefix("settled:").and_then(|rest| rest.split_once(':')) else {
@@ -545,8 +552,10 @@ async fn explain_unknown(conn: &mut PgConnection, out: &mut Comparison, payments
     .bind(&keys) // $3
     .fetch_all(&mut *conn)
     .await?;
-    let status_of: HashMap<&str, PaymentStatus> =
-        payments.iter().map(|p| (p.idempotency_key.as_str(), p.status)).collect();
+    let status_of: HashMap<&str, PaymentStatus> = payments
+        .iter()
+        .map(|p| (p.idempotency_key.as_str(), p.status))
+        .collect();
     let zero_paid: HashSet<&str> = payments
         .iter()
         .filter(|p| canonical(&p.amount) == "0")
