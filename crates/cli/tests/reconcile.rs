@@ -193,14 +193,15 @@ async fn reconcile_is_clean_after_real_delivery_and_names_a_payment_the_provider
     stop(a);
     assert!(count(&env, "SELECT count(*) FROM settlement.payouts WHERE status = 'failed'").await > 0);
 
-    let out = env.run(&["reconcile", "--provider-url", &sim.url]);
+    // Both read as settled_readonly: its grants suffice.
+    let out = env.run(&["--role-per-command", "reconcile", "--provider-url", &sim.url]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert!(
         text(&out).contains("OK, settled and the provider agree"),
         "{}",
         text(&out)
     );
-    env.run_ok(&["verify", "--payouts", "--provider-url", &sim.url]);
+    env.run_ok(&["--role-per-command", "verify", "--payouts", "--provider-url", &sim.url]);
 
     // The provider loses a paid payment.
     let lost: i64 = sqlx::query_scalar("SELECT id FROM settlement.payouts WHERE status = 'paid' ORDER BY id LIMIT 1")

@@ -331,13 +331,31 @@ fn compare_one(payout: &PayoutRecord, payment: Option<&Payment>, out: &mut Compa
         }
         return;
     };
-    let ids = vec![payment.id.clone()];
-    let mut agrees = true;
+    let found = differences(payout, payment);
+    out.agreeing += usize::from(found.is_empty());
+    for (kind, detail) in found {
+        out.mismatches.push(mismatch(kind, vec![payment.id.clone()], detail));
+    }
+    let lag = Lag {
+        payout_id: payout.id,
+        key: payout.provider_key.clone(),
+        state: payout.state,
+        provider_status: payment.status,
+    };
+    match judge(payout.state, payment.status) {
+        Verdict::InFlight => out.in_flight.push(lag),
+        Verdict::Behind => out.behind.push(lag),
+        Verdict::Agree | Verdict::Disagree => {}
+    }
+}
+
+/// What differs between a payout and the payment under its key: amount,
+/// creator, and states that contradict each other.
+fn differences(payout: &PayoutRecord, payment: &Payment) -> Vec<(MismatchKind, String)> {
+    let mut found = Vec::new();
     if canonical(&payment.amount) != canonical(&payout.amount) {
-        agrees = false;
-        out.mismatches.push(mismatch(
+        found.push((
             MismatchKind::AmountDiffers,
-            ids.clone(),
             format!(
                 "the payout is for {}, the provider's payment {} for {}",
                 payout.amount, payment.id, payment.amount
@@ -345,47 +363,32 @@ fn compare_one(payout: &PayoutRecord, payment: Option<&Payment>, out: &mut Compa
         ));
     }
     if !payment.creator.eq_ignore_ascii_case(&payout.creator) {
-        agrees = false;
-        out.mismatches.push(mismatch(
+        found.push((
             MismatchKind::CreatorDiffers,
-            ids.clone(),
             format!(
                 "the payout pays {}, the provider's payment {} pays {}",
                 payout.creator, payment.id, payment.creator
             ),
         ));
     }
-    let lag = || Lag {
-        payout_id: payout.id,
-        key: payout.provider_key.clone(),
-        state: payout.state,
-        provider_status: payment.status,
-    };
-    match judge(payout.state, payment.status) {
-        Verdict::Agree => {}
-        Verdict::InFlight => out.in_flight.push(lag()),
-        Verdict::Behind => out.behind.push(lag()),
-        Verdict::Disagree => {
-            agrees = false;
-            let returned = if matches!(
-                payout.state,
-                PayoutState::Failed | PayoutState::Cancelled | PayoutState::Expired
-            ) {
-                " (its funds were returned)"
-            } else {
-                ""
-            };
-            out.mismatches.push(mismatch(
-                MismatchKind::StatesDisagree,
-                ids,
-                format!(
-                    "settled says {}{returned}, the provider's payment {} is {}",
-                    payout.state, payment.id, payment.status
-                ),
-            ));
-        }
+    if judge(payout.state, payment.status) == Verdict::Disagree {
+        let returned = if matches!(
+            payout.state,
+            PayoutState::Failed | PayoutState::Cancelled | PayoutState::Expired
+        ) {
+            " (its funds were returned)"
+        } else {
+            ""
+        };
+        found.push((
+            MismatchKind::StatesDisagree,
+            format!(
+                "settled says {}{returned}, the provider's payment {} is {}",
+                payout.state, payment.id, payment.status
+            ),
+        ));
     }
-    out.agreeing += usize::from(agrees);
+    found
 }
 
 /// The payouts claimed by more than one payment that has not failed, and
