@@ -41,6 +41,7 @@ enum Command {
     Retry(cmd::retry::Args),
     Status(cmd::status::Args),
     Verify(cmd::verify::Args),
+    Reconcile(cmd::reconcile::Args),
     Archive(cmd::archive::Args),
     Demo(cmd::demo::Args),
     // The lab.
@@ -73,6 +74,7 @@ fn dispatch(command: Command) -> Box<dyn Runnable> {
         Command::Retry(args) => on_database(args),
         Command::Status(args) => on_database(args),
         Command::Verify(args) => on_database(args),
+        Command::Reconcile(args) => Box::new(cmd::reconcile::Reconcile(args)),
         Command::Archive(args) => on_database(args),
         Command::Demo(args) => on_database(args),
         Command::ProviderSim(args) => Box::new(args),

@@ -290,3 +290,171 @@ async fn a_worker_serves_its_claim_latency_histogram_and_counters() {
         .unwrap_or(0.0);
     assert!(settled >= 20.0, "{text}");
 }
+
+/// A webhook event signed with `secret`, posted to `base`; its status.
+async fn post_event(base: &str, secret: &str, event: serde_json::Value) -> u16 {
+    let raw = serde_json::to_vec(&event).unwrap();
+    let header = settled::provider::signature::sign(secret.as_bytes(), chrono::Utc::now().timestamp(), &raw);
+    reqwest::Client::new()
+        .post(format!("{base}/v1/provider-events"))
+        .header("Provider-Signature", header)
+        .header("Content-Type", "application/json")
+        .body(raw)
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+/// The row of `state` in the payouts page's table.
+fn state_row<'a>(page: &'a str, state: &str) -> &'a str {
+    let start = page
+        .find(&format!("id=\"state-{state}\""))
+        .unwrap_or_else(|| panic!("no row for {state}: {page}"));
+    let end = start + page[start..].find("</tr>").unwrap();
+    &page[start..end]
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_payouts_page_and_metrics_show_states_amounts_returns_conflicts_and_unknown_events() {
+    const SECRET: &str = "whsec-dash";
+    let env = Env::new().await;
+    env.run_ok(&["seed", "--period", "2026-11-28", "--creators", "20"]);
+    env.run_ok(&["worker", "--period", "2026-11-28"]);
+    let server = env.serve_with("t0ken", &["--provider-webhook-secret", SECRET]).await;
+    let creators: Vec<String> =
+        sqlx::query_scalar("SELECT creator FROM settlement.creator_balance ORDER BY balance DESC LIMIT 8")
+            .fetch_all(&env.pool)
+            .await
+            .unwrap();
+    let client = reqwest::Client::new();
+    let mut made = Vec::new();
+    for (i, (amount, confirm)) in [
+        (101, false), // stays queued
+        (102, false), // sent
+        (103, false), // paid, then contradicted by a webhook
+        (103, false), // paid
+        (104, false), // failed: returned
+        (105, true),  // cancelled: returned
+        (106, true),  // expired: returned
+        (107, true),  // stays created
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let body: serde_json::Value = client
+            .post(format!("{}/v1/payouts", server.base))
+            .bearer_auth("t0ken")
+            .header("Idempotency-Key", format!("dash-{i}"))
+            .json(&serde_json::json!({ "creator": creators[i], "amount": amount.to_string(), "confirm": confirm }))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        made.push(body["id"].as_i64().expect("a payout id"));
+    }
+    for (id, to, provider_id) in [
+        (made[1], "sent", Some("pay_sent")),
+        (made[2], "paid", Some("pay_paid_1")),
+        (made[3], "paid", Some("pay_paid_2")),
+        (made[4], "failed", None),
+    ] {
+        let moved: bool = sqlx::query_scalar("SELECT settlement.move_payout($1, ARRAY['queued'], $2, 'test', $3)")
+            .bind(id)
+            .bind(to)
+            .bind(provider_id)
+            .fetch_one(&env.pool)
+            .await
+            .unwrap();
+        assert!(moved, "payout {id} to {to}");
+    }
+    let r = client
+        .post(format!("{}/v1/payouts/{}/cancel", server.base, made[5]))
+        .bearer_auth("t0ken")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    sqlx::query("UPDATE settlement.payouts SET expires_at = now() - interval '1 second' WHERE id = $1")
+        .bind(made[6])
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        env.scalar_i64("SELECT settlement.expire_unconfirmed_payouts(10)").await,
+        1
+    );
+    // The provider says a paid payout failed (a conflict), speaks of a
+    // payout settled never made, and one event is signed wrong.
+    let event = |id: &str, key: String, status: &str| {
+        serde_json::json!({ "id": id, "type": format!("payment.{status}"), "created": 1, "data": {
+            "id": "pay_paid_1", "idempotency_key": key, "creator": creators[2], "amount": "103",
+            "status": status, "failure_reason": "account_closed" } })
+    };
+    let contradiction = event("evt_1", format!("payout-{}", made[2]), "failed");
+    assert_eq!(post_event(&server.base, SECRET, contradiction).await, 200);
+    let stranger = event("evt_2", "payout-999999".into(), "paid");
+    assert_eq!(post_event(&server.base, SECRET, stranger.clone()).await, 200);
+    assert_eq!(post_event(&server.base, "not-the-secret", stranger).await, 400);
+
+    let (status, page) = get(&format!("{}/payouts", server.base)).await;
+    assert_eq!(status, 200);
+    for (state, n, amount) in [
+        ("created", 1, "107"),
+        ("queued", 1, "101"),
+        ("sent", 1, "102"),
+        ("paid", 2, "206"),
+        ("failed", 1, "104"),
+        ("cancelled", 1, "105"),
+        ("expired", 1, "106"),
+    ] {
+        let row = state_row(&page, state);
+        assert!(
+            row.contains(&format!("data-count=\"{n}\"")) && row.contains(&format!("data-amount=\"{amount}\"")),
+            "{state}: {row}"
+        );
+        assert!(!row.contains("data-oldest=\"\""), "{state} has an age: {row}");
+    }
+    assert!(page.contains("data-total=\"8\""), "{page}");
+    assert!(page.contains("data-returned=\"315\""), "104 + 105 + 106: {page}");
+    let conflicts = &page[page.find("id=\"conflicts\"").expect("a conflicts table")..];
+    assert!(
+        conflicts.contains(&format!("data-payout=\"{}\"", made[2])) && conflicts.contains("webhook"),
+        "{conflicts}"
+    );
+    let unknown = &page[page.find("id=\"unknown-events\"").expect("an unknown events table")..];
+    assert!(
+        unknown.contains("payout-999999") && unknown.contains("evt_2"),
+        "{unknown}"
+    );
+    let (_, front) = get(&server.base).await;
+    assert!(front.contains("href=\"/payouts\""), "the nav links the page");
+
+    let (status, metrics) = get(&format!("{}/metrics", server.base)).await;
+    assert_eq!(status, 200);
+    prometheus_parse::Scrape::parse(metrics.lines().map(|l| Ok(l.to_string()))).expect("Prometheus text");
+    for line in [
+        "settled_payouts{state=\"paid\"} 2",
+        "settled_payouts{state=\"created\"} 1",
+        "settled_payouts{state=\"expired\"} 1",
+        "settled_payouts_amount{state=\"paid\"} 206",
+        "settled_payouts_amount{state=\"queued\"} 101",
+        "settled_payouts_returned_total 315",
+        "settled_payouts_returned_count_total 3",
+        "settled_payout_conflicts_total 1",
+        "settled_provider_events_unknown_total 1",
+        "settled_webhook_signature_failures_total{reason=\"no_match\"} 1",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} in:\n{metrics}");
+    }
+    let oldest_sent: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("settled_payout_oldest_sent_seconds "))
+        .expect("the oldest sent payout's age")
+        .parse()
+        .unwrap();
+    assert!(oldest_sent >= 0.0);
+}

@@ -402,4 +402,36 @@ async fn leased_settlement_pays_through_the_provider_and_a_failed_payment_return
     );
     assert!(count(&env, "SELECT count(*) FROM settlement.payout_returns").await > 0);
     env.run_ok(&["verify", "--period", "2026-11-28", "--provider-url", &sim.url]);
+    env.run_ok(&["verify", "--payouts", "--provider-url", &sim.url]);
+    env.run_ok(&["reconcile", "--provider-url", &sim.url]);
+    // The provider now says a paid settlement payment failed: the period's
+    // reconciliation reads statuses, not only keys and amounts.
+    let (id, key): (i64, String) = sqlx::query_as(
+        "SELECT id, provider_key FROM settlement.payouts WHERE kind = 'settlement' AND status = 'paid' ORDER BY id LIMIT 1",
+    )
+    .fetch_one(&env.pool)
+    .await
+    .unwrap();
+    let provider = settled::provider::HttpProvider::new(&sim.url, Duration::from_secs(10)).unwrap();
+    let payment = settled::provider::PayoutProvider::lookup(&provider, &key)
+        .await
+        .unwrap()
+        .expect("the payment");
+    let r = reqwest::Client::new()
+        .patch(format!("{}/v1/payments/{}", sim.url, payment.id))
+        .json(&json!({ "status": "failed" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let out = env.run(&["verify", "--period", "2026-11-28", "--provider-url", &sim.url]);
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{report}");
+    assert!(
+        report.contains("[FAIL] provider_states_agree")
+            && report.contains(&format!(
+                "- payout {id} ({key}): settled says paid, the provider's payment"
+            )),
+        "{report}"
+    );
 }

@@ -4,13 +4,13 @@
 //! exact query (never SKIP LOCKED); each failing check lists up to
 //! [`MAX_OFFENDERS`] offenders.
 
-use std::collections::HashMap;
+pub mod payouts;
 
 use sqlx::PgConnection;
 
-use crate::provider::{payout_key, HttpProvider, Payment};
-
+use crate::payouts::reconcile::{self, Scope};
 use crate::period::Period;
+use crate::provider::HttpProvider;
 
 /// `work_mem` for verify's transaction (see [`verify`]).
 pub const VERIFY_WORK_MEM: &str = "256MB";
@@ -50,7 +50,7 @@ pub struct VerifyReport {
     pub seconds: f64,
 }
 
-struct CheckSql {
+pub(crate) struct CheckSql {
     name: &'static str,
     description: &'static str,
     /// One text column, `offender`, describing each row that breaks the
@@ -66,7 +66,7 @@ const POLICY_CHECK: CheckSql = CheckSql {
                 WHERE NOT EXISTS (SELECT 1 FROM settlement.settlement_policy WHERE period = $1::date)",
 };
 
-const BALANCE_CHECK: CheckSql = CheckSql {
+pub(crate) const BALANCE_CHECK: CheckSql = CheckSql {
     name: "balances_equal_ledger",
     description:
         "every creator's balance equals its ledger total (all periods, archived ones carried) less its payouts, plus the payouts returned",
@@ -189,7 +189,12 @@ impl PeriodScan {
 
 /// One check, one statement: the total number of offenders (a window over
 /// every row, before the limit) beside the first [`MAX_OFFENDERS`] of them.
-async fn run_check(conn: &mut PgConnection, check: &CheckSql, period: &str) -> anyhow::Result<Check> {
+/// `period` is its $1 (NULL for a check over no period).
+pub(crate) async fn run_check(
+    conn: &mut PgConnection,
+    check: &CheckSql,
+    period: Option<&str>,
+) -> anyhow::Result<Check> {
     let sql = format!(
         "SELECT o.offender, count(*) OVER () AS violations
          FROM ({}) AS o(offender) ORDER BY o.offender LIMIT $2",
@@ -218,7 +223,7 @@ struct OffenderRow {
 
 /// Opens verify's read-only REPEATABLE READ transaction on `conn`, in
 /// `snapshot` when given (one exported by another of verify's sessions).
-async fn begin_snapshot(conn: &mut PgConnection, snapshot: Option<&str>) -> anyhow::Result<()> {
+pub(crate) async fn begin_snapshot(conn: &mut PgConnection, snapshot: Option<&str>) -> anyhow::Result<()> {
     sqlx::query("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         .execute(&mut *conn)
         .await?;
@@ -303,7 +308,7 @@ async fn run_checks(
                 violations: 0,
                 offenders: vec![file],
             },
-            run_check(conn, &BALANCE_CHECK, &p).await?,
+            run_check(conn, &BALANCE_CHECK, Some(&p)).await?,
         ];
         return Ok(VerifyReport {
             period: p,
@@ -316,15 +321,15 @@ async fn run_checks(
     }
     let (scan, balances) = match balances_on {
         Some(other) => {
-            let (scan, balances) = tokio::join!(period_scan(conn, &p), run_check(other, &BALANCE_CHECK, &p));
+            let (scan, balances) = tokio::join!(period_scan(conn, &p), run_check(other, &BALANCE_CHECK, Some(&p)));
             (scan?, balances?)
         }
         None => {
             let scan = period_scan(conn, &p).await?;
-            (scan, run_check(conn, &BALANCE_CHECK, &p).await?)
+            (scan, run_check(conn, &BALANCE_CHECK, Some(&p)).await?)
         }
     };
-    let mut checks = vec![run_check(conn, &POLICY_CHECK, &p).await?, scan.input_check()];
+    let mut checks = vec![run_check(conn, &POLICY_CHECK, Some(&p)).await?, scan.input_check()];
     for ((name, description), (violations, offenders)) in PERIOD_CHECKS.into_iter().zip([
         (scan.unfinished, scan.unfinished_list),
         (scan.unpaid, scan.unpaid_list),
@@ -380,20 +385,7 @@ impl VerifyReport {
             self.period,
             if self.ok { "OK, every check holds" } else { "FAILED" }
         );
-        for check in &self.checks {
-            out.push_str(&format!(
-                "  [{}] {} ({})\n",
-                if check.ok { "ok" } else { "FAIL" },
-                check.name,
-                check.description
-            ));
-            if !check.ok {
-                out.push_str(&format!("        {} violation(s)\n", check.violations));
-                for offender in &check.offenders {
-                    out.push_str(&format!("        - {offender}\n"));
-                }
-            }
-        }
+        out.push_str(&render_checks(&self.checks));
         out.push_str(&format!(
             "  checked in {:.2} s, one snapshot\n  ledger total {} = expected {}: {}\n",
             self.seconds,
@@ -409,95 +401,62 @@ impl VerifyReport {
     }
 }
 
-/// Reconciles the period's ledger with a payment provider's records: every
-/// paid creator has exactly one payment under its key with the same amount,
-/// and the provider paid nobody the ledger did not. Adds three checks.
+/// The checks as `verify` prints them: one line each, and under a failing
+/// one its count and first offenders.
+pub fn render_checks(checks: &[Check]) -> String {
+    let mut out = String::new();
+    for check in checks {
+        out.push_str(&format!(
+            "  [{}] {} ({})\n",
+            if check.ok { "ok" } else { "FAIL" },
+            check.name,
+            check.description
+        ));
+        if !check.ok {
+            out.push_str(&format!("        {} violation(s)\n", check.violations));
+            for offender in &check.offenders {
+                out.push_str(&format!("        - {offender}\n"));
+            }
+        }
+    }
+    out
+}
+
+/// Each ledger row of a leased period was recorded as its settlement
+/// payout, and no settlement payout lacks its row.
+const LEDGER_PAYOUTS_CHECK: CheckSql = CheckSql {
+    name: "ledger_rows_have_their_payouts",
+    description: "each ledger row of the period paying more than zero was recorded as one settlement payout of its creator and amount, and every settlement payout of the period has its ledger row",
+    offenders: "SELECT coalesce(l.creator, p.creator) || CASE
+                    WHEN p.id IS NULL THEN ' has a ledger row of ' || l.amount || ' but no settlement payout'
+                    WHEN l.creator IS NULL THEN ' has settlement payout ' || p.id || ' of ' || p.amount || ' but no ledger row'
+                    ELSE ' has a ledger row of ' || l.amount || ' but its settlement payout ' || p.id || ' is of ' || p.amount
+                END
+                FROM (SELECT creator, amount FROM settlement.reward_ledger WHERE period = $1::date AND amount > 0) l
+                FULL JOIN (SELECT id, creator, amount FROM settlement.payouts
+                           WHERE kind = 'settlement' AND period = $1::date) p
+                       ON p.creator = l.creator
+                WHERE p.id IS NULL OR l.creator IS NULL OR p.amount <> l.amount",
+};
+
+/// Reconciles the period with a payment provider (leased mode, where each
+/// creator is paid through it): every ledger row became its settlement
+/// payout, and those payouts match the provider's payments under the
+/// period's keys one to one ([`reconcile::compare`]: none missing, none
+/// unknown, same amounts and creators, states that agree, none paid
+/// twice). Adds its checks to `report`. `conn` must not be inside verify's
+/// snapshot: a payment the provider made after it would look unknown.
 pub async fn reconcile_provider(
     conn: &mut PgConnection,
     period: Period,
     provider: &HttpProvider,
     report: &mut VerifyReport,
 ) -> anyhow::Result<()> {
-    let payments = provider.list_all().await?;
-    let ledger: Vec<(String, String, String)> = sqlx::query_as(
-        "SELECT l.creator, l.amount::text, v.status FROM settlement.reward_ledger l
-         JOIN settlement.token_trade_volume v ON v.period = l.period AND v.creator = l.creator
-         WHERE l.period = $1",
-    )
-    .bind(period.date())
-    .fetch_all(&mut *conn)
-    .await?;
-    let statuses: HashMap<String, (String, Option<String>)> = sqlx::query_as::<_, (String, String, Option<String>)>(
-        "SELECT creator, status, last_error FROM settlement.token_trade_volume WHERE period = $1",
-    )
-    .bind(period.date())
-    .fetch_all(&mut *conn)
-    .await?
-    .into_iter()
-    .map(|(c, s, e)| (c, (s, e)))
-    .collect();
-
-    let prefix = format!("settled:{period}:");
-    let mut by_creator: HashMap<String, Vec<&Payment>> = HashMap::new();
-    for payment in payments.iter().filter(|p| p.idempotency_key.starts_with(&prefix)) {
-        by_creator.entry(payment.creator.clone()).or_default().push(payment);
-    }
-    let mut missing = Vec::new();
-    for (creator, amount, _) in &ledger {
-        match by_creator.get(creator).map(|v| v.as_slice()) {
-            Some([one]) if one.amount == *amount && one.idempotency_key == payout_key(period, creator) => {}
-            Some([one]) => missing.push(format!(
-                "{creator}: ledger {amount}, provider paid {} under {}",
-                one.amount, one.idempotency_key
-            )),
-            Some(_) => {}
-            None => missing.push(format!("{creator}: ledger {amount}, no provider payment")),
-        }
-    }
-    let ledger_creators: std::collections::HashSet<&str> = ledger.iter().map(|(c, _, _)| c.as_str()).collect();
-    let mut unbooked = Vec::new();
-    let mut duplicates = Vec::new();
-    for (creator, paid) in &by_creator {
-        if paid.len() > 1 {
-            duplicates.push(format!("{creator}: {} payments", paid.len()));
-        }
-        if !ledger_creators.contains(creator.as_str()) {
-            let (status, error) = statuses.get(creator).cloned().unwrap_or(("no item".into(), None));
-            unbooked.push(format!(
-                "{creator}: provider paid {} but the ledger has no row (item {status}{})",
-                paid[0].amount,
-                error.map(|e| format!(": {e}")).unwrap_or_default()
-            ));
-        }
-    }
-    for (name, description, mut offenders) in [
-        (
-            "provider_paid_every_ledger_row_once",
-            "each ledger row has exactly one provider payment under its key, same amount",
-            missing,
-        ),
-        (
-            "provider_paid_nobody_else",
-            "the provider paid no creator of the period that the ledger did not pay",
-            unbooked,
-        ),
-        (
-            "provider_no_duplicate_payment",
-            "no creator was paid twice by the provider for the period",
-            duplicates,
-        ),
-    ] {
-        offenders.sort();
-        let violations = offenders.len() as i64;
-        offenders.truncate(MAX_OFFENDERS as usize);
-        report.checks.push(Check {
-            name,
-            description,
-            ok: violations == 0,
-            violations,
-            offenders,
-        });
-    }
+    report
+        .checks
+        .push(run_check(conn, &LEDGER_PAYOUTS_CHECK, Some(&period.to_string())).await?);
+    let comparison = reconcile::reconcile(conn, provider, Scope::Period(period)).await?;
+    report.checks.extend(comparison.checks());
     report.ok = report.checks.iter().all(|c| c.ok);
     Ok(())
 }

@@ -18,6 +18,9 @@ use crate::provider_sim::{Faults, Options, WebhookEndpoint};
 /// fault below can also be changed while it runs with POST /v1/faults (a
 /// JSON object of the flags' names with underscores), the webhook endpoint
 /// with POST /v1/webhook-endpoint; GET /v1/counters says what it did.
+/// DELETE /v1/payments/{id} loses a payment and PATCH /v1/payments/{id}
+/// changes what it says (amount, creator, status, failure_reason,
+/// reference), for reconciliation drills; neither sends a webhook.
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Port on 127.0.0.1.

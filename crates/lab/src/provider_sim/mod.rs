@@ -9,6 +9,8 @@
 //!   retried with backoff until acknowledged, duplicated, held back or
 //!   lost at the set rates.
 //! - `faults.rs`: every behaviour, as flags and as `POST /v1/faults`.
+//! - `tamper.rs`: the provider's records going wrong on demand (a payment
+//!   lost, or changed outside its state machine), for reconciliation.
 //!
 //! Here: the shared state, the routes, and the control endpoints
 //! (`/v1/faults`, `/v1/webhook-endpoint`, `/v1/counters`). Randomness comes
@@ -18,6 +20,7 @@
 
 mod faults;
 mod payments;
+mod tamper;
 mod webhooks;
 
 use std::sync::{Arc, Mutex};
@@ -25,7 +28,7 @@ use std::sync::{Arc, Mutex};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -124,6 +127,7 @@ pub fn router(options: Options) -> Router {
     }));
     Router::new()
         .route("/v1/payments", post(payments::create).get(payments::get))
+        .route("/v1/payments/{id}", delete(tamper::forget).patch(tamper::alter))
         .route("/v1/faults", post(set_faults).get(get_faults))
         .route("/v1/webhook-endpoint", post(set_webhook).get(get_webhook))
         .route("/v1/counters", get(counters))

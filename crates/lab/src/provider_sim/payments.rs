@@ -89,9 +89,10 @@ impl Ledger {
     }
 
     /// The state machine's one transition: pending to paid or failed.
-    /// None (nothing changes) when the payment has already ended.
+    /// None (nothing changes) when the payment has already ended, or was
+    /// forgotten ([`Ledger::forget`]) before its time came.
     pub(super) fn settle(&mut self, id: &str, fate: Fate, now: i64) -> Option<WebhookEvent> {
-        let record = self.by_id.get_mut(id).expect("only a stored payment is settled");
+        let record = self.by_id.get_mut(id)?;
         let payment = &mut record.payment;
         if payment.status.is_final() {
             return None;
@@ -110,6 +111,20 @@ impl Ledger {
             created: now,
             data: payment.clone(),
         })
+    }
+
+    /// Loses payment `id`: gone from look-ups and pages, its key free
+    /// again (a new request under it makes a new payment). None when there
+    /// is no such payment.
+    pub(super) fn forget(&mut self, id: &str) -> Option<Payment> {
+        let record = self.by_id.remove(id)?;
+        self.id_by_key.remove(&record.payment.idempotency_key);
+        Some(record.payment)
+    }
+
+    /// Payment `id`, for a change outside the state machine ([`super::tamper`]).
+    pub(super) fn payment_mut(&mut self, id: &str) -> Option<&mut Payment> {
+        self.by_id.get_mut(id).map(|record| &mut record.payment)
     }
 
     fn page(&self, after: Option<&str>, limit: usize) -> Vec<Payment> {

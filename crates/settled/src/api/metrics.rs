@@ -8,7 +8,11 @@
 //! Continuous queues' gauges (`work_queue_depth`, `work_queue_oldest_ready_seconds`,
 //! `work_queue_paused`) are written straight into the scrape's text rather
 //! than kept in the recorder, so a queue that leaves the registry, or whose
-//! table cannot be read, leaves no stale series behind.
+//! table cannot be read, leaves no stale series behind. So are the payouts'
+//! (`settled_payouts{state}`, `settled_payouts_amount{state}`,
+//! `settled_payout_oldest_sent_seconds`, `settled_payouts_returned_total`,
+//! ...): amounts are written as the database's exact integers, never
+//! through a float.
 
 use std::sync::OnceLock;
 
@@ -51,7 +55,7 @@ struct Snapshot {
     items: StatusCounts,
     runs: settled_engine::raw::runs::RunCounts,
     workers: settled_engine::raw::workers::WorkerTotals,
-    payouts: i64,
+    payouts: crate::payouts::overview::Overview,
     ledger_entries: i64,
     queues: Vec<crate::queues::QueueView>,
 }
@@ -84,9 +88,7 @@ async fn snapshot(state: &AppState) -> anyhow::Result<Snapshot> {
     };
     let runs = settled_engine::raw::runs::count_by_state(&mut conn, job.name()).await?;
     let workers = settled_engine::raw::workers::totals(&state.reads).await?;
-    let payouts: i64 = sqlx::query_scalar("SELECT count(*) FROM settlement.payouts")
-        .fetch_one(&mut *conn)
-        .await?;
+    let payouts = crate::payouts::overview::overview(&mut conn).await?;
     let ledger_entries = items.get(ItemStatus::Settled);
     let queues = crate::queues::overview(&mut conn).await?;
     Ok(Snapshot {
@@ -122,7 +124,7 @@ pub async fn serve(State(state): State<AppState>) -> Response {
     metrics::counter!("settled_lease_rescues_total").absolute(s.workers.leases_rescued as u64);
     metrics::gauge!("settled_workers_alive").set(s.workers.alive as f64);
     metrics::gauge!("settled_worker_heartbeat_age_seconds").set(s.workers.oldest_heartbeat_age_secs);
-    metrics::counter!("settled_payouts_total").absolute(s.payouts as u64);
+    metrics::counter!("settled_payouts_total").absolute(s.payouts.total() as u64);
     for (name, pool) in [("main", &state.pool), ("reads", &state.reads)] {
         let idle = pool.num_idle() as f64;
         metrics::gauge!("settled_db_pool_connections", "pool" => name, "state" => "idle").set(idle);
@@ -131,6 +133,7 @@ pub async fn serve(State(state): State<AppState>) -> Response {
     }
     let mut text = handle().render();
     text.push_str(&queue_metrics(&s.queues));
+    text.push_str(&payout_metrics(&s.payouts));
     let mut response = (StatusCode::OK, text).into_response();
     response.headers_mut().insert(
         axum::http::header::CONTENT_TYPE,
@@ -178,6 +181,46 @@ fn queue_metrics(views: &[crate::queues::QueueView]) -> String {
         ));
     }
     format!("{depth}{oldest}{paused}")
+}
+
+/// The payouts' gauges and counters in Prometheus text, from the
+/// database's exact state: every state named (0 when empty), amounts as the
+/// exact integers of base units (a scraper stores them as float64, exact
+/// up to 2^53).
+fn payout_metrics(o: &crate::payouts::overview::Overview) -> String {
+    let mut count =
+        String::from("# HELP settled_payouts Payouts by state, exact at scrape time.\n# TYPE settled_payouts gauge\n");
+    let mut amount = String::from(
+        "# HELP settled_payouts_amount Base units of the payouts in each state, exact at scrape time.\n# TYPE settled_payouts_amount gauge\n",
+    );
+    for s in &o.states {
+        count.push_str(&format!("settled_payouts{{state=\"{}\"}} {}\n", s.state, s.count));
+        amount.push_str(&format!(
+            "settled_payouts_amount{{state=\"{}\"}} {}\n",
+            s.state, s.amount
+        ));
+    }
+    let oldest_sent = o.state(crate::payouts::PayoutState::Sent).oldest_secs.unwrap_or(0.0);
+    format!(
+        "{count}{amount}\
+# HELP settled_payout_oldest_sent_seconds Seconds the oldest sent payout has waited for the provider's word (0 when none is sent).
+# TYPE settled_payout_oldest_sent_seconds gauge
+settled_payout_oldest_sent_seconds {oldest_sent:.3}
+# HELP settled_payouts_returned_total Base units returned to balances by payouts that ended unpaid (failed, cancelled, expired).
+# TYPE settled_payouts_returned_total counter
+settled_payouts_returned_total {}
+# HELP settled_payouts_returned_count_total Payouts whose funds were returned.
+# TYPE settled_payouts_returned_count_total counter
+settled_payouts_returned_count_total {}
+# HELP settled_payout_conflicts_total Provider word contradicting a final payout state, recorded and not applied.
+# TYPE settled_payout_conflicts_total counter
+settled_payout_conflicts_total {}
+# HELP settled_provider_events_unknown_total Provider events for payouts settled does not know, kept for review.
+# TYPE settled_provider_events_unknown_total counter
+settled_provider_events_unknown_total {}
+",
+        o.returned_amount, o.returned_count, o.conflicts, o.unknown_events
+    )
 }
 
 /// A label value escaped as the text format wants (`\\`, `\"`, `\n`).

@@ -111,6 +111,7 @@ pub fn router(state: AppState) -> Router {
         .route("/workers", get(dashboard::workers))
         .route("/items", get(dashboard::items))
         .route("/locks", get(dashboard::locks))
+        .route("/payouts", get(dashboard::payouts))
         .route("/dashboard/retry", post(dashboard::retry))
         .route("/queues", get(dashboard::queues::list))
         .route("/queues/{name}", get(dashboard::queues::show))

@@ -14,6 +14,7 @@ pub mod lease;
 pub mod migrate;
 pub mod policy;
 pub mod queues;
+pub mod reconcile;
 pub mod retry;
 pub mod run;
 pub mod runs;

@@ -5,31 +5,51 @@ use std::time::Duration;
 use crate::cmd::{exit_code, DbCommand, Outcome};
 use crate::db::{Access, Database};
 use crate::period::Period;
+use crate::provider::HttpProvider;
+
+/// How long one provider call of a reconciliation may take.
+pub const RECONCILE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Prove from committed state that a period was paid exactly once and
-/// money is conserved; exit 1 and list offenders otherwise.
+/// money is conserved, or that payouts are; exit 1 and list offenders
+/// otherwise.
 ///
-/// Checks: a policy exists; the items are those seed and import wrote (no
-/// volume changed since); no work left; every settled creator has one
-/// ledger row; no ledger row lacks its settled item; every amount follows
-/// the policy; the ledger total equals the expected total; every balance
-/// equals its ledger total.
+/// --period checks: a policy exists; the items are those seed and import
+/// wrote (no volume changed since); no work left; every settled creator has
+/// one ledger row; no ledger row lacks its settled item; every amount
+/// follows the policy; the ledger total equals the expected total; every
+/// balance equals its ledger total less its payouts plus their returns.
+///
+/// --payouts checks, per creator and in total: balance = everything
+/// settlement credited + what came back - every payout; every payout in one
+/// known state, its history a path of allowed transitions ending in it;
+/// funds returned exactly for the payouts that failed, were cancelled or
+/// expired, once, of their amount.
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// The period (YYYY-MM-DD).
-    #[arg(long, required_unless_present = "archive", conflicts_with = "archive")]
+    #[arg(long, required_unless_present_any = ["archive", "payouts"], conflicts_with_all = ["archive", "payouts"])]
     period: Option<Period>,
     /// Re-check an archive file written by `settled archive` (the .csv or
     /// its .manifest.json): its SHA-256, row count and total against its
     /// manifest and this database's record, and every row well-formed.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", conflicts_with = "payouts")]
     archive: Option<std::path::PathBuf>,
+    /// Verify payouts instead of a period: balances against credits and
+    /// payouts, histories, returns (and, with --provider-url, the
+    /// provider's payments one to one).
+    #[arg(long)]
+    payouts: bool,
     /// Print JSON.
     #[arg(long)]
     json: bool,
-    /// Also reconcile with this payment provider: one payment per paid
-    /// creator, same amount, none for anyone unpaid.
-    #[arg(long)]
+    /// Also reconcile with this payment provider. With --period (leased
+    /// mode): each ledger row was recorded as its settlement payout, and the
+    /// provider's payments under the period's keys match those payouts one
+    /// to one. With --payouts: every payout against every payment. Matching
+    /// means none missing, none unknown, same amount and creator, states
+    /// that agree, none paid twice (`settled reconcile` lists them).
+    #[arg(long, conflicts_with = "archive")]
     provider_url: Option<String>,
 }
 
@@ -38,29 +58,39 @@ impl DbCommand for Args {
     const ACCESS: Access = Access::Reads;
 
     async fn run(self, db: &Database) -> Outcome {
-        let mut conn = db.pool.acquire().await?;
+        let provider = match &self.provider_url {
+            Some(url) => Some(HttpProvider::new(url, RECONCILE_TIMEOUT)?),
+            None => None,
+        };
         if let Some(file) = &self.archive {
+            let mut conn = db.pool.acquire().await?;
             let report = crate::archive::verify_archive(&mut conn, file).await?;
-            if self.json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
-            } else {
-                print!("{}", report.render());
-            }
-            return Ok(exit_code(report.ok));
+            return self.print(&report, report.render(), report.ok);
         }
-        let period = self.period.expect("clap requires --period without --archive");
-        drop(conn);
+        if self.payouts {
+            let mut conn = db.pool.acquire().await?;
+            let report = crate::verify::payouts::verify_payouts(&mut conn, provider.as_ref()).await?;
+            return self.print(&report, report.render(), report.ok);
+        }
+        let period = self
+            .period
+            .expect("clap requires --period without --archive or --payouts");
         let mut report = crate::verify::verify_pool(&db.pool, period).await?;
-        let mut conn = db.pool.acquire().await?;
-        if let Some(url) = self.provider_url {
-            let provider = crate::provider::HttpProvider::new(&url, Duration::from_secs(60))?;
-            crate::verify::reconcile_provider(&mut conn, period, &provider, &mut report).await?;
+        if let Some(provider) = &provider {
+            let mut conn = db.pool.acquire().await?;
+            crate::verify::reconcile_provider(&mut conn, period, provider, &mut report).await?;
         }
+        self.print(&report, report.render(), report.ok)
+    }
+}
+
+impl Args {
+    fn print(&self, report: &impl serde::Serialize, human: String, ok: bool) -> Outcome {
         if self.json {
-            println!("{}", serde_json::to_string_pretty(&report)?);
+            println!("{}", serde_json::to_string_pretty(report)?);
         } else {
-            print!("{}", report.render());
+            print!("{human}");
         }
-        Ok(exit_code(report.ok))
+        Ok(exit_code(ok))
     }
 }

@@ -21,6 +21,8 @@
 use sqlx::PgConnection;
 
 pub mod deliver;
+pub mod overview;
+pub mod reconcile;
 
 /// The delivery queue's name (a continuous queue of the engine).
 pub const DELIVERY_QUEUE: &str = "payout_delivery";

@@ -5,6 +5,7 @@
 //! only joins the two.
 
 mod pages;
+mod payout_pages;
 pub(crate) mod queries;
 mod queue_pages;
 pub mod queues;
@@ -171,6 +172,25 @@ pub async fn workers(State(state): State<AppState>) -> Page {
         .await
         .map_err(Problem::unavailable)?;
     Ok(pages::workers(&all))
+}
+
+/// Conflicts and unknown provider events listed on the payouts page (the
+/// newest; the page counts them all).
+pub const PAYOUT_ISSUES_SHOWN: i64 = 50;
+
+/// `GET /payouts`: payouts by state with amounts and ages, returns,
+/// conflicts and provider events for unknown payouts.
+pub async fn payouts(State(state): State<AppState>) -> Page {
+    use crate::payouts::overview;
+    let mut conn = state.reads.acquire().await.map_err(Problem::unavailable)?;
+    let summary = overview::overview(&mut conn).await.map_err(Problem::unavailable)?;
+    let conflicts = overview::conflicts(&mut conn, PAYOUT_ISSUES_SHOWN)
+        .await
+        .map_err(Problem::unavailable)?;
+    let unknown = overview::unknown_events(&mut conn, PAYOUT_ISSUES_SHOWN)
+        .await
+        .map_err(Problem::unavailable)?;
+    Ok(payout_pages::payouts(&summary, &conflicts, &unknown, state.decimals))
 }
 
 /// Query of the items page.

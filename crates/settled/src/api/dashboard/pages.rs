@@ -34,6 +34,7 @@ pub fn page(title: &str, refresh: bool, body: Markup) -> Markup {
                     a href="/workers" { "workers" }
                     a href="/items?status=failed" { "failed" }
                     a href="/items?status=held" { "held" }
+                    a href="/payouts" { "payouts" }
                     a href="/queues" { "queues" }
                     a href="/locks" { "locks" }
                     a href="/metrics" { "metrics" }

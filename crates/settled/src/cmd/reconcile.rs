@@ -1,0 +1,147 @@
+//! `settled reconcile`.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::process::ExitCode;
+
+use crate::cmd::{chain_once, exit_code, DbCommand, Global, OnDatabase, Outcome, Runnable};
+use crate::db::{Access, Database};
+use crate::payouts::reconcile::{self, Comparison, Lag, MismatchKind, Scope};
+use crate::provider::HttpProvider;
+
+/// Lags listed by name in the human output (all are in --json).
+pub const LAGS_LISTED: usize = 10;
+
+/// Compare every payout (withdrawals and settlement payments) with the
+/// provider's record of it, paging through all of the provider's payments.
+///
+/// Names each mismatch with its payout id and provider key:
+/// missing_at_provider (settled says sent or paid, the provider has no
+/// payment under its key), unknown_to_settled (a payment under a key that
+/// is no payout's), amount_differs, creator_differs, states_disagree (the
+/// provider paid what settled failed or returned, failed or has pending
+/// what settled says paid, or has a payment for a payout never sent),
+/// paid_twice (more than one payment that has not failed for one payout:
+/// under its key, or with its id as the reference). Not mismatches, listed
+/// apart: queued payouts the provider already has (in flight: delivery
+/// records its answer) and sent payouts the provider has paid or failed
+/// (behind: a webhook or a lookup applies it). It changes nothing.
+///
+/// Exit codes: 0 settled and the provider agree; 1 anything differs; 2 the
+/// comparison could not be made (database or provider unreachable).
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The payment provider (e.g. http://127.0.0.1:9100).
+    #[arg(long)]
+    provider_url: String,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+/// The report `--json` prints.
+#[derive(Debug, serde::Serialize)]
+struct Report<'a> {
+    ok: bool,
+    provider_url: &'a str,
+    /// Mismatches by kind, every kind named.
+    counts: BTreeMap<&'static str, usize>,
+    #[serde(flatten)]
+    comparison: &'a Comparison,
+}
+
+impl DbCommand for Args {
+    const ROLE: Option<&'static str> = Some("settled_readonly");
+    const ACCESS: Access = Access::Reads;
+
+    async fn run(self, db: &Database) -> Outcome {
+        let provider = HttpProvider::new(&self.provider_url, crate::cmd::verify::RECONCILE_TIMEOUT)?;
+        let mut conn = db.pool.acquire().await?;
+        let comparison = reconcile::reconcile(&mut conn, &provider, Scope::All).await?;
+        if self.json {
+            let report = Report {
+                ok: comparison.ok(),
+                provider_url: &self.provider_url,
+                counts: MismatchKind::ALL
+                    .into_iter()
+                    .map(|k| (k.as_str(), comparison.of(k).count()))
+                    .collect(),
+                comparison: &comparison,
+            };
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        } else {
+            print!("{}", render(&comparison, &self.provider_url));
+        }
+        Ok(exit_code(comparison.ok()))
+    }
+}
+
+/// The human rendering: a verdict, the counts, each mismatch by payout
+/// and key, then the lags.
+pub fn render(c: &Comparison, provider_url: &str) -> String {
+    let mut out = format!(
+        "reconcile with {provider_url}: {}\n  {} payouts, {} provider payments, {} agree\n",
+        if c.ok() {
+            "OK, settled and the provider agree".to_string()
+        } else {
+            format!("{} mismatch(es)", c.mismatches.len())
+        },
+        c.payouts,
+        c.payments,
+        c.agreeing
+    );
+    for m in &c.mismatches {
+        out.push_str(&format!("  [{}] {}\n", m.kind, m.describe()));
+    }
+    for (lags, what) in [
+        (
+            &c.in_flight,
+            "in flight (queued, or made after settled was read; delivery records the provider's answer)",
+        ),
+        (
+            &c.behind,
+            "behind (sent; the provider's final word reaches settled by its webhook or a lookup)",
+        ),
+    ] {
+        if lags.is_empty() {
+            continue;
+        }
+        out.push_str(&format!("  {} {what}, not mismatches:\n", lags.len()));
+        for lag in lags.iter().take(LAGS_LISTED) {
+            out.push_str(&format!("    - {}\n", describe_lag(lag)));
+        }
+        if lags.len() > LAGS_LISTED {
+            out.push_str(&format!(
+                "    - and {} more (--json lists all)\n",
+                lags.len() - LAGS_LISTED
+            ));
+        }
+    }
+    out
+}
+
+fn describe_lag(lag: &Lag) -> String {
+    format!(
+        "payout {} ({}): settled {}, provider {}",
+        lag.payout_id, lag.key, lag.state, lag.provider_status
+    )
+}
+
+/// `settled reconcile` as the binary runs it: an error exits 2, since 1
+/// says a mismatch was found.
+pub struct Reconcile(pub Args);
+
+impl Runnable for Reconcile {
+    fn run(self: Box<Self>, global: Global) -> Pin<Box<dyn Future<Output = Outcome>>> {
+        Box::pin(async move {
+            match Box::new(OnDatabase(self.0)).run(global).await {
+                Ok(code) => Ok(code),
+                Err(err) => {
+                    eprintln!("error: {}", chain_once(&err));
+                    Ok(ExitCode::from(2))
+                }
+            }
+        })
+    }
+}

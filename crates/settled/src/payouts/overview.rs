@@ -1,0 +1,167 @@
+//! What operators watch of payouts, read exactly from committed state: the
+//! payouts in each state with their amounts and the oldest one's age, what
+//! was returned, the conflicts the provider raised and its events for
+//! payouts settled does not know. The dashboard's `/payouts` page and
+//! `/metrics` both read it here; neither writes anything.
+
+use sqlx::PgConnection;
+
+use super::PayoutState;
+
+/// The payouts in one state.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct StateTotals {
+    /// The state.
+    pub state: PayoutState,
+    /// How many payouts are in it.
+    pub count: i64,
+    /// Their amounts added up, in base units (a decimal string).
+    pub amount: String,
+    /// Seconds since the longest-waiting one entered it (None when empty).
+    pub oldest_secs: Option<f64>,
+}
+
+/// Payouts by state, and what came back.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Overview {
+    /// Every state, in [`PayoutState::ALL`]'s order (empty ones too).
+    pub states: Vec<StateTotals>,
+    /// Payouts whose funds were returned.
+    pub returned_count: i64,
+    /// The base units returned to balances (a decimal string).
+    pub returned_amount: String,
+    /// Conflicts the provider raised (`settlement.payout_conflicts`).
+    pub conflicts: i64,
+    /// Provider events for payouts settled does not know.
+    pub unknown_events: i64,
+}
+
+impl Overview {
+    /// The totals of `state`.
+    pub fn state(&self, state: PayoutState) -> &StateTotals {
+        self.states
+            .iter()
+            .find(|s| s.state == state)
+            .expect("an overview holds every state")
+    }
+
+    /// Every payout.
+    pub fn total(&self) -> i64 {
+        self.states.iter().map(|s| s.count).sum()
+    }
+}
+
+#[derive(sqlx::FromRow)]
+struct StateRow {
+    status: String,
+    count: i64,
+    amount: String,
+    oldest_secs: Option<f64>,
+}
+
+/// Reads the [`Overview`]: one pass over the payouts (a state's age is
+/// from `updated_at`, which changes only with the state), and counts of
+/// the returns, conflicts and unknown events.
+pub async fn overview(conn: &mut PgConnection) -> anyhow::Result<Overview> {
+    let rows: Vec<StateRow> = sqlx::query_as(
+        "SELECT status, count(*) AS count, sum(amount)::text AS amount,
+                extract(epoch FROM now() - min(updated_at))::float8 AS oldest_secs
+         FROM settlement.payouts GROUP BY status",
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    let states = PayoutState::ALL
+        .into_iter()
+        .map(|state| match rows.iter().find(|r| r.status == state.as_str()) {
+            Some(row) => StateTotals {
+                state,
+                count: row.count,
+                amount: row.amount.clone(),
+                oldest_secs: row.oldest_secs.map(|s| s.max(0.0)),
+            },
+            None => StateTotals {
+                state,
+                count: 0,
+                amount: "0".into(),
+                oldest_secs: None,
+            },
+        })
+        .collect();
+    let (returned_count, returned_amount, conflicts, unknown_events): (i64, String, i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM settlement.payout_returns),
+                (SELECT coalesce(sum(amount), 0)::text FROM settlement.payout_returns),
+                (SELECT count(*) FROM settlement.payout_conflicts),
+                (SELECT count(*) FROM settlement.provider_events WHERE outcome = 'unknown_payout')",
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(Overview {
+        states,
+        returned_count,
+        returned_amount,
+        conflicts,
+        unknown_events,
+    })
+}
+
+/// A contradiction of a final state the provider raised, as recorded.
+#[derive(Debug, Clone, sqlx::FromRow, serde::Serialize)]
+pub struct Conflict {
+    /// Its id.
+    pub id: i64,
+    /// The payout.
+    pub payout_id: i64,
+    /// The payout's state when it came.
+    pub state: String,
+    /// What the provider said (`paid`, `failed`, `pending`, or `missing`).
+    pub provider_status: String,
+    /// `delivery`, `webhook`, `poll` or `reconcile`.
+    pub source: String,
+    /// The webhook event, when one carried it.
+    pub event_id: Option<String>,
+    /// In words.
+    pub detail: Option<String>,
+    /// When.
+    pub at: chrono::DateTime<chrono::Utc>,
+}
+
+/// The newest `limit` conflicts.
+pub async fn conflicts(conn: &mut PgConnection, limit: i64) -> anyhow::Result<Vec<Conflict>> {
+    Ok(sqlx::query_as(
+        "SELECT id, payout_id, state, provider_status, source, event_id, detail, at
+         FROM settlement.payout_conflicts ORDER BY id DESC LIMIT $1",
+    )
+    .bind(limit) // $1
+    .fetch_all(conn)
+    .await?)
+}
+
+/// A provider event for a payout settled does not know, kept for review.
+#[derive(Debug, Clone, sqlx::FromRow, serde::Serialize)]
+pub struct UnknownEvent {
+    /// The event's id.
+    pub id: String,
+    /// Its type: `payment.paid` or `payment.failed`.
+    pub kind: String,
+    /// The key the payment was made under.
+    pub provider_key: Option<String>,
+    /// The payment's creator, as the event says.
+    pub creator: Option<String>,
+    /// The payment's amount, as the event says.
+    pub amount: Option<String>,
+    /// When settled received it.
+    pub received_at: chrono::DateTime<chrono::Utc>,
+}
+
+/// The newest `limit` events for payouts settled does not know.
+pub async fn unknown_events(conn: &mut PgConnection, limit: i64) -> anyhow::Result<Vec<UnknownEvent>> {
+    Ok(sqlx::query_as(
+        "SELECT id, type AS kind, provider_key, body #>> '{data,creator}' AS creator, body #>> '{data,amount}' AS amount,
+                received_at
+         FROM settlement.provider_events WHERE outcome = 'unknown_payout'
+         ORDER BY received_at DESC, id LIMIT $1",
+    )
+    .bind(limit) // $1
+    .fetch_all(conn)
+    .await?)
+}
