@@ -126,7 +126,7 @@ pub struct ArchiveDone {
 /// before the rollback of a transaction that never sent COMMIT (it still
 /// holds the archive's lock, unless its connection is gone), or, when
 /// COMMIT got no answer, under the lock on a new connection from `pool`
-/// once the lost transaction has ended ([`learn_commit_outcome`]).
+/// once the lost transaction has ended (`learn_commit_outcome`).
 pub async fn archive(pool: &PgPool, opts: &ArchiveOptions) -> anyhow::Result<ArchiveDone> {
     let mut attempt = 1;
     loop {

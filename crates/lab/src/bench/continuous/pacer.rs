@@ -23,7 +23,7 @@ pub struct Pacer {
 
 impl Pacer {
     /// A pacer offering `rate_per_s` jobs per second from now, every
-    /// [`TICK_MS`], in tokens of at most [`TOKEN_JOBS_MAX`].
+    /// `TICK_MS`, in tokens of at most `TOKEN_JOBS_MAX`.
     pub fn new(rate_per_s: u64) -> Pacer {
         Pacer::with(rate_per_s, Duration::from_millis(TICK_MS), TOKEN_JOBS_MAX)
     }
