@@ -786,16 +786,17 @@ async fn a_balance_past_78_digits_keeps_growing_and_a_run_without_a_date_scope_l
     let paid = env
         .scalar_text("SELECT sum(amount)::text FROM settlement.reward_ledger WHERE period = '2026-11-27'")
         .await;
-    let tokens = settled::money::with_decimals(&paid, 18);
-    assert!(tokens.contains('.') || paid.len() <= 18, "{paid} -> {tokens}");
+    let tokens = settled::money::tokens(&paid, 18);
+    assert!(tokens.contains(',') || paid.len() <= 21, "{paid} -> {tokens}");
     assert!(
         page.contains(&tokens) && page.contains(&paid),
         "{tokens} / {paid} not on the page"
     );
     let status = env.run_ok(&["status", "--period", "2026-11-27", "--token-decimals", "6"]);
-    let six = settled::money::with_decimals(&paid, 6);
+    let six = settled::money::tokens(&paid, 6);
     assert!(
-        status.contains(&format!("paid {six} of {six} (tokens, 6 decimals)")),
+        status.contains(&format!("paid {six} of {six} tokens (6 decimals)"))
+            && status.contains(&format!("paid {paid} of {paid} (base units)")),
         "{status}"
     );
 }

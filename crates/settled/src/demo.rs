@@ -39,6 +39,8 @@ pub struct DemoOptions {
     pub seed: u64,
     /// The period's fee.
     pub fee: FeeBps,
+    /// Which volumes to seed.
+    pub volumes: seed::Volumes,
 }
 
 /// The demo's result.
@@ -85,7 +87,16 @@ pub async fn demo(pool: &PgPool, url: &str, opts: &DemoOptions) -> anyhow::Resul
             opts.creators, opts.seed
         );
         let bar = Progress::new("seed", opts.creators);
-        seed::seed(pool, period, opts.creators, opts.seed, Some(opts.fee), &bar).await?;
+        seed::seed(
+            pool,
+            period,
+            opts.creators,
+            opts.seed,
+            Some(opts.fee),
+            opts.volumes,
+            &bar,
+        )
+        .await?;
     } else {
         eprintln!("resuming the unfinished run of period {period}");
     }
@@ -202,17 +213,18 @@ impl DemoSummary {
              \x20 period               {}\n\
              \x20 creators             {}\n\
              \x20 worker processes     {}\n\
-             \x20 total paid           {} (token base units)\n\
+             \x20 total paid           {} tokens ({} base units)\n\
              \x20 wall time (settle)   {:.3} s\n\
              \x20 creators per second  {}\n\
              \x20 peak memory          {:.1} MiB per worker process (largest), {:.1} MiB this process\n\
              \x20 verification         {}\n",
             self.period,
-            self.creators,
+            crate::money::grouped(&self.creators.to_string()),
             self.workers,
+            crate::money::tokens(&self.total_paid, crate::money::DEFAULT_DECIMALS),
             self.total_paid,
             self.settle_seconds,
-            self.creators_per_second,
+            crate::money::grouped(&self.creators_per_second.to_string()),
             self.worker_peak_rss_mib,
             self.demo_peak_rss_mib,
             if self.verified {

@@ -177,10 +177,66 @@ pub fn with_decimals(units: &str, decimals: u32) -> String {
     }
 }
 
+/// Digits grouped in threes with commas: "1234567" reads "1,234,567".
+/// Anything but a plain run of digits is returned as it is.
+pub fn grouped(digits: &str) -> String {
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return digits.to_string();
+    }
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Most decimals [`tokens`] shows.
+pub const SHOWN_DECIMALS: usize = 6;
+
+/// An amount of base units as a person reads it: whole tokens grouped in
+/// threes, at most [`SHOWN_DECIMALS`] decimals, and a trailing "…" when
+/// digits were cut (the exact amount is in base units, shown beside it):
+/// `tokens("1234567891234567890123", 18)` is "1,234.567891…".
+pub fn tokens(units: &str, decimals: u32) -> String {
+    let exact = with_decimals(units, decimals);
+    let (whole, fraction) = match exact.split_once('.') {
+        Some((whole, fraction)) => (whole, fraction),
+        None => (exact.as_str(), ""),
+    };
+    if !whole.bytes().all(|b| b.is_ascii_digit()) {
+        return exact;
+    }
+    let shown = &fraction[..fraction.len().min(SHOWN_DECIMALS)];
+    let cut = if shown.len() < fraction.len() { "\u{2026}" } else { "" };
+    if shown.is_empty() {
+        format!("{}{cut}", grouped(whole))
+    } else {
+        format!("{}.{shown}{cut}", grouped(whole))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn amounts_read_in_grouped_tokens_with_the_cut_shown() {
+        assert_eq!(grouped("0"), "0");
+        assert_eq!(grouped("999"), "999");
+        assert_eq!(grouped("1000"), "1,000");
+        assert_eq!(grouped("1234567"), "1,234,567");
+        assert_eq!(grouped("12a"), "12a");
+        assert_eq!(tokens("1234567891234567890123", 18), "1,234.567891\u{2026}");
+        assert_eq!(tokens("1234500000000000000000", 18), "1,234.5");
+        assert_eq!(tokens("1000000000000000000000000", 18), "1,000,000");
+        assert_eq!(tokens("1", 18), "0.000000\u{2026}");
+        assert_eq!(tokens("0", 18), "0");
+        assert_eq!(tokens("1234", 0), "1,234");
+    }
 
     #[test]
     fn base_units_read_as_whole_tokens() {

@@ -20,17 +20,23 @@ const SEED_STAGING_SQL: &str = "CREATE TEMPORARY TABLE seed_rows
     (creator text NOT NULL, volume numeric(78,0) NOT NULL) ON COMMIT DROP";
 
 /// Creator `i`'s address depends on (seed, i) only, so creators recur across
-/// periods; its volume depends on (seed, period, i). Volumes: 5% zero, 0.1%
-/// near 2^256 (to exercise the whole range), the rest
-/// mantissa(1..999999) * 10^(12 + floor(9 r^3)): many small, few large.
+/// periods; its volume depends on (seed, period, i). Volumes (token base
+/// units, 18 decimals): 5% zero; by default the rest log-uniform from 0.001
+/// to about 1,000,000 tokens (four significant digits times 10^(12..20)),
+/// with one creator in 997 a whale of 1 million to 1 billion tokens. With
+/// `$5` (`--extreme-volumes`) the whales are near 2^256 instead, to
+/// exercise the whole range, and the rest are mantissa(1..999999) *
+/// 10^(12 + floor(9 r^3)).
 const SEED_BATCH_SQL: &str = "
 INSERT INTO seed_rows (creator, volume)
 SELECT '0x' || substr(encode(sha256(convert_to('settled-creator:' || $2 || ':' || i, 'UTF8')), 'hex'), 1, 40),
        CASE
            WHEN hv.h % 20 = 0 THEN 0
-           WHEN hv.h % 997 = 1 THEN (2::numeric ^ 256) - 1 - (hv.h % 1000000)
-           ELSE (1 + hv.h % 999999)::numeric
+           WHEN $5 AND hv.h % 997 = 1 THEN (2::numeric ^ 256) - 1 - (hv.h % 1000000)
+           WHEN $5 THEN (1 + hv.h % 999999)::numeric
                 * (10::numeric ^ (12 + floor(9 * power(((hv.h / 20) % 1000000)::numeric / 1000000, 3))::int))
+           WHEN hv.h % 997 = 1 THEN (1000 + hv.h % 9000)::numeric * (10::numeric ^ (21 + (hv.h / 9000) % 3))
+           ELSE (1000 + hv.h % 9000)::numeric * (10::numeric ^ (12 + (hv.h / 9000) % 9))
        END
 FROM generate_series($3::bigint, $4::bigint) AS i,
 LATERAL (SELECT ('x' || substr(encode(sha256(convert_to(
@@ -45,6 +51,16 @@ const SEED_WRITE_SQL: &str = "
 INSERT INTO settlement.token_trade_volume (period, creator, volume)
 SELECT $1::date, creator, volume FROM seed_rows ORDER BY creator
 ON CONFLICT (period, creator) DO NOTHING";
+
+/// Which volumes a seed generates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Volumes {
+    /// Trade volumes like real ones: 0.001 to 1,000,000 tokens, a few whales.
+    #[default]
+    Realistic,
+    /// Whales near 2^256, the largest amount there is (for tests of range).
+    Extreme,
+}
 
 /// What a seed call did.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -67,6 +83,7 @@ pub async fn seed(
     creators: u64,
     seed: u64,
     fee: Option<FeeBps>,
+    volumes: Volumes,
     progress: &Progress,
 ) -> anyhow::Result<SeedOutcome> {
     anyhow::ensure!(
@@ -101,6 +118,7 @@ pub async fn seed(
             .bind(seed.to_string())
             .bind(from as i64)
             .bind(to as i64)
+            .bind(volumes == Volumes::Extreme)
             .execute(&mut *tx)
             .await
             .with_context(|| format!("generating creators {from}..={to}"))?;

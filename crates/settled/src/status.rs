@@ -70,8 +70,8 @@ async fn read(conn: &mut PgConnection, period: Period) -> anyhow::Result<PeriodS
 }
 
 impl PeriodStatus {
-    /// The human rendering, amounts in base units and in tokens of
-    /// `decimals` decimals.
+    /// The human rendering, amounts in tokens of `decimals` decimals
+    /// (grouped, cut to a few decimals) and exactly in base units.
     pub fn render(&self, decimals: u32) -> String {
         let run = match &self.run {
             Some(r) => format!("run {} {}", r.id, r.state.as_str()),
@@ -90,13 +90,13 @@ impl PeriodStatus {
             out.push_str(&format!("  {:<10} {n}\n", status.as_str()));
         }
         out.push_str(&format!(
-            "  paid {} of {} (base units)\n",
-            self.settled_amount, self.expected_amount
+            "  paid {} of {} tokens ({decimals} decimals)\n",
+            crate::money::tokens(&self.settled_amount, decimals),
+            crate::money::tokens(&self.expected_amount, decimals)
         ));
         out.push_str(&format!(
-            "  paid {} of {} (tokens, {decimals} decimals)\n",
-            crate::money::with_decimals(&self.settled_amount, decimals),
-            crate::money::with_decimals(&self.expected_amount, decimals)
+            "  paid {} of {} (base units)\n",
+            self.settled_amount, self.expected_amount
         ));
         out
     }

@@ -27,7 +27,16 @@ pub(super) async fn prepare_case(ctx: &Ctx, creators: u64) -> anyhow::Result<Cas
     let (name, url) = create_database_at(&ctx.admin_url).await?;
     let db = settled::db::Database::open_url(&url, 4, "settled-bench").await?;
     let period = bench_period();
-    settled::seed::seed(&db.pool, period, creators, BENCH_SEED, None, &Progress::hidden()).await?;
+    settled::seed::seed(
+        &db.pool,
+        period,
+        creators,
+        BENCH_SEED,
+        None,
+        settled::seed::Volumes::Extreme,
+        &Progress::hidden(),
+    )
+    .await?;
     let mut conn = db.pool.acquire().await?;
     settled::settlement::queue()
         .refresh_statistics(&mut conn, &period.to_string())

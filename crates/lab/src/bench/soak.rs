@@ -203,7 +203,7 @@ pub(super) async fn soak(ctx: &Ctx, days: u32, retain_days: u32, server_version:
         let archive_dir = ctx.scratch.join("soak-archive");
         for day in 1..=days {
             let period = Period::from_date(first + chrono::Duration::days(i64::from(day)));
-            settled::seed::seed(&db.pool, period, opts.creators, BENCH_SEED, None, &Progress::hidden()).await?;
+            settled::seed::seed(&db.pool, period, opts.creators, BENCH_SEED, None, settled::seed::Volumes::Extreme, &Progress::hidden()).await?;
             let run_id = settled::settlement::job()
                 .start_or_join(&db.pool, &period.to_string(), None)
                 .await?

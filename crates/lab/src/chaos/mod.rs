@@ -234,6 +234,7 @@ async fn run_chaos(
         opts.creators,
         opts.seed,
         Some(FeeBps::new(250).map_err(anyhow::Error::msg)?),
+        seed::Volumes::Extreme,
         &Progress::hidden(),
     )
     .await?;

@@ -36,7 +36,9 @@ pub async fn settled_on(pool: PgPool) -> Settled {
     settled::db::migrate(&pool).await.unwrap();
     let period = Period::parse(PERIOD).unwrap();
     let hidden = settled::progress::Progress::hidden();
-    settled::seed::seed(&pool, period, 1, 7, None, &hidden).await.unwrap();
+    settled::seed::seed(&pool, period, 1, 7, None, settled::seed::Volumes::default(), &hidden)
+        .await
+        .unwrap();
     let run = settled::settlement::job()
         .start_or_join(&pool, PERIOD, None)
         .await

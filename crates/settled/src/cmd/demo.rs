@@ -36,6 +36,9 @@ pub struct Args {
     /// The period's fee in basis points.
     #[arg(long, default_value_t = DEFAULT_FEE_BPS)]
     fee_bps: u32,
+    /// Seed a few volumes near 2^256 - 1 instead of realistic ones.
+    #[arg(long)]
+    extreme_volumes: bool,
     /// Print the summary as JSON.
     #[arg(long)]
     json: bool,
@@ -50,6 +53,7 @@ impl DbCommand for Args {
             chunk: self.chunk,
             seed: self.seed,
             fee: FeeBps::new(self.fee_bps).map_err(anyhow::Error::msg)?,
+            volumes: crate::cmd::seed::volumes(self.extreme_volumes),
         };
         match db.private_server() {
             Some(server) => eprintln!(

@@ -95,7 +95,7 @@ pub fn runs(runs: &[(RunProgress, String)], live: Option<(i64, &[Second])>, deci
                     td { (p.run.finished_at.map(|f| f.format("%H:%M:%S").to_string()).unwrap_or_else(|| "-".into())) }
                     td { (progress_bar(p.done, p.total)) }
                     td { (p.settled) " / " (p.failed) " / " (p.held) }
-                    td.mono.tokens { (crate::money::with_decimals(&p.paid, decimals)) }
+                    td.mono.tokens { (crate::money::tokens(&p.paid, decimals)) }
                     td.mono { (p.paid) }
                     td { (eta) }
                 }

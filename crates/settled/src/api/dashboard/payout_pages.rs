@@ -4,7 +4,7 @@
 use maud::{html, Markup};
 
 use super::pages::page;
-use crate::money::with_decimals;
+use crate::money::tokens;
 use crate::payouts::overview::{Conflict, Overview, StateTotals, UnknownEvent};
 
 fn age(secs: Option<f64>) -> String {
@@ -23,7 +23,7 @@ fn state_row(s: &StateTotals, decimals: u32) -> Markup {
             td { (s.state.as_str()) }
             td data-count=(s.count) { (s.count) }
             td.mono data-amount=(s.amount) { (s.amount) }
-            td.mono { (with_decimals(&s.amount, decimals)) }
+            td.mono { (tokens(&s.amount, decimals)) }
             td data-oldest=(s.oldest_secs.map(|s| format!("{s:.3}")).unwrap_or_default()) { (age(s.oldest_secs)) }
         }
     }
@@ -41,7 +41,7 @@ pub fn payouts(overview: &Overview, conflicts: &[Conflict], unknown: &[UnknownEv
         p #returned {
             (overview.returned_count) " payout(s) ended unpaid and returned "
             span.mono data-returned=(overview.returned_amount) { (overview.returned_amount) } " base units ("
-            (with_decimals(&overview.returned_amount, decimals)) " tokens) to balances."
+            (tokens(&overview.returned_amount, decimals)) " tokens) to balances."
         }
         p.note {
             "A sent payout waits for the provider's word (its webhook, or a lookup once it is old); a queued one for \
