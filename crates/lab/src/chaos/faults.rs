@@ -113,8 +113,17 @@ pub(super) async fn inject(
             Some(pid) if slot.stopped_until.is_none() => {
                 kill(Pid::from_raw(pid as i32), Signal::SIGSTOP)?;
                 slot.stopped_until = Some(Instant::now() + zombie_pause);
+                // Only a zombie that holds leases has completions to refuse.
+                let held: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM settlement.token_trade_volume t
+                     JOIN settled_engine.workers w ON t.lease_owner::text = w.id::text
+                     WHERE w.pid = $1 AND t.status = 'processing'",
+                )
+                .bind(pid as i32)
+                .fetch_one(&mut *conn)
+                .await?;
                 format!(
-                    "{at} SIGSTOP worker slot {} (pid {pid}) for {:.1} s (past its lease), then SIGCONT",
+                    "{at} SIGSTOP worker slot {} (pid {pid}) holding {held} lease(s) for {:.1} s (past its lease), then SIGCONT",
                     fault.slot,
                     zombie_pause.as_secs_f64()
                 )

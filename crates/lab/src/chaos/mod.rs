@@ -312,7 +312,7 @@ async fn run_chaos(
             )
             .await
             .unwrap_or_else(|e| format!("{:>6.1}s {:?}: failed to inject: {e:#}", now.as_secs_f64(), fault.kind));
-            if fault.kind == FaultKind::ZombieWorker && line.contains("SIGSTOP") {
+            if fault.kind == FaultKind::ZombieWorker && line.contains("SIGSTOP") && !line.contains("holding 0 lease") {
                 zombies += 1;
             }
             if matches!(
@@ -435,7 +435,7 @@ async fn run_chaos(
         invariants.push((
             "zombie_completions_rejected".into(),
             zombies == 0 || rejections > 0,
-            format!("{rejections} completions refused by the fence after {zombies} zombie pause(s)"),
+            format!("{rejections} completions refused by the fence after {zombies} zombie pause(s) holding leases"),
         ));
     }
     if let Some(p) = &provider_url {
