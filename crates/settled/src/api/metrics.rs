@@ -8,7 +8,10 @@
 //! Continuous queues' gauges (`work_queue_depth`, `work_queue_oldest_ready_seconds`,
 //! `work_queue_paused`) are written straight into the scrape's text rather
 //! than kept in the recorder, so a queue that leaves the registry, or whose
-//! table cannot be read, leaves no stale series behind.
+//! table cannot be read, leaves no stale series behind; so are the newest
+//! finished run's verification and `settled_database_up` ([`crate::watch`]).
+//! While the database does not answer, a scrape gets `settled_database_up 0`
+//! alone.
 
 use std::sync::OnceLock;
 
@@ -54,6 +57,8 @@ struct Snapshot {
     payouts: i64,
     ledger_entries: i64,
     queues: Vec<crate::queues::QueueView>,
+    due: crate::watch::RunsDue,
+    due_secs: f64,
 }
 
 async fn snapshot(state: &AppState) -> anyhow::Result<Snapshot> {
@@ -70,12 +75,10 @@ async fn snapshot(state: &AppState) -> anyhow::Result<Snapshot> {
         Some(run) => vec![job.queue().count_by_status(&mut conn, &run.scope).await?],
         None => Vec::new(),
     };
-    let stored: Vec<_> = settled_engine::raw::runs::list(&mut conn, job.name(), RUNS_COUNTED)
-        .await?
-        .iter()
-        .filter_map(StoredReport::of)
-        .map(|r| r.counts)
-        .collect();
+    let all_runs = settled_engine::raw::runs::list(&mut conn, job.name(), RUNS_COUNTED).await?;
+    let now: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()").fetch_one(&mut *conn).await?;
+    let due = state.deadlines.runs_due(&all_runs, now);
+    let stored: Vec<_> = all_runs.iter().filter_map(StoredReport::of).map(|r| r.counts).collect();
     let items = StatusCounts {
         counts: ItemStatus::ALL
             .iter()
@@ -96,11 +99,17 @@ async fn snapshot(state: &AppState) -> anyhow::Result<Snapshot> {
         payouts,
         ledger_entries,
         queues,
+        due_secs: due.due_secs(now),
+        due,
     })
 }
 
-/// `GET /metrics`.
+/// `GET /metrics`. While the database does not answer, only
+/// `settled_database_up 0` (a scrape that fails would hide why).
 pub async fn serve(State(state): State<AppState>) -> Response {
+    if !crate::watch::database_up(&state.reads).await {
+        return text_response(crate::watch::database_up_text(false));
+    }
     let s = match snapshot(&state).await {
         Ok(s) => s,
         Err(err) => return Problem::unavailable(err).into_response(),
@@ -123,6 +132,15 @@ pub async fn serve(State(state): State<AppState>) -> Response {
     metrics::gauge!("settled_workers_alive").set(s.workers.alive as f64);
     metrics::gauge!("settled_worker_heartbeat_age_seconds").set(s.workers.oldest_heartbeat_age_secs);
     metrics::counter!("settled_payouts_total").absolute(s.payouts as u64);
+    for (due_state, n) in [
+        ("not_started", s.due.not_started),
+        ("running", s.due.running),
+        ("cancelled", s.due.cancelled),
+    ] {
+        metrics::gauge!("settled_runs_due", "state" => due_state).set(n as f64);
+    }
+    metrics::gauge!("settled_run_due_seconds").set(s.due_secs);
+    metrics::gauge!("settled_run_deadline_seconds").set(state.deadlines.deadline.as_secs_f64());
     for (name, pool) in [("main", &state.pool), ("reads", &state.reads)] {
         let idle = pool.num_idle() as f64;
         metrics::gauge!("settled_db_pool_connections", "pool" => name, "state" => "idle").set(idle);
@@ -131,6 +149,13 @@ pub async fn serve(State(state): State<AppState>) -> Response {
     }
     let mut text = handle().render();
     text.push_str(&queue_metrics(&s.queues));
+    text.push_str(&crate::watch::verification_text(&state.verification));
+    text.push_str(&crate::watch::database_up_text(true));
+    text_response(text)
+}
+
+/// A scrape's answer: 200 with Prometheus text.
+fn text_response(text: String) -> Response {
     let mut response = (StatusCode::OK, text).into_response();
     response.headers_mut().insert(
         axum::http::header::CONTENT_TYPE,
