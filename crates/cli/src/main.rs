@@ -2,9 +2,11 @@
 //! command and dispatches each, one line apiece, to its own file
 //! (`settled::cmd::*` for the product, `settled_lab::cmd::*` for the lab).
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use settled::cmd::{self, on_database, Global, Runnable};
 use settled_lab::cmd as lab;
+
+mod generate;
 
 /// Settle creators' rewards exactly once, on any number of servers.
 ///
@@ -55,6 +57,8 @@ enum Command {
     BenchQueueWorker(lab::bench_queue_worker::Args),
     #[command(hide = true)]
     LabWorker(lab::lab_worker::Args),
+    #[command(hide = true)]
+    Generate(generate::Args),
 }
 
 fn dispatch(command: Command) -> Box<dyn Runnable> {
@@ -84,6 +88,7 @@ fn dispatch(command: Command) -> Box<dyn Runnable> {
         Command::BenchWorker(args) => Box::new(args),
         Command::BenchQueueWorker(args) => Box::new(args),
         Command::LabWorker(args) => on_database(args),
+        Command::Generate(args) => Box::new(generate::Generate::new(args, Cli::command())),
     }
 }
 

@@ -247,17 +247,7 @@ async fn start_due_runs<H: RunHooks>(
     warned: &mut HashSet<String>,
 ) -> Result<(), EngineError> {
     let now = database_now(pool).await?;
-    let from = now - chrono::Duration::days(i64::from(daemon.catch_up_days.max(1)));
-    // Several due times may cover one scope (an hourly schedule of a daily
-    // job): look at each scope once, at its first due time.
-    let mut due: Vec<(DateTime<Utc>, String)> = Vec::new();
-    for (fired_at, local_date) in daemon.schedule.fire_times(from, now) {
-        let scope = job.hooks().scope_for_due(local_date);
-        if !due.iter().any(|(_, s)| *s == scope) {
-            due.push((fired_at, scope));
-        }
-    }
-    for (fired_at, scope) in due {
+    for (fired_at, scope) in due_scopes(job.hooks(), &daemon.schedule, daemon.catch_up_days, now) {
         if job.find_run(pool, &scope).await?.is_some() {
             continue;
         }
@@ -291,6 +281,29 @@ async fn start_due_runs<H: RunHooks>(
         }
     }
     Ok(())
+}
+
+/// The scopes `schedule` made due in the catch-up window ending at `now`
+/// (the last `catch_up_days` days, at least one), each with its first due
+/// time, oldest first: the runs the daemon creates, and the periods that
+/// must be finished by their deadline.
+pub fn due_scopes<H: RunHooks>(
+    hooks: &H,
+    schedule: &Schedule,
+    catch_up_days: u32,
+    now: DateTime<Utc>,
+) -> Vec<(DateTime<Utc>, String)> {
+    let from = now - chrono::Duration::days(i64::from(catch_up_days.clamp(1, MAX_CATCH_UP_DAYS)));
+    // Several due times may cover one scope (an hourly schedule of a daily
+    // job): each scope once, at its first due time.
+    let mut due: Vec<(DateTime<Utc>, String)> = Vec::new();
+    for (fired_at, local_date) in schedule.fire_times(from, now) {
+        let scope = hooks.scope_for_due(local_date);
+        if !due.iter().any(|(_, s)| *s == scope) {
+            due.push((fired_at, scope));
+        }
+    }
+    due
 }
 
 async fn database_now(pool: &PgPool) -> Result<DateTime<Utc>, EngineError> {

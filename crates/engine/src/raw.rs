@@ -19,7 +19,7 @@ pub use crate::queue::{
 };
 pub use crate::rescuer::{keep_rescuing, rescue_expired_leases};
 pub use crate::runs::{Run, RunState};
-pub use crate::schedule::Schedule;
+pub use crate::schedule::{Schedule, MAX_CATCH_UP_DAYS};
 pub use crate::status::ItemStatus;
 pub use crate::workers::{WorkerRow, WorkerTotals};
 

@@ -24,6 +24,8 @@ pub const CONFIG_KEYS: &[(&str, &str)] = &[
     ("token_decimals", "SETTLED_TOKEN_DECIMALS"),
     ("pooler", "SETTLED_POOLER"),
     ("direct_url", "SETTLED_DIRECT_URL"),
+    ("run_deadline_secs", "SETTLED_RUN_DEADLINE_SECS"),
+    ("verify_every_secs", "SETTLED_VERIFY_EVERY_SECS"),
 ];
 
 /// Largest config file read.

@@ -33,5 +33,6 @@ pub mod seed;
 pub mod settlement;
 pub mod status;
 pub mod verify;
+pub mod watch;
 pub mod worker;
 pub mod worker_metrics;

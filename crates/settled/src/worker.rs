@@ -144,6 +144,7 @@ async fn start(pool: &PgPool, opts: &WorkerOptions) -> anyhow::Result<(Worker, V
         background.push(tokio::spawn(crate::worker_metrics::serve(
             listener,
             worker.stats().clone(),
+            pool.clone(),
         )));
     }
     Ok((worker, background))

@@ -1,21 +1,22 @@
 //! A worker's own `/metrics` (Prometheus text): the engine's claim and
-//! handler latency histograms and this process's counters. Served only
-//! with `settled worker --metrics-bind ADDR`.
+//! handler latency histograms, this process's counters, and whether its
+//! database answers (`settled_database_up`). Served only with
+//! `settled worker --metrics-bind ADDR`.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use settled_engine::raw::DrainStats;
 
-/// Serves a worker's own metrics (claim and handler latency histograms, and
-/// its counters) on `listener` until the task is dropped.
-pub async fn serve(listener: tokio::net::TcpListener, stats: Arc<DrainStats>) {
+/// Serves a worker's own metrics (claim and handler latency histograms, its
+/// counters, and a probe of `pool`) on `listener` until the task is dropped.
+pub async fn serve(listener: tokio::net::TcpListener, stats: Arc<DrainStats>, pool: sqlx::PgPool) {
     let handle = crate::api::metrics::handle;
     handle();
     let app = axum::Router::new().route(
         "/metrics",
         axum::routing::get(move || {
-            let stats = stats.clone();
+            let (stats, pool) = (stats.clone(), pool.clone());
             async move {
                 let counters = [
                     ("settled_worker_claims_total", &stats.claims),
@@ -32,7 +33,8 @@ pub async fn serve(listener: tokio::net::TcpListener, stats: Arc<DrainStats>) {
                 for (name, value) in counters {
                     metrics::counter!(name).absolute(value.load(Ordering::Relaxed));
                 }
-                handle().render()
+                let up = crate::watch::database_up(&pool).await;
+                handle().render() + &crate::watch::database_up_text(up)
             }
         }),
     );

@@ -19,8 +19,11 @@ use sqlx::{Connection, PgConnection};
 
 use settled_embedded::{with_database, LocalOptions, LocalPostgres, Result};
 
+/// A template database's name, once it is prepared.
+type Template = Arc<OnceCell<String>>;
+
 /// Template databases of this process, by what prepared them.
-static TEMPLATES: OnceLock<Mutex<HashMap<&'static str, Arc<OnceCell<String>>>>> = OnceLock::new();
+static TEMPLATES: OnceLock<Mutex<HashMap<&'static str, Template>>> = OnceLock::new();
 
 static SHARED: OnceLock<std::result::Result<LocalPostgres, String>> = OnceLock::new();
 

@@ -12,7 +12,9 @@
 //! (`settled_payouts{state}`, `settled_payouts_amount{state}`,
 //! `settled_payout_oldest_sent_seconds`, `settled_payouts_returned_total`,
 //! ...): amounts are written as the database's exact integers, never
-//! through a float.
+//! through a float. So are the newest finished run's verification and `settled_database_up`
+//! ([`crate::watch`]). While the database does not answer, a scrape gets
+//! `settled_database_up 0` alone.
 
 use std::sync::OnceLock;
 
@@ -58,6 +60,8 @@ struct Snapshot {
     payouts: crate::payouts::overview::Overview,
     ledger_entries: i64,
     queues: Vec<crate::queues::QueueView>,
+    due: crate::watch::RunsDue,
+    due_secs: f64,
 }
 
 async fn snapshot(state: &AppState) -> anyhow::Result<Snapshot> {
@@ -74,12 +78,10 @@ async fn snapshot(state: &AppState) -> anyhow::Result<Snapshot> {
         Some(run) => vec![job.queue().count_by_status(&mut conn, &run.scope).await?],
         None => Vec::new(),
     };
-    let stored: Vec<_> = settled_engine::raw::runs::list(&mut conn, job.name(), RUNS_COUNTED)
-        .await?
-        .iter()
-        .filter_map(StoredReport::of)
-        .map(|r| r.counts)
-        .collect();
+    let all_runs = settled_engine::raw::runs::list(&mut conn, job.name(), RUNS_COUNTED).await?;
+    let now: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()").fetch_one(&mut *conn).await?;
+    let due = state.deadlines.runs_due(&all_runs, now);
+    let stored: Vec<_> = all_runs.iter().filter_map(StoredReport::of).map(|r| r.counts).collect();
     let items = StatusCounts {
         counts: ItemStatus::ALL
             .iter()
@@ -98,11 +100,17 @@ async fn snapshot(state: &AppState) -> anyhow::Result<Snapshot> {
         payouts,
         ledger_entries,
         queues,
+        due_secs: due.due_secs(now),
+        due,
     })
 }
 
-/// `GET /metrics`.
+/// `GET /metrics`. While the database does not answer, only
+/// `settled_database_up 0` (a scrape that fails would hide why).
 pub async fn serve(State(state): State<AppState>) -> Response {
+    if !crate::watch::database_up(&state.reads).await {
+        return text_response(crate::watch::database_up_text(false));
+    }
     let s = match snapshot(&state).await {
         Ok(s) => s,
         Err(err) => return Problem::unavailable(err).into_response(),
@@ -125,6 +133,15 @@ pub async fn serve(State(state): State<AppState>) -> Response {
     metrics::gauge!("settled_workers_alive").set(s.workers.alive as f64);
     metrics::gauge!("settled_worker_heartbeat_age_seconds").set(s.workers.oldest_heartbeat_age_secs);
     metrics::counter!("settled_payouts_total").absolute(s.payouts.total() as u64);
+    for (due_state, n) in [
+        ("not_started", s.due.not_started),
+        ("running", s.due.running),
+        ("cancelled", s.due.cancelled),
+    ] {
+        metrics::gauge!("settled_runs_due", "state" => due_state).set(n as f64);
+    }
+    metrics::gauge!("settled_run_due_seconds").set(s.due_secs);
+    metrics::gauge!("settled_run_deadline_seconds").set(state.deadlines.deadline.as_secs_f64());
     for (name, pool) in [("main", &state.pool), ("reads", &state.reads)] {
         let idle = pool.num_idle() as f64;
         metrics::gauge!("settled_db_pool_connections", "pool" => name, "state" => "idle").set(idle);
@@ -134,6 +151,13 @@ pub async fn serve(State(state): State<AppState>) -> Response {
     let mut text = handle().render();
     text.push_str(&queue_metrics(&s.queues));
     text.push_str(&payout_metrics(&s.payouts));
+    text.push_str(&crate::watch::verification_text(&state.verification));
+    text.push_str(&crate::watch::database_up_text(true));
+    text_response(text)
+}
+
+/// A scrape's answer: 200 with Prometheus text.
+fn text_response(text: String) -> Response {
     let mut response = (StatusCode::OK, text).into_response();
     response.headers_mut().insert(
         axum::http::header::CONTENT_TYPE,

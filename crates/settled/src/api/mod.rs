@@ -82,6 +82,12 @@ pub struct AppState {
     /// The secrets webhooks are signed with (one, or two while rotating);
     /// None: `POST /v1/provider-events` answers 503 so the provider retries.
     pub webhook_secrets: Option<Arc<Vec<Vec<u8>>>>,
+    /// The schedule and deadline that `/metrics` judges runs by.
+    pub deadlines: Arc<crate::watch::Deadlines>,
+    /// The newest finished run's last verification, for `/metrics`.
+    pub verification: crate::watch::VerificationSlot,
+    /// How often [`serve`] verifies the newest finished run (None: never).
+    pub verify_every: Option<Duration>,
 }
 
 impl AppState {
@@ -99,6 +105,9 @@ impl AppState {
             synchronous_commit: None,
             confirm_ttl: std::time::Duration::from_secs(crate::payouts::DEFAULT_CONFIRM_TTL_SECS),
             webhook_secrets: None,
+            deadlines: Arc::default(),
+            verification: crate::watch::VerificationSlot::default(),
+            verify_every: None,
         }
     }
 }
@@ -157,9 +166,16 @@ pub fn router(state: AppState) -> Router {
 
 /// Serves the API on `listener` until SIGTERM or SIGINT (then drains open
 /// connections for at most the grace period); prunes expired idempotency
-/// keys in the background.
+/// keys and verifies the newest finished run in the background.
 pub async fn serve(listener: tokio::net::TcpListener, state: AppState) -> anyhow::Result<()> {
     metrics::handle();
+    let verifier = state.verify_every.map(|every| {
+        tokio::spawn(crate::watch::keep_verifying(
+            state.reads.clone(),
+            every,
+            state.verification.clone(),
+        ))
+    });
     let pool = state.pool.clone();
     let pruner = tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(PRUNE_INTERVAL_SECS));
@@ -175,6 +191,9 @@ pub async fn serve(listener: tokio::net::TcpListener, state: AppState) -> anyhow
     let limits = state.limits;
     let served = server::run(listener, router(state), limits, shutdown_signal()).await;
     pruner.abort();
+    if let Some(verifier) = verifier {
+        verifier.abort();
+    }
     served
 }
 

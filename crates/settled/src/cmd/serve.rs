@@ -20,7 +20,7 @@ use crate::db::{Access, Database};
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Address to listen on.
-    #[arg(long, default_value = "127.0.0.1:8080")]
+    #[arg(long, env = "SETTLED_BIND", default_value = "127.0.0.1:8080")]
     bind: std::net::SocketAddr,
     /// Bearer token for mutating endpoints (one trailing newline, as a
     /// secret file has, is dropped; a blank token, or one with whitespace at
@@ -74,6 +74,20 @@ pub struct Args {
     /// was acknowledged. Unset: the server's setting.
     #[arg(long, env = "SETTLED_API_SYNCHRONOUS_COMMIT", value_enum)]
     synchronous_commit: Option<crate::api::SynchronousCommit>,
+    /// The workers' schedule: /metrics reports the periods it made due that
+    /// are not finished (`settled_runs_due`, `settled_run_due_seconds`).
+    #[command(flatten)]
+    schedule: crate::cmd::worker::ScheduleFlags,
+    /// How long after it is due a period must be finished, in seconds
+    /// (`settled_run_deadline_seconds`; the SettledRunLate alert).
+    #[arg(long, env = "SETTLED_RUN_DEADLINE_SECS", default_value_t = crate::watch::DEFAULT_RUN_DEADLINE_SECS,
+          value_parser = clap::value_parser!(u64).range(1..=30 * 86_400))]
+    run_deadline_secs: u64,
+    /// Verify the newest finished run (`settled verify`) at start and then
+    /// every this many seconds, for `settled_verification_ok`; 0: never.
+    #[arg(long, env = "SETTLED_VERIFY_EVERY_SECS", default_value_t = crate::watch::DEFAULT_VERIFY_EVERY_SECS,
+          value_parser = clap::value_parser!(u64).range(0..=30 * 86_400))]
+    verify_every_secs: u64,
 }
 
 impl DbCommand for Args {
@@ -107,6 +121,8 @@ impl DbCommand for Args {
             confirm_ttl: Duration::from_secs(self.confirm_ttl_secs),
             webhook_secrets: self.provider_webhook_secret.map(|s| Arc::new(s.0)),
             limits,
+            deadlines: Arc::new(crate::watch::Deadlines::new(&self.schedule, self.run_deadline_secs)?),
+            verify_every: (self.verify_every_secs > 0).then(|| Duration::from_secs(self.verify_every_secs)),
             ..crate::api::AppState::new(db.pool.clone(), reads)
         };
         if state.api_token.is_none() {

@@ -37,16 +37,8 @@ pub struct Args {
     /// in tx mode, 100 in leased mode].
     #[arg(long, env = "SETTLED_CHUNK", value_parser = clap::value_parser!(u32).range(1..=10000))]
     pub chunk: Option<u32>,
-    /// Cron schedule of the daemon (5 fields, or 6 with seconds first);
-    /// each due time settles the previous local day.
-    #[arg(long, env = "SETTLED_SCHEDULE", default_value = "0 5 * * *")]
-    pub schedule: String,
-    /// IANA time zone of the schedule.
-    #[arg(long, env = "SETTLED_TIMEZONE", default_value = "Asia/Seoul")]
-    pub timezone: String,
-    /// Create runs missed while no worker was up, this many days back.
-    #[arg(long, env = "SETTLED_CATCH_UP_DAYS", default_value_t = 3)]
-    pub catch_up_days: u32,
+    #[command(flatten)]
+    pub schedule: ScheduleFlags,
     /// Serve this worker's Prometheus metrics (claim and handler latency
     /// histograms, its counters) at http://ADDR/metrics.
     #[arg(long, env = "SETTLED_METRICS_BIND")]
@@ -74,6 +66,47 @@ pub struct Args {
     pub archive_dir: std::path::PathBuf,
     #[command(flatten)]
     pub engine: EngineFlags,
+}
+
+/// When periods are due: the daemon's schedule, which `settled serve` also
+/// reads to tell which periods are due and how late they are.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ScheduleFlags {
+    /// Cron schedule of the daemon (5 fields, or 6 with seconds first);
+    /// each due time settles the previous local day.
+    #[arg(long, env = "SETTLED_SCHEDULE", default_value = DEFAULT_SCHEDULE)]
+    pub schedule: String,
+    /// IANA time zone of the schedule.
+    #[arg(long, env = "SETTLED_TIMEZONE", default_value = DEFAULT_TIMEZONE)]
+    pub timezone: String,
+    /// Create runs missed while no worker was up, this many days back.
+    #[arg(long, env = "SETTLED_CATCH_UP_DAYS", default_value_t = DEFAULT_CATCH_UP_DAYS,
+          value_parser = clap::value_parser!(u32).range(0..=i64::from(settled_engine::raw::MAX_CATCH_UP_DAYS)))]
+    pub catch_up_days: u32,
+}
+
+/// The default schedule: 05:00 every day.
+pub const DEFAULT_SCHEDULE: &str = "0 5 * * *";
+/// The default time zone of the schedule.
+pub const DEFAULT_TIMEZONE: &str = "Asia/Seoul";
+/// The default catch-up window, in days.
+pub const DEFAULT_CATCH_UP_DAYS: u32 = 3;
+
+impl ScheduleFlags {
+    /// The parsed schedule.
+    pub fn parse(&self) -> anyhow::Result<settled_engine::raw::Schedule> {
+        Ok(settled_engine::raw::Schedule::parse(&self.schedule, &self.timezone)?)
+    }
+}
+
+impl Default for ScheduleFlags {
+    fn default() -> ScheduleFlags {
+        ScheduleFlags {
+            schedule: DEFAULT_SCHEDULE.to_string(),
+            timezone: DEFAULT_TIMEZONE.to_string(),
+            catch_up_days: DEFAULT_CATCH_UP_DAYS,
+        }
+    }
 }
 
 /// How often the daemon's archiver looks for periods to archive.
@@ -222,8 +255,8 @@ impl Args {
         let opts = self.options();
         if self.period.is_none() {
             let daemon = DaemonConfig {
-                schedule: settled_engine::raw::Schedule::parse(&self.schedule, &self.timezone)?,
-                catch_up_days: self.catch_up_days,
+                schedule: self.schedule.parse()?,
+                catch_up_days: self.schedule.catch_up_days,
                 max_poll: Duration::from_millis(self.max_poll_ms),
                 max_outage: Duration::from_secs(self.max_outage_secs),
                 notifications: db.listen_pool().await?,
