@@ -49,7 +49,10 @@ pub enum SignatureError {
 }
 
 impl SignatureError {
-    /// A short name of what failed (a metric label).
+    /// Every kind [`SignatureError::kind`] can say.
+    pub const KINDS: [&'static str; 3] = ["malformed", "no_match", "outside_tolerance"];
+
+    /// What went wrong, as a metric label.
     pub fn kind(&self) -> &'static str {
         match self {
             SignatureError::Malformed(_) => "malformed",
@@ -196,6 +199,22 @@ mod tests {
     use super::*;
 
     const NOW: i64 = 1_767_225_600;
+
+    #[test]
+    fn every_kind_is_listed_for_the_counters_made_at_start() {
+        let all = [
+            SignatureError::Malformed(String::new()),
+            SignatureError::NoMatch,
+            SignatureError::OutsideTolerance {
+                timestamp: 0,
+                now: 0,
+                distance_secs: 0,
+                tolerance_secs: 0,
+            },
+        ];
+        let kinds: Vec<&str> = all.iter().map(SignatureError::kind).collect();
+        assert_eq!(kinds, SignatureError::KINDS);
+    }
     const BODY: &[u8] = br#"{"id":"evt_1","type":"payment.paid"}"#;
 
     fn secrets(list: &[&str]) -> Vec<Vec<u8>> {
