@@ -343,8 +343,6 @@ pub enum Source {
     Confirm,
     /// `expire_unconfirmed`.
     Sweeper,
-    /// A delivery's completion.
-    Delivery,
     /// `POST /v1/payouts/{id}/cancel`.
     Creator,
 }
@@ -815,10 +813,14 @@ impl Payouts {
             }
         } else if row.state == to {
             return Written::Unchanged;
-        } else if self.guards.transition_table && !to.allowed_from().contains(&row.state) {
-            return Written::Refused;
-        } else if to.returns_funds() && self.guards.one_return && row.returned > 0 {
-            return Written::Refused;
+        } else {
+            // The trigger raises for a move the table does not list; the
+            // return's primary key for a second return.
+            let unlisted = self.guards.transition_table && !to.allowed_from().contains(&row.state);
+            let returned_again = to.returns_funds() && self.guards.one_return && row.returned > 0;
+            if unlisted || returned_again {
+                return Written::Refused;
+            }
         }
         Self::apply(s, payout, to);
         Written::Moved
@@ -1048,6 +1050,10 @@ impl Payouts {
             Some(found) => found,
             None => {
                 let found = s.payouts.iter().any(|p| p.request == r);
+                // With either guard the read decides nothing: a second
+                // payout's insert meets the unique key, a second answer
+                // finds the key completed, and either rolls back. So the
+                // read and the write are one step; without both, two.
                 if !self.guards.request_key && !self.guards.unique_request_key {
                     s.posts.push(Post {
                         request: r,
@@ -1080,9 +1086,6 @@ impl Payouts {
                 request.refused = true;
             }
             return;
-        }
-        if self.guards.unique_request_key && s.payouts.iter().any(|p| p.request == r) {
-            return; // the insert raises: rolled back
         }
         if self.guards.request_key && !finish(request) {
             return; // finish raises: rolled back

@@ -940,8 +940,8 @@ async fn without_the_unique_event_id_a_duplicated_webhook_is_recorded_twice() {
 /// The model's trace without the request's key (its claim and the unique
 /// `payouts.idempotency_key`):
 ///
-/// 1. `POST /v1/payouts` with key k0.
-/// 2. the same again (the client timed out), through the other server.
+/// 1-2. `POST /v1/payouts` with key k0, then the same again (the client
+///    timed out) through the other server.
 /// 3-4. each reads no payout under k0.
 /// 5-6. each debits and makes a payout.
 ///
