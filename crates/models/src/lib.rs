@@ -6,7 +6,9 @@
 //!   claims.
 //! - [`runs`]: start-or-join, one finisher, retry and reopen, cancel and
 //!   resume, several daemons on the same due times, catch-up.
-//! - [`payouts`]: the payout protocol issue 26 specifies (not built yet).
+//! - [`payouts`]: payout requests under their keys, the payout state
+//!   machine, confirmation, cancel and expiry, delivery on its leased
+//!   queue, the provider's webhooks and lookups.
 //!
 //! Each action names the function and the statement it models; each state
 //! variable names the column it stands for. Each model has a field per guard

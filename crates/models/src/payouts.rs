@@ -1,26 +1,39 @@
-//! The payouts model: the protocol issue 26 specifies. It is not built
-//! yet (today `POST /v1/payouts` debits and stores a `completed` row, in
-//! crates/settled/src/api/payouts.rs), so the actions name the operations
-//! the issue defines, and this model is the protocol's first check.
+//! The payouts model: the payout protocol as built in
+//! `crates/settled/src/payouts/{mod.rs,deliver.rs}`,
+//! `crates/settled/src/api/{payouts.rs,provider_events.rs}` and migration
+//! `20261203000501_payout_lifecycle.sql`.
 //!
-//! What it holds: a creator's balance; payouts through their states
-//! (created, queued, sent, paid, failed, cancelled, expired); the debit, the
-//! payout row and its delivery job committed in one transaction (the
-//! outbox); delivery in leased mode on a continuous queue, with a key
-//! derived from the payout's id, crashes and paused zombies rescued; a
-//! provider that accepts a payment as pending and later pays or fails it,
-//! answers 503, applies and then times out, or refuses; its webhooks
-//! duplicated, reordered and lost; polling of payouts that stay sent;
-//! confirmation tokens redeemed by racing requests and expiring; funds
-//! returned in the same transaction as the transition that fails, cancels
-//! or expires a payout.
+//! What it holds: a creator's balance; payout requests (`POST /v1/payouts`
+//! with an `Idempotency-Key`, sent again by a client that timed out); the
+//! key claimed (`idempotency::begin`), the debit, the payout row, its
+//! delivery job and the stored answer committed in one transaction; payouts
+//! through their states (created, queued, sent, paid, failed, cancelled,
+//! expired), each move checked against `settlement.payout_transitions`;
+//! confirmation tokens redeemed by racing requests and expiring; the
+//! creator's cancel and the sweeper's expiry of unconfirmed payouts;
+//! delivery in leased mode on the continuous queue `payout_delivery`, with
+//! the payout's own provider key, crashes and paused zombies rescued,
+//! snoozes that spend no attempt, and a dead letter (attempts spent) that
+//! keeps its payout queued until an operator replays it; a provider that
+//! accepts a payment as pending and later pays or fails it, answers 503,
+//! applies and then times out, or refuses; its webhooks duplicated and
+//! lost; polling of payouts that stay sent; funds returned in the same
+//! transaction as the transition that fails, cancels or expires a payout.
 //!
-//! Every transition of a payout is a conditional update on its current
-//! state (`UPDATE settlement.payouts SET state = $to WHERE id = $1 AND
-//! state = ANY($from)`). Without that guard (a variant), the application
-//! reads the state, decides, and writes it blind: the model then splits
-//! each transition into its read and its write. With the guard the read
-//! decides nothing, so the two are one step.
+//! The guards are the code's, each removable on its own ([`Guards`]), and
+//! several stand behind one another: every move is a conditional update
+//! (`move_payout`), the trigger `check_payout_change` refuses a move the
+//! transitions table has not, and `payout_returns`' primary key refuses a
+//! second return. Without the conditional update the application reads the
+//! state, decides, and writes it blind: the model then splits each
+//! transition into its read and its write. With it the read decides
+//! nothing, so the two are one step.
+//!
+//! Left out: settlement payouts (`record_settlement_payment` makes them in
+//! the leased completion's transaction as `sent`, `paid` or `failed`; from
+//! there they are this machine's sent payouts, without a delivery job),
+//! holds, the provider's rate limits (a snooze, like a 503), and operators
+//! cancelling a delivery job by hand.
 
 use std::fmt;
 
@@ -51,49 +64,86 @@ pub struct Faults {
     pub redemptions: u8,
     /// A creator cancelling an unconfirmed payout.
     pub cancels: u8,
+    /// `POST /v1/payouts` sent again with the same key before an answer (a
+    /// client that timed out, through another server).
+    pub request_repeats: u8,
+    /// A request paused past its key's `locked_until`, so a repeat takes
+    /// the key over (`idempotency::begin`).
+    pub key_lock_expiries: u8,
 }
 
-/// The guards a variant may go without.
+/// The guards a variant may go without: each is a statement or a
+/// constraint of the code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Guards {
-    /// Each transition is a conditional update on the payout's state.
+    /// `settlement.move_payout`: `UPDATE payouts .. WHERE id = $1 AND
+    /// status = ANY(from_states)`, its answer the truth (and the sweeper's
+    /// `expire_unconfirmed_payouts`, `.. AND status = 'created'`). Without
+    /// it: the state read, then written blind.
     pub state_condition: bool,
-    /// Each webhook's event id is stored under a unique key; a repeat is
-    /// answered 200 and applied no more.
+    /// The trigger `check_payout_change`: a change of `status` that
+    /// `settlement.payout_transitions` does not list raises, and its
+    /// transaction rolls back.
+    pub transition_table: bool,
+    /// `settlement.payout_returns`' primary key: a second return of a
+    /// payout raises, and its transaction rolls back.
+    pub one_return: bool,
+    /// `OnceToken::redeem_in`: `UPDATE once_tokens .. WHERE id = $1 AND
+    /// status = 'issued' AND expires_at > now()`. Without it only the
+    /// expiry is checked.
+    pub one_time_token: bool,
+    /// `settlement.provider_events`' primary key: `INSERT .. ON CONFLICT
+    /// (id) DO NOTHING`, a repeat rolled back and answered 200.
     pub event_id: bool,
-    /// The provider's idempotency key is derived from the payout's id.
-    /// Without it, each delivery attempt sends a key of its own.
+    /// The provider key derived from the payout (`provider_key`, a
+    /// generated column). Without it, each delivery attempt sends a key of
+    /// its own.
     pub idempotency_key: bool,
+    /// `idempotency::begin` and `finish`: a request's key claimed (a
+    /// repeat answered 409 while the first holds it, or taking it over once
+    /// its lock passed), and its answer stored in the payout's transaction
+    /// only while the key is in progress (else the transaction rolls back).
+    pub request_key: bool,
+    /// `payouts.idempotency_key UNIQUE`: a second payout of one key raises.
+    pub unique_request_key: bool,
 }
 
 impl Guards {
-    /// Every guard the protocol has.
+    /// Every guard the code has.
     pub const ALL: Guards = Guards {
         state_condition: true,
+        transition_table: true,
+        one_return: true,
+        one_time_token: true,
         event_id: true,
         idempotency_key: true,
+        request_key: true,
+        unique_request_key: true,
     };
 }
 
 /// The payouts model at some bounds.
 #[derive(Debug, Clone)]
 pub struct Payouts {
-    /// Payout requests (each of one unit), made in order.
-    pub payouts: u8,
+    /// Payout requests (each of one unit, under a key of its own), made in order.
+    pub requests: u8,
     /// The creator's balance before them (settled rewards).
     pub credit: i8,
     /// Payouts are created with `"confirm": true` (a token to redeem).
     pub confirm: bool,
     /// Delivery workers.
     pub workers: u8,
+    /// Attempts of a delivery job before it is a dead letter
+    /// (`RetryPolicy::max_attempts`; `settled deliver` has 25).
+    pub max_attempts: u8,
     /// Faults and races.
     pub faults: Faults,
     /// The guards in force.
     pub guards: Guards,
 }
 
-/// `settlement.payouts.state`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// `settlement.payouts.status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum PayoutState {
     /// `created`: awaiting confirmation.
     Created,
@@ -111,18 +161,16 @@ pub enum PayoutState {
     Expired,
 }
 
+use PayoutState::{Cancelled, Created, Expired, Failed, Paid, Queued, Sent};
+
 impl PayoutState {
     fn returns_funds(self) -> bool {
-        matches!(
-            self,
-            PayoutState::Failed | PayoutState::Cancelled | PayoutState::Expired
-        )
+        matches!(self, Failed | Cancelled | Expired)
     }
 
-    /// The states a transition to `self` may start from (the `$from` of
-    /// its conditional update).
+    /// The states `settlement.payout_transitions` lets a payout move to
+    /// `self` from (what the trigger `check_payout_change` checks).
     fn allowed_from(self) -> &'static [PayoutState] {
-        use PayoutState::*;
         match self {
             Created => &[],
             Queued => &[Created],
@@ -133,50 +181,81 @@ impl PayoutState {
     }
 }
 
-/// A payout request's row, if it made one.
+/// A payout request's key, `settled_engine.idempotency_keys`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Slot {
-    /// Not requested yet.
-    NotRequested,
-    /// Refused: insufficient funds (nothing written).
-    Refused,
-    /// A row of `settlement.payouts`.
-    Row(PayoutRow),
+pub enum KeyRow {
+    /// No row.
+    Free,
+    /// `status = 'in_progress'`; `locked`: `locked_until > now()`.
+    InProgress {
+        /// The lock has not passed.
+        locked: bool,
+    },
+    /// `status = 'completed'`: its answer stored.
+    Completed,
+}
+
+/// A payout request: one `Idempotency-Key`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Request {
+    /// Its first POST was sent.
+    pub posted: bool,
+    /// Its key's row.
+    pub key: KeyRow,
+    /// Answered 409 insufficient funds (stored under the key).
+    pub refused: bool,
+}
+
+/// A `POST /v1/payouts` past `idempotency::begin`, in `pay()`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Post {
+    /// Its request.
+    pub request: u8,
+    /// Without the key's guards: what its read (`SELECT .. FROM payouts
+    /// WHERE idempotency_key = $1`) found, before its write.
+    pub read: Option<bool>,
 }
 
 /// A row of `settlement.payouts`, with what its transitions wrote.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PayoutRow {
-    /// `state`
+    /// `idempotency_key`: the request that made it.
+    pub request: u8,
+    /// `status`
     pub state: PayoutState,
-    /// `expires_at < now()`: the confirmation token has expired.
+    /// `expires_at <= now()` (and its token's): the confirmation window passed.
     pub token_expired: bool,
-    /// Ledger entries that gave its amount back to the balance.
+    /// Rows of `settlement.payout_returns` (funds back on the balance).
     pub returned: u8,
-    /// Ghost: successful redemptions of its token.
+    /// Redemptions of its token that committed (the token's `status` is
+    /// `completed` after the first).
     pub confirmed: u8,
 }
 
-/// A delivery job's `status` on the continuous queue.
+/// A delivery job's `status` (`settlement.payout_jobs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum JobStatus {
     /// `eligible`
     Eligible,
     /// `processing` (leased)
     Processing,
-    /// `settled`: delivered.
-    Done,
+    /// `settled`: the provider's answer recorded.
+    Settled,
+    /// `failed`: a dead letter, its payout still queued.
+    Dead,
 }
 
-/// A delivery job (a row of the continuous queue).
+/// A delivery job (a row of `settlement.payout_jobs`, keyed by its payout).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct JobRow {
-    /// The payout it delivers.
+    /// `payout_id`
     pub payout: u8,
     /// `status`
     pub status: JobStatus,
     /// `attempt` (the fence).
     pub attempt: u8,
+    /// `attempt - attempt_base`: attempts counted toward the limit.
+    pub spent: u8,
     /// `lease_until > now()`.
     pub lease_live: bool,
 }
@@ -201,8 +280,19 @@ pub enum ProviderStatus {
     Paid,
     /// Failed after acceptance: no money left.
     Failed,
-    /// Refused at creation: no money left.
+    /// Refused at creation (stored under the key): no money left.
     Refused,
+}
+
+/// What a delivery's `work` hands to its completion (`Delivered`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Delivered {
+    /// `Delivered::Word`: the payment's status.
+    Word(ProviderStatus),
+    /// `Delivered::Refused`.
+    Refused,
+    /// `Delivered::Nothing`: the payout was not `queued` when loaded.
+    Nothing,
 }
 
 /// What a delivery worker is doing.
@@ -210,25 +300,23 @@ pub enum ProviderStatus {
 pub enum Delivery {
     /// Between jobs.
     Idle,
-    /// The job is claimed (its payout read as `seen`).
+    /// The job is claimed and its payout loaded `queued`.
     Claimed {
         /// The job.
         job: u8,
         /// The fence.
         attempt: u8,
-        /// The payout's state as loaded.
-        seen: PayoutState,
     },
-    /// The provider answered.
-    Called {
+    /// `work` returned.
+    Worked {
         /// The job.
         job: u8,
         /// The fence.
         attempt: u8,
         /// The payout's state as loaded.
         seen: PayoutState,
-        /// The answer (None: a transient error).
-        answer: Option<ProviderStatus>,
+        /// What it delivered (None: a snooze, the provider down or late).
+        outcome: Option<Delivered>,
     },
 }
 
@@ -249,15 +337,13 @@ pub struct Worker {
 pub enum Source {
     /// `POST /v1/provider-events` with this event.
     Webhook(u8),
-    /// The poller.
+    /// `poll_sent`.
     Poll,
     /// `POST /v1/payouts/{id}/confirm`.
     Confirm,
-    /// The sweeper of unconfirmed payouts.
+    /// `expire_unconfirmed`.
     Sweeper,
-    /// A delivery worker's completion.
-    Delivery,
-    /// The creator's cancel.
+    /// `POST /v1/payouts/{id}/cancel`.
     Creator,
 }
 
@@ -267,21 +353,9 @@ pub struct Intent {
     /// The payout.
     pub payout: u8,
     /// Where to.
-    pub to: PayoutStateKey,
+    pub to: PayoutState,
     /// Who.
     pub source: Source,
-}
-
-/// [`PayoutState`] with an order, for sorting intents.
-pub type PayoutStateKey = u8;
-
-fn key_of(state: PayoutState) -> PayoutStateKey {
-    state as u8
-}
-
-fn state_of(key: PayoutStateKey) -> PayoutState {
-    use PayoutState::*;
-    [Created, Queued, Sent, Paid, Failed, Cancelled, Expired][key as usize]
 }
 
 /// The whole system.
@@ -289,15 +363,19 @@ fn state_of(key: PayoutStateKey) -> PayoutState {
 pub struct State {
     /// `settlement.creator_balance.balance`.
     pub balance: i8,
-    /// The payout requests and their rows.
-    pub payouts: Vec<Slot>,
-    /// The delivery jobs.
+    /// The payout requests.
+    pub requests: Vec<Request>,
+    /// Requests in `pay()` (sorted: any order).
+    pub posts: Vec<Post>,
+    /// `settlement.payouts` (a payout's id is its index).
+    pub payouts: Vec<PayoutRow>,
+    /// `settlement.payout_jobs`.
     pub jobs: Vec<JobRow>,
     /// Payments at the provider (an event id is a payment's index).
     pub payments: Vec<Payment>,
     /// Webhook deliveries in flight (event ids, sorted: any order).
     pub inflight: Vec<u8>,
-    /// `settlement.provider_events`: how many times each event id was stored.
+    /// `settlement.provider_events`: rows of each event id.
     pub events: Vec<u8>,
     /// Transitions read and decided, not yet written.
     pub intents: Vec<Intent>,
@@ -307,78 +385,104 @@ pub struct State {
     pub budget: Faults,
 }
 
-/// What can happen. Each action names the operation issue 26 defines.
+/// What can happen. Each action names the function and the statement it
+/// models.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Action {
-    /// `POST /v1/payouts`: one transaction: the conditional debit (`UPDATE
-    /// creator_balance SET balance = balance - $2 WHERE creator = $1 AND
-    /// balance >= $2`), the payout row (`created` with `confirm`, else
-    /// `queued`) and, when queued, its delivery job (the outbox).
-    CreatePayout {
-        /// The payout.
-        payout: u8,
+    /// `payouts::create` (api/payouts.rs): `idempotency::begin` inserts
+    /// the key `in_progress`, or takes over one whose `locked_until` passed;
+    /// otherwise 409 (in progress) or the stored answer. A repeat is the
+    /// client sending the same key again.
+    PostPayout {
+        /// The request.
+        request: u8,
     },
-    /// `POST /v1/payouts/{id}/confirm`: `UPDATE payouts SET state =
-    /// 'queued' WHERE id = $1 AND state = 'created' AND token = $2 AND
-    /// expires_at > now()` and the delivery job, one transaction.
+    /// `pay()` (api/payouts.rs), one transaction: `SELECT .. FROM payouts
+    /// WHERE idempotency_key = $1` (an earlier payout is answered again);
+    /// `settlement.debit_for_payout` (the conditional debit, the payout row
+    /// `created` with a token or `queued` with its job, or insufficient
+    /// funds); `idempotency::finish` (`UPDATE idempotency_keys .. WHERE
+    /// status = 'in_progress'`, else the transaction rolls back). Without
+    /// the key's guards, its read and its write are two steps.
+    Pay {
+        /// The request in flight.
+        post: Post,
+    },
+    /// The request's `locked_until` passes while it is in `pay()`.
+    KeyLockExpires {
+        /// The request.
+        request: u8,
+    },
+    /// `confirm_in_tx` (api/payouts.rs), one transaction: `redeem_in` and
+    /// `move_payout(id, [created], queued)` with its delivery job. Without
+    /// the conditional update, this is its read.
     Redeem {
         /// The payout.
         payout: u8,
     },
-    /// The database clock passes the token's `expires_at`.
+    /// The database clock passes the payout's `expires_at` (its token's too).
     TokenExpires {
         /// The payout.
         payout: u8,
     },
-    /// The sweeper: `UPDATE payouts SET state = 'expired' WHERE state =
-    /// 'created' AND expires_at < now()` and the return, one transaction.
+    /// `expire_unconfirmed` (`expire_unconfirmed_payouts`: `UPDATE payouts
+    /// SET status = 'expired' .. WHERE status = 'created' AND expires_at <=
+    /// now()`), the return by the trigger. Without the conditional update,
+    /// this is its read.
     Expire {
         /// The payout.
         payout: u8,
     },
-    /// The creator cancels an unconfirmed payout: `created` to `cancelled`
-    /// and the return, one transaction.
+    /// `payouts::cancel` (api/payouts.rs): `move_payout(id, [created],
+    /// cancelled)`, the return by the trigger. Without the conditional
+    /// update, this is its read.
     Cancel {
         /// The payout.
         payout: u8,
     },
-    /// A delivery worker's `claim_leased` of a job (attempt + 1), and the
-    /// payout loaded by `prepare`.
+    /// `claim_leased` of a delivery job (attempt + 1), then `Deliver::work`
+    /// loads its payout (`Delivered::Nothing` unless `queued`).
     ClaimJob {
         /// The worker.
         worker: u8,
         /// The job.
         job: u8,
     },
-    /// `work_item`: `POST /v1/payments` with `Idempotency-Key` derived from
-    /// the payout's id.
+    /// `Deliver::work`: `PayoutProvider::pay(provider_key, ..)`.
     CallProvider {
         /// The worker.
         worker: u8,
         /// What the provider does.
         answer: Answer,
     },
-    /// The completion: `complete_fenced` of the job and the payout's
-    /// transition from the answer (`pending`: sent; `paid`; `failed` or a
-    /// refusal: failed and returned), one transaction.
+    /// `complete_once` (the engine's leased serve): `complete_fenced`, then
+    /// `Deliver::complete` (`apply_word`, or `move_payout(id, [queued],
+    /// failed)` for a refusal), one transaction.
     RecordDelivery {
         /// The worker.
         worker: u8,
     },
-    /// A transient answer: `fail_fenced`, the job eligible again after a
-    /// backoff (no attempt is spent while the provider is down).
-    RetryLater {
+    /// `record_failure` of a `HandlerError::Snooze`: `snooze_fenced`
+    /// (eligible later, `attempt_base + 1`: no attempt spent).
+    Snooze {
         /// The worker.
         worker: u8,
     },
     /// The database clock passes a job's `lease_until` (its worker is down
-    /// or stopped).
+    /// or stopped, or its completion rolled back).
     LeaseExpires {
         /// The job.
         job: u8,
     },
-    /// `rescue_expired_leases`: the job eligible again.
+    /// `rescue_expired`: the job eligible again, or `failed` (a dead
+    /// letter) once `attempt - attempt_base >= max_attempts`.
     Rescue {
+        /// The job.
+        job: u8,
+    },
+    /// An operator's `Queue::replay` of a dead letter (`status = 'eligible',
+    /// attempt_base = attempt`).
+    ReplayDeadLetter {
         /// The job.
         job: u8,
     },
@@ -399,24 +503,24 @@ pub enum Action {
         /// The event.
         event: u8,
     },
-    /// `POST /v1/provider-events`: the signature checked, the event stored
-    /// (`INSERT INTO provider_events (id, ..) ON CONFLICT (id) DO NOTHING`)
-    /// and applied, one transaction. Without the conditional update, this
-    /// is its read.
+    /// `provider_events::record`, one transaction: `apply_word` (each move
+    /// conditional), then `INSERT INTO provider_events .. ON CONFLICT (id)
+    /// DO NOTHING` (none inserted: rolled back, answered 200). Without the
+    /// conditional update, this is its read.
     ReceiveWebhook {
         /// The event.
         event: u8,
     },
-    /// The poller: a payout still `sent` past its deadline is looked up
-    /// (`GET /v1/payments?idempotency_key=K`) and moved to the provider's
-    /// final status. Without the conditional update, this is its read.
+    /// `poll_sent`: a payout still `sent` looked up by its key and moved by
+    /// `apply_word`. Without the conditional update, this is its read.
     Poll {
         /// The payout.
         payout: u8,
     },
-    /// Without the conditional update: the blind write of a transition
-    /// read before (`UPDATE payouts SET state = $to WHERE id = $1`, and the
-    /// return or the delivery job with it).
+    /// Without the conditional update: the blind write of a transition read
+    /// before (`UPDATE payouts SET status = $to WHERE id = $1`), with what
+    /// commits with it (the token, the event, the job); the trigger's
+    /// checks still apply unless removed.
     Write {
         /// The intent.
         intent: Intent,
@@ -454,17 +558,32 @@ pub enum Answer {
 impl fmt::Display for Action {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
-            Action::CreatePayout { payout } => write!(f, "POST /v1/payouts (payout {payout}: debit, row, job)"),
+            Action::PostPayout { request } => write!(f, "POST /v1/payouts (key k{request}): idempotency::begin"),
+            Action::Pay { post } => match post.read {
+                Some(found) => write!(
+                    f,
+                    "pay() k{}: debit_for_payout + finish (after reading {})",
+                    post.request,
+                    if found { "a payout" } else { "none" }
+                ),
+                None => write!(f, "pay() k{}", post.request),
+            },
+            Action::KeyLockExpires { request } => write!(f, "clock passes key k{request}'s locked_until"),
             Action::Redeem { payout } => write!(f, "POST /v1/payouts/{payout}/confirm"),
-            Action::TokenExpires { payout } => write!(f, "clock passes payout {payout}'s token expires_at"),
-            Action::Expire { payout } => write!(f, "sweeper expires payout {payout}"),
-            Action::Cancel { payout } => write!(f, "creator cancels payout {payout}"),
-            Action::ClaimJob { worker, job } => write!(f, "w{worker} claims delivery job {job}"),
-            Action::CallProvider { worker, answer } => write!(f, "w{worker} POST /v1/payments: {answer:?}"),
-            Action::RecordDelivery { worker } => write!(f, "w{worker} records the answer (fenced completion)"),
-            Action::RetryLater { worker } => write!(f, "w{worker} fail_fenced: retry later"),
+            Action::TokenExpires { payout } => write!(f, "clock passes payout {payout}'s expires_at"),
+            Action::Expire { payout } => write!(f, "expire_unconfirmed (payout {payout})"),
+            Action::Cancel { payout } => write!(f, "POST /v1/payouts/{payout}/cancel"),
+            Action::ClaimJob { worker, job } => {
+                write!(f, "w{worker} claim_leased (delivery job {job}), work loads the payout")
+            }
+            Action::CallProvider { worker, answer } => {
+                write!(f, "w{worker} work: provider pay(key) answers {answer:?}")
+            }
+            Action::RecordDelivery { worker } => write!(f, "w{worker} complete_fenced + Deliver::complete"),
+            Action::Snooze { worker } => write!(f, "w{worker} snooze_fenced"),
             Action::LeaseExpires { job } => write!(f, "clock passes job {job}'s lease_until"),
-            Action::Rescue { job } => write!(f, "rescue_expired_leases (job {job})"),
+            Action::Rescue { job } => write!(f, "rescue_expired (job {job})"),
+            Action::ReplayDeadLetter { job } => write!(f, "operator replays dead letter (job {job})"),
             Action::ProviderSettles { payment, paid } => {
                 let outcome = if paid { "paid" } else { "failed" };
                 write!(f, "provider: payment {payment} {outcome}, webhook e{payment} sent")
@@ -472,13 +591,11 @@ impl fmt::Display for Action {
             Action::DuplicateWebhook { event } => write!(f, "network duplicates webhook e{event}"),
             Action::LoseWebhook { event } => write!(f, "network loses webhook e{event}"),
             Action::ReceiveWebhook { event } => write!(f, "POST /v1/provider-events (e{event})"),
-            Action::Poll { payout } => write!(f, "poller looks up payout {payout}"),
+            Action::Poll { payout } => write!(f, "poll_sent looks up payout {payout}"),
             Action::Write { intent } => write!(
                 f,
                 "{:?} writes payout {} {:?} (blind)",
-                intent.source,
-                intent.payout,
-                state_of(intent.to)
+                intent.source, intent.payout, intent.to
             ),
             Action::Crash { worker } => write!(f, "w{worker} SIGKILL"),
             Action::Pause { worker } => write!(f, "w{worker} SIGSTOP"),
@@ -500,21 +617,40 @@ pub mod property {
     /// Safety.
     pub const PAID_AT_MOST_ONCE: &str = "the provider pays each payout at most once";
     /// Safety.
-    pub const EVENT_AT_MOST_ONCE: &str = "each provider event is applied at most once";
+    pub const REQUEST_ONCE: &str = "a payout request (its Idempotency-Key) makes at most one payout";
+    /// Safety.
+    pub const EVENT_AT_MOST_ONCE: &str = "each provider event is recorded at most once";
     /// Safety.
     pub const TOKEN_ONCE: &str = "a confirmation token is redeemed at most once";
     /// Liveness.
-    pub const EVERY_PAYOUT_ENDS: &str = "every payout ends paid or returned";
+    pub const EVERY_PAYOUT_ENDS: &str = "every request is answered and every payout ends paid or returned";
+}
+
+/// What a write of a payout's state came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Written {
+    /// The state changed (with its return or its job).
+    Moved,
+    /// `move_payout` answered false: the payout was in none of its `from`.
+    NotMoved,
+    /// A blind write of the state it already had: the triggers record
+    /// nothing, and the transaction commits.
+    Unchanged,
+    /// A trigger or a key raised: the transaction rolls back.
+    Refused,
 }
 
 impl Payouts {
-    /// Bounds `cargo test` checks: one payout with a confirmation token.
+    /// Bounds `cargo test` checks: one payout with a confirmation token
+    /// (two redemptions racing, a cancel, the expiry), every delivery fault,
+    /// one attempt before a dead letter.
     pub fn ci_confirmed() -> Payouts {
         Payouts {
-            payouts: 1,
+            requests: 1,
             credit: 1,
             confirm: true,
             workers: 2,
+            max_attempts: 1,
             faults: Faults {
                 crashes: 1,
                 pauses: 1,
@@ -526,6 +662,8 @@ impl Payouts {
                 webhook_losses: 1,
                 redemptions: 2,
                 cancels: 1,
+                request_repeats: 0,
+                key_lock_expiries: 0,
             },
             guards: Guards::ALL,
         }
@@ -534,21 +672,39 @@ impl Payouts {
     /// Bounds `cargo test` checks: two payouts on a balance for one.
     pub fn ci_two_payouts() -> Payouts {
         Payouts {
-            payouts: 2,
+            requests: 2,
             credit: 1,
             confirm: false,
             workers: 2,
+            max_attempts: 2,
             faults: Faults {
                 crashes: 1,
-                pauses: 0,
-                provider_unavailable: 0,
                 applied_then_timed_out: 1,
-                refusals: 0,
                 provider_failures: 1,
                 webhook_duplicates: 1,
                 webhook_losses: 1,
-                redemptions: 0,
-                cancels: 0,
+                ..Faults::default()
+            },
+            guards: Guards::ALL,
+        }
+    }
+
+    /// Bounds `cargo test` checks: one request sent twice with its key, the
+    /// first one's key lock passing, on a balance for two.
+    pub fn ci_repeated_request() -> Payouts {
+        Payouts {
+            requests: 1,
+            credit: 2,
+            confirm: false,
+            workers: 2,
+            max_attempts: 1,
+            faults: Faults {
+                crashes: 1,
+                provider_failures: 1,
+                webhook_duplicates: 1,
+                request_repeats: 1,
+                key_lock_expiries: 1,
+                ..Faults::default()
             },
             guards: Guards::ALL,
         }
@@ -557,19 +713,20 @@ impl Payouts {
     /// Deeper bounds (`--deep`): two confirmed payouts on a balance for both.
     pub fn deep_confirmed() -> Payouts {
         Payouts {
-            payouts: 2,
+            requests: 2,
             credit: 2,
             ..Payouts::ci_confirmed()
         }
     }
 
-    /// Deeper bounds: two payouts on a balance for one, every fault.
+    /// Deeper bounds: two payouts on a balance for one, every delivery fault.
     pub fn deep_two_payouts() -> Payouts {
         Payouts {
-            payouts: 2,
+            requests: 2,
             credit: 1,
             confirm: false,
             workers: 2,
+            max_attempts: 1,
             faults: Faults {
                 crashes: 1,
                 pauses: 1,
@@ -579,8 +736,28 @@ impl Payouts {
                 provider_failures: 1,
                 webhook_duplicates: 1,
                 webhook_losses: 1,
-                redemptions: 0,
-                cancels: 0,
+                ..Faults::default()
+            },
+            guards: Guards::ALL,
+        }
+    }
+
+    /// Deeper bounds: two requests, each sent again, a key lock passing,
+    /// on a balance for three.
+    pub fn deep_repeated_requests() -> Payouts {
+        Payouts {
+            requests: 2,
+            credit: 3,
+            confirm: false,
+            workers: 2,
+            max_attempts: 1,
+            faults: Faults {
+                crashes: 1,
+                provider_failures: 1,
+                webhook_duplicates: 1,
+                request_repeats: 2,
+                key_lock_expiries: 1,
+                ..Faults::default()
             },
             guards: Guards::ALL,
         }
@@ -592,80 +769,107 @@ impl Payouts {
         self
     }
 
-    fn row(state: &State, payout: u8) -> Option<PayoutRow> {
-        match state.payouts[payout as usize] {
-            Slot::Row(row) => Some(row),
-            _ => None,
-        }
-    }
-
-    fn row_mut(state: &mut State, payout: u8) -> &mut PayoutRow {
-        match &mut state.payouts[payout as usize] {
-            Slot::Row(row) => row,
-            _ => unreachable!("payout {payout} has a row"),
-        }
-    }
-
     /// The provider's payment for a payout's key (the latest, when each
     /// attempt has a key of its own).
-    fn payment_of(state: &State, payout: u8) -> Option<(usize, Payment)> {
-        state
-            .payments
-            .iter()
-            .enumerate()
-            .rfind(|(_, p)| p.payout == payout)
-            .map(|(i, p)| (i, *p))
+    fn payment_of(state: &State, payout: u8) -> Option<Payment> {
+        state.payments.iter().rfind(|p| p.payout == payout).copied()
     }
 
-    /// Whether a transition may be taken from the state the writer knows:
-    /// the current one under the conditional update, else the one it read.
-    fn may_move(row: PayoutRow, to: PayoutState) -> bool {
-        to.allowed_from().contains(&row.state)
+    /// A request has its answer: a payout, or a refusal.
+    fn answered(state: &State, request: u8) -> bool {
+        state.requests[request as usize].refused || state.payouts.iter().any(|p| p.request == request)
     }
 
-    /// A transition and what commits with it: the return of the funds, or
-    /// the delivery job. With the guard, only from an allowed state.
-    fn transition(&self, s: &mut State, payout: u8, to: PayoutState, source: Source) -> bool {
-        let row = Self::row(s, payout).expect("a payout row");
-        if self.guards.state_condition && !Self::may_move(row, to) {
-            return false;
-        }
-        let row = Self::row_mut(s, payout);
+    /// A move and what commits with it: the return (the trigger
+    /// `record_payout_transition`: a `payout_returns` row and the credit),
+    /// or the delivery job (`INSERT INTO payout_jobs .. ON CONFLICT
+    /// (payout_id) DO NOTHING`).
+    fn apply(s: &mut State, payout: u8, to: PayoutState) {
+        let row = &mut s.payouts[payout as usize];
         row.state = to;
         if to.returns_funds() {
             row.returned += 1;
-        }
-        if source == Source::Confirm {
-            row.confirmed += 1;
-        }
-        if to.returns_funds() {
             s.balance += 1;
         }
-        if to == PayoutState::Queued {
+        if to == Queued && !s.jobs.iter().any(|j| j.payout == payout) {
             s.jobs.push(JobRow {
                 payout,
                 status: JobStatus::Eligible,
                 attempt: 0,
+                spent: 0,
                 lease_live: false,
             });
         }
-        true
     }
 
-    /// Moves a payout now (conditional update), or records the intent to
-    /// (read, decided; the blind write comes later).
-    fn decide(&self, s: &mut State, payout: u8, to: PayoutState, source: Source) {
+    /// The write of a payout's state: `move_payout(id, from, to)` with the
+    /// guard; else a blind `UPDATE .. SET status = $to WHERE id = $1`, as
+    /// the trigger and the return's key let it.
+    fn write(&self, s: &mut State, payout: u8, from: &[PayoutState], to: PayoutState) -> Written {
+        let row = s.payouts[payout as usize];
         if self.guards.state_condition {
-            self.transition(s, payout, to, source);
+            if !from.contains(&row.state) {
+                return Written::NotMoved;
+            }
+        } else if row.state == to {
+            return Written::Unchanged;
         } else {
-            let row = Self::row(s, payout).expect("a payout row");
-            if Self::may_move(row, to) {
-                s.intents.push(Intent {
-                    payout,
-                    to: key_of(to),
-                    source,
-                });
-                s.intents.sort();
+            // The trigger raises for a move the table does not list; the
+            // return's primary key for a second return.
+            let unlisted = self.guards.transition_table && !to.allowed_from().contains(&row.state);
+            let returned_again = to.returns_funds() && self.guards.one_return && row.returned > 0;
+            if unlisted || returned_again {
+                return Written::Refused;
+            }
+        }
+        Self::apply(s, payout, to);
+        Written::Moved
+    }
+
+    /// The transaction of `source` around its write of `to`.
+    fn commit(&self, s: &mut State, payout: u8, from: &[PayoutState], to: PayoutState, source: Source) {
+        match source {
+            Source::Webhook(event) => {
+                if self.guards.event_id && s.events[event as usize] > 0 {
+                    return; // the insert finds the event: rolled back, answered 200
+                }
+                if self.write(s, payout, from, to) == Written::Refused {
+                    // Answered 5xx: the provider sends the event again.
+                    s.inflight.push(event);
+                    s.inflight.sort();
+                } else {
+                    s.events[event as usize] += 1;
+                }
+            }
+            Source::Confirm => {
+                let row = s.payouts[payout as usize];
+                if row.token_expired || (self.guards.one_time_token && row.confirmed > 0) {
+                    return; // redeem_in answered false: rolled back
+                }
+                if matches!(self.write(s, payout, from, to), Written::Moved | Written::Unchanged) {
+                    s.payouts[payout as usize].confirmed += 1;
+                }
+            }
+            _ => {
+                self.write(s, payout, from, to);
+            }
+        }
+    }
+
+    /// A transition from one of `from` to `to` by `source`: with the guard,
+    /// its transaction now; without, its read (an intent to write, when the
+    /// state read is one of `from`).
+    fn decide(&self, s: &mut State, payout: u8, from: &[PayoutState], to: PayoutState, source: Source) {
+        if self.guards.state_condition {
+            return self.commit(s, payout, from, to, source);
+        }
+        if from.contains(&s.payouts[payout as usize].state) {
+            s.intents.push(Intent { payout, to, source });
+            s.intents.sort();
+        } else if let Source::Webhook(event) = source {
+            // Nothing to move: the event is stored, as `already`.
+            if !(self.guards.event_id && s.events[event as usize] > 0) {
+                s.events[event as usize] += 1;
             }
         }
     }
@@ -675,14 +879,32 @@ impl Payouts {
         state.intents.iter().any(|i| i.payout == payout && i.source == source)
     }
 
-    fn payout_actions(&self, state: &State, actions: &mut Vec<Action>) {
-        if let Some(next) = state.payouts.iter().position(|p| *p == Slot::NotRequested) {
-            actions.push(Action::CreatePayout { payout: next as u8 });
+    fn request_actions(&self, state: &State, actions: &mut Vec<Action>) {
+        if let Some(next) = state.requests.iter().position(|r| !r.posted) {
+            actions.push(Action::PostPayout { request: next as u8 });
         }
-        for p in 0..self.payouts {
-            let Some(row) = Self::row(state, p) else { continue };
+        for (r, request) in state.requests.iter().enumerate() {
+            let r = r as u8;
+            if request.posted && state.budget.request_repeats > 0 && !Self::answered(state, r) {
+                actions.push(Action::PostPayout { request: r });
+            }
+            let in_pay = state.posts.iter().any(|p| p.request == r);
+            if request.key == (KeyRow::InProgress { locked: true }) && in_pay && state.budget.key_lock_expiries > 0 {
+                actions.push(Action::KeyLockExpires { request: r });
+            }
+        }
+        let mut posts = state.posts.clone();
+        posts.dedup();
+        for post in posts {
+            actions.push(Action::Pay { post });
+        }
+    }
+
+    fn payout_actions(&self, state: &State, actions: &mut Vec<Action>) {
+        for (p, row) in state.payouts.iter().enumerate() {
+            let p = p as u8;
             let readable = |source| self.guards.state_condition || !Self::reading(state, p, source);
-            if row.state == PayoutState::Created {
+            if row.state == Created {
                 if !row.token_expired {
                     if state.budget.redemptions > 0 {
                         actions.push(Action::Redeem { payout: p });
@@ -691,18 +913,20 @@ impl Payouts {
                 } else if readable(Source::Sweeper) {
                     actions.push(Action::Expire { payout: p });
                 }
-                if state.budget.cancels > 0 {
+                if state.budget.cancels > 0 && readable(Source::Creator) {
                     actions.push(Action::Cancel { payout: p });
                 }
             }
             let final_at_provider = Self::payment_of(state, p)
-                .is_some_and(|(_, pay)| matches!(pay.status, ProviderStatus::Paid | ProviderStatus::Failed));
-            if row.state == PayoutState::Sent && final_at_provider && readable(Source::Poll) {
+                .is_some_and(|pay| matches!(pay.status, ProviderStatus::Paid | ProviderStatus::Failed));
+            if row.state == Sent && final_at_provider && readable(Source::Poll) {
                 actions.push(Action::Poll { payout: p });
             }
         }
-        for intent in &state.intents {
-            actions.push(Action::Write { intent: *intent });
+        let mut intents = state.intents.clone();
+        intents.dedup();
+        for intent in intents {
+            actions.push(Action::Write { intent });
         }
     }
 
@@ -742,8 +966,8 @@ impl Payouts {
                     }
                 }
             }
-            Delivery::Called { answer: Some(_), .. } => actions.push(Action::RecordDelivery { worker: w }),
-            Delivery::Called { answer: None, .. } => actions.push(Action::RetryLater { worker: w }),
+            Delivery::Worked { outcome: Some(_), .. } => actions.push(Action::RecordDelivery { worker: w }),
+            Delivery::Worked { outcome: None, .. } => actions.push(Action::Snooze { worker: w }),
         }
         let busy = worker.job != Delivery::Idle;
         if state.budget.crashes > 0 && busy {
@@ -759,14 +983,16 @@ impl Payouts {
             let j = j as u8;
             let holder_running = state.workers.iter().any(|w| {
                 w.up && !w.paused
-                    && matches!(w.job, Delivery::Claimed { job, attempt, .. } | Delivery::Called { job, attempt, .. }
+                    && matches!(w.job, Delivery::Claimed { job, attempt } | Delivery::Worked { job, attempt, .. }
                         if job == j && attempt == state.jobs[j as usize].attempt)
             });
-            if job.status == JobStatus::Processing && job.lease_live && !holder_running {
-                actions.push(Action::LeaseExpires { job: j });
-            }
-            if job.status == JobStatus::Processing && !job.lease_live {
-                actions.push(Action::Rescue { job: j });
+            match job.status {
+                JobStatus::Processing if job.lease_live && !holder_running => {
+                    actions.push(Action::LeaseExpires { job: j })
+                }
+                JobStatus::Processing if !job.lease_live => actions.push(Action::Rescue { job: j }),
+                JobStatus::Dead => actions.push(Action::ReplayDeadLetter { job: j }),
+                _ => {}
             }
         }
         for (i, payment) in state.payments.iter().enumerate() {
@@ -796,28 +1022,90 @@ impl Payouts {
         }
     }
 
-    fn create(&self, s: &mut State, payout: u8) {
-        if s.balance < 1 {
-            s.payouts[payout as usize] = Slot::Refused;
+    fn post(&self, s: &mut State, r: u8) {
+        let request = &mut s.requests[r as usize];
+        if request.posted {
+            s.budget.request_repeats -= 1;
+        } else {
+            request.posted = true;
+        }
+        if self.guards.request_key {
+            match request.key {
+                KeyRow::Free | KeyRow::InProgress { locked: false } => {
+                    request.key = KeyRow::InProgress { locked: true };
+                }
+                // 409 in progress, or the stored answer.
+                KeyRow::InProgress { locked: true } | KeyRow::Completed => return,
+            }
+        }
+        s.posts.push(Post { request: r, read: None });
+        s.posts.sort();
+    }
+
+    fn pay(&self, s: &mut State, post: Post) {
+        let at = s.posts.iter().position(|p| *p == post).expect("a request in pay()");
+        s.posts.remove(at);
+        let r = post.request;
+        let found = match post.read {
+            Some(found) => found,
+            None => {
+                let found = s.payouts.iter().any(|p| p.request == r);
+                // With either guard the read decides nothing: a second
+                // payout's insert meets the unique key, a second answer
+                // finds the key completed, and either rolls back. So the
+                // read and the write are one step; without both, two.
+                if !self.guards.request_key && !self.guards.unique_request_key {
+                    s.posts.push(Post {
+                        request: r,
+                        read: Some(found),
+                    });
+                    s.posts.sort();
+                    return;
+                }
+                found
+            }
+        };
+        let request = &mut s.requests[r as usize];
+        // idempotency::finish: only a key still in progress takes an answer.
+        let finish = |request: &mut Request| match request.key {
+            KeyRow::InProgress { .. } => {
+                request.key = KeyRow::Completed;
+                true
+            }
+            _ => false,
+        };
+        if found {
+            // The earlier payout answered again.
+            if self.guards.request_key {
+                finish(request);
+            }
             return;
         }
+        if s.balance < 1 {
+            if !self.guards.request_key || finish(request) {
+                request.refused = true;
+            }
+            return;
+        }
+        if self.guards.request_key && !finish(request) {
+            return; // finish raises: rolled back
+        }
         s.balance -= 1;
-        let state = if self.confirm {
-            PayoutState::Created
-        } else {
-            PayoutState::Queued
-        };
-        s.payouts[payout as usize] = Slot::Row(PayoutRow {
+        let state = if self.confirm { Created } else { Queued };
+        s.payouts.push(PayoutRow {
+            request: r,
             state,
             token_expired: false,
             returned: 0,
             confirmed: 0,
         });
-        if state == PayoutState::Queued {
+        if state == Queued {
+            let payout = (s.payouts.len() - 1) as u8;
             s.jobs.push(JobRow {
                 payout,
                 status: JobStatus::Eligible,
                 attempt: 0,
+                spent: 0,
                 lease_live: false,
             });
         }
@@ -827,14 +1115,24 @@ impl Payouts {
         let job = &mut s.jobs[j as usize];
         job.status = JobStatus::Processing;
         job.attempt += 1;
+        job.spent += 1;
         job.lease_live = true;
         let (payout, attempt) = (job.payout, job.attempt);
-        let seen = Self::row(s, payout).expect("a job's payout").state;
-        s.workers[w as usize].job = Delivery::Claimed { job: j, attempt, seen };
+        let seen = s.payouts[payout as usize].state;
+        s.workers[w as usize].job = if seen == Queued {
+            Delivery::Claimed { job: j, attempt }
+        } else {
+            Delivery::Worked {
+                job: j,
+                attempt,
+                seen,
+                outcome: Some(Delivered::Nothing),
+            }
+        };
     }
 
     fn call(&self, s: &mut State, w: u8, answer: Answer) {
-        let Delivery::Claimed { job, attempt, seen } = s.workers[w as usize].job else {
+        let Delivery::Claimed { job, attempt } = s.workers[w as usize].job else {
             unreachable!("a call follows a claim")
         };
         let payout = s.jobs[job as usize].payout;
@@ -861,62 +1159,66 @@ impl Payouts {
                 });
             }
         }
-        let answer = if answer == Answer::AppliedThenTimedOut {
-            None
-        } else {
-            status
+        let outcome = match (answer, status) {
+            (Answer::AppliedThenTimedOut, _) | (_, None) => None,
+            (_, Some(ProviderStatus::Refused)) => Some(Delivered::Refused),
+            (_, Some(status)) => Some(Delivered::Word(status)),
         };
-        s.workers[w as usize].job = Delivery::Called {
+        s.workers[w as usize].job = Delivery::Worked {
             job,
             attempt,
-            seen,
-            answer,
+            seen: Queued,
+            outcome,
         };
     }
 
     fn record(&self, s: &mut State, w: u8) {
-        let Delivery::Called {
+        let Delivery::Worked {
             job,
             attempt,
             seen,
-            answer: Some(status),
+            outcome: Some(delivered),
         } = s.workers[w as usize].job
         else {
-            unreachable!("a record follows an answer")
+            unreachable!("a record follows work")
         };
         s.workers[w as usize].job = Delivery::Idle;
         let row = s.jobs[job as usize];
         if row.status != JobStatus::Processing || row.attempt != attempt {
             return; // the fence refuses a zombie: nothing is written
         }
-        s.jobs[job as usize].status = JobStatus::Done;
-        s.jobs[job as usize].lease_live = false;
-        let to = match status {
-            ProviderStatus::Pending => PayoutState::Sent,
-            ProviderStatus::Paid => PayoutState::Paid,
-            ProviderStatus::Failed | ProviderStatus::Refused => PayoutState::Failed,
+        let (from, to): (&[PayoutState], PayoutState) = match delivered {
+            Delivered::Nothing => (&[], Queued),
+            Delivered::Word(ProviderStatus::Pending) => (&[Queued], Sent),
+            Delivered::Word(ProviderStatus::Paid) => (&[Queued, Sent], Paid),
+            Delivered::Word(_) => (&[Queued, Sent], Failed),
+            Delivered::Refused => (&[Queued], Failed),
         };
-        let payout = row.payout;
         // Without the conditional update the worker decides from the state
         // it loaded, and writes blind.
-        if self.guards.state_condition || to.allowed_from().contains(&seen) {
-            self.transition(s, payout, to, Source::Delivery);
+        let decides = if self.guards.state_condition {
+            !from.is_empty()
+        } else {
+            from.contains(&seen)
+        };
+        if decides && self.write(s, row.payout, from, to) == Written::Refused {
+            return; // the completion rolls back: the job stays processing
         }
+        let row = &mut s.jobs[job as usize];
+        row.status = JobStatus::Settled;
+        row.lease_live = false;
     }
 
     fn receive_webhook(&self, s: &mut State, event: u8) {
         let at = s.inflight.iter().position(|e| *e == event).expect("in flight");
         s.inflight.remove(at);
-        if self.guards.event_id && s.events[event as usize] > 0 {
-            return; // seen before: answered 200, applied no more
-        }
-        s.events[event as usize] += 1;
         let payment = s.payments[event as usize];
-        let to = match payment.status {
-            ProviderStatus::Paid => PayoutState::Paid,
-            _ => PayoutState::Failed,
+        let to = if payment.status == ProviderStatus::Paid {
+            Paid
+        } else {
+            Failed
         };
-        self.decide(s, payment.payout, to, Source::Webhook(event));
+        self.decide(s, payment.payout, &[Queued, Sent], to, Source::Webhook(event));
     }
 }
 
@@ -927,7 +1229,16 @@ impl Model for Payouts {
     fn init_states(&self) -> Vec<State> {
         vec![State {
             balance: self.credit,
-            payouts: vec![Slot::NotRequested; self.payouts as usize],
+            requests: vec![
+                Request {
+                    posted: false,
+                    key: KeyRow::Free,
+                    refused: false,
+                };
+                self.requests as usize
+            ],
+            posts: Vec::new(),
+            payouts: Vec::new(),
             jobs: Vec::new(),
             payments: Vec::new(),
             inflight: Vec::new(),
@@ -946,6 +1257,7 @@ impl Model for Payouts {
     }
 
     fn actions(&self, state: &State, actions: &mut Vec<Action>) {
+        self.request_actions(state, actions);
         self.payout_actions(state, actions);
         for w in 0..self.workers {
             self.worker_actions(state, w, actions);
@@ -956,33 +1268,51 @@ impl Model for Payouts {
     fn next_state(&self, state: &State, action: Action) -> Option<State> {
         let mut s = state.clone();
         match action {
-            Action::CreatePayout { payout } => self.create(&mut s, payout),
+            Action::PostPayout { request } => self.post(&mut s, request),
+            Action::Pay { post } => self.pay(&mut s, post),
+            Action::KeyLockExpires { request } => {
+                s.budget.key_lock_expiries -= 1;
+                s.requests[request as usize].key = KeyRow::InProgress { locked: false };
+            }
             Action::Redeem { payout } => {
                 s.budget.redemptions -= 1;
-                self.decide(&mut s, payout, PayoutState::Queued, Source::Confirm);
+                self.decide(&mut s, payout, &[Created], Queued, Source::Confirm);
             }
-            Action::TokenExpires { payout } => Self::row_mut(&mut s, payout).token_expired = true,
-            Action::Expire { payout } => self.decide(&mut s, payout, PayoutState::Expired, Source::Sweeper),
+            Action::TokenExpires { payout } => s.payouts[payout as usize].token_expired = true,
+            Action::Expire { payout } => self.decide(&mut s, payout, &[Created], Expired, Source::Sweeper),
             Action::Cancel { payout } => {
                 s.budget.cancels -= 1;
-                self.transition(&mut s, payout, PayoutState::Cancelled, Source::Creator);
+                self.decide(&mut s, payout, &[Created], Cancelled, Source::Creator);
             }
             Action::ClaimJob { worker, job } => self.claim(&mut s, worker, job),
             Action::CallProvider { worker, answer } => self.call(&mut s, worker, answer),
             Action::RecordDelivery { worker } => self.record(&mut s, worker),
-            Action::RetryLater { worker } => {
-                let Delivery::Called { job, attempt, .. } = s.workers[worker as usize].job else {
-                    unreachable!("a retry follows a failed call")
+            Action::Snooze { worker } => {
+                let Delivery::Worked { job, attempt, .. } = s.workers[worker as usize].job else {
+                    unreachable!("a snooze follows work")
                 };
                 let row = &mut s.jobs[job as usize];
                 if row.status == JobStatus::Processing && row.attempt == attempt {
                     row.status = JobStatus::Eligible;
+                    row.spent -= 1;
                     row.lease_live = false;
                 }
                 s.workers[worker as usize].job = Delivery::Idle;
             }
             Action::LeaseExpires { job } => s.jobs[job as usize].lease_live = false,
-            Action::Rescue { job } => s.jobs[job as usize].status = JobStatus::Eligible,
+            Action::Rescue { job } => {
+                let row = &mut s.jobs[job as usize];
+                row.status = if row.spent >= self.max_attempts {
+                    JobStatus::Dead
+                } else {
+                    JobStatus::Eligible
+                };
+            }
+            Action::ReplayDeadLetter { job } => {
+                let row = &mut s.jobs[job as usize];
+                row.status = JobStatus::Eligible;
+                row.spent = 0;
+            }
             Action::ProviderSettles { payment, paid } => {
                 if !paid {
                     s.budget.provider_failures -= 1;
@@ -1008,18 +1338,19 @@ impl Model for Payouts {
             }
             Action::ReceiveWebhook { event } => self.receive_webhook(&mut s, event),
             Action::Poll { payout } => {
-                let (_, payment) = Self::payment_of(&s, payout).expect("a payment to look up");
+                let payment = Self::payment_of(&s, payout).expect("a payment to look up");
                 let to = if payment.status == ProviderStatus::Paid {
-                    PayoutState::Paid
+                    Paid
                 } else {
-                    PayoutState::Failed
+                    Failed
                 };
-                self.decide(&mut s, payout, to, Source::Poll);
+                self.decide(&mut s, payout, &[Queued, Sent], to, Source::Poll);
             }
             Action::Write { intent } => {
                 let at = s.intents.iter().position(|i| *i == intent).expect("an intent");
                 s.intents.remove(at);
-                self.transition(&mut s, intent.payout, state_of(intent.to), intent.source);
+                // The read decided; the write is blind (`from` is unused).
+                self.commit(&mut s, intent.payout, &[], intent.to, intent.source);
             }
             Action::Crash { worker } => {
                 s.budget.crashes -= 1;
@@ -1042,32 +1373,23 @@ impl Model for Payouts {
         let mut properties = vec![
             Property::always(property::BALANCE_NOT_NEGATIVE, |_, s: &State| s.balance >= 0),
             Property::always(property::MONEY_CONSERVED, |m: &Payouts, s: &State| {
-                let outstanding: i8 = s
-                    .payouts
-                    .iter()
-                    .filter_map(|p| match p {
-                        Slot::Row(row) => Some(i8::from(row.returned == 0)),
-                        _ => None,
-                    })
-                    .sum();
+                let outstanding = s.payouts.iter().filter(|row| row.returned == 0).count() as i8;
                 m.credit == s.balance + outstanding
             }),
             Property::always(property::RETURNED_AT_MOST_ONCE, |_, s: &State| {
-                s.payouts
-                    .iter()
-                    .all(|p| !matches!(p, Slot::Row(row) if row.returned > 1))
+                s.payouts.iter().all(|row| row.returned <= 1)
             }),
             Property::always(property::RETURNED_ONLY_UNPAID, |_, s: &State| {
-                s.payouts.iter().enumerate().all(|(i, p)| match p {
-                    Slot::Row(row) if row.returned > 0 => !s
-                        .payments
-                        .iter()
-                        .any(|pay| pay.payout == i as u8 && pay.status == ProviderStatus::Paid),
-                    _ => true,
+                s.payouts.iter().enumerate().all(|(i, row)| {
+                    row.returned == 0
+                        || !s
+                            .payments
+                            .iter()
+                            .any(|pay| pay.payout == i as u8 && pay.status == ProviderStatus::Paid)
                 })
             }),
-            Property::always(property::PAID_AT_MOST_ONCE, |m: &Payouts, s: &State| {
-                (0..m.payouts).all(|p| {
+            Property::always(property::PAID_AT_MOST_ONCE, |_, s: &State| {
+                (0..s.payouts.len() as u8).all(|p| {
                     let applied = s
                         .payments
                         .iter()
@@ -1076,40 +1398,33 @@ impl Model for Payouts {
                     applied <= 1
                 })
             }),
+            Property::always(property::REQUEST_ONCE, |m: &Payouts, s: &State| {
+                (0..m.requests).all(|r| s.payouts.iter().filter(|p| p.request == r).count() <= 1)
+            }),
             Property::always(property::EVENT_AT_MOST_ONCE, |_, s: &State| {
                 s.events.iter().all(|n| *n <= 1)
             }),
-            Property::eventually(property::EVERY_PAYOUT_ENDS, |_, s: &State| {
-                s.payouts.iter().all(|p| match p {
-                    Slot::NotRequested => false,
-                    Slot::Refused => true,
-                    Slot::Row(row) => {
-                        (row.state == PayoutState::Paid && row.returned == 0)
-                            || (row.state.returns_funds() && row.returned >= 1)
-                    }
-                })
+            Property::eventually(property::EVERY_PAYOUT_ENDS, |m: &Payouts, s: &State| {
+                let answered = (0..m.requests).all(|r| s.requests[r as usize].posted && Self::answered(s, r));
+                answered
+                    && s.posts.is_empty()
+                    && s.payouts.iter().all(|row| {
+                        (row.state == Paid && row.returned == 0) || (row.state.returns_funds() && row.returned >= 1)
+                    })
             }),
             Property::sometimes("a payout is paid", |_, s: &State| {
-                s.payouts
-                    .iter()
-                    .any(|p| matches!(p, Slot::Row(r) if r.state == PayoutState::Paid))
+                s.payouts.iter().any(|r| r.state == Paid)
             }),
             Property::sometimes("a payout fails and its funds come back", |_, s: &State| {
-                s.payouts
-                    .iter()
-                    .any(|p| matches!(p, Slot::Row(r) if r.state == PayoutState::Failed && r.returned == 1))
+                s.payouts.iter().any(|r| r.state == Failed && r.returned == 1)
             }),
         ];
         if self.confirm {
             properties.push(Property::always(property::TOKEN_ONCE, |_, s: &State| {
-                s.payouts
-                    .iter()
-                    .all(|p| !matches!(p, Slot::Row(row) if row.confirmed > 1))
+                s.payouts.iter().all(|row| row.confirmed <= 1)
             }));
             properties.push(Property::sometimes("an unconfirmed payout expires", |_, s: &State| {
-                s.payouts
-                    .iter()
-                    .any(|p| matches!(p, Slot::Row(r) if r.state == PayoutState::Expired))
+                s.payouts.iter().any(|r| r.state == Expired)
             }));
         }
         if self.faults.webhook_duplicates > 0 {
@@ -1118,36 +1433,63 @@ impl Model for Payouts {
                 |_, s: &State| s.events.contains(&1) && s.budget.webhook_duplicates == 0 && s.inflight.is_empty(),
             ));
         }
+        if self.faults.crashes + self.faults.pauses >= self.max_attempts {
+            properties.push(Property::sometimes(
+                "a dead letter keeps its payout queued, funds held, until replayed",
+                |_, s: &State| {
+                    s.jobs
+                        .iter()
+                        .any(|j| j.status == JobStatus::Dead && s.payouts[j.payout as usize].state == Queued)
+                },
+            ));
+        }
+        if self.faults.request_repeats > 0 && self.faults.key_lock_expiries > 0 && self.guards.request_key {
+            properties.push(Property::sometimes(
+                "a repeat takes over a key whose lock passed, and makes no second payout",
+                |_, s: &State| {
+                    s.budget.request_repeats == 0
+                        && s.budget.key_lock_expiries == 0
+                        && s.posts.is_empty()
+                        && s.payouts.len() == 1
+                },
+            ));
+        }
         properties
     }
 }
 
 impl Described for Payouts {
     fn name(&self) -> String {
-        let mut guards = Vec::new();
-        if !self.guards.state_condition {
-            guards.push("no conditional update on the state");
-        }
-        if !self.guards.event_id {
-            guards.push("no unique event id");
-        }
-        if !self.guards.idempotency_key {
-            guards.push("no idempotency key");
-        }
-        let guards = if guards.is_empty() {
+        let g = self.guards;
+        let removed: Vec<&str> = [
+            (g.state_condition, "the conditional update"),
+            (g.transition_table, "the transitions table"),
+            (g.one_return, "the return's key"),
+            (g.one_time_token, "the token's condition"),
+            (g.event_id, "the unique event id"),
+            (g.idempotency_key, "the provider key"),
+            (g.request_key, "the request's key claim"),
+            (g.unique_request_key, "the unique request key"),
+        ]
+        .into_iter()
+        .filter(|(kept, _)| !kept)
+        .map(|(_, name)| name)
+        .collect();
+        let guards = if removed.is_empty() {
             String::new()
         } else {
-            format!(", {}", guards.join(", "))
+            format!(", without {}", removed.join(", "))
         };
         let f = self.faults;
         format!(
-            "payouts ({} payout(s){}, balance {}, {} delivery workers; {} crash, {} pause, {} 503, \
+            "payouts ({} request(s){}, balance {}, {} delivery worker(s), {} attempt(s); {} crash, {} pause, {} 503, \
              {} applied-then-timed-out, {} refusal, {} failed payment, {} duplicated and {} lost webhook, \
-             {} redemptions, {} cancel{guards})",
-            self.payouts,
+             {} redemptions, {} cancel, {} repeated request, {} key lock passing{guards})",
+            self.requests,
             if self.confirm { " with confirmation" } else { "" },
             self.credit,
             self.workers,
+            self.max_attempts,
             f.crashes,
             f.pauses,
             f.provider_unavailable,
@@ -1157,26 +1499,46 @@ impl Described for Payouts {
             f.webhook_duplicates,
             f.webhook_losses,
             f.redemptions,
-            f.cancels
+            f.cancels,
+            f.request_repeats,
+            f.key_lock_expiries
         )
     }
 
     fn describe(&self, s: &State) -> String {
+        let requests: Vec<String> = s
+            .requests
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.posted)
+            .map(|(i, r)| {
+                let key = match r.key {
+                    KeyRow::Free => "",
+                    KeyRow::InProgress { locked: true } => " in_progress",
+                    KeyRow::InProgress { locked: false } => " in_progress (lock passed)",
+                    KeyRow::Completed => " completed",
+                };
+                let refused = if r.refused { " refused" } else { "" };
+                let in_pay = s.posts.iter().filter(|p| p.request == i as u8).count();
+                let in_pay = if in_pay > 0 {
+                    format!(" {in_pay} in pay()")
+                } else {
+                    String::new()
+                };
+                format!("k{i}{key}{refused}{in_pay}")
+            })
+            .collect();
         let payouts: Vec<String> = s
             .payouts
             .iter()
             .enumerate()
-            .map(|(i, p)| match p {
-                Slot::NotRequested => format!("p{i} -"),
-                Slot::Refused => format!("p{i} refused"),
-                Slot::Row(r) => {
-                    let returned = if r.returned > 0 {
-                        format!(" returned x{}", r.returned)
-                    } else {
-                        String::new()
-                    };
-                    format!("p{i} {:?}{returned}", r.state).to_lowercase()
-                }
+            .map(|(i, r)| {
+                let returned = if r.returned > 0 {
+                    format!(" returned x{}", r.returned)
+                } else {
+                    String::new()
+                };
+                format!("p{i}(k{}) {:?}{returned}", r.request, r.state).to_lowercase()
             })
             .collect();
         let jobs: Vec<String> = s
@@ -1200,18 +1562,29 @@ impl Described for Payouts {
             .collect();
         let inflight: Vec<String> = s.inflight.iter().map(|e| format!("e{e}")).collect();
         let mut out = format!(
-            "balance {} [{}] jobs [{}] provider [{}] webhooks in flight [{}]",
+            "balance {} requests [{}] payouts [{}] jobs [{}] provider [{}] webhooks in flight [{}]",
             s.balance,
+            requests.join(", "),
             payouts.join(", "),
             jobs.join(", "),
             payments.join(", "),
             inflight.join(", ")
         );
+        if s.events.iter().any(|n| *n > 0) {
+            let events: Vec<String> = s
+                .events
+                .iter()
+                .enumerate()
+                .filter(|(_, n)| **n > 0)
+                .map(|(e, n)| format!("e{e} x{n}"))
+                .collect();
+            out.push_str(&format!(" events stored [{}]", events.join(", ")));
+        }
         if !s.intents.is_empty() {
             let intents: Vec<String> = s
                 .intents
                 .iter()
-                .map(|i| format!("{:?} read p{}: will write {:?}", i.source, i.payout, state_of(i.to)))
+                .map(|i| format!("{:?} read p{}: will write {:?}", i.source, i.payout, i.to))
                 .collect();
             out.push_str(&format!(" | read, not yet written: [{}]", intents.join(", ")));
         }

@@ -29,6 +29,8 @@ pub struct Summary {
     pub unique_states: usize,
     /// Every property held.
     pub all_held: bool,
+    /// The properties that did not.
+    pub failed: Vec<&'static str>,
     /// The state graph has no cycle (so `eventually` was checked on every
     /// behaviour), or the actions around a cycle.
     pub acyclic: Result<(), String>,
@@ -56,6 +58,7 @@ where
         report: outcome.report(),
         unique_states: outcome.unique_states,
         all_held: outcome.all_held(),
+        failed: outcome.failed(),
         acyclic,
         searched_states,
     }
@@ -89,8 +92,16 @@ pub fn runs_models(bounds: Bounds) -> Vec<runs::Runs> {
 /// The payouts models at `bounds`.
 pub fn payouts_models(bounds: Bounds) -> Vec<payouts::Payouts> {
     match bounds {
-        Bounds::Ci => vec![payouts::Payouts::ci_confirmed(), payouts::Payouts::ci_two_payouts()],
-        Bounds::Deep => vec![payouts::Payouts::deep_confirmed(), payouts::Payouts::deep_two_payouts()],
+        Bounds::Ci => vec![
+            payouts::Payouts::ci_confirmed(),
+            payouts::Payouts::ci_two_payouts(),
+            payouts::Payouts::ci_repeated_request(),
+        ],
+        Bounds::Deep => vec![
+            payouts::Payouts::deep_confirmed(),
+            payouts::Payouts::deep_two_payouts(),
+            payouts::Payouts::deep_repeated_requests(),
+        ],
     }
 }
 
@@ -202,64 +213,232 @@ pub fn without_idempotency_key() -> Counterexample {
     )
 }
 
-fn payouts_without(guards: payouts::Guards) -> payouts::Payouts {
-    payouts::Payouts::ci_confirmed().without(guards)
+fn payouts_case(
+    guard: &'static str,
+    property: &'static str,
+    replayed_by: &'static str,
+    model: payouts::Payouts,
+) -> Counterexample {
+    counterexample(
+        GuardCase {
+            guard,
+            property,
+            replayed_by: Some(replayed_by),
+        },
+        model,
+    )
 }
 
-/// The conditional update on a payout's state, removed: three properties
-/// it keeps.
-pub fn without_state_condition() -> Vec<Counterexample> {
-    let guards = payouts::Guards {
-        state_condition: false,
-        ..payouts::Guards::ALL
-    };
-    [
-        payouts::property::RETURNED_AT_MOST_ONCE,
+/// `model` with one redemption: no second confirmation in its traces.
+fn one_redemption(mut model: payouts::Payouts) -> payouts::Payouts {
+    model.faults.redemptions = 1;
+    model
+}
+
+/// One payout without confirmation, one delivery worker, its payment
+/// failing and the webhook duplicated.
+fn one_webhook() -> payouts::Payouts {
+    payouts::Payouts {
+        requests: 1,
+        credit: 1,
+        confirm: false,
+        workers: 1,
+        max_attempts: 1,
+        faults: payouts::Faults {
+            provider_failures: 1,
+            webhook_duplicates: 1,
+            ..payouts::Faults::default()
+        },
+        guards: payouts::Guards::ALL,
+    }
+}
+
+/// The conditional update on a payout's state (`move_payout`) and the
+/// transitions table the trigger checks, removed: a paid payout's funds
+/// come back.
+pub fn without_state_condition_and_transitions() -> Counterexample {
+    payouts_case(
+        "the conditional update on the payout's state (move_payout) and the transitions table (check_payout_change)",
         payouts::property::RETURNED_ONLY_UNPAID,
+        "tests/replay_payouts.rs: without_the_conditional_update_and_the_transitions_table_a_paid_payout_is_returned",
+        payouts::Payouts::ci_confirmed().without(payouts::Guards {
+            state_condition: false,
+            transition_table: false,
+            ..payouts::Guards::ALL
+        }),
+    )
+}
+
+/// The three guards of a payout's state removed (the conditional update,
+/// the transitions table, the return's primary key): funds come back twice.
+pub fn without_state_guards() -> Counterexample {
+    payouts_case(
+        "the conditional update, the transitions table and payout_returns' primary key",
+        payouts::property::RETURNED_AT_MOST_ONCE,
+        "tests/replay_payouts.rs: without_the_state_guards_a_payout_is_returned_twice",
+        one_redemption(payouts::Payouts::ci_confirmed()).without(payouts::Guards {
+            state_condition: false,
+            transition_table: false,
+            one_return: false,
+            ..payouts::Guards::ALL
+        }),
+    )
+}
+
+/// The token's condition (`redeem_in`) and the conditional update,
+/// removed: two confirmations both redeem the token.
+pub fn without_token_conditions() -> Counterexample {
+    payouts_case(
+        "the token's condition (redeem_in: status = 'issued') and the conditional update",
         payouts::property::TOKEN_ONCE,
-    ]
-    .into_iter()
-    .map(|property| {
-        counterexample(
-            GuardCase {
-                guard: "the conditional update on the payout's state",
-                property,
-                replayed_by: None,
-            },
-            payouts_without(guards),
-        )
-    })
-    .collect()
+        "tests/replay_payouts.rs: without_the_token_and_state_conditions_two_confirmations_both_redeem",
+        payouts::Payouts::ci_confirmed().without(payouts::Guards {
+            state_condition: false,
+            one_time_token: false,
+            ..payouts::Guards::ALL
+        }),
+    )
 }
 
 /// The unique event id on webhooks, removed.
 pub fn without_event_id() -> Counterexample {
-    counterexample(
-        GuardCase {
-            guard: "the unique event id of provider webhooks",
-            property: payouts::property::EVENT_AT_MOST_ONCE,
-            replayed_by: None,
-        },
-        payouts_without(payouts::Guards {
+    payouts_case(
+        "the unique event id of provider webhooks (provider_events' primary key)",
+        payouts::property::EVENT_AT_MOST_ONCE,
+        "tests/replay_payouts.rs: without_the_unique_event_id_a_duplicated_webhook_is_recorded_twice",
+        one_webhook().without(payouts::Guards {
             event_id: false,
             ..payouts::Guards::ALL
         }),
     )
 }
 
-/// The payouts' idempotency key, removed.
-pub fn without_payout_key() -> Counterexample {
-    counterexample(
-        GuardCase {
-            guard: "the payout's idempotency key (derived from its id)",
-            property: payouts::property::PAID_AT_MOST_ONCE,
-            replayed_by: None,
-        },
-        payouts_without(payouts::Guards {
-            idempotency_key: false,
+/// The request's key removed: its claim (`idempotency::begin`, `finish`)
+/// and the unique `payouts.idempotency_key`.
+pub fn without_request_key() -> Counterexample {
+    payouts_case(
+        "the payout request's Idempotency-Key (idempotency::begin/finish and payouts.idempotency_key UNIQUE)",
+        payouts::property::REQUEST_ONCE,
+        "tests/replay_payouts.rs: without_the_request_key_two_posts_make_two_payouts",
+        payouts::Payouts::ci_repeated_request().without(payouts::Guards {
+            request_key: false,
+            unique_request_key: false,
             ..payouts::Guards::ALL
         }),
     )
+}
+
+/// The provider key derived from the payout, removed: a paused worker and
+/// the rescue's claim both pay (one payout, two workers, one pause).
+pub fn without_payout_key() -> Counterexample {
+    let model = payouts::Payouts {
+        requests: 1,
+        credit: 1,
+        confirm: false,
+        workers: 2,
+        max_attempts: 2,
+        faults: payouts::Faults {
+            pauses: 1,
+            ..payouts::Faults::default()
+        },
+        guards: payouts::Guards {
+            idempotency_key: false,
+            ..payouts::Guards::ALL
+        },
+    };
+    payouts_case(
+        "the payout's provider key (provider_key, derived from its id)",
+        payouts::property::PAID_AT_MOST_ONCE,
+        "tests/replay_payouts.rs: without_the_provider_key_a_zombie_and_its_rescuer_pay_twice",
+        model,
+    )
+}
+
+/// Guards that stand behind one another: each variant without one of them
+/// (the others kept) must still hold every property but the ones listed.
+pub fn payouts_layers() -> Vec<(payouts::Payouts, &'static [&'static str])> {
+    let without = |model: payouts::Payouts, guards: payouts::Guards| model.without(guards);
+    let all = payouts::Guards::ALL;
+    // The CI bounds without the pause: a blind
+    // write's read and write interleave with everything, so a variant's
+    // space is larger.
+    let confirmed = || payouts::Payouts {
+        faults: payouts::Faults {
+            pauses: 0,
+            ..payouts::Payouts::ci_confirmed().faults
+        },
+        ..payouts::Payouts::ci_confirmed()
+    };
+    vec![
+        (
+            without(
+                confirmed(),
+                payouts::Guards {
+                    state_condition: false,
+                    ..all
+                },
+            ),
+            &[],
+        ),
+        (
+            without(
+                confirmed(),
+                payouts::Guards {
+                    transition_table: false,
+                    ..all
+                },
+            ),
+            &[],
+        ),
+        (
+            without(
+                confirmed(),
+                payouts::Guards {
+                    one_return: false,
+                    ..all
+                },
+            ),
+            &[],
+        ),
+        (
+            without(
+                confirmed(),
+                payouts::Guards {
+                    one_time_token: false,
+                    ..all
+                },
+            ),
+            &[],
+        ),
+        (
+            without(confirmed(), payouts::Guards { event_id: false, ..all }),
+            // A repeat is recorded (as `already`), so it is not "ignored".
+            &[
+                payouts::property::EVENT_AT_MOST_ONCE,
+                "a duplicated webhook is answered and ignored",
+            ],
+        ),
+        (
+            without(
+                payouts::Payouts::ci_repeated_request(),
+                payouts::Guards {
+                    request_key: false,
+                    ..all
+                },
+            ),
+            &[],
+        ),
+        (
+            without(
+                payouts::Payouts::ci_repeated_request(),
+                payouts::Guards {
+                    unique_request_key: false,
+                    ..all
+                },
+            ),
+            &[],
+        ),
+    ]
 }
 
 /// The partial unique index `runs_one_running_per_job`, removed.
@@ -278,10 +457,16 @@ pub fn without_one_running_per_job() -> Counterexample {
 
 /// Every guard's counterexample.
 pub fn counterexamples() -> Vec<Counterexample> {
-    let mut out = vec![without_fence(), without_timeline(), without_idempotency_key()];
-    out.extend(without_state_condition());
-    out.push(without_event_id());
-    out.push(without_payout_key());
-    out.push(without_one_running_per_job());
-    out
+    vec![
+        without_fence(),
+        without_timeline(),
+        without_idempotency_key(),
+        without_state_condition_and_transitions(),
+        without_state_guards(),
+        without_token_conditions(),
+        without_event_id(),
+        without_request_key(),
+        without_payout_key(),
+        without_one_running_per_job(),
+    ]
 }
