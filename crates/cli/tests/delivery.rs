@@ -264,7 +264,12 @@ async fn webhooks_are_checked_applied_once_and_a_contradiction_is_recorded_never
     })
     .await;
     stop(a);
-    let key = format!("payout-{}", ids[0]);
+    let key: String = env
+        .scalar_text(&format!(
+            "SELECT provider_key FROM settlement.payouts WHERE id = {}",
+            ids[0]
+        ))
+        .await;
     let provider_id: String = env
         .scalar_text(&format!(
             "SELECT provider_id FROM settlement.payouts WHERE id = {}",

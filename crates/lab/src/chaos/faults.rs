@@ -1,6 +1,7 @@
 //! The faults chaos injects: a schedule drawn from a seed (the same seed
 //! replays the same schedule), and the injection of each fault into the
-//! running workers, the database server and the provider.
+//! running processes (settlement workers, or payout deliverers), the
+//! database server and the provider.
 
 use std::time::{Duration, Instant};
 
@@ -12,8 +13,17 @@ use settled::worker::Mode;
 use settled_embedded::LocalPostgres;
 use sqlx::{Connection, PgConnection};
 
-use super::{Harness, Slot};
+use super::Slot;
 use crate::provider_sim::Faults;
+
+/// The processes the faults act on.
+pub(super) trait Fleet {
+    /// Starts a new process in the place of one that was killed.
+    fn respawn(&mut self) -> anyhow::Result<tokio::process::Child>;
+    /// The `application_name` of their connections (terminated by
+    /// [`FaultKind::TerminateBackends`]).
+    fn application_name(&self) -> &'static str;
+}
 
 /// One kind of fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -31,6 +41,8 @@ pub enum FaultKind {
     ProviderErrors,
     /// The provider applies a share of new payments and answers too late.
     ProviderAppliedTimeout,
+    /// The provider answers 429 with `Retry-After` to a share of calls.
+    ProviderRateLimits,
 }
 
 /// A fault at a time.
@@ -47,7 +59,6 @@ pub struct ScheduledFault {
 /// The seeded schedule: at least one fault of each kind the setup allows,
 /// then more at random, at random times within the first 80% of the run.
 pub fn schedule(seed: u64, duration: Duration, workers: u32, mode: Mode, can_restart: bool) -> Vec<ScheduledFault> {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut kinds = vec![
         FaultKind::KillWorker,
         FaultKind::ZombieWorker,
@@ -59,6 +70,31 @@ pub fn schedule(seed: u64, duration: Duration, workers: u32, mode: Mode, can_res
     if mode == Mode::Leased {
         kinds.extend([FaultKind::ProviderErrors, FaultKind::ProviderAppliedTimeout]);
     }
+    place(seed, kinds, duration, workers)
+}
+
+/// The payout storm's schedule: every kind once (a restart only when chaos
+/// runs the server), 429s included, then more kills, pauses and
+/// terminated connections, at random times within the first 80% of the run.
+pub fn payout_schedule(seed: u64, duration: Duration, deliverers: u32, can_restart: bool) -> Vec<ScheduledFault> {
+    let mut kinds = vec![
+        FaultKind::KillWorker,
+        FaultKind::ZombieWorker,
+        FaultKind::TerminateBackends,
+        FaultKind::ProviderErrors,
+        FaultKind::ProviderRateLimits,
+        FaultKind::ProviderAppliedTimeout,
+    ];
+    if can_restart {
+        kinds.push(FaultKind::RestartPostgres);
+    }
+    place(seed, kinds, duration, deliverers)
+}
+
+/// `kinds` plus one extra kill, pause or termination per 6 s of the run,
+/// each at a seeded time and slot.
+fn place(seed: u64, mut kinds: Vec<FaultKind>, duration: Duration, workers: u32) -> Vec<ScheduledFault> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let span = (duration.as_millis() as u64).max(1_000);
     let extra = (span / 6_000) as usize;
     for _ in 0..extra {
@@ -82,17 +118,30 @@ pub fn schedule(seed: u64, duration: Duration, workers: u32, mode: Mode, can_res
     faults
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Where the faults land, beside the processes.
+pub(super) struct Targets<'a> {
+    /// The database server, when chaos runs it.
+    pub server: Option<&'a LocalPostgres>,
+    /// The chaos database.
+    pub url: &'a str,
+    /// The provider simulator's base URL, if any.
+    pub provider_url: Option<&'a str>,
+    /// What the provider does between faults.
+    pub provider_base: Faults,
+    /// How long a paused process stays paused.
+    pub zombie_pause: Duration,
+    /// How long a provider fault lasts, in seconds.
+    pub provider_fault_secs: u64,
+}
+
+/// Injects `fault`; returns what it did, for the report.
 pub(super) async fn inject(
     fault: &ScheduledFault,
     slots: &mut [Slot],
-    harness: &mut Harness,
-    server: Option<&LocalPostgres>,
+    fleet: &mut dyn Fleet,
+    targets: &Targets<'_>,
     conn: &mut PgConnection,
-    url: &str,
     http: &reqwest::Client,
-    provider_url: Option<&str>,
-    zombie_pause: Duration,
 ) -> anyhow::Result<String> {
     let at = format!("{:>6.1}s", fault.at_ms as f64 / 1000.0);
     let slot = &mut slots[fault.slot];
@@ -104,7 +153,7 @@ pub(super) async fn inject(
                 if let Some(mut child) = slot.child.take() {
                     let _ = child.wait().await;
                 }
-                slot.child = Some(harness.spawn_worker()?);
+                slot.child = Some(fleet.respawn()?);
                 format!("{at} SIGKILL worker slot {} (pid {pid}); started a new one", fault.slot)
             }
             _ => format!("{at} SIGKILL skipped: slot {} is paused or empty", fault.slot),
@@ -112,7 +161,7 @@ pub(super) async fn inject(
         FaultKind::ZombieWorker => match pid {
             Some(pid) if slot.stopped_until.is_none() => {
                 kill(Pid::from_raw(pid as i32), Signal::SIGSTOP)?;
-                slot.stopped_until = Some(Instant::now() + zombie_pause);
+                slot.stopped_until = Some(Instant::now() + targets.zombie_pause);
                 // Only a zombie that holds leases has completions to refuse.
                 let held: i64 = sqlx::query_scalar(
                     "SELECT count(*) FROM settlement.token_trade_volume t
@@ -125,7 +174,7 @@ pub(super) async fn inject(
                 format!(
                     "{at} SIGSTOP worker slot {} (pid {pid}) holding {held} lease(s) for {:.1} s (past its lease), then SIGCONT",
                     fault.slot,
-                    zombie_pause.as_secs_f64()
+                    targets.zombie_pause.as_secs_f64()
                 )
             }
             _ => format!("{at} zombie skipped: slot {} is paused or empty", fault.slot),
@@ -134,52 +183,68 @@ pub(super) async fn inject(
             let killed: Vec<i32> = sqlx::query_scalar(
                 "WITH victims AS MATERIALIZED (
                      SELECT pid FROM pg_stat_activity
-                     WHERE datname = current_database() AND application_name = 'settled-worker'
+                     WHERE datname = current_database() AND application_name = $1
                        AND pid <> pg_backend_pid())
                  SELECT pid FROM victims WHERE pg_terminate_backend(pid)",
             )
+            .bind(fleet.application_name()) // $1
             .fetch_all(&mut *conn)
             .await?;
             format!("{at} pg_terminate_backend on {} worker connection(s)", killed.len())
         }
-        FaultKind::RestartPostgres => match server {
+        FaultKind::RestartPostgres => match targets.server {
             Some(server) => {
                 let t = Instant::now();
                 tokio::task::block_in_place(|| server.restart())?;
-                *conn = PgConnection::connect(url).await?;
+                *conn = PgConnection::connect(targets.url).await?;
                 format!("{at} restarted PostgreSQL ({:.1} s)", t.elapsed().as_secs_f64())
             }
             None => format!("{at} PostgreSQL restart skipped: the server is not managed by chaos (DATABASE_URL)"),
         },
-        FaultKind::ProviderErrors | FaultKind::ProviderAppliedTimeout => {
-            let Some(p) = provider_url else {
+        FaultKind::ProviderErrors | FaultKind::ProviderAppliedTimeout | FaultKind::ProviderRateLimits => {
+            let Some(p) = targets.provider_url else {
                 return Ok(format!("{at} provider fault skipped: no provider in tx mode"));
             };
-            let faults = if fault.kind == FaultKind::ProviderErrors {
-                Faults {
-                    error_rate: 0.3,
-                    ..Faults::default()
-                }
-            } else {
-                Faults {
-                    applied_timeout_rate: 0.3,
-                    applied_timeout_ms: 1_500,
-                    ..Faults::default()
-                }
-            };
+            let (faults, what) = provider_fault(fault.kind, targets.provider_base);
             http.post(format!("{p}/v1/faults"))
                 .json(&faults)
                 .send()
                 .await?
                 .error_for_status()?;
-            format!(
-                "{at} provider {} for 3 s",
-                if fault.kind == FaultKind::ProviderErrors {
-                    "answers 503 to 30% of new payments"
-                } else {
-                    "applies 30% of new payments, then answers after the caller's timeout"
-                }
-            )
+            format!("{at} provider {what} for {} s", targets.provider_fault_secs)
         }
     })
+}
+
+/// How long a provider fault lasts before the provider is back to its base.
+pub const PROVIDER_FAULT_SECS: u64 = 3;
+
+/// The provider's behaviour during a provider fault (on top of `base`),
+/// and its description.
+pub(super) fn provider_fault(kind: FaultKind, base: Faults) -> (Faults, &'static str) {
+    match kind {
+        FaultKind::ProviderErrors => (
+            Faults {
+                error_rate: 0.3,
+                ..base
+            },
+            "answers 503 to 30% of new payments",
+        ),
+        FaultKind::ProviderRateLimits => (
+            Faults {
+                rate_limit_rate: 0.3,
+                retry_after_secs: 1,
+                ..base
+            },
+            "answers 429 (Retry-After: 1) to 30% of calls",
+        ),
+        _ => (
+            Faults {
+                applied_timeout_rate: 0.3,
+                applied_timeout_ms: 1_500,
+                ..base
+            },
+            "applies 30% of new payments, then answers after the caller's timeout",
+        ),
+    }
 }

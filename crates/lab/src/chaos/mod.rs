@@ -24,12 +24,14 @@ use settled::settlement::queue;
 use settled::worker::Mode;
 use settled::{seed, verify};
 
-/// Largest number of worker processes a chaos run starts.
 mod faults;
+pub mod payouts;
 
-use faults::inject;
-pub use faults::{schedule, FaultKind, ScheduledFault};
+use faults::{inject, Fleet, Targets, PROVIDER_FAULT_SECS};
+pub use faults::{payout_schedule, schedule, FaultKind, ScheduledFault};
+pub use payouts::{chaos_payouts, PayoutChaosOptions, PayoutCounts};
 
+/// Largest number of worker processes a chaos run starts.
 pub const MAX_CHAOS_WORKERS: u32 = 32;
 /// Longest fault schedule, in seconds.
 pub const MAX_CHAOS_SECONDS: u64 = 3_600;
@@ -71,6 +73,9 @@ pub struct ChaosReport {
     pub invariants: Vec<(String, bool, String)>,
     /// True when every invariant holds.
     pub ok: bool,
+    /// What the payout storm did (`--payouts` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub payouts: Option<PayoutCounts>,
 }
 
 struct Slot {
@@ -87,6 +92,16 @@ struct Harness {
     provider_url: Option<String>,
     log_dir: PathBuf,
     spawned: usize,
+}
+
+impl Fleet for Harness {
+    fn respawn(&mut self) -> anyhow::Result<tokio::process::Child> {
+        self.spawn_worker()
+    }
+
+    fn application_name(&self) -> &'static str {
+        "settled-worker"
+    }
 }
 
 impl Harness {
@@ -139,55 +154,83 @@ pub async fn chaos(opts: ChaosOptions) -> anyhow::Result<ChaosReport> {
     );
     anyhow::ensure!(opts.creators >= 1, "--creators must be at least 1");
     let scratch = tempfile::Builder::new().prefix("settled-chaos-").tempdir()?;
+    let place = ChaosDb::create(&opts.database_url, scratch.path()).await?;
+    let result = run_chaos(&opts, &place.url, place.server.as_ref(), scratch.path()).await;
+    place.finish(result, scratch).await
+}
 
-    // A fresh database of its own.
-    let (server, admin_url, db_name) = match &opts.database_url {
-        Some(url) => (
-            None,
-            url.clone(),
-            format!("settled_chaos_{}", uuid::Uuid::new_v4().simple()),
-        ),
-        None => {
-            let local = LocalOptions {
-                data_dir: scratch.path().join("pg"),
-                throwaway: true,
-                remove_on_stop: true,
-                max_connections: 300,
-                settings: Vec::new(),
-            };
-            let server = tokio::task::spawn_blocking(move || LocalPostgres::start(&local)).await??;
-            let url = server.url("postgres");
-            (Some(server), url, "settled_chaos".to_string())
-        }
-    };
-    let mut admin = PgConnection::connect(&admin_url)
-        .await
-        .context("connecting to the chaos server")?;
-    sqlx::query(&format!("CREATE DATABASE {db_name}"))
-        .execute(&mut admin)
-        .await?;
-    admin.close().await?;
-    let url = settled_embedded::with_database(&admin_url, &db_name);
-    let result = run_chaos(&opts, &url, server.as_ref(), scratch.path()).await;
-    let failed = !matches!(&result, Ok(report) if report.ok);
-    if failed {
-        // Keep what explains the failure: the workers' logs, and the state.
-        eprintln!("{}", diagnose(&url).await);
-    }
+/// The fresh database a chaos run works on: on DATABASE_URL's server, or on
+/// a private throwaway server that chaos may restart.
+pub(crate) struct ChaosDb {
+    pub(crate) server: Option<LocalPostgres>,
+    admin_url: String,
+    name: String,
+    pub(crate) url: String,
+}
 
-    if let Ok(mut admin) = PgConnection::connect(&admin_url).await {
-        let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {db_name} WITH (FORCE)"))
+impl ChaosDb {
+    pub(crate) async fn create(database_url: &Option<String>, scratch: &std::path::Path) -> anyhow::Result<ChaosDb> {
+        let (server, admin_url, name) = match database_url {
+            Some(url) => (
+                None,
+                url.clone(),
+                format!("settled_chaos_{}", uuid::Uuid::new_v4().simple()),
+            ),
+            None => {
+                let local = LocalOptions {
+                    data_dir: scratch.join("pg"),
+                    throwaway: true,
+                    remove_on_stop: true,
+                    max_connections: 300,
+                    settings: Vec::new(),
+                };
+                let server = tokio::task::spawn_blocking(move || LocalPostgres::start(&local)).await??;
+                let url = server.url("postgres");
+                (Some(server), url, "settled_chaos".to_string())
+            }
+        };
+        let mut admin = PgConnection::connect(&admin_url)
+            .await
+            .context("connecting to the chaos server")?;
+        sqlx::query(&format!("CREATE DATABASE {name}"))
             .execute(&mut admin)
-            .await;
+            .await?;
+        admin.close().await?;
+        let url = settled_embedded::with_database(&admin_url, &name);
+        Ok(ChaosDb {
+            server,
+            admin_url,
+            name,
+            url,
+        })
     }
-    if let Some(server) = server {
-        tokio::task::spawn_blocking(move || server.stop()).await??;
+
+    /// Drops the database and stops the private server; on a failed run
+    /// prints the state and keeps the processes' logs in `scratch`.
+    pub(crate) async fn finish(
+        self,
+        result: anyhow::Result<ChaosReport>,
+        scratch: tempfile::TempDir,
+    ) -> anyhow::Result<ChaosReport> {
+        let failed = !matches!(&result, Ok(report) if report.ok);
+        if failed {
+            // Keep what explains the failure: the processes' logs, and the state.
+            eprintln!("{}", diagnose(&self.url).await);
+        }
+        if let Ok(mut admin) = PgConnection::connect(&self.admin_url).await {
+            let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name))
+                .execute(&mut admin)
+                .await;
+        }
+        if let Some(server) = self.server {
+            tokio::task::spawn_blocking(move || server.stop()).await??;
+        }
+        if failed {
+            let kept = scratch.keep();
+            eprintln!("chaos: process logs kept in {}", kept.display());
+        }
+        result
     }
-    if failed {
-        let kept = scratch.keep();
-        eprintln!("chaos: worker logs kept in {}", kept.display());
-    }
-    result
 }
 
 /// What the database looks like, for a failed chaos run.
@@ -206,6 +249,11 @@ async fn diagnose(url: &str) -> String {
         "SELECT 'run ' || id || ' ' || period || ' ' || state FROM settled_engine.runs",
         "SELECT 'worker ' || pid || ' ' || coalesce(ended, 'alive') || ' heartbeat ' || heartbeat_at::text
                 || ' settled ' || items_settled FROM settled_engine.workers ORDER BY started_at",
+        "SELECT 'payouts ' || status || ': ' || count(*) FROM settlement.payouts GROUP BY status",
+        "SELECT 'payout ' || id || ' ' || status || ' since ' || updated_at::text || ' ' || coalesce(reason, '')
+         FROM settlement.payouts WHERE status IN ('created', 'queued', 'sent') ORDER BY updated_at LIMIT 10",
+        "SELECT 'delivery job ' || payout_id || ' ' || status || ' attempt ' || attempt || ' ' || coalesce(last_error, '')
+         FROM settlement.payout_jobs WHERE status IN ('eligible', 'processing', 'failed') ORDER BY payout_id LIMIT 10",
         "SELECT 'backend ' || pid || ' ' || coalesce(application_name, '') || ' ' || coalesce(state, '') || ' '
                 || coalesce(wait_event, '') || ' ' || left(query, 80)
          FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()",
@@ -299,19 +347,17 @@ async fn run_chaos(
         // Faults due now.
         while pending.peek().is_some_and(|f| Duration::from_millis(f.at_ms) <= now) {
             let fault = pending.next().expect("peeked");
-            let line = inject(
-                &fault,
-                &mut slots,
-                &mut harness,
+            let targets = Targets {
                 server,
-                &mut conn,
                 url,
-                &http,
-                provider_url.as_deref(),
+                provider_url: provider_url.as_deref(),
+                provider_base: Faults::default(),
                 zombie_pause,
-            )
-            .await
-            .unwrap_or_else(|e| format!("{:>6.1}s {:?}: failed to inject: {e:#}", now.as_secs_f64(), fault.kind));
+                provider_fault_secs: PROVIDER_FAULT_SECS,
+            };
+            let line = inject(&fault, &mut slots, &mut harness, &targets, &mut conn, &http)
+                .await
+                .unwrap_or_else(|e| format!("{:>6.1}s {:?}: failed to inject: {e:#}", now.as_secs_f64(), fault.kind));
             if fault.kind == FaultKind::ZombieWorker && line.contains("SIGSTOP") && !line.contains("holding 0 lease") {
                 zombies += 1;
             }
@@ -319,7 +365,7 @@ async fn run_chaos(
                 fault.kind,
                 FaultKind::ProviderErrors | FaultKind::ProviderAppliedTimeout
             ) {
-                provider_reset_at = Some(Instant::now() + Duration::from_secs(3));
+                provider_reset_at = Some(Instant::now() + Duration::from_secs(PROVIDER_FAULT_SECS));
             }
             bar.println(&format!("chaos: {line}"));
             injected.push(line);
@@ -457,6 +503,7 @@ async fn run_chaos(
         injected,
         invariants,
         ok,
+        payouts: None,
     })
 }
 
@@ -466,6 +513,9 @@ impl ChaosReport {
         let mut out = format!("\nchaos report (seed {})\nfaults injected:\n", self.seed);
         for line in &self.injected {
             out.push_str(&format!("  {line}\n"));
+        }
+        if let Some(counts) = &self.payouts {
+            out.push_str(&counts.render());
         }
         out.push_str("invariants:\n");
         for (name, ok, detail) in &self.invariants {

@@ -13,7 +13,7 @@
 //!   lost, or changed outside its state machine), for reconciliation.
 //!
 //! Here: the shared state, the routes, and the control endpoints
-//! (`/v1/faults`, `/v1/webhook-endpoint`, `/v1/counters`). Randomness comes
+//! (`/v1/faults`, `/v1/webhook-endpoint`, `/v1/counters`, `/v1/arrivals`). Randomness comes
 //! from `--seed`: a payment's fate and its webhooks' fates are functions of
 //! the seed and its key (`chance`); the faults on calls follow one seeded
 //! generator in the order calls arrive. It keeps everything in memory.
@@ -36,6 +36,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 pub use faults::{Faults, DELAY_MS_MAX, RETRY_AFTER_SECS_MAX, WEBHOOK_ATTEMPTS_MAX};
+pub use payments::Arrival;
 pub use webhooks::WebhookEndpoint;
 
 /// Largest request body the simulator reads.
@@ -131,6 +132,7 @@ pub fn router(options: Options) -> Router {
         .route("/v1/faults", post(set_faults).get(get_faults))
         .route("/v1/webhook-endpoint", post(set_webhook).get(get_webhook))
         .route("/v1/counters", get(counters))
+        .route("/v1/arrivals", get(payments::arrivals))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_SIM_BODY_BYTES))
         .with_state(state)
 }

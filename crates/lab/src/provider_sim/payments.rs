@@ -50,6 +50,18 @@ pub(super) struct Ledger {
 struct Record {
     request: PaymentRequest,
     payment: Payment,
+    /// When the call that created it arrived, in microseconds since the
+    /// Unix epoch (before any latency the faults add).
+    arrived_us: i64,
+}
+
+/// When the call that created a payment arrived (`GET /v1/arrivals`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Arrival {
+    /// The payment's idempotency key.
+    pub idempotency_key: String,
+    /// Microseconds since the Unix epoch, on this machine's clock.
+    pub arrived_us: i64,
 }
 
 /// How an accepted payment ends.
@@ -66,7 +78,7 @@ impl Ledger {
 
     /// Stores a new pending payment under `key`. Ids rise with each
     /// payment, zero-padded, so their text order is their creation order.
-    fn accept(&mut self, key: String, request: PaymentRequest) -> Payment {
+    fn accept(&mut self, key: String, request: PaymentRequest, arrived_us: i64) -> Payment {
         self.payments_made += 1;
         let payment = Payment {
             id: format!("pay_{:012}", self.payments_made),
@@ -83,6 +95,7 @@ impl Ledger {
             Record {
                 request,
                 payment: payment.clone(),
+                arrived_us,
             },
         );
         payment
@@ -127,6 +140,17 @@ impl Ledger {
         self.by_id.get_mut(id).map(|record| &mut record.payment)
     }
 
+    /// Every payment's key and the arrival of the call that created it.
+    pub(super) fn arrivals(&self) -> Vec<Arrival> {
+        self.by_id
+            .values()
+            .map(|record| Arrival {
+                idempotency_key: record.payment.idempotency_key.clone(),
+                arrived_us: record.arrived_us,
+            })
+            .collect()
+    }
+
     fn page(&self, after: Option<&str>, limit: usize) -> Vec<Payment> {
         let start = after.map_or(Bound::Unbounded, Bound::Excluded);
         self.by_id
@@ -153,6 +177,7 @@ enum Decision {
 
 /// `POST /v1/payments`.
 pub(super) async fn create(State(sim): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
+    let arrived_us = unix_now_us();
     let (key, request) = match parse_create(&headers, &body) {
         Ok(parsed) => parsed,
         Err(why) => {
@@ -163,7 +188,7 @@ pub(super) async fn create(State(sim): State<Shared>, headers: HeaderMap, body: 
     let (decision, latency) = {
         let mut state = lock(&sim);
         (
-            decide(&mut state, key, request),
+            decide(&mut state, key, request, arrived_us),
             Duration::from_millis(state.faults.latency_ms),
         )
     };
@@ -194,7 +219,7 @@ pub(super) async fn create(State(sim): State<Shared>, headers: HeaderMap, body: 
 
 /// One roll per call decides among 429, 503 (new keys only) and "applied,
 /// then answered late"; a new key's refusal and fate are its own rolls.
-fn decide(sim: &mut Sim, key: String, request: PaymentRequest) -> Decision {
+fn decide(sim: &mut Sim, key: String, request: PaymentRequest, arrived_us: i64) -> Decision {
     let roll: f64 = sim.rng.gen();
     let faults = sim.faults;
     if roll < faults.rate_limit_rate {
@@ -229,7 +254,7 @@ fn decide(sim: &mut Sim, key: String, request: PaymentRequest) -> Decision {
     } else {
         Fate::Paid
     };
-    let payment = sim.ledger.accept(key, request);
+    let payment = sim.ledger.accept(key, request, arrived_us);
     sim.counters.applied += 1;
     let late = (roll < faults.rate_limit_rate + faults.error_rate + faults.applied_timeout_rate).then(|| {
         sim.counters.applied_then_timed_out += 1;
@@ -269,6 +294,18 @@ pub(super) fn unix_now() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64)
+}
+
+fn unix_now_us() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64)
+}
+
+/// `GET /v1/arrivals`: when each payment's creating call arrived, for
+/// measuring the time from a payout's acceptance to its provider call.
+pub(super) async fn arrivals(State(sim): State<Shared>) -> Json<Vec<Arrival>> {
+    Json(lock(&sim).ledger.arrivals())
 }
 
 /// The key (1..=255 visible ASCII characters) and the body, its amount
@@ -394,8 +431,8 @@ mod tests {
     #[test]
     fn a_final_state_never_changes() {
         let mut ledger = Ledger::default();
-        let paid = ledger.accept("k1".into(), request("5")).id;
-        let failed = ledger.accept("k2".into(), request("6")).id;
+        let paid = ledger.accept("k1".into(), request("5"), 0).id;
+        let failed = ledger.accept("k2".into(), request("6"), 0).id;
         let event = ledger.settle(&paid, Fate::Paid, 10).unwrap();
         assert_eq!(
             (event.r#type, event.data.status),
@@ -420,7 +457,7 @@ mod tests {
     fn pages_follow_id_order_after_the_cursor() {
         let mut ledger = Ledger::default();
         let ids: Vec<String> = (0..12)
-            .map(|i| ledger.accept(format!("k{i}"), request("1")).id)
+            .map(|i| ledger.accept(format!("k{i}"), request("1"), i).id)
             .collect();
         assert_eq!(ids[11], "pay_000000000012");
         let page = |after: Option<&str>, limit| -> Vec<String> {

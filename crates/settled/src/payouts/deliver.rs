@@ -194,6 +194,10 @@ struct ToDeliver {
     creator: String,
     amount: String,
     provider_key: String,
+    /// What the provider shows as the payment's reference: part of the
+    /// request under the key, so as lasting as the key (a withdrawal's
+    /// provider key; the id for payouts keyed by their id).
+    reference: String,
 }
 
 /// The delivery handler: calls the provider for each queued payout.
@@ -215,7 +219,10 @@ impl<P: PayoutProvider> Deliver<P> {
 
     async fn load(&self, id: i64) -> Result<Option<ToDeliver>, HandlerError> {
         Ok(sqlx::query_as(
-            "SELECT status, creator, amount::text AS amount, provider_key FROM settlement.payouts WHERE id = $1",
+            "SELECT status, creator, amount::text AS amount, provider_key,
+                    CASE WHEN kind = 'withdrawal' AND NOT provider_key_from_id THEN provider_key
+                         ELSE id::text END AS reference
+             FROM settlement.payouts WHERE id = $1",
         )
         .bind(id) // $1
         .fetch_optional(&self.pool)
@@ -258,10 +265,9 @@ impl<P: PayoutProvider> LeasedJobHandler for Deliver<P> {
             Ok(()) => {}
             Err(wait) => return Err(snooze(wait, "waiting for the provider's limits")),
         }
-        let reference = id.to_string();
         let answer = self
             .provider
-            .pay(&payout.provider_key, &payout.creator, amount, Some(&reference))
+            .pay(&payout.provider_key, &payout.creator, amount, Some(&payout.reference))
             .await;
         match answer {
             Ok((payment, _created)) => {

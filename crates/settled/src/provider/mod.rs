@@ -95,7 +95,8 @@ pub struct PaymentRequest {
     pub creator: String,
     /// How much, in base units (a decimal string).
     pub amount: String,
-    /// The caller's reference for the payment (settled sends its payout's).
+    /// The caller's reference for the payment (settled sends its payout's
+    /// provider key, or id for a payout keyed by its id).
     #[serde(default)]
     pub reference: Option<String>,
 }
