@@ -150,7 +150,7 @@ fn bench_refuses_bad_worker_counts_by_name() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bench_pairs_alternate_the_product_and_the_set_based_floor_and_give_the_median() {
+async fn bench_pairs_alternate_the_product_and_the_set_based_floor_and_give_the_median_and_spread() {
     let env = Env::new().await;
     let out = tempfile::tempdir().unwrap();
     let stdout = env.run_ok(&[
@@ -161,17 +161,22 @@ async fn bench_pairs_alternate_the_product_and_the_set_based_floor_and_give_the_
         "1500",
         "--workers",
         "2",
+        "--concurrency",
+        "2",
         "--chunk",
         "100",
         "--json",
         "--out",
         out.path().to_str().unwrap(),
     ]);
-    let rounds: serde_json::Value = serde_json::from_str(&stdout).unwrap();
-    let rounds = rounds.as_array().unwrap();
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(report["workers"], 2, "{stdout}");
+    assert_eq!(report["concurrency"], 2, "{stdout}");
+    let rounds = report["rounds"].as_array().unwrap();
     assert_eq!(rounds.len(), 2, "{stdout}");
     assert_eq!(rounds[0]["first"], "skip-locked-chunk");
     assert_eq!(rounds[1]["first"], "set-based");
+    let mut ratios = Vec::new();
     for r in rounds {
         let (p, s, ratio) = (
             r["product_per_second"].as_f64().unwrap(),
@@ -179,16 +184,29 @@ async fn bench_pairs_alternate_the_product_and_the_set_based_floor_and_give_the_
             r["ratio"].as_f64().unwrap(),
         );
         assert!(p > 0.0 && s > 0.0 && (ratio - p / s).abs() < 1e-9, "{r}");
+        ratios.push(ratio);
         // The key-range ceiling runs where pgbench is installed.
         if let Some(ranges) = r["ranges_per_second"].as_f64() {
             assert!((r["ranges_ratio"].as_f64().unwrap() - ranges / s).abs() < 1e-9, "{r}");
         }
     }
+    // Two rounds: the median is their mean, the spread their bounds.
+    let spread = &report["ratio"];
+    let (lo, hi) = (ratios[0].min(ratios[1]), ratios[0].max(ratios[1]));
+    assert!((spread["median"].as_f64().unwrap() - (lo + hi) / 2.0).abs() < 1e-9, "{spread}");
+    assert_eq!(spread["min"].as_f64().unwrap(), lo, "{spread}");
+    assert_eq!(spread["max"].as_f64().unwrap(), hi, "{spread}");
     let md = std::fs::read_to_string(out.path().join("results.md")).unwrap();
     assert!(md.contains("Median ratio: "), "{md}");
+    assert!(md.contains("2 processes x 2 loops"), "{md}");
     assert_eq!(
         md.matches("| skip-locked-chunk |").count() + md.matches("| set-based |").count(),
         2,
         "{md}"
     );
+    // Nothing of the bench's own databases (cases and templates) is left.
+    let left = env
+        .scalar_i64("SELECT count(*) FROM pg_database WHERE datname LIKE 'settled_bench_%'")
+        .await;
+    assert_eq!(left, 0);
 }

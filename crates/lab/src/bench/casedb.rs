@@ -1,6 +1,15 @@
-//! A case's database: created fresh, seeded, its run started; verified
-//! and dropped at the end, whatever the measurement's outcome.
+//! A case's database: copied from a seeded template, its run started;
+//! verified and dropped at the end, whatever the measurement's outcome.
+//!
+//! Every case of one size starts from the same bytes: the template is
+//! seeded once, its run started, then `VACUUM (FREEZE, ANALYZE)` sets every
+//! hint bit and visibility-map bit and gives the planner fresh statistics;
+//! each case is `CREATE DATABASE ... TEMPLATE` of it followed by a
+//! `CHECKPOINT`, so no case pays for the seed's hint bits or dirty pages,
+//! and each starts right after a checkpoint (the same full-page images).
 
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -18,41 +27,117 @@ pub(super) struct CaseDb {
     pub(super) run_id: i64,
 }
 
+/// A seeded, vacuumed database that cases are copied from.
+#[derive(Debug, Clone)]
+struct Template {
+    name: String,
+    period: Period,
+    run_id: i64,
+}
+
+/// The run's templates, by number of creators; dropped by [`Templates::drop_all`].
+#[derive(Debug, Default)]
+pub(super) struct Templates {
+    by_creators: tokio::sync::Mutex<BTreeMap<u64, Template>>,
+    checkpoint_refused: AtomicBool,
+}
+
+impl Templates {
+    /// The template of `creators`, made on first use.
+    async fn get(&self, admin_url: &str, creators: u64) -> anyhow::Result<Template> {
+        let mut by_creators = self.by_creators.lock().await;
+        if let Some(template) = by_creators.get(&creators) {
+            return Ok(template.clone());
+        }
+        let template = make_template(admin_url, creators).await?;
+        by_creators.insert(creators, template.clone());
+        Ok(template)
+    }
+
+    /// A `CHECKPOINT`, so the copy's pages are written before the clock
+    /// starts; said once when the role may not (it then goes on without).
+    async fn checkpoint(&self, admin_url: &str) -> anyhow::Result<()> {
+        let mut admin = PgConnection::connect(admin_url).await?;
+        if let Err(err) = sqlx::query("CHECKPOINT").execute(&mut admin).await {
+            if !self.checkpoint_refused.swap(true, Ordering::Relaxed) {
+                eprintln!("bench: CHECKPOINT refused ({err}): cases start without one");
+            }
+        }
+        admin.close().await?;
+        Ok(())
+    }
+
+    /// Drops every template.
+    pub(super) async fn drop_all(&self, admin_url: &str) -> anyhow::Result<()> {
+        let templates = std::mem::take(&mut *self.by_creators.lock().await);
+        for template in templates.values() {
+            drop_database_at(admin_url, &template.name).await?;
+        }
+        Ok(())
+    }
+}
+
 /// The benchmark's period: yesterday (UTC).
 pub(super) fn bench_period() -> Period {
     Period::from_date(chrono::Utc::now().date_naive() - chrono::Duration::days(1))
 }
 
+/// Seeds `creators` into a new database, starts its run, vacuums (FREEZE)
+/// and analyzes it, and closes it to connections (autovacuum included), so
+/// it can be copied.
+async fn make_template(admin_url: &str, creators: u64) -> anyhow::Result<Template> {
+    let name = format!("settled_bench_template_{}", uuid::Uuid::new_v4().simple());
+    create_database_named(admin_url, &name).await?;
+    let url = settled_embedded::with_database(admin_url, &name);
+    let made = async {
+        let db = settled::db::Database::open_url(&url, 4, "settled-bench").await?;
+        let period = bench_period();
+        settled::seed::seed(&db.pool, period, creators, BENCH_SEED, None, settled::seed::Volumes::Extreme, &Progress::hidden()).await?;
+        let run_id = settled::settlement::job()
+            .start_or_join(&db.pool, &period.to_string(), None)
+            .await?
+            .run
+            .id;
+        db.close().await?;
+        let mut conn = PgConnection::connect(&url).await?;
+        sqlx::query("VACUUM (FREEZE, ANALYZE)")
+            .execute(&mut conn)
+            .await
+            .context("vacuuming the seeded template")?;
+        conn.close().await?;
+        let mut admin = PgConnection::connect(admin_url).await?;
+        sqlx::query(&format!("ALTER DATABASE {name} WITH ALLOW_CONNECTIONS false"))
+            .execute(&mut admin)
+            .await?;
+        admin.close().await?;
+        anyhow::Ok(Template {
+            name: name.clone(),
+            period,
+            run_id,
+        })
+    }
+    .await;
+    if made.is_err() {
+        let _ = drop_database_at(admin_url, &name).await;
+    }
+    made
+}
+
 pub(super) async fn prepare_case(ctx: &Ctx, creators: u64) -> anyhow::Result<CaseDb> {
-    let (name, url) = create_database_at(&ctx.admin_url).await?;
-    let db = settled::db::Database::open_url(&url, 4, "settled-bench").await?;
-    let period = bench_period();
-    settled::seed::seed(
-        &db.pool,
-        period,
-        creators,
-        BENCH_SEED,
-        None,
-        settled::seed::Volumes::Extreme,
-        &Progress::hidden(),
-    )
-    .await?;
-    let mut conn = db.pool.acquire().await?;
-    settled::settlement::queue()
-        .refresh_statistics(&mut conn, &period.to_string())
-        .await?;
-    drop(conn);
-    let run_id = settled::settlement::job()
-        .start_or_join(&db.pool, &period.to_string(), None)
-        .await?
-        .run
-        .id;
-    db.close().await?;
+    let template = ctx.templates.get(&ctx.admin_url, creators).await?;
+    let name = format!("settled_bench_{}", uuid::Uuid::new_v4().simple());
+    let mut admin = PgConnection::connect(&ctx.admin_url).await?;
+    sqlx::query(&format!("CREATE DATABASE {name} TEMPLATE {}", template.name))
+        .execute(&mut admin)
+        .await
+        .with_context(|| format!("copying database {name} from the seeded template"))?;
+    admin.close().await?;
+    ctx.templates.checkpoint(&ctx.admin_url).await?;
     Ok(CaseDb {
+        url: settled_embedded::with_database(&ctx.admin_url, &name),
         name,
-        url,
-        period,
-        run_id,
+        period: template.period,
+        run_id: template.run_id,
     })
 }
 
@@ -79,14 +164,20 @@ pub(super) async fn drop_database(ctx: &Ctx, name: &str) -> anyhow::Result<()> {
 /// name and URL.
 pub(super) async fn create_database_at(admin_url: &str) -> anyhow::Result<(String, String)> {
     let name = format!("settled_bench_{}", uuid::Uuid::new_v4().simple());
+    create_database_named(admin_url, &name).await?;
+    let url = settled_embedded::with_database(admin_url, &name);
+    Ok((name, url))
+}
+
+/// Creates an empty database `name` (generated, never input).
+async fn create_database_named(admin_url: &str, name: &str) -> anyhow::Result<()> {
     let mut admin = PgConnection::connect(admin_url).await?;
     sqlx::query(&format!("CREATE DATABASE {name}"))
         .execute(&mut admin)
         .await
         .with_context(|| format!("creating database {name}"))?;
     admin.close().await?;
-    let url = settled_embedded::with_database(admin_url, &name);
-    Ok((name, url))
+    Ok(())
 }
 
 /// Drops a benchmark database on `admin_url`'s server (`name` is

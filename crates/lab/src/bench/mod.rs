@@ -118,6 +118,10 @@ pub struct BenchOptions {
     pub strategies: Vec<Strategy>,
     /// Items per claim without simulated work.
     pub chunk: u32,
+    /// Claim loops per worker process of the strategy cases and the rounds
+    /// of `pairs` (`settled worker --concurrency`).
+    #[serde(default = "one_loop")]
+    pub concurrency: u32,
     /// Items per claim with simulated work.
     pub work_chunk: u32,
     /// Redis for `redis-lock`.
@@ -156,7 +160,10 @@ pub struct BenchOptions {
     pub command: String,
 }
 
-/// Runs the benchmark and returns its report (also written to `opts.out`).
+fn one_loop() -> u32 {
+    1
+}
+
 /// What a long-life benchmark measured.
 #[derive(Debug, Clone, serde::Serialize)]
 #[serde(untagged)]
@@ -166,7 +173,7 @@ pub enum LongLife {
     /// `--held-xmin`.
     HeldXmin(Vec<soak::HeldXminCase>),
     /// `--pairs`.
-    Pairs(Vec<pairs::PairRound>),
+    Pairs(pairs::PairsReport),
 }
 
 impl LongLife {
@@ -175,12 +182,7 @@ impl LongLife {
         match self {
             LongLife::Soak(r) => r.markdown(),
             LongLife::HeldXmin(cases) => soak::held_xmin_markdown(opts.creators, cases),
-            LongLife::Pairs(rounds) => pairs::pairs_markdown(
-                opts.creators,
-                opts.workers.first().copied().unwrap_or(4),
-                opts.chunk,
-                rounds,
-            ),
+            LongLife::Pairs(report) => pairs::pairs_markdown(report),
         }
     }
 }
@@ -210,6 +212,7 @@ pub async fn long_life(opts: &BenchOptions) -> anyhow::Result<LongLife> {
         exe: std::env::current_exe().context("locating the settled binary")?,
         scratch: scratch.path().to_path_buf(),
         opts: opts.clone(),
+        templates: casedb::Templates::default(),
     };
     let result = async {
         let mut admin = PgConnection::connect(&ctx.admin_url).await?;
@@ -223,10 +226,12 @@ pub async fn long_life(opts: &BenchOptions) -> anyhow::Result<LongLife> {
         }
     }
     .await;
+    let dropped = ctx.templates.drop_all(&ctx.admin_url).await;
     if let Some(server) = server {
         tokio::task::spawn_blocking(move || server.stop()).await??;
     }
     let report = result?;
+    dropped?;
     if let Some(out) = &opts.out {
         std::fs::create_dir_all(out)?;
         std::fs::write(out.join("results.json"), serde_json::to_string_pretty(&report)?)?;
@@ -273,6 +278,7 @@ async fn start_server_at(
     })
 }
 
+/// Runs the benchmark and returns its report (also written to `opts.out`).
 pub async fn bench(opts: &BenchOptions) -> anyhow::Result<BenchReport> {
     anyhow::ensure!(!opts.workers.is_empty(), "--workers: give at least one worker count");
     anyhow::ensure!(
@@ -298,12 +304,15 @@ pub async fn bench(opts: &BenchOptions) -> anyhow::Result<BenchReport> {
         exe: std::env::current_exe().context("locating the settled binary")?,
         scratch: scratch.path().to_path_buf(),
         opts: opts.clone(),
+        templates: casedb::Templates::default(),
     };
     let result = run_all(&ctx).await;
+    let dropped = ctx.templates.drop_all(&ctx.admin_url).await;
     if let Some(server) = server {
         tokio::task::spawn_blocking(move || server.stop()).await??;
     }
     let report = result?;
+    dropped?;
     if let Some(out) = &opts.out {
         report::write(&report, out)?;
         plot::write_plots(&report, out)?;
@@ -335,6 +344,8 @@ struct Ctx {
     exe: PathBuf,
     scratch: PathBuf,
     opts: BenchOptions,
+    /// The seeded databases cases are copied from.
+    templates: casedb::Templates,
 }
 
 async fn run_all(ctx: &Ctx) -> anyhow::Result<BenchReport> {
@@ -376,7 +387,7 @@ async fn run_all(ctx: &Ctx) -> anyhow::Result<BenchReport> {
                 let spec = CaseSpec {
                     strategy,
                     workers,
-                    concurrency: 1,
+                    concurrency: opts.concurrency,
                     work_ms,
                     creators: n,
                     chunk,

@@ -251,6 +251,7 @@ mod tests {
             work_ms: vec![0, 5],
             strategies: super::super::Strategy::ALL.to_vec(),
             chunk: 1000,
+            concurrency: 1,
             work_chunk: 10,
             redis_url: String::new(),
             peers: vec![],

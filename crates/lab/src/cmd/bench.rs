@@ -93,6 +93,10 @@ pub struct Args {
     /// Items per claim without simulated work.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=10000))]
     chunk: u32,
+    /// Claim loops per worker process (`settled worker --concurrency`) in
+    /// the strategy cases and the rounds of --pairs.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
+    concurrency: u32,
     /// Items per claim with simulated work (small, so every worker gets some).
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=10000))]
     work_chunk: u32,
@@ -133,9 +137,11 @@ pub struct Args {
     held_xmin: bool,
     /// Same-run pairs instead of the cases: this many rounds, each settling
     /// --creators with skip-locked-chunk (the first --workers count of
-    /// processes, one loop each, --chunk) and with one set-based
-    /// transaction, back to back, alternating which goes first; prints each
-    /// round's ratio and the median.
+    /// processes, --concurrency loops each, --chunk), with one set-based
+    /// transaction and with the product's statement under pgbench on
+    /// disjoint key ranges, back to back, the order rotating, every case
+    /// copied from the same vacuumed template; prints each round's ratio,
+    /// the median and the spread (min to max).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100), conflicts_with = "days")]
     pairs: Option<u32>,
     /// The soak: set settlement.creator_balance's fillfactor to this before
@@ -200,6 +206,7 @@ impl Args {
             work_ms: self.work_ms,
             strategies: self.strategies.unwrap_or_else(|| Strategy::ALL.to_vec()),
             chunk: self.chunk,
+            concurrency: self.concurrency,
             work_chunk: self.work_chunk,
             redis_url: self.redis_url,
             peers,
