@@ -16,6 +16,7 @@ pub mod continuous;
 mod floors;
 mod markdown;
 pub mod pairs;
+pub mod payouts;
 mod peers;
 mod plot;
 mod report;

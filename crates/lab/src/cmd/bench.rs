@@ -37,6 +37,46 @@ pub struct Args {
     /// 1,4,16,64], --peers, --seconds, --rate, --runs, --json FILE.
     #[arg(long, conflicts_with_all = ["days", "held_xmin", "pairs", "replot"])]
     continuous: bool,
+    /// Measure payouts instead (one fresh database, the provider simulator
+    /// answering after --provider-latency-ms): delivery throughput of
+    /// --deliverers `settled deliver` processes on a committed backlog, the
+    /// p99 from a payout's 201 to its provider call on an idle system, and
+    /// payouts/s through `settled serve` with delivery running.
+    #[arg(long, conflicts_with_all = ["continuous", "days", "held_xmin", "pairs", "replot"])]
+    payouts: bool,
+    /// --payouts: `settled deliver` processes.
+    #[arg(long, default_value_t = 4, requires = "payouts")]
+    deliverers: u32,
+    /// --payouts: the provider's latency on every call, ms.
+    #[arg(long, default_value_t = 50, requires = "payouts")]
+    provider_latency_ms: u64,
+    /// --payouts: each deliverer's --concurrency (claim loops).
+    #[arg(long, default_value_t = 4, requires = "payouts")]
+    deliver_concurrency: u32,
+    /// --payouts: each deliverer's --batch (payouts per claim).
+    #[arg(long, default_value_t = 200, requires = "payouts")]
+    deliver_batch: u32,
+    /// --payouts: each deliverer's --provider-concurrency (calls in flight).
+    #[arg(long, default_value_t = 512, requires = "payouts")]
+    deliver_calls: u32,
+    /// --payouts: payouts per delivery run.
+    #[arg(long, default_value_t = 20_000, requires = "payouts")]
+    backlog: u64,
+    /// --payouts: delivery runs and serve runs (the report quotes medians).
+    #[arg(long, default_value_t = 3, requires = "payouts")]
+    payout_runs: u32,
+    /// --payouts: payouts of the idle wake-up measurement.
+    #[arg(long, default_value_t = 300, requires = "payouts")]
+    latency_samples: u32,
+    /// --payouts: `settled serve` processes of the serve runs.
+    #[arg(long, default_value_t = 2, requires = "payouts")]
+    servers: u32,
+    /// --payouts: concurrent clients of the serve runs.
+    #[arg(long, default_value_t = 32, requires = "payouts")]
+    serve_clients: u32,
+    /// --payouts: seconds of each serve run.
+    #[arg(long, default_value_t = 10, requires = "payouts")]
+    serve_seconds: u64,
     /// --continuous: seconds each case's producer runs (the first fifth, at
     /// most 2 s, is a warm-up not counted).
     #[arg(long, default_value_t = 10, requires = "continuous", value_parser = clap::value_parser!(u64).range(1..=86_400))]
@@ -162,6 +202,24 @@ pub struct Args {
 }
 
 impl Args {
+    fn payout_options(&self, global: &Global) -> crate::bench::payouts::PayoutBenchOptions {
+        crate::bench::payouts::PayoutBenchOptions {
+            deliverers: self.deliverers,
+            provider_latency_ms: self.provider_latency_ms,
+            concurrency: self.deliver_concurrency,
+            batch: self.deliver_batch,
+            provider_concurrency: self.deliver_calls,
+            backlog: self.backlog,
+            runs: self.payout_runs,
+            latency_samples: self.latency_samples,
+            servers: self.servers,
+            clients: self.serve_clients,
+            serve_seconds: self.serve_seconds,
+            database_url: global.database_url(),
+            command: command_line(),
+        }
+    }
+
     fn continuous_options(&self, global: &Global) -> ContinuousOptions {
         ContinuousOptions {
             settled_modes: if self.no_settled {
@@ -270,6 +328,11 @@ impl Runnable for Args {
                 return Ok(ExitCode::SUCCESS);
             }
             let json = self.json.clone();
+            if self.payouts {
+                let report = crate::bench::payouts::payouts(&self.payout_options(&global)).await?;
+                print(&report, &json, || report.markdown())?;
+                return Ok(exit_code(report.ok()));
+            }
             if self.continuous {
                 let report = match &self.from_json {
                     Some(files) => crate::bench::continuous::ContinuousReport::merge(files)?,

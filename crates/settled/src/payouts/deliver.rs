@@ -54,19 +54,41 @@ impl Default for Limits {
 
 /// This process's share of the fleet's calls: taken from the database's
 /// bucket a tenth of a second's worth at a time, so the bucket's row is
-/// written a few times a second per process, not once per call.
+/// written a few times a second per process, not once per call. One task
+/// at a time takes from the bucket; the others wait for its grant and share
+/// it (each taking from the bucket itself queued every call in flight on
+/// the bucket's row lock, and each grant replaced the one before).
 pub struct Limiter {
     pool: PgPool,
     limits: Limits,
     local: Mutex<Budget>,
+    refill: tokio::sync::Mutex<()>,
 }
 
 #[derive(Debug, Default)]
 struct Budget {
     calls: u32,
     down_until: Option<Instant>,
+    /// The bucket was empty: no call before then.
+    empty_until: Option<Instant>,
     /// This process saw the provider down: the next success says it is up.
     saw_down: bool,
+}
+
+impl Budget {
+    /// A call from what this process holds: allowed, a wait, or None (ask
+    /// the bucket).
+    fn take(&mut self) -> Option<Result<(), Duration>> {
+        let now = Instant::now();
+        if let Some(until) = self.down_until.filter(|u| *u > now) {
+            return Some(Err(until - now));
+        }
+        if self.calls > 0 {
+            self.calls -= 1;
+            return Some(Ok(()));
+        }
+        self.empty_until.filter(|u| *u > now).map(|until| Err(until - now))
+    }
 }
 
 #[derive(sqlx::FromRow)]
@@ -83,20 +105,19 @@ impl Limiter {
             pool,
             limits,
             local: Mutex::new(Budget::default()),
+            refill: tokio::sync::Mutex::new(()),
         }
     }
 
     /// One call's permission, or how long to wait for it.
     pub async fn take(&self) -> anyhow::Result<Result<(), Duration>> {
-        {
-            let mut local = self.local.lock().expect("budget");
-            if let Some(until) = local.down_until.filter(|u| *u > Instant::now()) {
-                return Ok(Err(until - Instant::now()));
-            }
-            if local.calls > 0 {
-                local.calls -= 1;
-                return Ok(Ok(()));
-            }
+        if let Some(answer) = self.local.lock().expect("budget").take() {
+            return Ok(answer);
+        }
+        let _refilling = self.refill.lock().await;
+        // Another task may have refilled while this one waited.
+        if let Some(answer) = self.local.lock().expect("budget").take() {
+            return Ok(answer);
         }
         let wanted = (self.limits.per_second / 10.0).ceil().max(1.0) as i32;
         let grant: Grant = sqlx::query_as(
@@ -121,10 +142,13 @@ impl Limiter {
             return Ok(Err(until - Instant::now()));
         }
         if grant.granted > 0 {
-            local.calls = grant.granted as u32 - 1;
+            local.calls += grant.granted as u32 - 1;
+            local.empty_until = None;
             return Ok(Ok(()));
         }
-        Ok(Err(Duration::from_secs_f64(grant.wait_secs.clamp(0.001, 60.0))))
+        let wait = Duration::from_secs_f64(grant.wait_secs.clamp(0.001, 60.0));
+        local.empty_until = Some(Instant::now() + wait);
+        Ok(Err(wait))
     }
 
     /// The provider failed as if down: the fleet waits; returns how long.
@@ -437,5 +461,33 @@ async fn housekeeping<P: PayoutProvider>(pool: PgPool, provider: P, poll_after: 
         if let Err(err) = poll_sent(&pool, &provider, poll_after, HOUSEKEEPING_BATCH).await {
             tracing::warn!(error = %format!("{err:#}"), "looking up sent payouts failed");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_budget_answers_from_what_it_holds_and_asks_the_bucket_only_when_it_has_nothing() {
+        let mut budget = Budget {
+            calls: 2,
+            ..Budget::default()
+        };
+        assert_eq!(budget.take(), Some(Ok(())));
+        assert_eq!(budget.take(), Some(Ok(())));
+        assert_eq!(budget.take(), None, "empty: ask the bucket");
+        budget.empty_until = Some(Instant::now() + Duration::from_secs(5));
+        assert!(
+            matches!(budget.take(), Some(Err(wait)) if wait > Duration::from_secs(4)),
+            "the bucket was empty: wait, without asking it again"
+        );
+        budget.calls = 3;
+        budget.down_until = Some(Instant::now() + Duration::from_secs(9));
+        assert!(
+            matches!(budget.take(), Some(Err(wait)) if wait > Duration::from_secs(8)),
+            "the provider is down: wait, keeping the calls"
+        );
+        assert_eq!(budget.calls, 3);
     }
 }
