@@ -193,7 +193,10 @@ async fn bench_pairs_alternate_the_product_and_the_set_based_floor_and_give_the_
     // Two rounds: the median is their mean, the spread their bounds.
     let spread = &report["ratio"];
     let (lo, hi) = (ratios[0].min(ratios[1]), ratios[0].max(ratios[1]));
-    assert!((spread["median"].as_f64().unwrap() - (lo + hi) / 2.0).abs() < 1e-9, "{spread}");
+    assert!(
+        (spread["median"].as_f64().unwrap() - (lo + hi) / 2.0).abs() < 1e-9,
+        "{spread}"
+    );
     assert_eq!(spread["min"].as_f64().unwrap(), lo, "{spread}");
     assert_eq!(spread["max"].as_f64().unwrap(), hi, "{spread}");
     let md = std::fs::read_to_string(out.path().join("results.md")).unwrap();

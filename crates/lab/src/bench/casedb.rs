@@ -92,7 +92,16 @@ async fn make_template(admin_url: &str, creators: u64) -> anyhow::Result<Templat
     let made = async {
         let db = settled::db::Database::open_url(&url, 4, "settled-bench").await?;
         let period = bench_period();
-        settled::seed::seed(&db.pool, period, creators, BENCH_SEED, None, settled::seed::Volumes::Extreme, &Progress::hidden()).await?;
+        settled::seed::seed(
+            &db.pool,
+            period,
+            creators,
+            BENCH_SEED,
+            None,
+            settled::seed::Volumes::Extreme,
+            &Progress::hidden(),
+        )
+        .await?;
         let run_id = settled::settlement::job()
             .start_or_join(&db.pool, &period.to_string(), None)
             .await?

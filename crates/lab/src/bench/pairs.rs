@@ -303,7 +303,13 @@ mod tests {
         assert!(text.contains("4 processes x 1 loop, chunk 5000"), "{text}");
         assert!(text.contains("| 1 | set-based | 1 | 1 | 2 | 1.250 | 1.750 |"), "{text}");
         assert!(text.contains("| ratio | 1.250 | 0.750 | 1.500 |"), "{text}");
-        assert!(text.contains("| pgbench-ranges ratio | 1.750 | 1.250 | 2.000 |"), "{text}");
-        assert!(text.contains("Median ratio: 1.250 (rounds from 0.750 to 1.500)"), "{text}");
+        assert!(
+            text.contains("| pgbench-ranges ratio | 1.750 | 1.250 | 2.000 |"),
+            "{text}"
+        );
+        assert!(
+            text.contains("Median ratio: 1.250 (rounds from 0.750 to 1.500)"),
+            "{text}"
+        );
     }
 }

@@ -569,7 +569,16 @@ async fn postmaster(pool: &PgPool, ours: bool) -> Option<u32> {
 /// Seeds and settles `CREATORS` creators (`settled worker`); their names.
 async fn balances(pool: &PgPool, exe: &Path, url: &str) -> anyhow::Result<Vec<String>> {
     let period = Period::from_date(chrono::Utc::now().date_naive() - chrono::Duration::days(1));
-    settled::seed::seed(pool, period, CREATORS, super::BENCH_SEED, None, &Progress::hidden()).await?;
+    settled::seed::seed(
+        pool,
+        period,
+        CREATORS,
+        super::BENCH_SEED,
+        None,
+        settled::seed::Volumes::Realistic,
+        &Progress::hidden(),
+    )
+    .await?;
     let status = tokio::process::Command::new(exe)
         .args(["worker", "--period", &period.to_string()])
         .env("DATABASE_URL", url)
