@@ -394,7 +394,12 @@ async fn the_payouts_page_and_metrics_show_states_amounts_returns_conflicts_and_
             "id": "pay_paid_1", "idempotency_key": key, "creator": creators[2], "amount": "103",
             "status": status, "failure_reason": "account_closed" } })
     };
-    let contradiction = event("evt_1", format!("payout-{}", made[2]), "failed");
+    let paid_key: String = sqlx::query_scalar("SELECT provider_key FROM settlement.payouts WHERE id = $1")
+        .bind(made[2])
+        .fetch_one(&env.pool)
+        .await
+        .unwrap();
+    let contradiction = event("evt_1", paid_key, "failed");
     assert_eq!(post_event(&server.base, SECRET, contradiction).await, 200);
     let stranger = event("evt_2", "payout-999999".into(), "paid");
     assert_eq!(post_event(&server.base, SECRET, stranger.clone()).await, 200);

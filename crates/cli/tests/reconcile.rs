@@ -209,7 +209,7 @@ async fn reconcile_is_clean_after_real_delivery_and_names_a_payment_the_provider
         .await
         .unwrap();
     assert!(ids.contains(&lost));
-    let forgotten = payment(&sim, &format!("payout-{lost}")).await;
+    let forgotten = payment(&sim, &key_of(&env, lost).await).await;
     tamper(&sim, reqwest::Method::DELETE, forgotten["id"].as_str().unwrap(), None).await;
     let out = env.run(&["reconcile", "--provider-url", &sim.url]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
@@ -277,9 +277,9 @@ async fn reconcile_detects_each_kind_of_mismatch_by_payout_and_key() {
     let [lost, short, elsewhere, unpaid, twice, _] = paid[..] else {
         unreachable!()
     };
-    let p = payment(&sim, &format!("payout-{lost}")).await;
+    let p = payment(&sim, &key_of(&env, lost).await).await;
     tamper(&sim, reqwest::Method::DELETE, &id_of(&p), None).await;
-    let p = payment(&sim, &format!("payout-{short}")).await;
+    let p = payment(&sim, &key_of(&env, short).await).await;
     tamper(
         &sim,
         reqwest::Method::PATCH,
@@ -287,7 +287,7 @@ async fn reconcile_detects_each_kind_of_mismatch_by_payout_and_key() {
         Some(json!({ "amount": "499" })),
     )
     .await;
-    let p = payment(&sim, &format!("payout-{elsewhere}")).await;
+    let p = payment(&sim, &key_of(&env, elsewhere).await).await;
     tamper(
         &sim,
         reqwest::Method::PATCH,
@@ -295,7 +295,7 @@ async fn reconcile_detects_each_kind_of_mismatch_by_payout_and_key() {
         Some(json!({ "creator": "0x00000000000000000000000000000000000000ee" })),
     )
     .await;
-    let p = payment(&sim, &format!("payout-{unpaid}")).await;
+    let p = payment(&sim, &key_of(&env, unpaid).await).await;
     tamper(
         &sim,
         reqwest::Method::PATCH,
@@ -303,7 +303,7 @@ async fn reconcile_detects_each_kind_of_mismatch_by_payout_and_key() {
         Some(json!({ "status": "failed", "failure_reason": "reversed" })),
     )
     .await;
-    let p = payment(&sim, &format!("payout-{failed}")).await;
+    let p = payment(&sim, &key_of(&env, failed).await).await;
     assert_eq!(p["status"], "failed");
     tamper(
         &sim,
@@ -312,9 +312,9 @@ async fn reconcile_detects_each_kind_of_mismatch_by_payout_and_key() {
         Some(json!({ "status": "paid", "failure_reason": null })),
     )
     .await;
-    let p = payment(&sim, &format!("payout-{twice}")).await;
+    let p = payment(&sim, &key_of(&env, twice).await).await;
     let creator = p["creator"].as_str().unwrap().to_string();
-    pay_directly(&sim, "manual-retry", &creator, "500", Some(&twice.to_string())).await;
+    pay_directly(&sim, "manual-retry", &creator, "500", Some(&key_of(&env, twice).await)).await;
     pay_directly(&sim, "stray-1", &creator, "77", None).await;
 
     let (code, report) = reconcile_json(&env, &sim);
@@ -331,14 +331,13 @@ async fn reconcile_detects_each_kind_of_mismatch_by_payout_and_key() {
             )
         })
         .collect();
-    let key = |id: i64| format!("payout-{id}");
     let expected: HashSet<(String, Option<i64>, String)> = [
-        ("missing_at_provider", Some(lost), key(lost)),
-        ("amount_differs", Some(short), key(short)),
-        ("creator_differs", Some(elsewhere), key(elsewhere)),
-        ("states_disagree", Some(unpaid), key(unpaid)),
-        ("states_disagree", Some(failed), key(failed)),
-        ("paid_twice", Some(twice), key(twice)),
+        ("missing_at_provider", Some(lost), key_of(&env, lost).await),
+        ("amount_differs", Some(short), key_of(&env, short).await),
+        ("creator_differs", Some(elsewhere), key_of(&env, elsewhere).await),
+        ("states_disagree", Some(unpaid), key_of(&env, unpaid).await),
+        ("states_disagree", Some(failed), key_of(&env, failed).await),
+        ("paid_twice", Some(twice), key_of(&env, twice).await),
         ("unknown_to_settled", None, "manual-retry".to_string()),
         ("unknown_to_settled", None, "stray-1".to_string()),
     ]
@@ -579,4 +578,13 @@ async fn verify_payouts_holds_through_a_storm_and_names_a_tampered_balance_and_h
         report.contains("[FAIL] payout_histories_lead_to_their_states"),
         "{report}"
     );
+}
+
+/// The provider key settled sends for payout `id`.
+async fn key_of(env: &Env, id: i64) -> String {
+    sqlx::query_scalar("SELECT provider_key FROM settlement.payouts WHERE id = $1")
+        .bind(id)
+        .fetch_one(&env.pool)
+        .await
+        .unwrap()
 }

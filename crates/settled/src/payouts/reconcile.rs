@@ -21,8 +21,9 @@
 //! | created, cancelled, expired | any payment | states disagree (never sent) |
 //!
 //! A payout is paid twice when more than one payment that has not failed
-//! claims it: the one under its key, and any whose reference is its id
-//! (delivery sends the payout's id as the reference of every withdrawal).
+//! claims it: the one under its key, and any whose reference is its key or
+//! its id (delivery sends a withdrawal's provider key as its reference, or
+//! its id for payouts keyed by id).
 //! Payments whose reference names no payout are paid twice when two that
 //! have not failed share creator and reference. A settlement payment's key
 //! is its period and creator, so settled cannot make a second key for it.
@@ -400,11 +401,19 @@ fn paid_twice(payouts: &[PayoutRecord], payments: &[Payment]) -> Vec<Mismatch> {
     let mut loose: HashMap<(String, &str), Vec<&Payment>> = HashMap::new();
     for payment in payments.iter().filter(|p| p.status != PaymentStatus::Failed) {
         let by_its_key = by_key.get(payment.idempotency_key.as_str()).map(|p| p.id);
-        let by_reference = payment
-            .reference
-            .as_deref()
-            .and_then(|r| r.parse::<i64>().ok())
-            .filter(|id| by_id.get(id).is_some_and(|p| p.kind == "withdrawal"));
+        // Delivery sends a withdrawal's provider key as its reference (its
+        // id, for payouts keyed by id before the keys came from requests).
+        let by_reference = payment.reference.as_deref().and_then(|r| {
+            by_key
+                .get(r)
+                .filter(|p| p.kind == "withdrawal")
+                .map(|p| p.id)
+                .or_else(|| {
+                    r.parse::<i64>()
+                        .ok()
+                        .filter(|id| by_id.get(id).is_some_and(|p| p.kind == "withdrawal"))
+                })
+        });
         let mut claimed: Vec<i64> = by_its_key.into_iter().chain(by_reference).collect();
         claimed.dedup();
         for id in &claimed {
