@@ -213,9 +213,10 @@ async fn reconcile_is_clean_after_real_delivery_and_names_a_payment_the_provider
     tamper(&sim, reqwest::Method::DELETE, forgotten["id"].as_str().unwrap(), None).await;
     let out = env.run(&["reconcile", "--provider-url", &sim.url]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let lost_key = key_of(&env, lost).await;
     assert!(
         text(&out).contains(&format!(
-            "[missing_at_provider] payout {lost} (payout-{lost}): settled says paid"
+            "[missing_at_provider] payout {lost} ({lost_key}): settled says paid"
         )),
         "{}",
         text(&out)
@@ -358,11 +359,17 @@ async fn reconcile_detects_each_kind_of_mismatch_by_payout_and_key() {
     let out = env.run(&["reconcile", "--provider-url", &sim.url]);
     let human = text(&out);
     assert_eq!(out.status.code(), Some(1), "{human}");
+    let (short_key, failed_key, unpaid_key, twice_key) = (
+        key_of(&env, short).await,
+        key_of(&env, failed).await,
+        key_of(&env, unpaid).await,
+        key_of(&env, twice).await,
+    );
     for line in [
-        format!("[amount_differs] payout {short} (payout-{short}): the payout is for 500"),
-        format!("[states_disagree] payout {failed} (payout-{failed}): settled says failed (its funds were returned)"),
-        format!("[states_disagree] payout {unpaid} (payout-{unpaid}): settled says paid"),
-        format!("[paid_twice] payout {twice} (payout-{twice}): 2 payments"),
+        format!("[amount_differs] payout {short} ({short_key}): the payout is for 500"),
+        format!("[states_disagree] payout {failed} ({failed_key}): settled says failed (its funds were returned)"),
+        format!("[states_disagree] payout {unpaid} ({unpaid_key}): settled says paid"),
+        format!("[paid_twice] payout {twice} ({twice_key}): 2 payments"),
         "[unknown_to_settled] key stray-1:".to_string(),
     ] {
         assert!(human.contains(&line), "{line}\n{human}");
