@@ -956,7 +956,13 @@ async fn posted_twice(guarded: bool) -> (i64, i64) {
     let unguard: &[&str] = if guarded {
         &[]
     } else {
-        &["ALTER TABLE settlement.payouts DROP CONSTRAINT payouts_idempotency_key_key"]
+        // The provider key is derived from the request key and unique too
+        // (migration 20261203000701), so it backs the request key up and
+        // goes with it.
+        &[
+            "ALTER TABLE settlement.payouts DROP CONSTRAINT payouts_idempotency_key_key",
+            "DROP INDEX settlement.payouts_provider_key",
+        ]
     };
     let s = setup(unguard, Duration::from_millis(1)).await;
     let key = "posted-twice";
