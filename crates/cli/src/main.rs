@@ -46,7 +46,7 @@ enum Command {
     // The lab.
     ProviderSim(lab::provider_sim::Args),
     Chaos(lab::chaos::Args),
-    Bench(lab::bench::Args),
+    Bench(Box<lab::bench::Args>),
     Lab(lab::lab::Args),
     #[command(hide = true)]
     BenchWorker(lab::bench_worker::Args),
@@ -77,7 +77,7 @@ fn dispatch(command: Command) -> Box<dyn Runnable> {
         Command::Demo(args) => on_database(args),
         Command::ProviderSim(args) => Box::new(args),
         Command::Chaos(args) => Box::new(args),
-        Command::Bench(args) => Box::new(args),
+        Command::Bench(args) => args,
         Command::Lab(args) => Box::new(args),
         Command::BenchWorker(args) => Box::new(args),
         Command::BenchQueueWorker(args) => Box::new(args),

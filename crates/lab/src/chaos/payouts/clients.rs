@@ -60,7 +60,7 @@ impl Plan {
     /// a quarter of the creator's balance, so a creator with many requests
     /// runs out of funds.
     pub(super) fn new(seed: u64, creators: &[(String, u128)], requests: u64, span: Duration) -> Plan {
-        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5eed_0f_c1_1e47);
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5eed_0fc1_1e47);
         let span_ms = span.as_millis().max(1) as u64;
         let mut intents = Vec::new();
         let mut sends = Vec::new();
