@@ -192,6 +192,23 @@ pub(super) async fn create(State(sim): State<Shared>, headers: HeaderMap, body: 
             Duration::from_millis(state.faults.latency_ms),
         )
     };
+    // Scheduled before any wait: a caller that gives up (its timeout, or
+    // its process killed) drops this handler, and an accepted payment
+    // must still end.
+    if let Decision::Created {
+        payment,
+        fate,
+        settle_after,
+        ..
+    } = &decision
+    {
+        tokio::spawn(settle_later(
+            sim.clone(),
+            payment.id.clone(),
+            fate.clone(),
+            *settle_after,
+        ));
+    }
     tokio::time::sleep(latency).await;
     match decision {
         Decision::RateLimited(secs) => rate_limited(secs),
@@ -202,13 +219,7 @@ pub(super) async fn create(State(sim): State<Shared>, headers: HeaderMap, body: 
             "this Idempotency-Key was used with a different body",
         ),
         Decision::Unavailable => error(StatusCode::SERVICE_UNAVAILABLE, "injected failure"),
-        Decision::Created {
-            payment,
-            late,
-            fate,
-            settle_after,
-        } => {
-            tokio::spawn(settle_later(sim.clone(), payment.id.clone(), fate, settle_after));
+        Decision::Created { payment, late, .. } => {
             if let Some(late) = late {
                 tokio::time::sleep(late).await;
             }
