@@ -6,8 +6,14 @@ mod common;
 
 use common::Env;
 
+/// Both end-to-end benches count the server's `settled_bench_%` databases
+/// to show nothing is left behind, so they take turns: one bench's live
+/// case databases are not the other's leftovers.
+static ONE_BENCH_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_measures_every_strategy_and_verifies_each_case() {
+    let _turn = ONE_BENCH_AT_A_TIME.lock().await;
     let env = Env::new().await;
     let out = tempfile::tempdir().unwrap();
     let out_dir = out.path().to_str().unwrap();
@@ -151,6 +157,7 @@ fn bench_refuses_bad_worker_counts_by_name() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_pairs_alternate_the_product_and_the_set_based_floor_and_give_the_median_and_spread() {
+    let _turn = ONE_BENCH_AT_A_TIME.lock().await;
     let env = Env::new().await;
     let out = tempfile::tempdir().unwrap();
     let stdout = env.run_ok(&[

@@ -19,6 +19,8 @@ pub const MAX_DEAD_LETTERS_SHOWN: u32 = 1_000;
 const UNUSABLE_TABLE_STATES: [&str; 3] = ["42P01", "42703", "42501"];
 /// SQLSTATEs of a key that is not a value of the key column's type.
 const BAD_KEY_STATES: [&str; 3] = ["22P02", "22003", "22007"];
+/// object_in_use: a trigger on the work table refused the change.
+const REFUSED_BY_GUARD: &str = "55006";
 
 /// A registered queue and what it holds now, or why that cannot be read.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -277,8 +279,16 @@ pub async fn cancel(conn: &mut PgConnection, found: &Found, key: &str) -> Result
         }
         _ => unusable(found.name(), err),
     };
-    if found.queue.cancel(conn, key).await.map_err(bad_key)? {
-        return Ok(Cancelled::Cancelled);
+    match found.queue.cancel(conn, key).await {
+        Ok(true) => return Ok(Cancelled::Cancelled),
+        Ok(false) => {}
+        // A guard on the work table refused (the payout delivery queue's
+        // guard: a queued payout's delivery is never cancelled).
+        Err(EngineError::Database { source, .. }) if sqlstate(&source).as_deref() == Some(REFUSED_BY_GUARD) => {
+            let db = source.as_database_error().expect("a database error has a code");
+            return Ok(Cancelled::Refused(db.message().to_string()));
+        }
+        Err(err) => return Err(bad_key(err)),
     }
     let sql = format!(
         "SELECT t.status FROM {table} t WHERE t.{key} = CAST($1 AS {key_type})",

@@ -20,6 +20,10 @@
 //! | failed | pending, paid | states disagree (the funds were returned) |
 //! | created, cancelled, expired | any payment | states disagree (never sent) |
 //!
+//! Apart from the provider: a queued withdrawal whose delivery job is a dead
+//! letter (or missing) is stranded: its funds are held and nothing will
+//! send it until `settled queues replay payout_delivery` does.
+//!
 //! A payout is paid twice when more than one payment that has not failed
 //! claims it: the one under its key, and any whose reference is its key or
 //! its id (delivery sends a withdrawal's provider key as its reference, or
@@ -53,6 +57,9 @@ pub struct PayoutRecord {
     pub state: PayoutState,
     /// The key settled sends the provider.
     pub provider_key: String,
+    /// For a queued payout that nothing will send: why (its delivery job
+    /// is a dead letter, or gone). None while delivery will send it.
+    pub stranded: Option<String>,
 }
 
 /// Each way settled and the provider can disagree.
@@ -71,17 +78,21 @@ pub enum MismatchKind {
     StatesDisagree,
     /// More than one payment that has not failed for one payout.
     PaidTwice,
+    /// settled says queued, and nothing will send it: its delivery job is a
+    /// dead letter (replay it), or it has none.
+    Stranded,
 }
 
 impl MismatchKind {
     /// Every kind, in report order.
-    pub const ALL: [MismatchKind; 6] = [
+    pub const ALL: [MismatchKind; 7] = [
         MismatchKind::MissingAtProvider,
         MismatchKind::UnknownToSettled,
         MismatchKind::AmountDiffers,
         MismatchKind::CreatorDiffers,
         MismatchKind::StatesDisagree,
         MismatchKind::PaidTwice,
+        MismatchKind::Stranded,
     ];
 
     /// Its name in reports.
@@ -93,6 +104,7 @@ impl MismatchKind {
             MismatchKind::CreatorDiffers => "creator_differs",
             MismatchKind::StatesDisagree => "states_disagree",
             MismatchKind::PaidTwice => "paid_twice",
+            MismatchKind::Stranded => "stranded",
         }
     }
 
@@ -122,6 +134,10 @@ impl MismatchKind {
             MismatchKind::PaidTwice => (
                 "provider_paid_each_payout_once",
                 "no payout has more than one provider payment that has not failed",
+            ),
+            MismatchKind::Stranded => (
+                "queued_payouts_are_being_delivered",
+                "every queued payout has a delivery job that will send it (none a dead letter or missing)",
             ),
         }
     }
@@ -317,6 +333,17 @@ fn compare_one(payout: &PayoutRecord, payment: Option<&Payment>, out: &mut Compa
         provider_ids,
         detail,
     };
+    let stranded = payout.state == PayoutState::Queued && payout.stranded.is_some();
+    if let (true, Some(why)) = (stranded, &payout.stranded) {
+        out.mismatches.push(mismatch(
+            MismatchKind::Stranded,
+            payment.map(|p| vec![p.id.clone()]).unwrap_or_default(),
+            format!(
+                "settled holds {} for {} as queued, and nothing will send it: {why}",
+                payout.amount, payout.creator
+            ),
+        ));
+    }
     let Some(payment) = payment else {
         if matches!(payout.state, PayoutState::Sent | PayoutState::Paid) {
             out.mismatches.push(mismatch(
@@ -328,12 +355,12 @@ fn compare_one(payout: &PayoutRecord, payment: Option<&Payment>, out: &mut Compa
                 ),
             ));
         } else {
-            out.agreeing += 1;
+            out.agreeing += usize::from(!stranded);
         }
         return;
     };
     let found = differences(payout, payment);
-    out.agreeing += usize::from(found.is_empty());
+    out.agreeing += usize::from(found.is_empty() && !stranded);
     for (kind, detail) in found {
         out.mismatches.push(mismatch(kind, vec![payment.id.clone()], detail));
     }
@@ -481,6 +508,7 @@ struct PayoutRow {
     amount: String,
     status: String,
     provider_key: String,
+    stranded: Option<String>,
 }
 
 /// The payouts in `scope`, in one statement (one snapshot).
@@ -490,9 +518,17 @@ pub async fn load_payouts(conn: &mut PgConnection, scope: Scope) -> anyhow::Resu
         Scope::Period(p) => Some(p.date()),
     };
     let rows: Vec<PayoutRow> = sqlx::query_as(
-        "SELECT id, kind, creator, amount::text AS amount, status, provider_key FROM settlement.payouts
-         WHERE $1::date IS NULL OR (kind = 'settlement' AND period = $1::date)
-         ORDER BY id",
+        "SELECT p.id, p.kind, p.creator, p.amount::text AS amount, p.status, p.provider_key,
+                CASE WHEN p.status <> 'queued' OR p.kind <> 'withdrawal' THEN NULL
+                     WHEN j.payout_id IS NULL THEN 'it has no delivery job'
+                     WHEN j.status = 'failed' THEN 'its delivery job is a dead letter after '
+                          || j.attempt || ' attempt(s) (' || coalesce(j.last_error, 'no error recorded')
+                          || '); settled queues replay payout_delivery --key ' || p.id || ' sends it'
+                     WHEN j.status IN ('settled', 'cancelled') THEN 'its delivery job is ' || j.status
+                END AS stranded
+         FROM settlement.payouts p LEFT JOIN settlement.payout_jobs j ON j.payout_id = p.id
+         WHERE $1::date IS NULL OR (p.kind = 'settlement' AND p.period = $1::date)
+         ORDER BY p.id",
     )
     .bind(period) // $1
     .fetch_all(conn)
@@ -508,6 +544,7 @@ pub async fn load_payouts(conn: &mut PgConnection, scope: Scope) -> anyhow::Resu
                 amount: row.amount,
                 state,
                 provider_key: row.provider_key,
+                stranded: row.stranded,
             })
         })
         .collect()
@@ -606,6 +643,7 @@ mod tests {
             amount: amount.into(),
             state,
             provider_key: format!("payout-{id}"),
+            stranded: None,
         }
     }
 
@@ -658,6 +696,10 @@ mod tests {
             payout(7, S::Queued, "10"), // in flight
             payout(8, S::Sent, "10"),   // behind
             payout(9, S::Failed, "10"), // refused: no payment, agrees
+            PayoutRecord {
+                stranded: Some("its delivery job is a dead letter".into()),
+                ..payout(10, S::Queued, "10") // nothing will send it
+            },
         ];
         let mut other_creator = payment(4, "payout-4", P::Paid, "10", Some("4"));
         other_creator.creator = "0xbb".into();
@@ -683,6 +725,7 @@ mod tests {
                 (MismatchKind::CreatorDiffers, Some(4)),
                 (MismatchKind::StatesDisagree, Some(5)),
                 (MismatchKind::PaidTwice, Some(6)),
+                (MismatchKind::Stranded, Some(10)),
             ]
         );
         let twice = c.of(MismatchKind::PaidTwice).next().unwrap();
@@ -691,7 +734,7 @@ mod tests {
         assert_eq!(c.behind.iter().map(|l| l.payout_id).collect::<Vec<_>>(), [8]);
         assert_eq!(c.agreeing, 5, "1, 6 (by its own key), 7, 8 and 9");
         let checks = c.checks();
-        assert_eq!(checks.iter().filter(|c| !c.ok).count(), 6);
+        assert_eq!(checks.iter().filter(|c| !c.ok).count(), 7);
         assert!(checks[0].offenders[0].starts_with("payout 2 (payout-2): settled says paid"));
     }
 
