@@ -255,7 +255,8 @@ async fn a_refusal_fails_the_payout_and_returns_its_funds_and_an_outage_spends_n
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn webhooks_are_checked_applied_once_and_a_contradiction_is_recorded_never_applied() {
+async fn webhooks_are_checked_applied_once_and_a_contradiction_or_a_payment_of_another_amount_or_creator_is_recorded_never_applied(
+) {
     let (env, server, sim) = setup("20", &["--settle-delay-ms", "100000"]).await;
     let ids = make_payouts(&env, &server, 2, "100").await;
     let a = deliver(&env, &sim, "3600");
@@ -276,9 +277,12 @@ async fn webhooks_are_checked_applied_once_and_a_contradiction_is_recorded_never
             ids[0]
         ))
         .await;
+    let creator: String = env
+        .scalar_text(&format!("SELECT creator FROM settlement.payouts WHERE id = {}", ids[0]))
+        .await;
     let event = |id: &str, kind: &str| {
         json!({ "id": id, "type": kind, "created": 1, "data": {
-            "id": provider_id, "idempotency_key": key, "creator": "0x0", "amount": "100",
+            "id": provider_id, "idempotency_key": key, "creator": creator, "amount": "100",
             "status": if kind == "payment.paid" { "paid" } else { "failed" },
             "failure_reason": if kind == "payment.paid" { Value::Null } else { json!("account closed") } } })
     };
@@ -310,6 +314,29 @@ async fn webhooks_are_checked_applied_once_and_a_contradiction_is_recorded_never
         count(&env, "SELECT count(*) FROM settlement.payouts WHERE status = 'paid'").await,
         0
     );
+    // A payment under the payout's key that pays another amount, or
+    // someone else: a conflict, recorded, never applied.
+    let mut short = event("ev-0", "payment.paid");
+    short["data"]["amount"] = json!("99");
+    let mut elsewhere = event("ev-00", "payment.paid");
+    elsewhere["data"]["creator"] = json!("0x00000000000000000000000000000000000000ee");
+    for wrong in [short, elsewhere] {
+        let (status, body) = post(wrong, SECRET).await;
+        assert_eq!((status, body["outcome"].as_str()), (200, Some("conflict")), "{body}");
+    }
+    assert_eq!(
+        env.scalar_text(&format!("SELECT status FROM settlement.payouts WHERE id = {}", ids[0]))
+            .await,
+        "sent"
+    );
+    assert_eq!(
+        count(
+            &env,
+            "SELECT count(*) FROM settlement.payout_conflicts WHERE source = 'webhook' AND detail LIKE '%not applied'"
+        )
+        .await,
+        2
+    );
     // Applied once; its repeat changes nothing.
     let (status, body) = post(event("ev-1", "payment.paid"), SECRET).await;
     assert_eq!((status, body["outcome"].as_str()), (200, Some("applied")), "{body}");
@@ -324,7 +351,7 @@ async fn webhooks_are_checked_applied_once_and_a_contradiction_is_recorded_never
         "paid"
     );
     assert_eq!(count(&env, "SELECT count(*) FROM settlement.payout_returns").await, 0);
-    assert_eq!(count(&env, "SELECT count(*) FROM settlement.payout_conflicts").await, 1);
+    assert_eq!(count(&env, "SELECT count(*) FROM settlement.payout_conflicts").await, 3);
     // An event for a payout settled never made is kept for review.
     let mut unknown = event("ev-3", "payment.paid");
     unknown["data"]["idempotency_key"] = json!("payout-999999");

@@ -620,26 +620,46 @@ async fn a_queued_payouts_delivery_is_never_cancelled_or_pruned_and_a_dead_lette
         "{}",
         text(&out)
     );
-    assert_eq!(count(&env, &held(stuck)).await, 1, "the payout and its job are as they were");
+    assert_eq!(
+        count(&env, &held(stuck)).await,
+        1,
+        "the payout and its job are as they were"
+    );
 
     // The provider holds another request under the stuck payout's key:
-    // delivery gets 422, a permanent error, and the job becomes a dead letter.
+    // delivery gets 422, a permanent error, and the job becomes a dead
+    // letter. That payment's own webhook (paid, 1 unit to someone else)
+    // is recorded as a conflict and never makes the payout paid.
     let key = key_of(&env, stuck).await;
     pay_directly(&sim, &key, "0x00000000000000000000000000000000000000ee", "1", None).await;
     let a = deliver(&env, &sim);
-    wait_until(60, "the other payout paid and the stuck one's job dead", || async {
-        count(
-            &env,
-            &format!(
-                "SELECT count(*) FROM settlement.payouts p JOIN settlement.payout_jobs j ON j.payout_id = p.id
-                 WHERE (p.id = {other} AND p.status = 'paid') OR (p.id = {stuck} AND j.status = 'failed')"
+    wait_until(
+        60,
+        "the other payout paid, the stuck one's job dead, its webhook refused",
+        || async {
+            count(
+                &env,
+                &format!(
+                "SELECT (SELECT count(*) FROM settlement.payouts p JOIN settlement.payout_jobs j ON j.payout_id = p.id
+                         WHERE (p.id = {other} AND p.status = 'paid') OR (p.id = {stuck} AND j.status = 'failed'))
+                      + (SELECT count(*) FROM settlement.provider_events
+                         WHERE payout_id = {stuck} AND outcome = 'conflict')"
             ),
-        )
-        .await
-            == 2
-    })
+            )
+            .await
+                == 3
+        },
+    )
     .await;
     stop(a);
+
+    let states = env
+        .scalar_text(&format!(
+            "SELECT string_agg(p.id || ':' || p.status || '/' || j.status, ' ' ORDER BY p.id)
+             FROM settlement.payouts p JOIN settlement.payout_jobs j ON j.payout_id = p.id"
+        ))
+        .await;
+    assert_eq!(states, format!("{stuck}:queued/failed {other}:paid/settled"));
 
     // Retention's delete, as it would run once both are long finished: the
     // paid payout's job goes, the dead letter of the queued one stays.
@@ -687,7 +707,11 @@ async fn a_queued_payouts_delivery_is_never_cancelled_or_pruned_and_a_dead_lette
     wait_final(&env, "the replayed payout paid").await;
     stop(a);
     assert_eq!(
-        count(&env, &format!("SELECT count(*) FROM settlement.payouts WHERE id = {stuck} AND status = 'paid'")).await,
+        count(
+            &env,
+            &format!("SELECT count(*) FROM settlement.payouts WHERE id = {stuck} AND status = 'paid'")
+        )
+        .await,
         1
     );
     let (code, report) = reconcile_json(&env, &sim);

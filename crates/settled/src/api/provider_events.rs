@@ -84,6 +84,9 @@ async fn record(state: &AppState, event: &WebhookEvent, raw: &[u8]) -> anyhow::R
     let payout = payouts::by_provider_key(&mut tx, key).await?;
     let outcome = match payout {
         None => "unknown_payout",
+        Some(id) if !payouts::payment_matches(&mut tx, id, &event.data, Source::Webhook, Some(&event.id)).await? => {
+            Applied::Conflict.as_str()
+        }
         Some(id) => payouts::apply_word(&mut tx, id, &word(event), Source::Webhook, Some(&event.id))
             .await?
             .as_str(),

@@ -295,6 +295,13 @@ impl<P: PayoutProvider> LeasedJobHandler for Deliver<P> {
             .await;
         match answer {
             Ok((payment, _created)) => {
+                if let Some(detail) = super::payment_differs(&payout.amount, &payout.creator, &payment) {
+                    // The provider answered the payout's key with another
+                    // payment: nothing is applied, the payout stays queued
+                    // with its funds held, and the job is a dead letter for
+                    // operators (reconcile names the payout).
+                    return Err(HandlerError::Permanent(format!("payout {id}: {detail}")));
+                }
                 self.limiter
                     .up()
                     .await
@@ -367,8 +374,8 @@ pub async fn poll_sent<P: PayoutProvider>(
     .fetch_all(pool)
     .await?;
     for (id, key) in &due {
-        let word = match provider.lookup(key).await {
-            Ok(Some(payment)) => word_of(&payment),
+        let payment = match provider.lookup(key).await {
+            Ok(Some(payment)) => payment,
             Ok(None) => {
                 record_missing(pool, *id).await?;
                 continue;
@@ -379,7 +386,9 @@ pub async fn poll_sent<P: PayoutProvider>(
             }
         };
         let mut tx = pool.begin().await?;
-        apply_word(&mut tx, *id, &word, Source::Poll, None).await?;
+        if super::payment_matches(&mut tx, *id, &payment, Source::Poll, None).await? {
+            apply_word(&mut tx, *id, &word_of(&payment), Source::Poll, None).await?;
+        }
         tx.commit().await?;
     }
     Ok(due.len())

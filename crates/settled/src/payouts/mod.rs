@@ -18,6 +18,7 @@
 //! `settlement.move_payout`, whose answer (moved or not) is the truth;
 //! nothing is decided from a state read earlier.
 
+use crate::provider::Payment;
 use sqlx::PgConnection;
 
 pub mod deliver;
@@ -281,6 +282,69 @@ pub async fn apply_word(
         "the provider contradicts a final state; recorded, not applied"
     );
     Ok(Applied::Conflict)
+}
+
+/// What differs between payout `amount` to `creator` and the provider's
+/// `payment` under its key, in words; None when it pays exactly that.
+pub fn payment_differs(amount: &str, creator: &str, payment: &Payment) -> Option<String> {
+    let canonical = |a: &str| {
+        let trimmed = a.trim_start_matches('0');
+        if trimmed.is_empty() {
+            "0".to_string()
+        } else {
+            trimmed.to_string()
+        }
+    };
+    let amount_differs = canonical(amount) != canonical(&payment.amount);
+    let creator_differs = !creator.eq_ignore_ascii_case(&payment.creator);
+    (amount_differs || creator_differs).then(|| {
+        format!(
+            "the payout pays {amount} to {creator}, the provider's payment {} under its key pays {} to {}",
+            payment.id, payment.amount, payment.creator
+        )
+    })
+}
+
+/// Checks that the provider's `payment` under payout `id`'s key pays what
+/// the payout says. When it does not, nothing is applied: the difference is
+/// recorded in `settlement.payout_conflicts` for operators (and `settled
+/// reconcile` names it), and the answer is false. A payment that pays
+/// someone else, or another amount, never makes a payout paid or failed.
+pub async fn payment_matches(
+    conn: &mut PgConnection,
+    id: i64,
+    payment: &Payment,
+    source: Source,
+    event_id: Option<&str>,
+) -> anyhow::Result<bool> {
+    let (state, amount, creator): (String, String, String) =
+        sqlx::query_as("SELECT status, amount::text, creator FROM settlement.payouts WHERE id = $1")
+            .bind(id) // $1
+            .fetch_one(&mut *conn)
+            .await?;
+    let Some(detail) = payment_differs(&amount, &creator, payment) else {
+        return Ok(true);
+    };
+    sqlx::query(
+        "INSERT INTO settlement.payout_conflicts (payout_id, state, provider_status, source, event_id, detail)
+         VALUES ($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(id) // $1
+    .bind(&state) // $2
+    .bind(payment.status.as_str()) // $3
+    .bind(source.as_str()) // $4
+    .bind(event_id) // $5
+    .bind(format!("{detail}: not applied")) // $6
+    .execute(&mut *conn)
+    .await?;
+    tracing::warn!(
+        payout = id,
+        state,
+        source = source.as_str(),
+        detail,
+        "the provider's payment does not match its payout; recorded, not applied"
+    );
+    Ok(false)
 }
 
 /// The payout whose provider key is `key`, if settled made one.
