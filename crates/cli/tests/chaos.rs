@@ -50,7 +50,7 @@ fn chaos(mode: &str, seed: &str) {
         );
         let zombie = invariants
             .iter()
-            .find(|i| i[0] == "zombie_completions_rejected")
+            .find(|i| i[0] == "zombie_items_finished_once")
             .expect("zombie invariant");
         assert_eq!(zombie[1], true, "{zombie}");
     }

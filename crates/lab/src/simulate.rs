@@ -93,7 +93,8 @@ impl PayoutProvider for LabProvider {
             LabProvider::Http(http) => http.pay(key, creator, amount, reference).await,
             LabProvider::Nothing => Ok((
                 Payment {
-                    id: "0".into(),
+                    // One id per key, as a provider's ids are unique.
+                    id: format!("lab-{key}"),
                     idempotency_key: key.to_string(),
                     creator: creator.to_string(),
                     amount: amount.to_string(),

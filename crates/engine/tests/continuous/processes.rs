@@ -173,25 +173,28 @@ impl Slot {
         Pid::from_raw(self.child.id() as i32)
     }
 
-    /// Waits until this child holds leases (leased mode), up to `secs`.
-    async fn holds_leases(&self, pool: &PgPool, secs: u64) -> bool {
+    /// Waits until this child holds leases (leased mode), up to `secs`;
+    /// the keys of the jobs it holds whose external call it has made.
+    async fn holds_leases(&self, pool: &PgPool, secs: u64) -> Option<Vec<String>> {
         let name = Slot::name(self.id, self.incarnation);
         let deadline = Instant::now() + Duration::from_secs(secs);
         while Instant::now() < deadline {
-            let held: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM jobs.queue q JOIN jobs.children c ON c.worker = q.lease_owner
+            let held: Vec<(String, bool)> = sqlx::query_as(
+                "SELECT q.key, r.key IS NOT NULL FROM jobs.queue q
+                 JOIN jobs.children c ON c.worker = q.lease_owner
+                 LEFT JOIN jobs.receiver r ON r.key = q.key
                  WHERE c.name = $1 AND q.status = 'processing'",
             )
             .bind(&name)
-            .fetch_one(pool)
+            .fetch_all(pool)
             .await
             .unwrap();
-            if held > 0 {
-                return true;
+            if !held.is_empty() {
+                return Some(held.into_iter().filter(|(_, called)| *called).map(|(k, _)| k).collect());
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        false
+        None
     }
 
     fn respawn(&mut self, url: &str) {
@@ -325,12 +328,18 @@ async fn four_processes_enqueue_and_serve_while_killed_and_paused_past_their_lea
     // incarnation), or SIGSTOP for three lease lengths, then SIGCONT; a
     // leased child is paused while it holds leases.
     let mut paused_holding = 0;
+    // (key, the paused child) for each job a paused child held after its call.
+    let mut called_then_paused: Vec<(String, String)> = Vec::new();
     for round in 0..12 {
         tokio::time::sleep(Duration::from_millis(700)).await;
         let slot = &mut slots[round % 4];
         if round % 3 == 0 {
-            if slot.mode == "leased" && slot.holds_leases(&env.pool, 5).await {
-                paused_holding += 1;
+            if slot.mode == "leased" {
+                if let Some(called) = slot.holds_leases(&env.pool, 5).await {
+                    paused_holding += 1;
+                    let name = Slot::name(slot.id, slot.incarnation);
+                    called_then_paused.extend(called.into_iter().map(|k| (k, name.clone())));
+                }
             }
             kill(slot.pid(), Signal::SIGSTOP).unwrap();
             tokio::time::sleep(Duration::from_secs(6)).await;
@@ -353,12 +362,33 @@ async fn four_processes_enqueue_and_serve_while_killed_and_paused_past_their_lea
         "SELECT coalesce(sum(calls - 1), 0)::bigint FROM jobs.receiver",
     )
     .await;
-    println!("{settled} jobs settled once; {paused_holding} leased workers paused holding leases; the receiver absorbed {absorbed} repeated calls");
-    assert!(paused_holding > 0, "no leased worker was paused while it held leases");
-    assert!(
-        absorbed > 0,
-        "a paused worker's jobs were rescued and run again: its call repeated a key"
+    // A job whose call a paused child had made, finished by another leased
+    // child: that child called again under the job's key (the receiver
+    // absorbed the repeat), and only its completion counted. (Finished by
+    // the paused child itself when nobody claimed it meanwhile, or by an
+    // in-transaction child, which makes no call: nothing repeated.)
+    let (keys, paused): (Vec<String>, Vec<String>) = called_then_paused.iter().cloned().unzip();
+    let taken_over: Vec<(String, i32)> = sqlx::query_as(
+        "SELECT p.key, r.calls FROM unnest($1::text[], $2::text[]) AS p(key, paused)
+         JOIN jobs.effects e ON e.key = p.key
+         JOIN jobs.receiver r ON r.key = p.key
+         WHERE e.worker <> p.paused AND (e.worker LIKE 'c2%' OR e.worker LIKE 'c3%')",
+    )
+    .bind(&keys)
+    .bind(&paused)
+    .fetch_all(&env.pool)
+    .await
+    .unwrap();
+    println!(
+        "{settled} jobs settled once; {paused_holding} leased workers paused holding leases, {} of their jobs past \
+         the call, {} taken over by another leased worker; the receiver absorbed {absorbed} repeated calls",
+        keys.len(),
+        taken_over.len()
     );
+    assert!(paused_holding > 0, "no leased worker was paused while it held leases");
+    for (key, calls) in &taken_over {
+        assert!(*calls >= 2, "job {key}: taken over after the paused worker's call, yet called {calls} time(s)");
+    }
 }
 
 /// A private server of the test's own, since it is restarted.

@@ -162,17 +162,19 @@ pub(super) async fn inject(
             Some(pid) if slot.stopped_until.is_none() => {
                 kill(Pid::from_raw(pid as i32), Signal::SIGSTOP)?;
                 slot.stopped_until = Some(Instant::now() + targets.zombie_pause);
-                // Only a zombie that holds leases has completions to refuse.
-                let held: i64 = sqlx::query_scalar(
-                    "SELECT count(*) FROM settlement.token_trade_volume t
+                // What it holds now: each must still end once.
+                let held: Vec<(String, i32)> = sqlx::query_as(
+                    "SELECT t.creator, t.attempt FROM settlement.token_trade_volume t
                      JOIN settled_engine.workers w ON t.lease_owner::text = w.id::text
                      WHERE w.pid = $1 AND t.status = 'processing'",
                 )
                 .bind(pid as i32)
-                .fetch_one(&mut *conn)
+                .fetch_all(&mut *conn)
                 .await?;
+                let count = held.len();
+                slot.held_when_paused = held;
                 format!(
-                    "{at} SIGSTOP worker slot {} (pid {pid}) holding {held} lease(s) for {:.1} s (past its lease), then SIGCONT",
+                    "{at} SIGSTOP worker slot {} (pid {pid}) holding {count} lease(s) for {:.1} s (past its lease), then SIGCONT",
                     fault.slot,
                     targets.zombie_pause.as_secs_f64()
                 )

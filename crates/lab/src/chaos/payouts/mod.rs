@@ -309,6 +309,7 @@ async fn run(
         slots.push(Slot {
             child: Some(fleet.respawn()?),
             stopped_until: None,
+            held_when_paused: Vec::new(),
         });
     }
     let duration = Duration::from_secs(opts.duration);
