@@ -36,12 +36,13 @@ impl JobSpans {
     /// trace, linked to the claim. None when the claim's span is disabled.
     pub(super) fn open(queue: &Queue, claim: &Span, claimed: &[(ClaimedJob, Duration)]) -> JobSpans {
         let mut spans = JobSpans {
-            queue: queue.name().to_string(),
+            queue: String::new(),
             by_key: HashMap::new(),
         };
         if claim.is_disabled() {
             return spans;
         }
+        spans.queue = queue.name().to_string();
         claim.record("jobs", claimed.len());
         for (job, waited) in claimed {
             let span = tracing::info_span!(
