@@ -10,7 +10,6 @@ mod common;
 use std::collections::HashMap;
 use std::process::{Child, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode};

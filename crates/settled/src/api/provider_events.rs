@@ -98,7 +98,7 @@ async fn event_span(conn: &mut PgConnection, event: &WebhookEvent, payout: Optio
     let span = tracing::info_span!(
         "provider.event",
         event.id = %event.id,
-        event.type = event.r#type.as_str(),
+        "event.type" = event.r#type.as_str(),
         payout.id = payout,
         outcome = tracing::field::Empty,
     );
