@@ -321,7 +321,9 @@ async fn a_payouts_trace_runs_from_its_request_through_the_queue_and_the_provide
     assert_eq!(claim.attributes["queue"], "payout_delivery");
     assert_eq!(claim.attributes["jobs"], "1");
     assert!(
-        spans.iter().all(|s| s.name != "queue.claim" || s.attributes.get("jobs").is_some_and(|n| n != "0")),
+        spans
+            .iter()
+            .all(|s| s.name != "queue.claim" || s.attributes.get("jobs").is_some_and(|n| n != "0")),
         "claims that took nothing are not exported"
     );
     // The webhook's own request started a trace of its own: the event links to it.
@@ -348,13 +350,7 @@ async fn without_an_endpoint_nothing_is_exported_and_the_requests_traceparent_is
         .env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", &traces);
     let mut server = common::spawn_server(serve, port, "/healthz").await;
     let mut deliverer = env
-        .cmd(&[
-            "deliver",
-            "--provider-url",
-            &provider,
-            "--shutdown-grace-ms",
-            "300",
-        ])
+        .cmd(&["deliver", "--provider-url", &provider, "--shutdown-grace-ms", "300"])
         .env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", &traces)
         .stdout(Stdio::null())
         .spawn()
@@ -395,7 +391,10 @@ async fn a_batch_run_exports_its_start_and_finish_in_the_workers_trace() {
     let run_id = env.scalar_i64("SELECT max(id) FROM settled_engine.runs").await;
     assert_eq!(start.parent, work.span_id);
     assert_eq!(finish.parent, work.span_id);
-    assert_eq!((start.trace_id.as_str(), finish.trace_id.as_str()), (work.trace_id.as_str(), work.trace_id.as_str()));
+    assert_eq!(
+        (start.trace_id.as_str(), finish.trace_id.as_str()),
+        (work.trace_id.as_str(), work.trace_id.as_str())
+    );
     assert_eq!(work.resource["settled.command"], "worker");
     assert_eq!(work.attributes["scope"], PERIOD);
     assert_eq!(start.attributes["scope"], PERIOD);

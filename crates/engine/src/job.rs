@@ -183,7 +183,10 @@ impl<H: RunHooks> Job<H> {
         starter: Option<Uuid>,
     ) -> Result<Joined, EngineError> {
         let span = tracing::info_span!("run.start", job = self.name(), scope, run = Empty, started = Empty);
-        let joined = self.start_or_join_in_tx(pool, scope, starter).instrument(span.clone()).await?;
+        let joined = self
+            .start_or_join_in_tx(pool, scope, starter)
+            .instrument(span.clone())
+            .await?;
         span.record("run", joined.run.id);
         span.record("started", joined.started);
         Ok(joined)
@@ -427,7 +430,8 @@ impl<H: RunHooks> Job<H> {
         cfg: &DrainConfig,
         worker: &Worker,
     ) -> Result<WorkOutcome, EngineError> {
-        let span = tracing::info_span!("run.work", job = self.name(), scope, worker = %worker.id(), mode = drainer.mode());
+        let span =
+            tracing::info_span!("run.work", job = self.name(), scope, worker = %worker.id(), mode = drainer.mode());
         let turn = self.work_turn(pool, scope, drainer, cfg, worker).instrument(span).await;
         match turn {
             Err(err) => Err(err.refused(pool).await),

@@ -160,6 +160,43 @@ pub async fn problem_for_bare_errors(response: Response) -> Response {
     fresh
 }
 
+/// The request's `http.request` server span (named `METHOD /route`, with
+/// the route's template, never its values), a child of the request's W3C
+/// `traceparent` when it sends one; no span when traces are off.
+pub async fn request_span(request: Request, next: Next) -> Response {
+    if !crate::telemetry::enabled() {
+        return next.run(request).await;
+    }
+    let method = request.method().as_str().to_string();
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_string());
+    let name = match &route {
+        Some(route) => format!("{method} {route}"),
+        None => method.clone(),
+    };
+    let span = tracing::info_span!(
+        "http.request",
+        otel.name = name.as_str(),
+        otel.kind = "server",
+        http.request.method = method.as_str(),
+        http.route = route.as_deref(),
+        url.path = request.uri().path(),
+        http.response.status_code = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+    );
+    if let Some(traceparent) = request.headers().get("traceparent").and_then(|v| v.to_str().ok()) {
+        crate::telemetry::continue_from(&span, traceparent.trim());
+    }
+    let response = next.run(request).instrument(span.clone()).await;
+    span.record("http.response.status_code", response.status().as_u16());
+    if response.status().is_server_error() {
+        span.record("otel.status_code", "error");
+    }
+    response
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -191,38 +228,4 @@ mod tests {
         assert!(given.allows("pay.example"));
         assert!(!given.allows("other.example"));
     }
-}
-
-/// The request's `http.request` server span (named `METHOD /route`, with
-/// the route's template, never its values), a child of the request's W3C
-/// `traceparent` when it sends one; no span when traces are off.
-pub async fn request_span(request: Request, next: Next) -> Response {
-    if !crate::telemetry::enabled() {
-        return next.run(request).await;
-    }
-    let method = request.method().as_str().to_string();
-    let route = request.extensions().get::<MatchedPath>().map(|p| p.as_str().to_string());
-    let name = match &route {
-        Some(route) => format!("{method} {route}"),
-        None => method.clone(),
-    };
-    let span = tracing::info_span!(
-        "http.request",
-        otel.name = name.as_str(),
-        otel.kind = "server",
-        http.request.method = method.as_str(),
-        http.route = route.as_deref(),
-        url.path = request.uri().path(),
-        http.response.status_code = tracing::field::Empty,
-        otel.status_code = tracing::field::Empty,
-    );
-    if let Some(traceparent) = request.headers().get("traceparent").and_then(|v| v.to_str().ok()) {
-        crate::telemetry::continue_from(&span, traceparent.trim());
-    }
-    let response = next.run(request).instrument(span.clone()).await;
-    span.record("http.response.status_code", response.status().as_u16());
-    if response.status().is_server_error() {
-        span.record("otel.status_code", "error");
-    }
-    response
 }

@@ -94,7 +94,11 @@ async fn record(state: &AppState, event: &WebhookEvent, raw: &[u8]) -> anyhow::R
 /// The `provider.event` span of applying `event`: a child of its payout's
 /// stored trace, linked to the request that brought it. Disabled (and no
 /// lookup made) when traces are off.
-async fn event_span(conn: &mut PgConnection, event: &WebhookEvent, payout: Option<i64>) -> anyhow::Result<tracing::Span> {
+async fn event_span(
+    conn: &mut PgConnection,
+    event: &WebhookEvent,
+    payout: Option<i64>,
+) -> anyhow::Result<tracing::Span> {
     let span = tracing::info_span!(
         "provider.event",
         event.id = %event.id,
@@ -110,7 +114,7 @@ async fn event_span(conn: &mut PgConnection, event: &WebhookEvent, payout: Optio
             crate::telemetry::continue_from(&span, &traceparent);
         }
     }
-    span.follows_from(&tracing::Span::current());
+    span.follows_from(tracing::Span::current());
     Ok(span)
 }
 

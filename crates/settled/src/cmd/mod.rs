@@ -281,7 +281,11 @@ fn init_logging(global: &Global, command: &str) -> anyhow::Result<Option<crate::
         std::env::set_var("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint);
         let (started, layer) = crate::telemetry::Traces::start(endpoint, command)?;
         // "settled" also covers settled_engine and settled_lab (a prefix).
-        layers.push(layer.with_filter(Targets::new().with_target("settled", tracing::Level::INFO)).boxed());
+        layers.push(
+            layer
+                .with_filter(Targets::new().with_target("settled", tracing::Level::INFO))
+                .boxed(),
+        );
         traces = Some(started);
     }
     tracing_subscriber::registry().with(layers).init();

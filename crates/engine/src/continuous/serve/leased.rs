@@ -141,7 +141,11 @@ impl<H: LeasedJobHandler> Leased<H> {
             if self.hard_stop.load(Ordering::Relaxed) || !self.keeper.is_held(&item) {
                 return None;
             }
-            Some(guarded(job, self.handler.work(job)).instrument(spans.handler(job)).await)
+            Some(
+                guarded(job, self.handler.work(job))
+                    .instrument(spans.handler(job))
+                    .await,
+            )
         });
         let results = futures_util::future::join_all(work).await;
         let mut outcomes = Outcomes {
