@@ -85,7 +85,10 @@ impl Traces {
             .with_tracer(provider.tracer("settled"))
             .with_location(false)
             .with_threads(false)
-            .with_tracked_inactivity(false);
+            .with_tracked_inactivity(false)
+            // Parents come from the tracing spans themselves: no OpenTelemetry
+            // context attached and detached at every poll of a traced future.
+            .with_context_activation(false);
         ENABLED.store(true, Ordering::Relaxed);
         settled_engine::raw::telemetry::install_trace_hooks(settled_engine::raw::telemetry::TraceHooks {
             continue_from,
