@@ -2,8 +2,8 @@
 //! command and dispatches each, one line apiece, to its own file
 //! (`settled::cmd::*` for the product, `settled_lab::cmd::*` for the lab).
 
-use clap::{CommandFactory, Parser, Subcommand};
-use settled::cmd::{self, on_database, Global, Runnable};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+use settled::cmd::{self, on_database, Global, Parsed, Runnable};
 use settled_lab::cmd as lab;
 
 mod generate;
@@ -94,8 +94,13 @@ fn dispatch(command: Command) -> Box<dyn Runnable> {
 
 fn main() -> std::process::ExitCode {
     cmd::execute(|| {
-        let cli = Cli::parse();
-        (cli.global, dispatch(cli.command))
+        let matches = Cli::command().get_matches();
+        let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|err| err.exit());
+        Parsed {
+            global: cli.global,
+            name: matches.subcommand_name().unwrap_or_default().to_string(),
+            command: dispatch(cli.command),
+        }
     })
 }
 

@@ -8,7 +8,9 @@
 //! releasing held items and reopening runs that have work again; the
 //! daemon ([`crate::daemon`]) and the workers ([`Job::work`]) are built
 //! from these. Every operation keeps its guarantee in the database: a unique
-//! key, a conditional update, a row lock, never a check in memory.
+//! key, a conditional update, a row lock, never a check in memory. A
+//! worker's turn is a `run.work` span; a start or join is `run.start`, an
+//! attempt to finish `run.finish`.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -16,6 +18,8 @@ use std::time::Duration;
 
 use chrono::NaiveDate;
 use sqlx::{PgConnection, PgPool};
+use tracing::field::Empty;
+use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::runs::{self, Joined, Run, RunState};
@@ -178,6 +182,22 @@ impl<H: RunHooks> Job<H> {
         scope: &str,
         starter: Option<Uuid>,
     ) -> Result<Joined, EngineError> {
+        let span = tracing::info_span!("run.start", job = self.name(), scope, run = Empty, started = Empty);
+        let joined = self
+            .start_or_join_in_tx(pool, scope, starter)
+            .instrument(span.clone())
+            .await?;
+        span.record("run", joined.run.id);
+        span.record("started", joined.started);
+        Ok(joined)
+    }
+
+    async fn start_or_join_in_tx(
+        &self,
+        pool: &PgPool,
+        scope: &str,
+        starter: Option<Uuid>,
+    ) -> Result<Joined, EngineError> {
         let mut tx = pool.begin().await.map_err(EngineError::db("beginning a run start"))?;
         if let Some(run) = runs::find(&mut tx, self.name(), scope).await? {
             tx.rollback().await.map_err(EngineError::db("ending a run join"))?;
@@ -236,6 +256,17 @@ impl<H: RunHooks> Job<H> {
         if self.queue.has_unfinished(&mut *acquire(pool).await?, scope).await? {
             return Ok(false);
         }
+        let span = tracing::info_span!("run.finish", job = self.name(), run = run_id, scope, finished = Empty);
+        let finished = self
+            .finish_in_tx(pool, run_id, scope, worker)
+            .instrument(span.clone())
+            .await?;
+        span.record("finished", finished);
+        Ok(finished)
+    }
+
+    /// The finisher's transaction: true when this caller finished the run.
+    async fn finish_in_tx(&self, pool: &PgPool, run_id: i64, scope: &str, worker: Uuid) -> Result<bool, EngineError> {
         let mut tx = pool.begin().await.map_err(EngineError::db("beginning a finish"))?;
         sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             .execute(&mut *tx)
@@ -399,7 +430,10 @@ impl<H: RunHooks> Job<H> {
         cfg: &DrainConfig,
         worker: &Worker,
     ) -> Result<WorkOutcome, EngineError> {
-        match self.work_turn(pool, scope, drainer, cfg, worker).await {
+        let span =
+            tracing::info_span!("run.work", job = self.name(), scope, worker = %worker.id(), mode = drainer.mode());
+        let turn = self.work_turn(pool, scope, drainer, cfg, worker).instrument(span).await;
+        match turn {
             Err(err) => Err(err.refused(pool).await),
             worked => worked,
         }

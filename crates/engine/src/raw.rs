@@ -38,7 +38,7 @@ pub mod session {
     pub use crate::session::*;
 }
 
-/// Metric names.
+/// Metric names, and the hooks that continue stored trace contexts.
 pub mod telemetry {
     pub use crate::telemetry::*;
 }

@@ -32,6 +32,7 @@ pub mod queues;
 pub mod seed;
 pub mod settlement;
 pub mod status;
+pub mod telemetry;
 pub mod verify;
 pub mod watch;
 pub mod worker;

@@ -1,10 +1,15 @@
 //! Enqueueing: one job or thousands in one statement, on the caller's own
 //! connection or transaction, so a job exists if and only if the caller's
 //! transaction commits. A key already in the table is left alone, and the
-//! answer says so.
+//! answer says so. Each enqueue is a `queue.enqueue` span; a job given no
+//! `traceparent` stores that span's, when the application traces, so the
+//! job's work continues the trace that enqueued it.
+
+use std::borrow::Cow;
 
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
+use tracing::Instrument;
 
 use super::{Names, Queue, MAX_BATCH_JOBS};
 use crate::EngineError;
@@ -61,6 +66,20 @@ impl NewJob {
         self.traceparent = Some(traceparent.into());
         self
     }
+
+    /// The trace context stored with the job: its own, else the current
+    /// span's (when the application traces).
+    fn stored_traceparent(&self) -> Option<Cow<'_, str>> {
+        match &self.traceparent {
+            Some(own) => Some(Cow::Borrowed(own)),
+            None => crate::telemetry::current_traceparent().map(Cow::Owned),
+        }
+    }
+}
+
+/// The span of an enqueue of `jobs` jobs (`key`: the one job's key).
+fn enqueue_span(queue: &str, key: Option<&str>, jobs: usize) -> tracing::Span {
+    tracing::info_span!("queue.enqueue", otel.kind = "producer", queue, key, jobs)
 }
 
 /// What an enqueue did.
@@ -107,13 +126,16 @@ impl Queue {
     /// Enqueues `job` on `conn` (the caller's transaction, or a connection
     /// in autocommit): one statement, no commit. Returns whether it is new.
     pub async fn enqueue(&self, conn: &mut PgConnection, job: &NewJob) -> Result<Enqueued, EngineError> {
+        let span = enqueue_span(&self.name, Some(&job.key), 1);
+        let traceparent = span.in_scope(|| job.stored_traceparent());
         let inserted: Option<bool> = sqlx::query_scalar(&self.sql.enqueue.one)
             .bind(&job.key) // $1
             .bind(&job.payload) // $2
             .bind(job.priority) // $3
             .bind(job.not_before) // $4
-            .bind(&job.traceparent) // $5
+            .bind(traceparent.as_deref()) // $5
             .fetch_optional(conn)
+            .instrument(span)
             .await
             .map_err(EngineError::db("enqueueing a job"))?;
         Ok(if inserted.is_some() {
@@ -137,7 +159,9 @@ impl Queue {
         let payloads: Vec<&str> = jobs.iter().map(|j| j.payload.as_str()).collect();
         let priorities: Vec<i16> = jobs.iter().map(|j| j.priority).collect();
         let not_before: Vec<Option<DateTime<Utc>>> = jobs.iter().map(|j| j.not_before).collect();
-        let traces: Vec<Option<&str>> = jobs.iter().map(|j| j.traceparent.as_deref()).collect();
+        let span = enqueue_span(&self.name, None, jobs.len());
+        let stored: Vec<Option<Cow<'_, str>>> = span.in_scope(|| jobs.iter().map(NewJob::stored_traceparent).collect());
+        let traces: Vec<Option<&str>> = stored.iter().map(|t| t.as_deref()).collect();
         Ok(sqlx::query(&self.sql.enqueue.many)
             .bind(keys) // $1
             .bind(payloads) // $2
@@ -145,6 +169,7 @@ impl Queue {
             .bind(not_before) // $4
             .bind(traces) // $5
             .execute(conn)
+            .instrument(span)
             .await
             .map_err(EngineError::db("enqueueing jobs"))?
             .rows_affected())

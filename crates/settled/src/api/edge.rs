@@ -1,11 +1,13 @@
-//! What every response passes through: the Host check, security headers,
-//! and problem+json for the errors that axum, tower-http and hyper make on
-//! their own (extractor rejections, 404/405, 413, request timeouts).
+//! What every response passes through: the request's span (when traces
+//! are exported), the Host check, security headers, and problem+json for
+//! the errors that axum, tower-http and hyper make on their own (extractor
+//! rejections, 404/405, 413, request timeouts).
 
-use axum::extract::{Request, State};
+use axum::extract::{MatchedPath, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use tracing::Instrument;
 
 use super::{AppState, Problem};
 
@@ -156,6 +158,43 @@ pub async fn problem_for_bare_errors(response: Response) -> Response {
         }
     }
     fresh
+}
+
+/// The request's `http.request` server span (named `METHOD /route`, with
+/// the route's template, never its values), a child of the request's W3C
+/// `traceparent` when it sends one; no span when traces are off.
+pub async fn request_span(request: Request, next: Next) -> Response {
+    if !crate::telemetry::enabled() {
+        return next.run(request).await;
+    }
+    let method = request.method().as_str().to_string();
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_string());
+    let name = match &route {
+        Some(route) => format!("{method} {route}"),
+        None => method.clone(),
+    };
+    let span = tracing::info_span!(
+        "http.request",
+        otel.name = name.as_str(),
+        otel.kind = "server",
+        http.request.method = method.as_str(),
+        http.route = route.as_deref(),
+        url.path = request.uri().path(),
+        http.response.status_code = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+    );
+    if let Some(traceparent) = request.headers().get("traceparent").and_then(|v| v.to_str().ok()) {
+        crate::telemetry::continue_from(&span, traceparent.trim());
+    }
+    let response = next.run(request).instrument(span.clone()).await;
+    span.record("http.response.status_code", response.status().as_u16());
+    if response.status().is_server_error() {
+        span.record("otel.status_code", "error");
+    }
+    response
 }
 
 #[cfg(test)]

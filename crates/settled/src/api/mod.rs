@@ -154,6 +154,7 @@ pub fn router(state: AppState) -> Router {
         ))
         .layer(RequestBodyLimitLayer::new(MAX_BODY_BYTES))
         .layer(axum::middleware::map_response(edge::problem_for_bare_errors))
+        .layer(axum::middleware::from_fn(edge::request_span))
         .with_state(state);
     for (name, value) in edge::SECURITY_HEADERS {
         router = router.layer(SetResponseHeaderLayer::if_not_present(

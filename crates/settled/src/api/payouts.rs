@@ -15,6 +15,8 @@ use settled_engine::once::idempotency::{self, Begin, MAX_IDEMPOTENCY_KEY_CHARS};
 
 use super::problem::json_response;
 use sqlx::PgConnection;
+use tracing::field::Empty;
+use tracing::Instrument;
 
 use super::{read_json, AppState, Authorized, Problem};
 use crate::address::CreatorAddress;
@@ -297,12 +299,13 @@ struct EarlierPayout {
 struct Debit {
     outcome: String,
     payout_id: Option<i64>,
+    payout_status: Option<String>,
     balance_before: Option<String>,
     active_hold: Option<i64>,
 }
 
 /// A payout to make: who, how much, whether it waits for a confirmation,
-/// and the trace context of its request.
+/// and the trace context its request came with.
 struct Making<'a> {
     creator: &'a CreatorAddress,
     amount: Amount,
@@ -326,6 +329,10 @@ fn traceparent(headers: &HeaderMap) -> Option<String> {
 /// (read after the balance row is locked, so a hold either committed before
 /// and is seen, or waits for this payout), insufficient funds. A payout to
 /// confirm gets a one-time token in the same transaction.
+///
+/// The delivery continues the trace stored with the payout: this debit's
+/// `queue.enqueue` span when traces are exported, else the `traceparent`
+/// the request came with.
 async fn debit(
     tx: &mut PgConnection,
     state: &AppState,
@@ -339,8 +346,19 @@ async fn debit(
     } else {
         None
     };
+    let span = tracing::info_span!(
+        "queue.enqueue",
+        otel.kind = "producer",
+        queue = payouts::DELIVERY_QUEUE,
+        payout.id = Empty,
+        payout.status = Empty,
+        outcome = Empty,
+    );
+    let traceparent = span
+        .in_scope(crate::telemetry::current_traceparent)
+        .or_else(|| made.traceparent.clone());
     let debit: Debit = sqlx::query_as(
-        "SELECT outcome, payout_id, balance_before::text AS balance_before, active_hold
+        "SELECT outcome, payout_id, payout_status, balance_before::text AS balance_before, active_hold
          FROM settlement.debit_for_payout($1, $2::numeric, $3, $4, $5,
                                           CASE WHEN $5 IS NULL THEN NULL ELSE now() + $6 * interval '1 second' END, $7)",
     )
@@ -350,9 +368,13 @@ async fn debit(
     .bind(fingerprint) // $4
     .bind(token) // $5
     .bind(state.confirm_ttl.as_secs() as i64) // $6
-    .bind(&made.traceparent) // $7
+    .bind(traceparent) // $7
     .fetch_one(&mut *tx)
+    .instrument(span.clone())
     .await?;
+    span.record("outcome", debit.outcome.as_str());
+    span.record("payout.id", debit.payout_id);
+    span.record("payout.status", debit.payout_status.as_deref());
     let balance = debit.balance_before.unwrap_or_default();
     Ok(match (debit.outcome.as_str(), debit.payout_id) {
         ("paid", Some(id)) => Ok(Made {

@@ -8,11 +8,15 @@
 //! recorded as a conflict, never applied. Events for payouts settled does
 //! not know are kept for review. Any non-2xx answer makes the provider send
 //! the event again, so nothing is answered 2xx before it is committed.
+//! With traces exported, applying an event is a `provider.event` span in
+//! its payout's trace, so the trace of a payout ends with its webhook.
 
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
+use sqlx::PgConnection;
+use tracing::Instrument;
 
 use super::{read_body, AppState, Problem};
 use crate::payouts::{self, deliver::word_of, Applied, ProviderWord, Source};
@@ -80,8 +84,49 @@ fn parse(raw: &[u8]) -> Result<WebhookEvent, Problem> {
 /// repeat (its id already stored) changes nothing. Returns the outcome.
 async fn record(state: &AppState, event: &WebhookEvent, raw: &[u8]) -> anyhow::Result<&'static str> {
     let mut tx = super::begin(state).await?;
+    let payout = payouts::by_provider_key(&mut tx, &event.data.idempotency_key).await?;
+    let span = event_span(&mut tx, event, payout).await?;
+    let outcome = apply(state, tx, event, raw, payout).instrument(span.clone()).await?;
+    span.record("outcome", outcome);
+    Ok(outcome)
+}
+
+/// The `provider.event` span of applying `event`: a child of its payout's
+/// stored trace, linked to the request that brought it. Disabled (and no
+/// lookup made) when traces are off.
+async fn event_span(
+    conn: &mut PgConnection,
+    event: &WebhookEvent,
+    payout: Option<i64>,
+) -> anyhow::Result<tracing::Span> {
+    let span = tracing::info_span!(
+        "provider.event",
+        event.id = %event.id,
+        "event.type" = event.r#type.as_str(),
+        payout.id = payout,
+        outcome = tracing::field::Empty,
+    );
+    if span.is_disabled() {
+        return Ok(span);
+    }
+    if let Some(id) = payout {
+        if let Some(traceparent) = payouts::traceparent_of(conn, id).await? {
+            crate::telemetry::continue_from(&span, &traceparent);
+        }
+    }
+    span.follows_from(tracing::Span::current());
+    Ok(span)
+}
+
+/// Applies the event to `payout` and stores it, committing `tx`.
+async fn apply(
+    state: &AppState,
+    mut tx: sqlx::Transaction<'static, sqlx::Postgres>,
+    event: &WebhookEvent,
+    raw: &[u8],
+    payout: Option<i64>,
+) -> anyhow::Result<&'static str> {
     let key = &event.data.idempotency_key;
-    let payout = payouts::by_provider_key(&mut tx, key).await?;
     let outcome = match payout {
         None => "unknown_payout",
         Some(id) if !payouts::payment_matches(&mut tx, id, &event.data, Source::Webhook, Some(&event.id)).await? => {

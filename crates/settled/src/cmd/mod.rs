@@ -77,12 +77,23 @@ pub struct Global {
     /// Log format on stderr: human, or json (one object per line).
     #[arg(long, env = "SETTLED_LOG_FORMAT", value_enum, default_value_t = LogFormat::Human, global = true)]
     pub log_format: LogFormat,
+
+    /// Export OpenTelemetry traces over OTLP/HTTP (protobuf) to this base
+    /// URL (spans go to <URL>/v1/traces), e.g. http://127.0.0.1:4318.
+    /// Unset: no spans are recorded. Processes this one starts inherit it.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", global = true)]
+    pub otlp_endpoint: Option<String>,
 }
 
 impl Global {
     /// DATABASE_URL, if set and not empty.
     pub fn database_url(&self) -> Option<String> {
         self.database_url.clone().filter(|u| !u.is_empty())
+    }
+
+    /// The OTLP endpoint, if set and not empty.
+    pub fn otlp_endpoint(&self) -> Option<&str> {
+        self.otlp_endpoint.as_deref().filter(|u| !u.is_empty())
     }
 }
 
@@ -173,16 +184,42 @@ pub fn on_database<C: DbCommand>(command: C) -> Box<dyn Runnable> {
     Box::new(OnDatabase(command))
 }
 
+/// What the binary parsed: the global flags, the subcommand's name (for
+/// traces) and the command.
+pub struct Parsed {
+    /// The flags every command takes.
+    pub global: Global,
+    /// The subcommand's name (`serve`, `deliver`, ...).
+    pub name: String,
+    /// The command to run.
+    pub command: Box<dyn Runnable>,
+}
+
 /// The binary's whole life: settings file into the environment, `parse`
-/// the arguments, start logging and the runtime, run, map the outcome to
-/// an exit code.
-pub fn execute(parse: impl FnOnce() -> (Global, Box<dyn Runnable>)) -> ExitCode {
+/// the arguments, start logging, traces and the runtime, run, flush the
+/// traces, map the outcome to an exit code.
+pub fn execute(parse: impl FnOnce() -> Parsed) -> ExitCode {
     if let Err(err) = crate::config::load_into_env() {
         eprintln!("error: {err:#}");
         return ExitCode::from(2);
     }
-    let (global, command) = parse();
-    init_logging(global.log_format);
+    let Parsed { global, name, command } = parse();
+    let traces = match init_logging(&global, &name) {
+        Ok(traces) => traces,
+        Err(err) => {
+            eprintln!("error: {}", chain_once(&err));
+            return ExitCode::from(2);
+        }
+    };
+    let code = run(global, command);
+    if let Some(traces) = traces {
+        traces.shutdown();
+    }
+    code
+}
+
+/// Runs `command` on a runtime of its own; its outcome as an exit code.
+fn run(global: Global, command: Box<dyn Runnable>) -> ExitCode {
     let built = if command.single_threaded() {
         tokio::runtime::Builder::new_current_thread().enable_all().build()
     } else {
@@ -208,19 +245,51 @@ pub fn execute(parse: impl FnOnce() -> (Global, Box<dyn Runnable>)) -> ExitCode 
     }
 }
 
-fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("SETTLED_LOG")
+/// A layer of this binary's subscriber.
+type BoxedLayer = Box<dyn tracing_subscriber::Layer<tracing_subscriber::Registry> + Send + Sync>;
+
+/// Log lines on stderr (events only, filtered by SETTLED_LOG) and, with an
+/// OTLP endpoint, spans exported (settled's own, whatever SETTLED_LOG
+/// says). Without one no span is of interest to any layer, so every span
+/// callsite stays disabled and costs nothing.
+fn init_logging(global: &Global, command: &str) -> anyhow::Result<Option<crate::telemetry::Traces>> {
+    use tracing_subscriber::filter::{filter_fn, FilterExt, Targets};
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
+
+    let levels = tracing_subscriber::EnvFilter::try_from_env("SETTLED_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=error"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let lines = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_target(false);
-    match format {
-        LogFormat::Human => builder
+    let lines: BoxedLayer = match global.log_format {
+        LogFormat::Human => lines
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .init(),
-        LogFormat::Json => builder.json().flatten_event(true).init(),
+            .with_filter(levels.and(filter_fn(|meta| meta.is_event())))
+            .boxed(),
+        LogFormat::Json => lines
+            .json()
+            .flatten_event(true)
+            .with_filter(levels.and(filter_fn(|meta| meta.is_event())))
+            .boxed(),
+    };
+    let mut layers = vec![lines];
+    let mut traces = None;
+    if let Some(endpoint) = global.otlp_endpoint() {
+        // Processes this one starts (the bench's, the lab's) export too.
+        std::env::set_var("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint);
+        let (started, layer) = crate::telemetry::Traces::start(endpoint, command)?;
+        // "settled" also covers settled_engine and settled_lab (a prefix).
+        layers.push(
+            layer
+                .with_filter(Targets::new().with_target("settled", tracing::Level::INFO))
+                .boxed(),
+        );
+        traces = Some(started);
     }
+    tracing_subscriber::registry().with(layers).init();
+    Ok(traces)
 }
 
 /// An error and its causes on one line, each said once: a cause whose

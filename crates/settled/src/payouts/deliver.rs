@@ -267,7 +267,7 @@ fn snooze(after: Duration, reason: impl Into<String>) -> HandlerError {
     }
 }
 
-impl<P: PayoutProvider> LeasedJobHandler for Deliver<P> {
+impl<P: PayoutProvider + Clone> LeasedJobHandler for Deliver<P> {
     type Output = Delivered;
 
     async fn work(&self, job: &ClaimedJob) -> Result<Delivered, HandlerError> {
@@ -289,8 +289,11 @@ impl<P: PayoutProvider> LeasedJobHandler for Deliver<P> {
             Ok(()) => {}
             Err(wait) => return Err(snooze(wait, "waiting for the provider's limits")),
         }
+        // The call carries the payout request's trace (its own span's, a
+        // descendant, when traces are exported).
         let answer = self
             .provider
+            .with_traceparent(job.traceparent.as_deref())
             .pay(&payout.provider_key, &payout.creator, amount, Some(&payout.reference))
             .await;
         match answer {

@@ -357,6 +357,17 @@ pub async fn by_provider_key(conn: &mut PgConnection, key: &str) -> anyhow::Resu
     )
 }
 
+/// The W3C trace context stored with payout `id` (its request's), if any.
+pub async fn traceparent_of(conn: &mut PgConnection, id: i64) -> anyhow::Result<Option<String>> {
+    Ok(
+        sqlx::query_scalar("SELECT traceparent FROM settlement.payouts WHERE id = $1")
+            .bind(id) // $1
+            .fetch_optional(conn)
+            .await?
+            .flatten(),
+    )
+}
+
 /// Expires up to `batch` payouts whose confirmation window has passed
 /// (funds returned); returns how many.
 pub async fn expire_unconfirmed(conn: &mut PgConnection, batch: i32) -> anyhow::Result<i64> {

@@ -1,7 +1,10 @@
 //! [`HttpProvider`]: the provider protocol over HTTP. It maps every answer
 //! to one of the protocol's outcomes and never retries a payment itself:
 //! the caller decides when to call again under the same key. Only listing,
-//! which changes nothing, retries on its own.
+//! which changes nothing, retries on its own. Each call is a
+//! `provider.call` client span when traces are exported, and its
+//! `traceparent` header names that span; otherwise the header passes on
+//! the trace context the client was given.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -9,6 +12,7 @@ use std::time::{Duration, SystemTime};
 use anyhow::Context;
 use reqwest::header::{HeaderMap, HeaderValue, RETRY_AFTER};
 use reqwest::{Method, RequestBuilder, Response, StatusCode};
+use tracing::Instrument;
 
 use super::{Payment, PaymentRequest, PayoutProvider, ProviderError};
 use crate::money::Amount;
@@ -53,7 +57,8 @@ impl HttpProvider {
     }
 
     /// The same client, sending `traceparent` (a W3C trace context, such as
-    /// the one a continuous-queue job stores) with every request. None, or
+    /// the one a continuous-queue job stores) with every request, unless
+    /// traces are exported (each call then sends its own span's). None, or
     /// a value that is not a valid traceparent, sends none: tracing never
     /// fails a payment. Cheap: the connection pool is shared.
     pub fn with_traceparent(&self, traceparent: Option<&str>) -> HttpProvider {
@@ -117,14 +122,18 @@ impl HttpProvider {
     }
 
     async fn fetch_page(&self, after: Option<&str>, limit: u32) -> Result<Vec<Payment>, ProviderError> {
-        let mut request = self
-            .request(Method::GET, "/v1/payments")
-            .query(&[("limit", limit)])
-            .timeout(LIST_TIMEOUT);
-        if let Some(after) = after {
-            request = request.query(&[("after", after)]);
-        }
-        let response = request.send().await.map_err(send_error)?;
+        let response = self
+            .send("GET /v1/payments", None, || {
+                let request = self
+                    .request(Method::GET, "/v1/payments")
+                    .query(&[("limit", limit)])
+                    .timeout(LIST_TIMEOUT);
+                match after {
+                    Some(after) => request.query(&[("after", after)]),
+                    None => request,
+                }
+            })
+            .await?;
         if response.status() != StatusCode::OK {
             return Err(error_of(response).await);
         }
@@ -134,12 +143,44 @@ impl HttpProvider {
             .map_err(|e| ProviderError::Transient(format!("unreadable page of payments: {e}")))
     }
 
+    /// A request to `path`, with the current span's trace context when
+    /// traces are exported, else the one this client was given.
     fn request(&self, method: Method, path: &str) -> RequestBuilder {
         let request = self.client.request(method, format!("{}{path}", self.base));
-        match &self.traceparent {
-            Some(traceparent) => request.header("traceparent", traceparent.clone()),
+        let traceparent = crate::telemetry::current_traceparent()
+            .and_then(|t| HeaderValue::from_str(&t).ok())
+            .or_else(|| self.traceparent.clone());
+        match traceparent {
+            Some(traceparent) => request.header("traceparent", traceparent),
             None => request,
         }
+    }
+
+    /// Sends what `build` makes in a `provider.call` span named `name`
+    /// (`METHOD /path`), the payment's key as an attribute.
+    async fn send(
+        &self,
+        name: &'static str,
+        key: Option<&str>,
+        build: impl FnOnce() -> RequestBuilder,
+    ) -> Result<Response, ProviderError> {
+        let span = tracing::info_span!(
+            "provider.call",
+            otel.name = name,
+            otel.kind = "client",
+            provider.url = &*self.base,
+            provider.key = key,
+            http.response.status_code = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
+        );
+        let sent = span.in_scope(build).send().instrument(span.clone()).await;
+        if let Ok(response) = &sent {
+            span.record("http.response.status_code", response.status().as_u16());
+        }
+        if sent.as_ref().map_or(true, |r| r.status().as_u16() >= 400) {
+            span.record("otel.status_code", "error");
+        }
+        sent.map_err(send_error)
     }
 }
 
@@ -157,12 +198,12 @@ impl PayoutProvider for HttpProvider {
             reference: reference.map(str::to_string),
         };
         let response = self
-            .request(Method::POST, "/v1/payments")
-            .header("Idempotency-Key", key)
-            .json(&body)
-            .send()
-            .await
-            .map_err(send_error)?;
+            .send("POST /v1/payments", Some(key), || {
+                self.request(Method::POST, "/v1/payments")
+                    .header("Idempotency-Key", key)
+                    .json(&body)
+            })
+            .await?;
         match response.status() {
             StatusCode::CREATED => Ok((read_payment(response).await?, true)),
             StatusCode::OK => Ok((read_payment(response).await?, false)),
@@ -172,16 +213,20 @@ impl PayoutProvider for HttpProvider {
 
     async fn lookup(&self, key: &str) -> Result<Option<Payment>, ProviderError> {
         let response = self
-            .request(Method::GET, "/v1/payments")
-            .query(&[("idempotency_key", key)])
-            .send()
-            .await
-            .map_err(send_error)?;
+            .send("GET /v1/payments", Some(key), || {
+                self.request(Method::GET, "/v1/payments")
+                    .query(&[("idempotency_key", key)])
+            })
+            .await?;
         match response.status() {
             StatusCode::OK => Ok(Some(read_payment(response).await?)),
             StatusCode::NOT_FOUND => Ok(None),
             _ => Err(error_of(response).await),
         }
+    }
+
+    fn with_traceparent(&self, traceparent: Option<&str>) -> HttpProvider {
+        HttpProvider::with_traceparent(self, traceparent)
     }
 }
 

@@ -191,6 +191,16 @@ pub trait PayoutProvider: Send + Sync + 'static {
     /// `GET /v1/payments?idempotency_key=K`: the payment made under `key`,
     /// or None when the provider has none (404).
     fn lookup(&self, key: &str) -> impl Future<Output = Result<Option<Payment>, ProviderError>> + Send;
+
+    /// The same provider, passing on `traceparent` (the W3C trace context
+    /// of the work it is called for) where it can; by default nowhere.
+    fn with_traceparent(&self, traceparent: Option<&str>) -> Self
+    where
+        Self: Sized + Clone,
+    {
+        let _ = traceparent;
+        self.clone()
+    }
 }
 
 #[cfg(test)]

@@ -10,8 +10,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tracing::Instrument;
+
 use super::super::finish::Held;
 use super::super::ClaimedJob;
+use super::spans::{self, JobSpans};
 use super::{guarded, Ctx, LeasedJobHandler, Step};
 use crate::leased::{LeaseKeeper, COMPLETION_RETRIES};
 use crate::queue::Failure;
@@ -90,33 +93,37 @@ impl<H: LeasedJobHandler> Leased<H> {
         let ctx = &self.ctx;
         let mut conn = ctx.conn().await?;
         let sent = Instant::now();
+        let claim = spans::claim(&ctx.queue, "leased", ctx.cfg.batch);
         let claimed = ctx
             .queue
             .claim_leased(&mut conn, ctx.cfg.batch, ctx.cfg.worker, ctx.cfg.lease.ttl)
+            .instrument(claim.clone())
             .await?;
         ctx.claimed("leased", sent.elapsed(), &claimed);
         drop(conn);
         if claimed.is_empty() {
             return Ok(Step::Idle);
         }
+        let spans = JobSpans::open(&ctx.queue, &claim, &claimed);
+        drop(claim);
         let jobs: Vec<ClaimedJob> = claimed.into_iter().map(|(job, _)| job).collect();
         let held = items(&jobs);
         self.keeper.add(&held, sent, Instant::now());
-        let result = self.work_and_finish(jobs).await;
+        let result = self.work_and_finish(jobs, &spans).await;
         self.keeper.remove(&held);
         result.map(|()| Step::Worked)
     }
 
-    async fn work_and_finish(&self, jobs: Vec<ClaimedJob>) -> Result<(), EngineError> {
-        let outcomes = self.work(jobs).await;
+    async fn work_and_finish(&self, jobs: Vec<ClaimedJob>, spans: &JobSpans) -> Result<(), EngineError> {
+        let outcomes = self.work(jobs, spans).await;
         if !outcomes.done.is_empty() {
-            self.complete(outcomes.done).await?;
+            self.complete(outcomes.done, spans).await?;
         }
         for (job, err) in outcomes.failed {
-            self.record_failure(&job, err).await?;
+            self.record_failure(&job, err, spans).await?;
         }
         if !outcomes.abandoned.is_empty() {
-            self.give_back(&outcomes.abandoned).await?;
+            self.give_back(&outcomes.abandoned, spans).await?;
         }
         Ok(())
     }
@@ -124,7 +131,7 @@ impl<H: LeasedJobHandler> Leased<H> {
     /// Works the jobs concurrently, as many at once as the process has
     /// slots; a job whose lease lapsed while it waited, or after the
     /// grace, is not started.
-    async fn work(&self, jobs: Vec<ClaimedJob>) -> Outcomes<H::Output> {
+    async fn work(&self, jobs: Vec<ClaimedJob>, spans: &JobSpans) -> Outcomes<H::Output> {
         let work = jobs.iter().map(|job| async move {
             let _slot = self.calls.acquire().await.ok()?;
             let item = ClaimedItem {
@@ -134,7 +141,11 @@ impl<H: LeasedJobHandler> Leased<H> {
             if self.hard_stop.load(Ordering::Relaxed) || !self.keeper.is_held(&item) {
                 return None;
             }
-            Some(guarded(job, self.handler.work(job)).await)
+            Some(
+                guarded(job, self.handler.work(job))
+                    .instrument(spans.handler(job))
+                    .await,
+            )
         });
         let results = futures_util::future::join_all(work).await;
         let mut outcomes = Outcomes {
@@ -153,10 +164,13 @@ impl<H: LeasedJobHandler> Leased<H> {
     }
 
     /// The fenced completion, retried a few times on transient errors.
-    async fn complete(&self, done: Vec<(ClaimedJob, H::Output)>) -> Result<(), EngineError> {
+    async fn complete(&self, done: Vec<(ClaimedJob, H::Output)>, spans: &JobSpans) -> Result<(), EngineError> {
         let mut attempt = 0;
         loop {
-            match self.complete_once(&done).await {
+            let completing = spans.completing(done.iter().map(|(job, _)| job));
+            let completed = self.complete_once(&done, spans).await;
+            drop(completing);
+            match completed {
                 Ok(()) => return Ok(()),
                 Err(err) if err.is_transient() && attempt < COMPLETION_RETRIES => {
                     attempt += 1;
@@ -168,7 +182,8 @@ impl<H: LeasedJobHandler> Leased<H> {
                     // attempt fails (fenced), and is retried or dead.
                     let error = source.to_string();
                     for (job, _) in &done {
-                        self.record_failure(job, HandlerError::Permanent(error.clone())).await?;
+                        self.record_failure(job, HandlerError::Permanent(error.clone()), spans)
+                            .await?;
                     }
                     return Ok(());
                 }
@@ -177,7 +192,7 @@ impl<H: LeasedJobHandler> Leased<H> {
         }
     }
 
-    async fn complete_once(&self, done: &[(ClaimedJob, H::Output)]) -> Result<(), EngineError> {
+    async fn complete_once(&self, done: &[(ClaimedJob, H::Output)], spans: &JobSpans) -> Result<(), EngineError> {
         let ctx = &self.ctx;
         let jobs: Vec<ClaimedJob> = done.iter().map(|(job, _)| job.clone()).collect();
         let _writing = self.keeper.writing(&items(&jobs)).await;
@@ -213,7 +228,11 @@ impl<H: LeasedJobHandler> Leased<H> {
             &ctx.stats.fence_rejections,
             rejected as u64,
         );
+        for (job, _) in &kept {
+            spans.outcome(&job.key, "settled");
+        }
         for (job, _) in done.iter().filter(|(job, _)| !accepted.contains(&job.key)) {
+            spans.outcome(&job.key, "fence_rejected");
             tracing::warn!(
                 queue = ctx.queue.name(), job = %job.key, fence = %job.fence,
                 "completion refused by the fence: the lease was lost, another attempt owns the job"
@@ -223,7 +242,7 @@ impl<H: LeasedJobHandler> Leased<H> {
     }
 
     /// A failed attempt: snoozed (no attempt spent), retried later, or dead.
-    async fn record_failure(&self, job: &ClaimedJob, err: HandlerError) -> Result<(), EngineError> {
+    async fn record_failure(&self, job: &ClaimedJob, err: HandlerError, spans: &JobSpans) -> Result<(), EngineError> {
         if err.is_fatal() {
             // A missing grant or migration is not the job's fault: stop.
             return Err(EngineError::Handler {
@@ -240,6 +259,7 @@ impl<H: LeasedJobHandler> Leased<H> {
         if let HandlerError::Snooze { after, reason } = err {
             let n = ctx.queue.snooze(&mut conn, Held::Fenced, jobs, *after, reason).await?;
             ctx.stats.count(&ctx.queue, "snoozed", &ctx.stats.snoozed, n);
+            spans.outcome(&job.key, "snoozed");
             return Ok(());
         }
         let failure = Failure {
@@ -253,6 +273,7 @@ impl<H: LeasedJobHandler> Leased<H> {
         ctx.stats
             .count(&ctx.queue, "retried", &ctx.stats.retried, outcome.retried);
         ctx.stats.count(&ctx.queue, "failed", &ctx.stats.failed, outcome.failed);
+        spans.outcome(&job.key, if outcome.failed == 1 { "failed" } else { "retried" });
         tracing::warn!(
             queue = ctx.queue.name(), job = %job.key, attempt = job.attempt,
             failed = outcome.failed == 1, error = %err, "job attempt failed"
@@ -262,7 +283,7 @@ impl<H: LeasedJobHandler> Leased<H> {
 
     /// Gives back the jobs not started that this worker still holds, so
     /// others take them at once.
-    async fn give_back(&self, abandoned: &[ClaimedJob]) -> Result<(), EngineError> {
+    async fn give_back(&self, abandoned: &[ClaimedJob], spans: &JobSpans) -> Result<(), EngineError> {
         let ctx = &self.ctx;
         let held = items(abandoned);
         let still_ours: Vec<String> = held
@@ -270,6 +291,9 @@ impl<H: LeasedJobHandler> Leased<H> {
             .filter(|i| self.keeper.is_held(i))
             .map(|i| i.key.clone())
             .collect();
+        for key in &still_ours {
+            spans.outcome(key, "released");
+        }
         if !still_ours.is_empty() {
             let _writing = self.keeper.writing(&held).await;
             let mut conn = ctx.conn().await?;

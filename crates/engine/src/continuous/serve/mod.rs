@@ -7,8 +7,10 @@
 //! rides out a restart or failover of the database (it backs off and
 //! retries, and the listener reconnects), and a stop lets the work in
 //! hand finish (leased: for a grace period, then gives the rest back).
+//! `spans.rs` names the spans of claims and jobs.
 
 mod leased;
+mod spans;
 mod tx;
 mod wake;
 

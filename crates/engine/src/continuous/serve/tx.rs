@@ -7,9 +7,11 @@
 use std::time::Instant;
 
 use sqlx::Connection;
+use tracing::Instrument;
 
 use super::super::finish::Held;
 use super::super::ClaimedJob;
+use super::spans::{self, JobSpans};
 use super::{guarded, Ctx, JobHandler, Step};
 use crate::queue::Failure;
 use crate::{EngineError, HandlerError};
@@ -19,15 +21,25 @@ pub(super) async fn step<H: JobHandler>(ctx: &Ctx, handler: &H) -> Result<Step, 
     let mut conn = ctx.conn().await?;
     let mut tx = conn.begin().await.map_err(EngineError::db("beginning a transaction"))?;
     let started = Instant::now();
-    let claimed = ctx.queue.claim_in_tx(&mut tx, ctx.cfg.batch).await?;
+    let claim = spans::claim(&ctx.queue, "tx", ctx.cfg.batch);
+    let claimed = ctx
+        .queue
+        .claim_in_tx(&mut tx, ctx.cfg.batch)
+        .instrument(claim.clone())
+        .await?;
     ctx.claimed("tx", started.elapsed(), &claimed);
     if claimed.is_empty() {
         tx.rollback().await.map_err(EngineError::db("ending an empty claim"))?;
         return Ok(Step::Idle);
     }
+    let spans = JobSpans::open(&ctx.queue, &claim, &claimed);
+    drop(claim);
     let jobs: Vec<ClaimedJob> = claimed.into_iter().map(|(job, _)| job).collect();
     for job in &jobs {
-        if let Err(err) = guarded(job, handler.handle(&mut tx, job)).await {
+        let handled = guarded(job, handler.handle(&mut tx, job))
+            .instrument(spans.handler(job))
+            .await;
+        if let Err(err) = handled {
             let lost = is_lost_connection(&err) || err.is_fatal();
             let _ = tx.rollback().await;
             if lost {
@@ -41,25 +53,30 @@ pub(super) async fn step<H: JobHandler>(ctx: &Ctx, handler: &H) -> Result<Step, 
             }
             drop(conn);
             if jobs.len() == 1 {
-                record_failure(ctx, job, err).await?;
+                record_failure(ctx, job, err, &spans).await?;
             } else {
                 for job in &jobs {
-                    alone(ctx, handler, job).await?;
+                    alone(ctx, handler, job, &spans).await?;
                 }
             }
             return Ok(Step::Worked);
         }
     }
+    let completing = spans.completing(jobs.iter());
     ctx.queue.complete_in_tx(&mut tx, &jobs).await?;
     tx.commit().await.map_err(EngineError::db("committing jobs"))?;
+    drop(completing);
     ctx.stats
         .count(&ctx.queue, "settled", &ctx.stats.settled, jobs.len() as u64);
+    for job in &jobs {
+        spans.outcome(&job.key, "settled");
+    }
     Ok(Step::Worked)
 }
 
 /// Runs one job of a failed batch in a transaction of its own (if it is
 /// still eligible and free), recording its failure if it fails alone.
-async fn alone<H: JobHandler>(ctx: &Ctx, handler: &H, job: &ClaimedJob) -> Result<(), EngineError> {
+async fn alone<H: JobHandler>(ctx: &Ctx, handler: &H, job: &ClaimedJob, spans: &JobSpans) -> Result<(), EngineError> {
     let mut conn = ctx.conn().await?;
     let mut tx = conn.begin().await.map_err(EngineError::db("beginning a transaction"))?;
     let Some(job) = ctx
@@ -70,24 +87,30 @@ async fn alone<H: JobHandler>(ctx: &Ctx, handler: &H, job: &ClaimedJob) -> Resul
     else {
         return Ok(());
     };
-    match guarded(&job, handler.handle(&mut tx, &job)).await {
+    match guarded(&job, handler.handle(&mut tx, &job))
+        .instrument(spans.handler(&job))
+        .await
+    {
         Ok(()) => {
+            let completing = spans.completing(std::iter::once(&job));
             ctx.queue.complete_in_tx(&mut tx, std::slice::from_ref(&job)).await?;
             tx.commit().await.map_err(EngineError::db("committing a job"))?;
+            drop(completing);
             ctx.stats.count(&ctx.queue, "settled", &ctx.stats.settled, 1);
+            spans.outcome(&job.key, "settled");
             Ok(())
         }
         Err(err) => {
             let _ = tx.rollback().await;
             drop(conn);
-            record_failure(ctx, &job, err).await
+            record_failure(ctx, &job, err, spans).await
         }
     }
 }
 
 /// After the job's transaction rolled back: a snooze (no attempt spent),
 /// or a failed attempt (retried after a backoff, or a dead letter).
-async fn record_failure(ctx: &Ctx, job: &ClaimedJob, err: HandlerError) -> Result<(), EngineError> {
+async fn record_failure(ctx: &Ctx, job: &ClaimedJob, err: HandlerError, spans: &JobSpans) -> Result<(), EngineError> {
     if err.is_fatal() {
         // A missing grant or migration is not the job's fault: stop.
         return Err(EngineError::Handler {
@@ -105,6 +128,7 @@ async fn record_failure(ctx: &Ctx, job: &ClaimedJob, err: HandlerError) -> Resul
             .snooze(&mut conn, Held::Unclaimed, jobs, *after, reason)
             .await?;
         ctx.stats.count(&ctx.queue, "snoozed", &ctx.stats.snoozed, n);
+        spans.outcome(&job.key, "snoozed");
         return Ok(());
     }
     let failure = Failure {
@@ -118,6 +142,7 @@ async fn record_failure(ctx: &Ctx, job: &ClaimedJob, err: HandlerError) -> Resul
     ctx.stats
         .count(&ctx.queue, "retried", &ctx.stats.retried, outcome.retried);
     ctx.stats.count(&ctx.queue, "failed", &ctx.stats.failed, outcome.failed);
+    spans.outcome(&job.key, if outcome.failed == 1 { "failed" } else { "retried" });
     tracing::warn!(
         queue = ctx.queue.name(), job = %job.key, attempt = job.attempt,
         failed = outcome.failed == 1, error = %err, "job attempt failed"
