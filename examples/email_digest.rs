@@ -48,7 +48,7 @@ const SCHEMA_SQL: &[&str] = &[
 
 /// The digest job: its work table, no extra hooks (any week with items may
 /// start; the report is the engine's counts; a due time covers its own date).
-pub fn job() -> Job<NoHooks> {
+pub(crate) fn job() -> Job<NoHooks> {
     let queue = WorkQueue::new(QueueSpec {
         job: "weekly-digest".into(),
         table: "digest.outbox".into(),
@@ -63,7 +63,7 @@ pub fn job() -> Job<NoHooks> {
 
 /// "Sends" a chunk of digests: renders each body and records the send, in
 /// the claiming transaction. A `bounce` topic is refused.
-pub struct SendDigests;
+pub(crate) struct SendDigests;
 
 impl ChunkHandler for SendDigests {
     async fn handle_chunk(&self, tx: &mut PgConnection, chunk: &Chunk) -> Result<Handled, HandlerError> {
@@ -94,12 +94,12 @@ impl ChunkHandler for SendDigests {
 }
 
 /// How a worker drains the digest job.
-pub fn drainer() -> InTransaction<SendDigests> {
+pub(crate) fn drainer() -> InTransaction<SendDigests> {
     InTransaction(Arc::new(SendDigests))
 }
 
 /// Four claim loops of 50 digests.
-pub fn drain_config() -> DrainConfig {
+pub(crate) fn drain_config() -> DrainConfig {
     DrainConfig {
         chunk: 50,
         concurrency: 4,
@@ -108,7 +108,7 @@ pub fn drain_config() -> DrainConfig {
 }
 
 /// Creates the engine's and the example's tables.
-pub async fn install(pool: &PgPool) -> anyhow::Result<()> {
+pub(crate) async fn install(pool: &PgPool) -> anyhow::Result<()> {
     settled_engine::migrate(pool).await?;
     for statement in SCHEMA_SQL {
         sqlx::query(statement).execute(pool).await?;
@@ -119,7 +119,7 @@ pub async fn install(pool: &PgPool) -> anyhow::Result<()> {
 
 /// Enqueues `subscribers` digests for `week` (the `bounce` subscriber, if
 /// given, gets the topic the handler refuses).
-pub async fn enqueue(pool: &PgPool, week: &str, subscribers: i64, bounce: Option<i64>) -> anyhow::Result<()> {
+pub(crate) async fn enqueue(pool: &PgPool, week: &str, subscribers: i64, bounce: Option<i64>) -> anyhow::Result<()> {
     sqlx::query(
         "INSERT INTO digest.outbox (week, subscriber, topic)
          SELECT $1::date, 'subscriber-' || i,
@@ -136,7 +136,7 @@ pub async fn enqueue(pool: &PgPool, week: &str, subscribers: i64, bounce: Option
 }
 
 /// Digests sent for `week`.
-pub async fn sent(pool: &PgPool, week: &str) -> anyhow::Result<i64> {
+pub(crate) async fn sent(pool: &PgPool, week: &str) -> anyhow::Result<i64> {
     Ok(
         sqlx::query_scalar("SELECT count(*) FROM digest.sent WHERE week = $1::date")
             .bind(week)
@@ -147,7 +147,7 @@ pub async fn sent(pool: &PgPool, week: &str) -> anyhow::Result<i64> {
 
 /// Enqueues `subscribers` digests for `week` and lets one worker of this
 /// process take its turn at the week's run (start or join, drain, finish).
-pub async fn send_weekly_digests(pool: &PgPool, week: &str, subscribers: i64) -> anyhow::Result<(WorkOutcome, i64)> {
+pub(crate) async fn send_weekly_digests(pool: &PgPool, week: &str, subscribers: i64) -> anyhow::Result<(WorkOutcome, i64)> {
     install(pool).await?;
     enqueue(pool, week, subscribers, None).await?;
     let worker = Worker::register(pool, "example").await?;

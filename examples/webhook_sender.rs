@@ -21,13 +21,13 @@ use settled_engine::{ClaimedJob, HandlerError, LeasedJobHandler, NewJob, Queue, 
 use sqlx::{Connection, PgConnection, PgPool};
 
 /// The queue of webhooks.
-pub fn queue() -> Queue {
+pub(crate) fn queue() -> Queue {
     Queue::new("webhooks", "shop.webhooks").expect("valid names")
 }
 
 /// What a webhook carries, as its job's payload.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub struct Webhook {
+pub(crate) struct Webhook {
     /// Where it goes.
     pub url: String,
     /// The order it announces.
@@ -37,7 +37,7 @@ pub struct Webhook {
 }
 
 /// Creates the engine's tables, the shop's orders and the queue's table.
-pub async fn install(pool: &PgPool) -> anyhow::Result<()> {
+pub(crate) async fn install(pool: &PgPool) -> anyhow::Result<()> {
     settled_engine::migrate(pool).await?;
     let mut conn = pool.acquire().await?;
     let exists: bool = sqlx::query_scalar("SELECT to_regclass('shop.webhooks') IS NOT NULL")
@@ -59,7 +59,7 @@ pub async fn install(pool: &PgPool) -> anyhow::Result<()> {
 }
 
 /// Places an order: the order and its webhook commit together, or neither.
-pub async fn place_order(conn: &mut PgConnection, receiver: &str, order: i64, amount_cents: i64) -> anyhow::Result<()> {
+pub(crate) async fn place_order(conn: &mut PgConnection, receiver: &str, order: i64, amount_cents: i64) -> anyhow::Result<()> {
     let mut tx = conn.begin().await?;
     sqlx::query("INSERT INTO shop.orders (id, amount_cents) VALUES ($1, $2)")
         .bind(order)
@@ -79,13 +79,13 @@ pub async fn place_order(conn: &mut PgConnection, receiver: &str, order: i64, am
 }
 
 /// Delivers webhooks over HTTP.
-pub struct Sender {
+pub(crate) struct Sender {
     client: reqwest::Client,
 }
 
 impl Sender {
     /// A sender whose calls give up after five seconds.
-    pub fn new() -> anyhow::Result<Sender> {
+    pub(crate) fn new() -> anyhow::Result<Sender> {
         Ok(Sender {
             client: reqwest::Client::builder().timeout(Duration::from_secs(5)).build()?,
         })
@@ -132,7 +132,7 @@ impl LeasedJobHandler for Sender {
 }
 
 /// Serves the queue with `loops` claim loops until `stats` is stopped.
-pub async fn deliver(pool: &PgPool, loops: u32, stats: Arc<ServeStats>) -> anyhow::Result<()> {
+pub(crate) async fn deliver(pool: &PgPool, loops: u32, stats: Arc<ServeStats>) -> anyhow::Result<()> {
     let cfg = ServeConfig {
         concurrency: loops,
         batch: 10,

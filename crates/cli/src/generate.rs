@@ -13,7 +13,7 @@ use settled::cmd::{Global, Outcome, Runnable};
 
 /// Write the manual pages or the shell completions into a directory.
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     #[command(subcommand)]
     what: What,
 }
@@ -33,14 +33,14 @@ enum What {
 }
 
 /// The generator, with the command line it describes.
-pub struct Generate {
+pub(crate) struct Generate {
     args: Args,
     cli: clap::Command,
 }
 
 impl Generate {
     /// Generates from `cli`, the binary's whole command line.
-    pub fn new(args: Args, cli: clap::Command) -> Generate {
+    pub(crate) fn new(args: Args, cli: clap::Command) -> Generate {
         Generate { args, cli }
     }
 }

@@ -654,10 +654,10 @@ async fn a_queued_payouts_delivery_is_never_cancelled_or_pruned_and_a_dead_lette
     stop(a);
 
     let states = env
-        .scalar_text(&format!(
+        .scalar_text(
             "SELECT string_agg(p.id || ':' || p.status || '/' || j.status, ' ' ORDER BY p.id)
-             FROM settlement.payouts p JOIN settlement.payout_jobs j ON j.payout_id = p.id"
-        ))
+             FROM settlement.payouts p JOIN settlement.payout_jobs j ON j.payout_id = p.id",
+        )
         .await;
     assert_eq!(states, format!("{stuck}:queued/failed {other}:paid/settled"));
 

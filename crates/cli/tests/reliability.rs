@@ -296,8 +296,10 @@ async fn a_workers_lease_renewals_and_its_completions_never_deadlock() {
         &sim.url,
         "--lease-ttl-ms",
         "300",
+        // A lease lost on a loaded machine is rescued in seconds, not at
+        // the default interval.
         "--rescue-interval-ms",
-        "600000",
+        "2000",
         "--concurrency",
         "4",
         "--chunk",

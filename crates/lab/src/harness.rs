@@ -39,20 +39,35 @@ pub const PICKUP_MAX_US: u64 = 3_600_000_000;
 /// The runner's environment, with the contract's defaults.
 #[derive(Debug, Clone)]
 pub struct HarnessEnv {
+    /// `DATABASE_URL`.
     pub database_url: String,
+    /// `SCENARIO`.
     pub scenario: String,
+    /// `PRODUCER_MODE`: fixed or depth-target.
     pub producer_mode: String,
+    /// `PRODUCER_RATE`, jobs/s.
     pub producer_rate: u64,
+    /// `PRODUCER_PACING`: who paces the producer, harness or adapter.
     pub producer_pacing: String,
+    /// `PRODUCER_BATCH_MAX`: most jobs per enqueue.
     pub producer_batch_max: u64,
+    /// `PRODUCER_BATCH_MS`: longest wait to fill a batch.
     pub producer_batch_ms: u64,
+    /// `TARGET_DEPTH`: the depth-target producer's queue depth.
     pub target_depth: u64,
+    /// `WORKER_COUNT`: claim loops.
     pub worker_count: u32,
+    /// `PAYLOAD_BYTES`: each job's payload.
     pub payload_bytes: usize,
+    /// `WORK_MS`: each job's work.
     pub work_ms: u64,
+    /// `SAMPLE_EVERY_S`: seconds between samples.
     pub sample_every_s: u64,
+    /// `LATENCY_WINDOW_MS`: the window of the latency percentiles.
     pub latency_window_ms: u64,
+    /// `BENCH_INSTANCE_ID`: this adapter among several.
     pub instance_id: u32,
+    /// Jobs per claim.
     pub batch: u32,
 }
 

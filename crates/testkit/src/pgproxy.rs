@@ -45,9 +45,9 @@ pub struct FaultPlan {
 }
 
 /// Longest wait for the server's answer to a COMMIT whose answer is lost.
-pub const ANSWER_WAIT: Duration = Duration::from_secs(10);
+pub(crate) const ANSWER_WAIT: Duration = Duration::from_secs(10);
 /// Pause between the answer's arrival and closing both sides.
-pub const CUT_PAUSE: Duration = Duration::from_millis(100);
+pub(crate) const CUT_PAUSE: Duration = Duration::from_millis(100);
 
 /// A running proxy; stops accepting on drop.
 pub struct PgProxy {

@@ -8,16 +8,16 @@ use settled_testkit::TestDb;
 use sqlx::PgPool;
 
 /// The `settled` binary built for these tests.
-pub const SETTLED: &str = env!("CARGO_BIN_EXE_settled");
+pub(crate) const SETTLED: &str = env!("CARGO_BIN_EXE_settled");
 
 /// A fresh database with the migrations applied, and a pool on it.
-pub struct Env {
+pub(crate) struct Env {
     pub db: TestDb,
     pub pool: PgPool,
 }
 
 impl Env {
-    pub async fn new() -> Env {
+    pub(crate) async fn new() -> Env {
         // A copy of a database migrated once per test binary.
         let db = TestDb::create_prepared("settled", |url| async move {
             let pool = sqlx::postgres::PgPoolOptions::new()
@@ -35,7 +35,7 @@ impl Env {
     }
 
     /// A fresh database with no migrations applied.
-    pub async fn unmigrated() -> Env {
+    pub(crate) async fn unmigrated() -> Env {
         Env::on(TestDb::create().await.expect("test database")).await
     }
 
@@ -49,7 +49,7 @@ impl Env {
     }
 
     /// A `settled` command bound to this test's database.
-    pub fn cmd(&self, args: &[&str]) -> Command {
+    pub(crate) fn cmd(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new(SETTLED);
         cmd.args(args)
             .env("DATABASE_URL", &self.db.url)
@@ -59,12 +59,12 @@ impl Env {
     }
 
     /// Runs `settled ARGS` to completion.
-    pub fn run(&self, args: &[&str]) -> Output {
+    pub(crate) fn run(&self, args: &[&str]) -> Output {
         self.cmd(args).output().expect("run settled")
     }
 
     /// Runs `settled ARGS` and requires exit 0.
-    pub fn run_ok(&self, args: &[&str]) -> String {
+    pub(crate) fn run_ok(&self, args: &[&str]) -> String {
         let out = self.run(args);
         assert!(
             out.status.success(),
@@ -75,17 +75,17 @@ impl Env {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
-    pub async fn scalar_i64(&self, sql: &str) -> i64 {
+    pub(crate) async fn scalar_i64(&self, sql: &str) -> i64 {
         sqlx::query_scalar(sql).fetch_one(&self.pool).await.expect(sql)
     }
 
-    pub async fn scalar_text(&self, sql: &str) -> String {
+    pub(crate) async fn scalar_text(&self, sql: &str) -> String {
         sqlx::query_scalar(sql).fetch_one(&self.pool).await.expect(sql)
     }
 }
 
 /// A free port on 127.0.0.1.
-pub fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -94,13 +94,13 @@ pub fn free_port() -> u16 {
 }
 
 /// A `settled provider-sim` process and its URL; killed on drop.
-pub struct ProviderSim {
+pub(crate) struct ProviderSim {
     pub child: std::process::Child,
     pub url: String,
 }
 
 impl ProviderSim {
-    pub fn start(extra: &[&str]) -> ProviderSim {
+    pub(crate) fn start(extra: &[&str]) -> ProviderSim {
         let port = free_port();
         let mut child = Command::new(SETTLED)
             .args(["provider-sim", "--port", &port.to_string()])
@@ -122,7 +122,7 @@ impl ProviderSim {
         panic!("provider-sim did not start");
     }
 
-    pub async fn counters(&self) -> serde_json::Value {
+    pub(crate) async fn counters(&self) -> serde_json::Value {
         reqwest::get(format!("{}/v1/counters", self.url))
             .await
             .unwrap()
@@ -140,7 +140,7 @@ impl Drop for ProviderSim {
 }
 
 /// Polls `check` every 50 ms until it is true or `secs` pass.
-pub async fn wait_until<F, Fut>(secs: u64, what: &str, mut check: F)
+pub(crate) async fn wait_until<F, Fut>(secs: u64, what: &str, mut check: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
@@ -156,7 +156,7 @@ where
 }
 
 /// Flags of a leased worker with short timings, for tests.
-pub const LEASED_FAST: &[&str] = &[
+pub(crate) const LEASED_FAST: &[&str] = &[
     "--mode",
     "leased",
     "--lease-ttl-ms",
@@ -177,7 +177,7 @@ pub const LEASED_FAST: &[&str] = &[
 
 /// Waits for a child process, killing it and failing the test after `secs`:
 /// a test must end by itself, whatever the code under test does.
-pub fn wait_bounded(child: &mut std::process::Child, secs: u64) -> std::process::ExitStatus {
+pub(crate) fn wait_bounded(child: &mut std::process::Child, secs: u64) -> std::process::ExitStatus {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
     loop {
         if let Some(status) = child.try_wait().expect("wait for child") {
@@ -194,7 +194,7 @@ pub fn wait_bounded(child: &mut std::process::Child, secs: u64) -> std::process:
 
 /// Starts `cmd`, a server listening on 127.0.0.1:`port`, and waits until
 /// `path` answers 200.
-pub async fn spawn_server(mut cmd: Command, port: u16, path: &str) -> Server {
+pub(crate) async fn spawn_server(mut cmd: Command, port: u16, path: &str) -> Server {
     let server = Server {
         child: cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap(),
         base: format!("http://127.0.0.1:{port}"),
@@ -210,7 +210,7 @@ pub async fn spawn_server(mut cmd: Command, port: u16, path: &str) -> Server {
 }
 
 /// A `settled serve` process on a free port; killed on drop.
-pub struct Server {
+pub(crate) struct Server {
     pub child: std::process::Child,
     pub base: String,
 }
@@ -227,17 +227,17 @@ impl Env {
     /// under its least-privilege role (`--role-per-command`, so every API
     /// and dashboard test also proves the role's grants suffice), and waits
     /// until /healthz answers.
-    pub async fn serve(&self, token: &str) -> Server {
+    pub(crate) async fn serve(&self, token: &str) -> Server {
         self.serve_with(token, &[]).await
     }
 
     /// As [`Env::serve`], with more arguments for `serve`.
-    pub async fn serve_with(&self, token: &str, extra: &[&str]) -> Server {
+    pub(crate) async fn serve_with(&self, token: &str, extra: &[&str]) -> Server {
         self.spawn_serve(token, true, extra).await
     }
 
     /// As [`Env::serve_with`], as the login role (no `SET ROLE`).
-    pub async fn serve_as_login(&self, token: &str, extra: &[&str]) -> Server {
+    pub(crate) async fn serve_as_login(&self, token: &str, extra: &[&str]) -> Server {
         self.spawn_serve(token, false, extra).await
     }
 

@@ -12,7 +12,7 @@ use super::{Names, Queue};
 use crate::EngineError;
 
 /// Most jobs one retention statement removes (each batch its own transaction).
-pub const PRUNE_BATCH_JOBS: i64 = 5_000;
+pub(super) const PRUNE_BATCH_JOBS: i64 = 5_000;
 
 /// How long finished jobs stay.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

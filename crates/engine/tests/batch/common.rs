@@ -8,9 +8,9 @@ use settled_engine::{Chunk, ChunkHandler, DrainConfig, Handled, HandlerError, In
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgConnection, PgPool};
 
-pub const SCOPE: &str = "2026-11-28";
+pub(crate) const SCOPE: &str = "2026-11-28";
 
-pub const TABLE_SQL: &[&str] = &[
+pub(crate) const TABLE_SQL: &[&str] = &[
     "CREATE SCHEMA jobs",
     "CREATE TABLE jobs.items (
         day date NOT NULL, item text NOT NULL,
@@ -25,7 +25,7 @@ pub const TABLE_SQL: &[&str] = &[
     "CREATE TABLE jobs.effects (day date NOT NULL, item text NOT NULL, fence integer NOT NULL, PRIMARY KEY (day, item))",
 ];
 
-pub fn job() -> Job<NoHooks> {
+pub(crate) fn job() -> Job<NoHooks> {
     Job::new(
         WorkQueue::new(QueueSpec {
             job: "generic".into(),
@@ -40,12 +40,12 @@ pub fn job() -> Job<NoHooks> {
     )
 }
 
-pub struct Env {
+pub(crate) struct Env {
     pub pool: PgPool,
     pub db: settled_testkit::TestDb,
 }
 
-pub async fn env(items: i64) -> Env {
+pub(crate) async fn env(items: i64) -> Env {
     // A copy of a database migrated and set up once per test binary.
     let db = settled_testkit::TestDb::create_prepared("batch", |url| async move {
         let pool = PgPoolOptions::new()
@@ -67,7 +67,7 @@ pub async fn env(items: i64) -> Env {
     Env { pool, db }
 }
 
-pub async fn add_items(pool: &PgPool, scope: &str, items: i64) {
+pub(crate) async fn add_items(pool: &PgPool, scope: &str, items: i64) {
     sqlx::query("INSERT INTO jobs.items (day, item) SELECT $1::date, 'item-' || i FROM generate_series(1, $2) i")
         .bind(scope)
         .bind(items)
@@ -76,12 +76,12 @@ pub async fn add_items(pool: &PgPool, scope: &str, items: i64) {
         .unwrap();
 }
 
-pub async fn count(pool: &PgPool, sql: &str) -> i64 {
+pub(crate) async fn count(pool: &PgPool, sql: &str) -> i64 {
     sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
 }
 
 /// Records each item's effect with its fence; refuses the keys in `poison`.
-pub struct Scripted {
+pub(crate) struct Scripted {
     pub poison: Vec<String>,
 }
 
@@ -100,13 +100,13 @@ impl ChunkHandler for Scripted {
     }
 }
 
-pub fn drainer(poison: &[&str]) -> InTransaction<Scripted> {
+pub(crate) fn drainer(poison: &[&str]) -> InTransaction<Scripted> {
     InTransaction(Arc::new(Scripted {
         poison: poison.iter().map(|s| s.to_string()).collect(),
     }))
 }
 
-pub fn config(chunk: u32, concurrency: u32) -> DrainConfig {
+pub(crate) fn config(chunk: u32, concurrency: u32) -> DrainConfig {
     DrainConfig {
         chunk,
         concurrency,
@@ -121,9 +121,9 @@ pub fn config(chunk: u32, concurrency: u32) -> DrainConfig {
 /// A handler whose chunks are one statement ([`settled_engine::raw::ChunkSql`]):
 /// effects in `jobs.sql_effects` (a CHECK refuses `item-77`), holds from
 /// `jobs.holds`. Its `handle_chunk` fails everything.
-pub struct InSql;
+pub(crate) struct InSql;
 
-pub const SQL_TABLES: &[&str] = &[
+pub(crate) const SQL_TABLES: &[&str] = &[
     "CREATE TABLE jobs.sql_effects (day date NOT NULL, item text NOT NULL CHECK (item <> 'item-77'),
         fence integer NOT NULL, run bigint NOT NULL, PRIMARY KEY (day, item))",
     "CREATE TABLE jobs.holds (item text PRIMARY KEY)",

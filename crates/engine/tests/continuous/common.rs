@@ -13,20 +13,20 @@ use settled_engine::{HandlerError, LeaseConfig};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgConnection, PgPool};
 
-pub const QUEUE: &str = "mail";
-pub const TABLE: &str = "jobs.queue";
+pub(crate) const QUEUE: &str = "mail";
+pub(crate) const TABLE: &str = "jobs.queue";
 
-pub fn queue() -> Arc<Queue> {
+pub(crate) fn queue() -> Arc<Queue> {
     Arc::new(Queue::new(QUEUE, TABLE).unwrap())
 }
 
-pub struct Env {
+pub(crate) struct Env {
     pub pool: PgPool,
     pub db: settled_testkit::TestDb,
 }
 
 /// A fresh database with the queue's table and an effects table.
-pub async fn env() -> Env {
+pub(crate) async fn env() -> Env {
     // A copy of a database migrated and set up once per test binary.
     let db = settled_testkit::TestDb::create_prepared("continuous", |url| async move {
         let pool = PgPoolOptions::new()
@@ -46,7 +46,7 @@ pub async fn env() -> Env {
 }
 
 /// The queue's table and the effects table on `pool`'s database.
-pub async fn setup(pool: &PgPool) {
+pub(crate) async fn setup(pool: &PgPool) {
     let mut conn = pool.acquire().await.unwrap();
     sqlx::query("CREATE SCHEMA jobs").execute(&mut *conn).await.unwrap();
     queue().create_table(&mut conn).await.unwrap();
@@ -59,12 +59,12 @@ pub async fn setup(pool: &PgPool) {
     .unwrap();
 }
 
-pub async fn count(pool: &PgPool, sql: &str) -> i64 {
+pub(crate) async fn count(pool: &PgPool, sql: &str) -> i64 {
     sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
 }
 
 /// A config for tests: short poll and backoff, quick leases.
-pub fn config(concurrency: u32, batch: u32) -> ServeConfig {
+pub(crate) fn config(concurrency: u32, batch: u32) -> ServeConfig {
     let mut cfg = ServeConfig {
         concurrency,
         batch,
@@ -84,14 +84,14 @@ pub fn config(concurrency: u32, batch: u32) -> ServeConfig {
 }
 
 /// Polling only, for tests that must not depend on a wake-up.
-pub fn polling(mut cfg: ServeConfig) -> ServeConfig {
+pub(crate) fn polling(mut cfg: ServeConfig) -> ServeConfig {
     cfg.wake = Wake::Poll;
     cfg
 }
 
 /// What a scripted handler does with a job, by key.
 #[derive(Default, Clone)]
-pub struct Script {
+pub(crate) struct Script {
     /// Refused for good.
     pub poison: HashSet<String>,
     /// Panic while handling.
@@ -105,13 +105,13 @@ pub struct Script {
 }
 
 /// In-transaction handler: one effect row per job, on the claim's transaction.
-pub struct TxScripted {
+pub(crate) struct TxScripted {
     pub script: Script,
     pub handled: AtomicU64,
 }
 
 impl TxScripted {
-    pub fn new(script: Script) -> Arc<TxScripted> {
+    pub(crate) fn new(script: Script) -> Arc<TxScripted> {
         Arc::new(TxScripted {
             script,
             handled: AtomicU64::new(0),
@@ -158,7 +158,7 @@ impl JobHandler for TxScripted {
 /// (`jobs.receiver`, keyed by the job's key: a second call with the same
 /// key is absorbed and counted); the effect row is written with the
 /// completion.
-pub struct LeasedScripted {
+pub(crate) struct LeasedScripted {
     pub script: Script,
     pub pool: PgPool,
 }
@@ -198,7 +198,7 @@ impl LeasedJobHandler for LeasedScripted {
 }
 
 /// The receiver's table (leased tests).
-pub async fn receiver(pool: &PgPool) {
+pub(crate) async fn receiver(pool: &PgPool) {
     sqlx::query("CREATE TABLE jobs.receiver (key text PRIMARY KEY, calls integer NOT NULL)")
         .execute(pool)
         .await
@@ -206,7 +206,7 @@ pub async fn receiver(pool: &PgPool) {
 }
 
 /// Waits until `sql` returns `want` (or panics after `secs`).
-pub async fn wait_for(pool: &PgPool, sql: &str, want: i64, secs: u64) {
+pub(crate) async fn wait_for(pool: &PgPool, sql: &str, want: i64, secs: u64) {
     let deadline = std::time::Instant::now() + Duration::from_secs(secs);
     loop {
         let got = count(pool, sql).await;
@@ -219,13 +219,13 @@ pub async fn wait_for(pool: &PgPool, sql: &str, want: i64, secs: u64) {
 }
 
 /// A serve running in the background, stopped and joined by `stop`.
-pub struct Serving {
+pub(crate) struct Serving {
     pub stats: Arc<ServeStats>,
     task: tokio::task::JoinHandle<Result<(), settled_engine::EngineError>>,
 }
 
 impl Serving {
-    pub fn tx(pool: &PgPool, handler: Arc<TxScripted>, cfg: ServeConfig) -> Serving {
+    pub(crate) fn tx(pool: &PgPool, handler: Arc<TxScripted>, cfg: ServeConfig) -> Serving {
         let stats = Arc::new(ServeStats::default());
         let (pool, s) = (pool.clone(), stats.clone());
         let task =
@@ -233,7 +233,7 @@ impl Serving {
         Serving { stats, task }
     }
 
-    pub fn leased(pool: &PgPool, handler: Arc<LeasedScripted>, cfg: ServeConfig) -> Serving {
+    pub(crate) fn leased(pool: &PgPool, handler: Arc<LeasedScripted>, cfg: ServeConfig) -> Serving {
         let stats = Arc::new(ServeStats::default());
         let (pool, s) = (pool.clone(), stats.clone());
         let task =
@@ -243,7 +243,7 @@ impl Serving {
         Serving { stats, task }
     }
 
-    pub async fn stop(self) {
+    pub(crate) async fn stop(self) {
         self.stats.request_stop();
         self.task.await.unwrap().unwrap();
     }

@@ -35,21 +35,28 @@ pub const MAX_LATENCY_US: u64 = 600_000_000;
 /// `settled bench-worker`, which `settled bench` passes).
 #[derive(Debug, Clone, clap::Args)]
 pub struct ChildArgs {
+    /// The strategy this worker runs.
     #[arg(long, value_enum)]
     pub strategy: Strategy,
+    /// The period it settles.
     #[arg(long)]
     pub period: Period,
+    /// The run it works for (global-lock and key-range strategies).
     #[arg(long = "run")]
     pub run_id: i64,
+    /// Creators per claim.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=10000))]
     pub chunk: u32,
+    /// Simulated work per creator, ms.
     #[arg(long, default_value_t = 0)]
     pub work_ms: u64,
     /// This worker's index among the case's workers (0-based).
     #[arg(long, default_value_t = 0)]
     pub index: u32,
+    /// Claim loops of this process.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub concurrency: u32,
+    /// Where the Redis-lock strategy finds Redis.
     #[arg(long, default_value = "redis://127.0.0.1:6379")]
     pub redis_url: String,
     /// The Redis key of this case's lock.

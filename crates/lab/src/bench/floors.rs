@@ -85,7 +85,7 @@ fn range_script(statements: &settled_engine::raw::ChunkStatements) -> String {
 }
 
 /// pgbench next to the server binaries, else on PATH.
-pub fn pgbench_program() -> Option<PathBuf> {
+pub(super) fn pgbench_program() -> Option<PathBuf> {
     if let Ok(bin) = settled_embedded::find_binaries() {
         let p = bin.program("pgbench");
         if p.is_file() {
@@ -100,7 +100,7 @@ pub fn pgbench_program() -> Option<PathBuf> {
 }
 
 /// pgbench with [`settle_chunk_script`], `workers` clients, until the period is settled.
-pub async fn pgbench_case(ctx: &Ctx, pgbench: &PathBuf, workers: u32, creators: u64, chunk: u32) -> CaseResult {
+pub(super) async fn pgbench_case(ctx: &Ctx, pgbench: &PathBuf, workers: u32, creators: u64, chunk: u32) -> CaseResult {
     let mut case = CaseResult::new("pgbench", "pgbench", workers, 0, creators);
     case.chunk = Some(chunk);
     if let Err(err) = measure_pgbench(ctx, pgbench, workers, creators, chunk, &mut case).await {
@@ -181,7 +181,7 @@ async fn measure_pgbench(
 /// each alone on its own key range of the period (cut at the period's key
 /// quantiles): no client code, no claim that meets another's rows. The
 /// ceiling of splitting the work with SKIP LOCKED on this server.
-pub async fn pgbench_ranges_case(ctx: &Ctx, pgbench: &PathBuf, workers: u32, creators: u64, chunk: u32) -> CaseResult {
+pub(super) async fn pgbench_ranges_case(ctx: &Ctx, pgbench: &PathBuf, workers: u32, creators: u64, chunk: u32) -> CaseResult {
     let mut case = CaseResult::new("pgbench", "pgbench-ranges", workers, 0, creators);
     case.chunk = Some(chunk);
     if let Err(err) = measure_pgbench_ranges(ctx, pgbench, workers, creators, chunk, &mut case).await {
@@ -316,7 +316,7 @@ fn set_based_statements(period: settled::period::Period) -> Vec<String> {
 }
 
 /// The whole period in one transaction on one connection.
-pub async fn set_based_case(ctx: &Ctx, creators: u64) -> CaseResult {
+pub(super) async fn set_based_case(ctx: &Ctx, creators: u64) -> CaseResult {
     let mut case = CaseResult::new("set-based", "set-based", 1, 0, creators);
     if let Err(err) = measure_set_based(ctx, creators, &mut case).await {
         case.error = Some(format!("{err:#}"));

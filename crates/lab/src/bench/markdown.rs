@@ -8,7 +8,7 @@ use super::report::{BenchReport, CaseResult};
 use super::targets::find;
 
 /// `1234567.8` as `1,234,568`.
-pub fn thousands(v: f64) -> String {
+pub(super) fn thousands(v: f64) -> String {
     let n = v.round() as i64;
     let digits = n.abs().to_string();
     let mut out = String::new();

@@ -13,11 +13,11 @@ use anyhow::Context;
 use super::{finish_case, prepare_case, CaseResult, Ctx};
 
 /// Each peer runs with its defaults and with its documented fast path.
-pub const CONFIGS: [&str; 2] = ["defaults", "tuned"];
+pub(super) const CONFIGS: [&str; 2] = ["defaults", "tuned"];
 /// Longest install (npm, pip or cargo build of a peer).
-pub const INSTALL_TIMEOUT_SECS: u64 = 1_800;
+pub(super) const INSTALL_TIMEOUT_SECS: u64 = 1_800;
 /// Longest single peer case.
-pub const RUN_TIMEOUT_SECS: u64 = 1_800;
+pub(super) const RUN_TIMEOUT_SECS: u64 = 1_800;
 
 /// What a peer's `run` prints.
 #[derive(Debug, serde::Deserialize)]
@@ -35,18 +35,18 @@ fn peer_dir(ctx: &Ctx, peer: &str) -> anyhow::Result<std::path::PathBuf> {
 }
 
 /// The directory of `peer` under `peers_dir`, absolute.
-pub fn peer_dir_in(peers_dir: &std::path::Path, peer: &str) -> anyhow::Result<std::path::PathBuf> {
+pub(super) fn peer_dir_in(peers_dir: &std::path::Path, peer: &str) -> anyhow::Result<std::path::PathBuf> {
     let dir = peers_dir.join(peer);
     std::fs::canonicalize(&dir).with_context(|| format!("peer directory {}", dir.display()))
 }
 
 /// Runs the peer's `install` script.
-pub async fn install(ctx: &Ctx, peer: &str) -> anyhow::Result<()> {
+pub(super) async fn install(ctx: &Ctx, peer: &str) -> anyhow::Result<()> {
     install_in(&ctx.opts.peers_dir, peer).await
 }
 
 /// Runs the `install` script of `peer` under `peers_dir`.
-pub async fn install_in(peers_dir: &std::path::Path, peer: &str) -> anyhow::Result<()> {
+pub(super) async fn install_in(peers_dir: &std::path::Path, peer: &str) -> anyhow::Result<()> {
     let dir = peer_dir_in(peers_dir, peer)?;
     let script = dir.join("install");
     anyhow::ensure!(script.is_file(), "{} does not exist", script.display());
@@ -66,7 +66,7 @@ pub async fn install_in(peers_dir: &std::path::Path, peer: &str) -> anyhow::Resu
 }
 
 /// One peer case: `workers` concurrent jobs, `creators` jobs.
-pub async fn peer_case(ctx: &Ctx, peer: &str, config: &str, workers: u32, creators: u64) -> CaseResult {
+pub(super) async fn peer_case(ctx: &Ctx, peer: &str, config: &str, workers: u32, creators: u64) -> CaseResult {
     let mut case = CaseResult::new("peer", peer, workers, 0, creators);
     case.config = Some(config.to_string());
     if let Err(err) = measure(ctx, peer, config, workers, creators, &mut case).await {

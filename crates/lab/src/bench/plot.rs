@@ -44,7 +44,7 @@ fn register_font() -> bool {
 }
 
 /// Writes throughput, efficiency and latency plots (SVG and PNG) into `dir`.
-pub fn write_plots(r: &BenchReport, dir: &Path) -> anyhow::Result<()> {
+pub(super) fn write_plots(r: &BenchReport, dir: &Path) -> anyhow::Result<()> {
     if !register_font() {
         eprintln!("bench: no TrueType font found (set SETTLED_PLOT_FONT to a .ttf file); plots skipped");
         return Ok(());

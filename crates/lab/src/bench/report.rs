@@ -189,20 +189,30 @@ impl CaseResult {
 /// The whole run.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct BenchReport {
+    /// When the run started (RFC 3339).
     pub started_at: String,
+    /// When it finished (RFC 3339).
     pub finished_at: String,
+    /// settled's version.
     pub settled_version: String,
+    /// PostgreSQL's version.
     pub server_version: String,
+    /// Which server: the private one, or the URL's host.
     pub server: String,
+    /// CPUs of the machine.
     pub cpus: usize,
+    /// The options the run had.
     pub options: BenchOptions,
+    /// Every case, in the order run.
     pub cases: Vec<CaseResult>,
+    /// The targets, judged.
     pub targets: Vec<Target>,
+    /// Cases skipped, and why.
     pub skipped: Vec<String>,
 }
 
 /// Fills each case's scaling efficiency from the W=1 case of its series.
-pub fn fill_efficiency(cases: &mut [CaseResult]) {
+pub(super) fn fill_efficiency(cases: &mut [CaseResult]) {
     let base: BTreeMap<(String, String, Option<String>, u64), f64> = cases
         .iter()
         .filter(|c| c.workers == 1 && c.kind != "memory")
@@ -220,7 +230,7 @@ pub fn fill_efficiency(cases: &mut [CaseResult]) {
 }
 
 /// Writes results.json and results.md into `dir`.
-pub fn write(r: &BenchReport, dir: &Path) -> anyhow::Result<()> {
+pub(super) fn write(r: &BenchReport, dir: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     std::fs::write(dir.join("results.json"), serde_json::to_string_pretty(r)?)
         .with_context(|| format!("writing {}", dir.join("results.json").display()))?;

@@ -33,7 +33,7 @@ pub(super) fn find<'a>(
 const SET_BASED_RATIO_AT_MILLION_CREATORS: u64 = 1_000_000;
 
 /// The four targets, computed from the cases.
-pub fn targets(cases: &[CaseResult], opts: &BenchOptions) -> Vec<Target> {
+pub(super) fn targets(cases: &[CaseResult], opts: &BenchOptions) -> Vec<Target> {
     let mut out = Vec::new();
     let max_w = opts.workers.iter().copied().max().unwrap_or(1);
 

@@ -219,7 +219,7 @@ pub(super) async fn inject(
 }
 
 /// How long a provider fault lasts before the provider is back to its base.
-pub const PROVIDER_FAULT_SECS: u64 = 3;
+pub(super) const PROVIDER_FAULT_SECS: u64 = 3;
 
 /// The provider's behaviour during a provider fault (on top of `base`),
 /// and its description.

@@ -27,7 +27,7 @@ use settled::provider::{
 use super::{chance, error, lock, webhooks, Shared, Sim};
 
 /// The longest idempotency key, creator or reference the simulator takes.
-pub const TEXT_CHARS_MAX: usize = 255;
+pub(super) const TEXT_CHARS_MAX: usize = 255;
 
 /// Why a payment fails after acceptance, or is refused: one is picked per key.
 const FAILURE_REASONS: [&str; 4] = [

@@ -19,10 +19,10 @@ use sqlx::{PgConnection, PgPool};
 use tokio::sync::{mpsc, Mutex};
 
 /// The period every replay settles.
-pub const PERIOD: &str = "2026-11-28";
+pub(crate) const PERIOD: &str = "2026-11-28";
 
 /// A settled database with one creator of [`PERIOD`] and its run.
-pub struct Settled {
+pub(crate) struct Settled {
     /// The database's pool.
     pub pool: PgPool,
     /// The run.
@@ -32,7 +32,7 @@ pub struct Settled {
 }
 
 /// Migrates the database at `pool`, seeds one creator and starts the run.
-pub async fn settled_on(pool: PgPool) -> Settled {
+pub(crate) async fn settled_on(pool: PgPool) -> Settled {
     settled::db::migrate(&pool).await.unwrap();
     let period = Period::parse(PERIOD).unwrap();
     let hidden = settled::progress::Progress::hidden();
@@ -58,13 +58,13 @@ pub async fn settled_on(pool: PgPool) -> Settled {
 }
 
 /// A pool of a few connections on `url`.
-pub async fn pool(url: &str) -> PgPool {
+pub(crate) async fn pool(url: &str) -> PgPool {
     PgPoolOptions::new().max_connections(8).connect(url).await.unwrap()
 }
 
 /// The provider simulator (crates/lab), served on a loopback port until the
 /// test ends. Returns its base URL.
-pub async fn provider_sim() -> String {
+pub(crate) async fn provider_sim() -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(settled_lab::provider_sim::serve(listener, Default::default(), 1));
@@ -72,7 +72,7 @@ pub async fn provider_sim() -> String {
 }
 
 /// Sets the simulator's faults (`POST /v1/faults`).
-pub async fn set_faults(url: &str, faults: serde_json::Value) {
+pub(crate) async fn set_faults(url: &str, faults: serde_json::Value) {
     let status = reqwest::Client::new()
         .post(format!("{url}/v1/faults"))
         .json(&faults)
@@ -84,7 +84,7 @@ pub async fn set_faults(url: &str, faults: serde_json::Value) {
 }
 
 /// Every payment the simulator applied to `creator`.
-pub async fn payments_to(url: &str, creator: &str) -> Vec<Payment> {
+pub(crate) async fn payments_to(url: &str, creator: &str) -> Vec<Payment> {
     let provider = HttpProvider::new(url, Duration::from_secs(5)).unwrap();
     let all = provider.list_all().await.unwrap();
     all.into_iter().filter(|p| p.creator == creator).collect()
@@ -92,13 +92,13 @@ pub async fn payments_to(url: &str, creator: &str) -> Vec<Payment> {
 
 /// The settlement's real leased handler on the simulator, with calls that
 /// time out after `timeout`.
-pub fn real_handler(url: &str, timeout: Duration) -> SettleWithProvider<HttpProvider> {
+pub(crate) fn real_handler(url: &str, timeout: Duration) -> SettleWithProvider<HttpProvider> {
     SettleWithProvider::new(HttpProvider::new(url, timeout).unwrap())
 }
 
 /// A named point a scripted handler stops at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Point {
+pub(crate) enum Point {
     /// `work_item` is about to call the provider.
     Calling,
     /// The provider answered (the item is paid, or the call failed).
@@ -107,7 +107,7 @@ pub enum Point {
 
 /// A leased handler with named stops around `work_item`: at each point in
 /// `stops` it reports (point, the claim's fence) and waits to be let go.
-pub struct Scripted<H> {
+pub(crate) struct Scripted<H> {
     inner: H,
     stops: Vec<Point>,
     reached: mpsc::UnboundedSender<(Point, ClaimedItem)>,
@@ -115,14 +115,14 @@ pub struct Scripted<H> {
 }
 
 /// The test's end of a [`Scripted`] handler.
-pub struct Script {
+pub(crate) struct Script {
     reached: mpsc::UnboundedReceiver<(Point, ClaimedItem)>,
     go: mpsc::UnboundedSender<()>,
 }
 
 impl Script {
     /// Waits until the handler stops at `point`; returns the claim.
-    pub async fn reached(&mut self, point: Point) -> ClaimedItem {
+    pub(crate) async fn reached(&mut self, point: Point) -> ClaimedItem {
         let (at, item) = tokio::time::timeout(Duration::from_secs(30), self.reached.recv())
             .await
             .expect("the handler reaches its stop in time")
@@ -132,13 +132,13 @@ impl Script {
     }
 
     /// Lets the handler go on from where it stopped.
-    pub fn go(&self) {
+    pub(crate) fn go(&self) {
         self.go.send(()).unwrap();
     }
 }
 
 /// Wraps `inner`, stopping at `stops`.
-pub fn scripted<H>(inner: H, stops: &[Point]) -> (Arc<Scripted<H>>, Script) {
+pub(crate) fn scripted<H>(inner: H, stops: &[Point]) -> (Arc<Scripted<H>>, Script) {
     let (reached_tx, reached_rx) = mpsc::unbounded_channel();
     let (go_tx, go_rx) = mpsc::unbounded_channel();
     let handler = Scripted {
@@ -189,7 +189,7 @@ impl<H: LeasedHandler> LeasedHandler for Scripted<H> {
 /// The settlement's leased handler with the guard left out: the provider
 /// key is derived from the attempt as well as the item, so each claim's
 /// call is a new payment. Everything else is the real handler's.
-pub struct KeyPerAttempt {
+pub(crate) struct KeyPerAttempt {
     /// The real handler (prepare, held, commit).
     pub real: SettleWithProvider<HttpProvider>,
     /// The provider.
@@ -237,7 +237,7 @@ impl LeasedHandler for KeyPerAttempt {
 /// `complete_fenced`'s statement with the fence left out: the status alone
 /// decides (crates/engine/src/queue/complete.rs has `AND ROW_FENCE =
 /// f.fence` besides).
-pub const COMPLETE_WITHOUT_FENCE: &str = "UPDATE settlement.token_trade_volume t
+pub(crate) const COMPLETE_WITHOUT_FENCE: &str = "UPDATE settlement.token_trade_volume t
      SET status = 'settled', lease_owner = NULL, lease_until = NULL,
          last_error = NULL, not_before = NULL, updated_at = now()
      FROM unnest($2::text[], $3::bigint[]) AS f(key, fence)
@@ -246,7 +246,7 @@ pub const COMPLETE_WITHOUT_FENCE: &str = "UPDATE settlement.token_trade_volume t
 
 /// `complete_fenced`'s statement with the timeline left out of the fence:
 /// the attempt alone is compared.
-pub const COMPLETE_WITHOUT_TIMELINE: &str = "UPDATE settlement.token_trade_volume t
+pub(crate) const COMPLETE_WITHOUT_TIMELINE: &str = "UPDATE settlement.token_trade_volume t
      SET status = 'settled', lease_owner = NULL, lease_until = NULL,
          last_error = NULL, not_before = NULL, updated_at = now()
      FROM unnest($2::text[], $3::bigint[]) AS f(key, fence)
@@ -257,7 +257,7 @@ pub const COMPLETE_WITHOUT_TIMELINE: &str = "UPDATE settlement.token_trade_volum
 /// Runs a hand-written completion for `items` on `tx`, then the real
 /// handler's commit (ledger row, balance credit) for the accepted ones, as
 /// `complete_once` does. Returns the accepted keys.
-pub async fn complete_by_hand<H: LeasedHandler>(
+pub(crate) async fn complete_by_hand<H: LeasedHandler>(
     tx: &mut PgConnection,
     sql: &str,
     handler: &H,
@@ -286,7 +286,7 @@ pub async fn complete_by_hand<H: LeasedHandler>(
 
 /// The real `complete_fenced`, then the real handler's commit for what it
 /// accepted, on `tx`. Returns the accepted keys.
-pub async fn complete_fenced<H: LeasedHandler>(tx: &mut PgConnection, handler: &H, chunk: &Chunk) -> Vec<String> {
+pub(crate) async fn complete_fenced<H: LeasedHandler>(tx: &mut PgConnection, handler: &H, chunk: &Chunk) -> Vec<String> {
     let queue = settled::settlement::queue();
     let accepted = queue.complete_fenced(tx, &chunk.scope, &chunk.items).await.unwrap();
     let kept: Vec<ClaimedItem> = chunk
@@ -302,7 +302,7 @@ pub async fn complete_fenced<H: LeasedHandler>(tx: &mut PgConnection, handler: &
 }
 
 /// A drain of one item at a time, retrying at once (1 ms backoff).
-pub fn drain_config() -> DrainConfig {
+pub(crate) fn drain_config() -> DrainConfig {
     DrainConfig {
         chunk: 1,
         concurrency: 1,
@@ -317,7 +317,7 @@ pub fn drain_config() -> DrainConfig {
 }
 
 /// Leases that outlive the test, renewed and rescued only when the test says.
-pub fn long_leases() -> LeaseConfig {
+pub(crate) fn long_leases() -> LeaseConfig {
     LeaseConfig {
         ttl: Duration::from_secs(600),
         rescue_interval: Duration::from_secs(3600),
@@ -327,7 +327,7 @@ pub fn long_leases() -> LeaseConfig {
 }
 
 /// The ledger rows of `creator` for [`PERIOD`]: (amount, attempt).
-pub async fn ledger(pool: &PgPool, creator: &str) -> Vec<(String, i32)> {
+pub(crate) async fn ledger(pool: &PgPool, creator: &str) -> Vec<(String, i32)> {
     sqlx::query_as(
         "SELECT amount::text, attempt FROM settlement.reward_ledger WHERE period = $1::date AND creator = $2",
     )
@@ -339,7 +339,7 @@ pub async fn ledger(pool: &PgPool, creator: &str) -> Vec<(String, i32)> {
 }
 
 /// The item's (status, attempt).
-pub async fn item(pool: &PgPool, creator: &str) -> (String, i32) {
+pub(crate) async fn item(pool: &PgPool, creator: &str) -> (String, i32) {
     sqlx::query_as("SELECT status, attempt FROM settlement.token_trade_volume WHERE period = $1::date AND creator = $2")
         .bind(PERIOD)
         .bind(creator)

@@ -37,6 +37,7 @@ pub struct Args {
     /// in tx mode, 100 in leased mode].
     #[arg(long, env = "SETTLED_CHUNK", value_parser = clap::value_parser!(u32).range(1..=10000))]
     pub chunk: Option<u32>,
+    /// The daemon's schedule.
     #[command(flatten)]
     pub schedule: ScheduleFlags,
     /// Serve this worker's Prometheus metrics (claim and handler latency
@@ -64,6 +65,7 @@ pub struct Args {
     /// Daemon: where --archive-after-days writes the archive files.
     #[arg(long, env = "SETTLED_ARCHIVE_DIR", default_value = "archive")]
     pub archive_dir: std::path::PathBuf,
+    /// How the engine settles (mode, leases, provider).
     #[command(flatten)]
     pub engine: EngineFlags,
 }

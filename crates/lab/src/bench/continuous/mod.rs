@@ -125,9 +125,13 @@ pub struct ContinuousOptions {
 /// One case of the matrix.
 #[derive(Debug, Clone)]
 pub struct CaseSpec {
+    /// The system measured.
     pub system: System,
+    /// How jobs are offered.
     pub producer: Producer,
+    /// Worker processes (or the system's workers).
     pub workers: u32,
+    /// Which repetition of the case (1-based).
     pub run: u32,
 }
 

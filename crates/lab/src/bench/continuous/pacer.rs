@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 /// How often the pacer hands out credit.
-pub const TICK_MS: u64 = 10;
+pub(super) const TICK_MS: u64 = 10;
 /// Most jobs one token asks for.
 pub const TOKEN_JOBS_MAX: u64 = 128;
 

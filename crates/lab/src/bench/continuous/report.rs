@@ -11,35 +11,42 @@ use super::workload::{DbWork, Measured, TableSample};
 use super::{CaseSpec, ContinuousOptions, Producer};
 
 /// Seconds of a case from which its tables are shown over time.
-pub const SERIES_CASE_SECS_MIN: f64 = 60.0;
+pub(super) const SERIES_CASE_SECS_MIN: f64 = 60.0;
 /// The spacing of the rows of that table, seconds.
-pub const SERIES_ROW_SECS: f64 = 30.0;
+pub(super) const SERIES_ROW_SECS: f64 = 30.0;
 /// The W values the throughput and latency targets are set at.
-pub const TARGET_WORKERS: [u32; 2] = [16, 64];
+pub(super) const TARGET_WORKERS: [u32; 2] = [16, 64];
 /// Settled in-transaction's jobs/s over the fastest peer's, at least.
-pub const TARGET_THROUGHPUT_RATIO: f64 = 1.5;
+pub(super) const TARGET_THROUGHPUT_RATIO: f64 = 1.5;
 /// Share of the enqueued jobs a system must have handled for its pickup
 /// percentiles to stand: below it, the jobs never started (not in the
 /// percentiles) waited longer than any that did.
-pub const PICKUP_HANDLED_SHARE_MIN: f64 = 0.99;
+pub(super) const PICKUP_HANDLED_SHARE_MIN: f64 = 0.99;
 
 /// One measured case.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct ContinuousCase {
+    /// The system measured.
     pub system: String,
+    /// How jobs were offered.
     pub producer: Producer,
+    /// Workers.
     pub workers: u32,
+    /// Which repetition of the case (1-based).
     pub run: u32,
     /// The fixed producer's offered rate, jobs/s.
     pub offered_rate: Option<u64>,
     /// The measured window (the producer's time less the warm-up), s.
     pub seconds: f64,
+    /// Jobs enqueued in the window.
     pub enqueued: u64,
     /// Jobs whose effect committed in the window.
     pub completed: u64,
+    /// Completed jobs per second of the window.
     pub jobs_per_second: Option<f64>,
     /// Enqueue call to handler start, ms.
     pub pickup_p50_ms: Option<f64>,
+    /// The same, 99th percentile.
     pub pickup_p99_ms: Option<f64>,
     /// Most dead tuples of the system's tables seen at once.
     pub peak_dead_tuples: Option<i64>,
@@ -63,11 +70,15 @@ pub struct ContinuousCase {
     /// row included, one for every system).
     #[serde(default)]
     pub row_writes_per_job: Option<f64>,
+    /// The system's version.
     pub version: String,
+    /// The system's settings, in words.
     pub settings: String,
+    /// What else the system reported.
     pub extra: serde_json::Map<String, serde_json::Value>,
     /// The system's tables, every sample.
     pub series: Vec<TableSample>,
+    /// Why the case failed, when it did.
     pub error: Option<String>,
 }
 
@@ -156,17 +167,27 @@ impl ContinuousCase {
 /// The whole run.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct ContinuousReport {
+    /// When the run started (RFC 3339).
     pub started_at: String,
+    /// When it finished (RFC 3339).
     pub finished_at: String,
+    /// settled's version.
     pub settled_version: String,
+    /// PostgreSQL's version.
     pub server_version: String,
+    /// CPUs of the machine.
     pub cpus: usize,
     /// `/proc/loadavg` when the run started and ended (other builders share the machine).
     pub load_average_start: String,
+    /// `/proc/loadavg` when the run ended.
     pub load_average_end: String,
+    /// The options the run had.
     pub options: ContinuousOptions,
+    /// Every case, in the order run.
     pub cases: Vec<ContinuousCase>,
+    /// Systems skipped, and why.
     pub skipped: Vec<String>,
+    /// The targets, judged.
     pub targets: Vec<String>,
 }
 
@@ -243,7 +264,7 @@ impl ContinuousReport {
 
 /// The medians of one (system, producer, W) over its runs that ran.
 #[derive(Debug, Clone, Default)]
-pub struct Median {
+pub(super) struct Median {
     pub runs: usize,
     pub failed: usize,
     pub jobs_per_second: Option<f64>,
@@ -259,7 +280,7 @@ pub struct Median {
 
 impl Median {
     /// The p99 pickup, when the system kept up (None: some jobs never started).
-    pub fn comparable_p99(&self) -> Option<f64> {
+    pub(super) fn comparable_p99(&self) -> Option<f64> {
         self.p99
             .filter(|_| self.handled_share.is_some_and(|s| s >= PICKUP_HANDLED_SHARE_MIN))
     }
@@ -281,7 +302,7 @@ fn median(mut xs: Vec<f64>) -> Option<f64> {
 }
 
 /// Medians per (producer, W, system), duplicates summed over runs.
-pub fn medians(cases: &[ContinuousCase]) -> BTreeMap<Key, Median> {
+pub(super) fn medians(cases: &[ContinuousCase]) -> BTreeMap<Key, Median> {
     let mut groups: BTreeMap<Key, Vec<&ContinuousCase>> = BTreeMap::new();
     for c in cases {
         groups

@@ -24,9 +24,9 @@ use super::workload::{self, now_us, Payload};
 use super::{CaseSpec, Ctx, Producer, System, MAX_WORKER_PROCESSES, READY_TIMEOUT_SECS, STOP_TIMEOUT_SECS};
 
 /// Connections of settled's producer (fixed-rate enqueues run concurrently on them).
-pub const PRODUCER_CONNECTIONS: u32 = 32;
+pub(super) const PRODUCER_CONNECTIONS: u32 = 32;
 /// Most jobs one bulk enqueue of the saturation producer sends.
-pub const BULK_JOBS_MAX: u64 = 500;
+pub(super) const BULK_JOBS_MAX: u64 = 500;
 
 /// What a system said about itself when it stopped.
 #[derive(Debug, Default)]
@@ -39,7 +39,7 @@ pub struct Described {
 }
 
 /// A system whose workers are ready.
-pub enum Running {
+pub(super) enum Running {
     Settled(SettledRun),
     Peer(Box<PeerRun>),
 }
@@ -125,7 +125,7 @@ impl Proc {
 }
 
 /// Installs the system in the case's database and starts its workers.
-pub async fn start(ctx: &Ctx, spec: &CaseSpec, url: &str, pool: &PgPool) -> anyhow::Result<Running> {
+pub(super) async fn start(ctx: &Ctx, spec: &CaseSpec, url: &str, pool: &PgPool) -> anyhow::Result<Running> {
     match &spec.system {
         System::Settled(mode) => Ok(Running::Settled(
             SettledRun::start(ctx, *mode, spec.workers, url, pool).await?,
@@ -136,7 +136,7 @@ pub async fn start(ctx: &Ctx, spec: &CaseSpec, url: &str, pool: &PgPool) -> anyh
 
 impl Running {
     /// Runs the producer for the case's seconds; returns the jobs it enqueued.
-    pub async fn produce(&mut self, ctx: &Ctx, spec: &CaseSpec, pool: &PgPool) -> anyhow::Result<u64> {
+    pub(super) async fn produce(&mut self, ctx: &Ctx, spec: &CaseSpec, pool: &PgPool) -> anyhow::Result<u64> {
         let until = Instant::now() + Duration::from_secs(ctx.opts.seconds);
         match (self, spec.producer) {
             (Running::Settled(_), Producer::Fixed) => settled_fixed(pool, ctx.opts.rate, until).await,
@@ -146,7 +146,7 @@ impl Running {
     }
 
     /// Stops the workers (work in hand finishes) and collects what they say.
-    pub async fn stop(self) -> anyhow::Result<Described> {
+    pub(super) async fn stop(self) -> anyhow::Result<Described> {
         match self {
             Running::Settled(run) => run.stop().await,
             Running::Peer(run) => (*run).stop().await,
@@ -155,7 +155,7 @@ impl Running {
 }
 
 /// W claim loops split over up to [`MAX_WORKER_PROCESSES`] processes.
-pub fn split_workers(workers: u32) -> Vec<u32> {
+pub(super) fn split_workers(workers: u32) -> Vec<u32> {
     let processes = workers.clamp(1, MAX_WORKER_PROCESSES);
     (0..processes)
         .map(|i| workers / processes + u32::from(i < workers % processes))
@@ -163,7 +163,7 @@ pub fn split_workers(workers: u32) -> Vec<u32> {
 }
 
 /// Settled's worker processes.
-pub struct SettledRun {
+pub(super) struct SettledRun {
     mode: ServeMode,
     loops: Vec<u32>,
     batch: u32,
@@ -302,7 +302,7 @@ async fn settled_saturation(pool: &PgPool, depth: u64, until: Instant) -> anyhow
 }
 
 /// A peer's `continuous` script.
-pub struct PeerRun {
+pub(super) struct PeerRun {
     name: String,
     proc: Proc,
     log: std::path::PathBuf,

@@ -40,6 +40,7 @@ impl ServeMode {
 /// The flags `settled bench` passes to each worker process.
 #[derive(Debug, Clone, clap::Args)]
 pub struct QueueWorkerArgs {
+    /// In-transaction or leased.
     #[arg(long, value_enum)]
     pub mode: ServeMode,
     /// Claim loops (jobs in flight) of this process.
@@ -59,10 +60,15 @@ pub struct QueueWorkerArgs {
 /// What one worker process did.
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct QueueWorkerReport {
+    /// Jobs claimed.
     pub claimed: u64,
+    /// Jobs settled.
     pub settled: u64,
+    /// Completions the fence refused.
     pub fence_rejections: u64,
+    /// Expired leases rescued.
     pub rescued: u64,
+    /// Finished jobs removed by retention.
     pub pruned: u64,
 }
 

@@ -17,7 +17,7 @@ th{background:#f3f3f3} .bar{width:260px;height:14px;background:#eee;display:inli
 .ok{color:#080} .fail{color:#b00} td.mono{max-width:22em;word-break:break-all}";
 
 /// The page frame: navigation, title, optional refresh.
-pub fn page(title: &str, refresh: bool, body: Markup) -> Markup {
+pub(super) fn page(title: &str, refresh: bool, body: Markup) -> Markup {
     html! {
         (DOCTYPE)
         html {
@@ -59,7 +59,7 @@ fn progress_bar(done: i64, total: i64) -> Markup {
 }
 
 /// An inline SVG bar chart of settled items per second.
-pub fn chart(points: &[Second]) -> Markup {
+pub(super) fn chart(points: &[Second]) -> Markup {
     let (Some(first), Some(last)) = (points.first(), points.last()) else {
         return html! { p { "no payments yet" } };
     };
@@ -80,7 +80,7 @@ pub fn chart(points: &[Second]) -> Markup {
 }
 
 /// The front page: runs with progress, amounts and ETA; the live run's chart.
-pub fn runs(runs: &[(RunProgress, String)], live: Option<(i64, &[Second])>, decimals: u32) -> Markup {
+pub(super) fn runs(runs: &[(RunProgress, String)], live: Option<(i64, &[Second])>, decimals: u32) -> Markup {
     let body = html! {
         table {
             tr { th { "run" } th { "period" } th { "state" } th { "starter" } th { "started (UTC)" } th { "finished" }
@@ -112,7 +112,7 @@ pub fn runs(runs: &[(RunProgress, String)], live: Option<(i64, &[Second])>, deci
 }
 
 /// A run's report: its verification, its chart, its stored report.
-pub fn run_report(
+pub(super) fn run_report(
     id: i64,
     period: &str,
     state: &str,
@@ -150,7 +150,7 @@ pub fn run_report(
 }
 
 /// The worker registry.
-pub fn workers(all: &[WorkerRow]) -> Markup {
+pub(super) fn workers(all: &[WorkerRow]) -> Markup {
     let body = html! {
         table {
             tr { th { "worker" } th { "host" } th { "pid" } th { "version" } th { "state" } th { "last heartbeat" }
@@ -169,7 +169,7 @@ pub fn workers(all: &[WorkerRow]) -> Markup {
 }
 
 /// Failed or held items, with a retry form for failed ones.
-pub fn items(status: &str, rows: &[ItemRow]) -> Markup {
+pub(super) fn items(status: &str, rows: &[ItemRow]) -> Markup {
     let body = html! {
         table {
             tr { th { "period" } th { "creator" } th { "attempt" } th { "last error" } th {} }
@@ -202,7 +202,7 @@ pub fn items(status: &str, rows: &[ItemRow]) -> Markup {
 }
 
 /// The live lock view.
-pub fn locks(rows: &[LockRow], whole_queries: bool) -> Markup {
+pub(super) fn locks(rows: &[LockRow], whole_queries: bool) -> Markup {
     let waiting = rows.iter().filter(|r| !r.granted).count();
     let body = html! {
         p {

@@ -31,7 +31,7 @@ fn state_row(s: &StateTotals, decimals: u32) -> Markup {
 
 /// Payouts by state (count, amount, the oldest one's time in its state),
 /// what came back, the newest conflicts and unknown provider events.
-pub fn payouts(overview: &Overview, conflicts: &[Conflict], unknown: &[UnknownEvent], decimals: u32) -> Markup {
+pub(super) fn payouts(overview: &Overview, conflicts: &[Conflict], unknown: &[UnknownEvent], decimals: u32) -> Markup {
     let body = html! {
         table {
             tr { th { "state" } th { "payouts" } th { "amount (base units)" } th { "amount (tokens)" } th { "oldest in it" } }

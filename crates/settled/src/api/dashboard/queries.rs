@@ -11,7 +11,7 @@ pub const RUNS_SHOWN: i64 = 20;
 pub const ITEMS_SHOWN: i64 = 200;
 
 /// A run with its period's exact progress.
-pub struct RunProgress {
+pub(crate) struct RunProgress {
     /// The run.
     pub run: Run,
     /// All items of its period.
@@ -31,7 +31,7 @@ pub struct RunProgress {
 /// The newest runs with their progress: the engine's exact counts and the
 /// ledger total of each run's period (not the full status read, whose
 /// expected total sums the whole period at every refresh).
-pub async fn runs_with_progress(pool: &PgPool) -> anyhow::Result<Vec<RunProgress>> {
+pub(crate) async fn runs_with_progress(pool: &PgPool) -> anyhow::Result<Vec<RunProgress>> {
     let job = crate::settlement::job();
     let runs = job.list_runs(pool, RUNS_SHOWN).await?;
     let mut conn = pool.acquire().await?;
@@ -82,7 +82,7 @@ pub async fn runs_with_progress(pool: &PgPool) -> anyhow::Result<Vec<RunProgress
 
 /// What a finished run's stored report says (see `Settlement::report`):
 /// its period's exact counts and the total paid.
-pub struct StoredReport {
+pub(crate) struct StoredReport {
     /// Items by status.
     pub counts: StatusCounts,
     /// Paid (base units).
@@ -93,7 +93,7 @@ impl StoredReport {
     /// The stored report of a run that is not running (a reopened run keeps
     /// its last report until it finishes again, so a running one is counted
     /// live); None as well if the report lacks a field.
-    pub fn of(run: &Run) -> Option<StoredReport> {
+    pub(crate) fn of(run: &Run) -> Option<StoredReport> {
         if run.state == RunState::Running {
             return None;
         }
@@ -110,11 +110,11 @@ impl StoredReport {
 }
 
 /// Periods with more items than this get a sampled throughput chart.
-pub const CHART_EXACT_MAX_ITEMS: i64 = 500_000;
+pub(crate) const CHART_EXACT_MAX_ITEMS: i64 = 500_000;
 
 /// Items settled in one second.
 #[derive(Debug, Clone, Copy, sqlx::FromRow)]
-pub struct Second {
+pub(crate) struct Second {
     /// The second, as a Unix time.
     pub at: f64,
     /// Items paid in it.
@@ -126,7 +126,7 @@ pub struct Second {
 /// block sample of about that many rows (`TABLESAMPLE SYSTEM`), its counts
 /// scaled back up: a chart's shape, read in bounded time (exact counts are
 /// on the page and in `settled status`).
-pub async fn throughput(pool: &PgPool, period: &str, items: i64) -> Result<Vec<Second>, sqlx::Error> {
+pub(crate) async fn throughput(pool: &PgPool, period: &str, items: i64) -> Result<Vec<Second>, sqlx::Error> {
     if items <= CHART_EXACT_MAX_ITEMS {
         return sqlx::query_as(
             "SELECT extract(epoch FROM date_trunc('second', created_at))::float8 AS at, count(*) AS settled
@@ -150,7 +150,7 @@ pub async fn throughput(pool: &PgPool, period: &str, items: i64) -> Result<Vec<S
 
 /// A failed or held item.
 #[derive(Debug, Clone, sqlx::FromRow)]
-pub struct ItemRow {
+pub(crate) struct ItemRow {
     /// Its period.
     pub period: chrono::NaiveDate,
     /// The creator.
@@ -162,7 +162,7 @@ pub struct ItemRow {
 }
 
 /// The newest items with `status`.
-pub async fn items(pool: &PgPool, status: ItemStatus) -> Result<Vec<ItemRow>, sqlx::Error> {
+pub(crate) async fn items(pool: &PgPool, status: ItemStatus) -> Result<Vec<ItemRow>, sqlx::Error> {
     sqlx::query_as(
         "SELECT period, creator, attempt, last_error FROM settlement.token_trade_volume
          WHERE status = $1 ORDER BY period DESC, creator LIMIT $2",
@@ -175,7 +175,7 @@ pub async fn items(pool: &PgPool, status: ItemStatus) -> Result<Vec<ItemRow>, sq
 
 /// One lock, with who holds or waits for it.
 #[derive(Debug, Clone, sqlx::FromRow)]
-pub struct LockRow {
+pub(crate) struct LockRow {
     /// The backend.
     pub pid: i32,
     /// Its application name.
@@ -200,7 +200,7 @@ pub struct LockRow {
 
 /// Who holds which lock on the settlement and engine tables, and who waits
 /// for whom (`pg_locks` joined with `pg_stat_activity`).
-pub async fn locks(pool: &PgPool) -> Result<Vec<LockRow>, sqlx::Error> {
+pub(crate) async fn locks(pool: &PgPool) -> Result<Vec<LockRow>, sqlx::Error> {
     sqlx::query_as(
         "SELECT l.pid, a.application_name AS application, l.locktype, l.mode, l.granted,
                 coalesce(c.relname, CASE WHEN l.locktype = 'transactionid' THEN 'xid ' || l.transactionid::text END)

@@ -40,7 +40,7 @@ fn count_headers() -> Markup {
 }
 
 /// Every registered queue with its counts and the oldest ready job's age.
-pub fn queues(views: &[QueueView]) -> Markup {
+pub(super) fn queues(views: &[QueueView]) -> Markup {
     let body = html! {
         table {
             tr { th { "queue" } th { "table" } th { "state" } (count_headers()) }
@@ -63,7 +63,7 @@ pub fn queues(views: &[QueueView]) -> Markup {
 
 /// One queue: its state and counts, pickup latency, dead letters with
 /// replay forms, and the pause or resume form.
-pub fn queue(view: &QueueView, dead: Option<&[DeadLetter]>, pickup: Option<&Pickup>, replayed: Option<u64>) -> Markup {
+pub(super) fn queue(view: &QueueView, dead: Option<&[DeadLetter]>, pickup: Option<&Pickup>, replayed: Option<u64>) -> Markup {
     let name = &view.name;
     let body = html! {
         @if let Some(n) = replayed { p.ok #replayed { (n) " dead letter(s) replayed." } }
