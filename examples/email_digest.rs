@@ -147,7 +147,11 @@ pub(crate) async fn sent(pool: &PgPool, week: &str) -> anyhow::Result<i64> {
 
 /// Enqueues `subscribers` digests for `week` and lets one worker of this
 /// process take its turn at the week's run (start or join, drain, finish).
-pub(crate) async fn send_weekly_digests(pool: &PgPool, week: &str, subscribers: i64) -> anyhow::Result<(WorkOutcome, i64)> {
+pub(crate) async fn send_weekly_digests(
+    pool: &PgPool,
+    week: &str,
+    subscribers: i64,
+) -> anyhow::Result<(WorkOutcome, i64)> {
     install(pool).await?;
     enqueue(pool, week, subscribers, None).await?;
     let worker = Worker::register(pool, "example").await?;

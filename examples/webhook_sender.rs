@@ -59,7 +59,12 @@ pub(crate) async fn install(pool: &PgPool) -> anyhow::Result<()> {
 }
 
 /// Places an order: the order and its webhook commit together, or neither.
-pub(crate) async fn place_order(conn: &mut PgConnection, receiver: &str, order: i64, amount_cents: i64) -> anyhow::Result<()> {
+pub(crate) async fn place_order(
+    conn: &mut PgConnection,
+    receiver: &str,
+    order: i64,
+    amount_cents: i64,
+) -> anyhow::Result<()> {
     let mut tx = conn.begin().await?;
     sqlx::query("INSERT INTO shop.orders (id, amount_cents) VALUES ($1, $2)")
         .bind(order)

@@ -387,7 +387,10 @@ async fn four_processes_enqueue_and_serve_while_killed_and_paused_past_their_lea
     );
     assert!(paused_holding > 0, "no leased worker was paused while it held leases");
     for (key, calls) in &taken_over {
-        assert!(*calls >= 2, "job {key}: taken over after the paused worker's call, yet called {calls} time(s)");
+        assert!(
+            *calls >= 2,
+            "job {key}: taken over after the paused worker's call, yet called {calls} time(s)"
+        );
     }
 }
 

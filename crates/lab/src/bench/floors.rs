@@ -181,7 +181,13 @@ async fn measure_pgbench(
 /// each alone on its own key range of the period (cut at the period's key
 /// quantiles): no client code, no claim that meets another's rows. The
 /// ceiling of splitting the work with SKIP LOCKED on this server.
-pub(super) async fn pgbench_ranges_case(ctx: &Ctx, pgbench: &PathBuf, workers: u32, creators: u64, chunk: u32) -> CaseResult {
+pub(super) async fn pgbench_ranges_case(
+    ctx: &Ctx,
+    pgbench: &PathBuf,
+    workers: u32,
+    creators: u64,
+    chunk: u32,
+) -> CaseResult {
     let mut case = CaseResult::new("pgbench", "pgbench-ranges", workers, 0, creators);
     case.chunk = Some(chunk);
     if let Err(err) = measure_pgbench_ranges(ctx, pgbench, workers, creators, chunk, &mut case).await {

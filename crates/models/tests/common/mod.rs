@@ -286,7 +286,11 @@ pub(crate) async fn complete_by_hand<H: LeasedHandler>(
 
 /// The real `complete_fenced`, then the real handler's commit for what it
 /// accepted, on `tx`. Returns the accepted keys.
-pub(crate) async fn complete_fenced<H: LeasedHandler>(tx: &mut PgConnection, handler: &H, chunk: &Chunk) -> Vec<String> {
+pub(crate) async fn complete_fenced<H: LeasedHandler>(
+    tx: &mut PgConnection,
+    handler: &H,
+    chunk: &Chunk,
+) -> Vec<String> {
     let queue = settled::settlement::queue();
     let accepted = queue.complete_fenced(tx, &chunk.scope, &chunk.items).await.unwrap();
     let kept: Vec<ClaimedItem> = chunk

@@ -79,7 +79,7 @@ pub struct Global {
     pub log_format: LogFormat,
 
     /// Export OpenTelemetry traces over OTLP/HTTP (protobuf) to this base
-    /// URL (spans go to <URL>/v1/traces), e.g. http://127.0.0.1:4318.
+    /// URL (spans go to URL/v1/traces), e.g. http://127.0.0.1:4318.
     /// Unset: no spans are recorded. Processes this one starts inherit it.
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", global = true)]
     pub otlp_endpoint: Option<String>,

@@ -63,7 +63,12 @@ pub(super) fn queues(views: &[QueueView]) -> Markup {
 
 /// One queue: its state and counts, pickup latency, dead letters with
 /// replay forms, and the pause or resume form.
-pub(super) fn queue(view: &QueueView, dead: Option<&[DeadLetter]>, pickup: Option<&Pickup>, replayed: Option<u64>) -> Markup {
+pub(super) fn queue(
+    view: &QueueView,
+    dead: Option<&[DeadLetter]>,
+    pickup: Option<&Pickup>,
+    replayed: Option<u64>,
+) -> Markup {
     let name = &view.name;
     let body = html! {
         @if let Some(n) = replayed { p.ok #replayed { (n) " dead letter(s) replayed." } }
