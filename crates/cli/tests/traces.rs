@@ -100,6 +100,47 @@ impl Receiver {
         self.spans.lock().unwrap().clone()
     }
 
+    /// Trace `trace` as an indented tree, each span with the command that
+    /// exported it and a few of its attributes (printed with --nocapture).
+    fn tree(&self, trace: &str) -> String {
+        fn walk(spans: &[Exported], parent: &str, depth: usize, out: &mut String) {
+            for s in spans.iter().filter(|s| s.parent == parent) {
+                let shown: Vec<String> = [
+                    "http.response.status_code",
+                    "payout.id",
+                    "key",
+                    "attempt",
+                    "outcome",
+                    "provider.key",
+                    "event.id",
+                ]
+                .iter()
+                .filter_map(|k| s.attributes.get(*k).map(|v| format!("{k}={v}")))
+                .collect();
+                let command = s.resource.get("settled.command").map_or("?", String::as_str);
+                out.push_str(&format!(
+                    "{:indent$}{} [{command}] {}\n",
+                    "",
+                    s.name,
+                    shown.join(" "),
+                    indent = depth * 2
+                ));
+                walk(spans, &s.span_id, depth + 1, out);
+            }
+        }
+        let spans: Vec<Exported> = self.spans().into_iter().filter(|s| s.trace_id == trace).collect();
+        let roots: std::collections::HashSet<&str> = spans
+            .iter()
+            .map(|s| s.parent.as_str())
+            .filter(|p| !spans.iter().any(|s| s.span_id == *p))
+            .collect();
+        let mut out = format!("trace {trace}\n");
+        for root in roots {
+            walk(&spans, root, 1, &mut out);
+        }
+        out
+    }
+
     /// The one span named `name` in trace `trace`.
     fn one(&self, trace: &str, name: &str) -> Exported {
         let found: Vec<Exported> = self
@@ -277,6 +318,7 @@ async fn a_payouts_trace_runs_from_its_request_through_the_queue_and_the_provide
     assert_eq!(call.parent, handler.span_id);
     assert_eq!(complete.parent, job.span_id);
     assert_eq!(event.parent, enqueue.span_id, "the webhook joins the payout's trace");
+    println!("{}", receiver.tree(TRACE_ID));
     assert_eq!(
         seen.lock().unwrap().clone(),
         [Some(format!("00-{TRACE_ID}-{}-01", call.span_id))],
