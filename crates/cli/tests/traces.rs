@@ -343,6 +343,7 @@ async fn a_payouts_trace_runs_from_its_request_through_the_queue_and_the_provide
     assert_eq!(job.attributes["attempt"], "1");
     assert!(job.attributes.contains_key("fence"), "{job:?}");
     assert!(job.attributes.contains_key("wait_ms"), "{job:?}");
+    assert_eq!(enqueue.attributes["outcome"], "debited");
     assert_eq!(job.attributes["outcome"], "settled");
     assert_eq!(call.kind, SpanKind::Client as i32);
     assert_eq!(call.attributes["http.response.status_code"], "201");

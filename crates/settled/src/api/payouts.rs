@@ -372,7 +372,15 @@ async fn debit(
     .fetch_one(&mut *tx)
     .instrument(span.clone())
     .await?;
-    span.record("outcome", debit.outcome.as_str());
+    // The function says `paid` for a debit made (the payout row exists); a
+    // trace reader would take that for the payout's state.
+    span.record(
+        "outcome",
+        match debit.outcome.as_str() {
+            "paid" => "debited",
+            other => other,
+        },
+    );
     span.record("payout.id", debit.payout_id);
     span.record("payout.status", debit.payout_status.as_deref());
     let balance = debit.balance_before.unwrap_or_default();
