@@ -83,45 +83,55 @@ async fn statement_failed(
         return Ok(Step::Worked);
     }
     tracing::warn!(run = t.run_id, scope = %t.scope, items = keys.len(), error = %err, "chunk failed; retrying it in halves");
-    isolate_statement_failure(t, statements, keys, err).await?;
+    isolate_statement_failure(t, statements, keys).await?;
     Ok(Step::Worked)
 }
 
-/// [`isolate_failure`] for the one-statement path.
+/// [`isolate_failure`] for the one-statement path. `keys` are the rows the
+/// failed chunk's window holds now, which another loop may have thinned
+/// since the failure: they are run as a set first, and only a set that
+/// failed is split, so an item is failed only by its own statement failing
+/// alone (never for another's error: a failing chunk re-claimed down to one
+/// good item would otherwise fail that item unrun).
 async fn isolate_statement_failure(
     t: &Target,
     statements: &ChunkStatements,
     keys: Vec<String>,
-    err: HandlerError,
 ) -> Result<(), EngineError> {
-    let mut pending = vec![(keys, err)];
-    while let Some((keys, err)) = pending.pop() {
-        if keys.len() == 1 {
-            let failed = fail_alone(t, &keys[0], &err).await?;
-            tracing::warn!(run = t.run_id, scope = %t.scope, item = %keys[0], failed, error = %err, "item failed");
-            continue;
-        }
-        t.stats.chunks_split.fetch_add(1, Ordering::Relaxed);
-        let mid = keys.len() / 2;
-        for half in [keys[..mid].to_vec(), keys[mid..].to_vec()] {
-            let mut conn = t.conn().await?;
-            let mut tx = statements.begin(&mut conn).await?;
-            match statements.run_keys(&mut tx, &t.scope, t.run_id, &half).await? {
-                Ok(done) => {
-                    tx.commit().await.map_err(EngineError::db("committing a chunk"))?;
-                    t.committed(done.settled, done.held.len() as u64);
-                }
-                Err(half_err) => {
-                    let _ = tx.rollback().await;
-                    if half_err.is_fatal() || !half_err.is_permanent() {
-                        return Err(EngineError::Handler {
-                            items: half.len(),
-                            first_key: half[0].clone(),
-                            source: half_err,
-                        });
+    // (keys, why they failed as a set): None for a set not run yet.
+    let mut pending: Vec<(Vec<String>, Option<HandlerError>)> = vec![(keys, None)];
+    while let Some((keys, failed)) = pending.pop() {
+        match failed {
+            None => {
+                let mut conn = t.conn().await?;
+                let mut tx = statements.begin(&mut conn).await?;
+                match statements.run_keys(&mut tx, &t.scope, t.run_id, &keys).await? {
+                    Ok(done) => {
+                        tx.commit().await.map_err(EngineError::db("committing a chunk"))?;
+                        t.committed(done.settled, done.held.len() as u64);
                     }
-                    pending.push((half, half_err));
+                    Err(err) => {
+                        let _ = tx.rollback().await;
+                        if err.is_fatal() || !err.is_permanent() {
+                            return Err(EngineError::Handler {
+                                items: keys.len(),
+                                first_key: keys[0].clone(),
+                                source: err,
+                            });
+                        }
+                        pending.push((keys, Some(err)));
+                    }
                 }
+            }
+            Some(err) if keys.len() == 1 => {
+                let failed = fail_alone(t, &keys[0], &err).await?;
+                tracing::warn!(run = t.run_id, scope = %t.scope, item = %keys[0], failed, error = %err, "item failed");
+            }
+            Some(_) => {
+                t.stats.chunks_split.fetch_add(1, Ordering::Relaxed);
+                let mid = keys.len() / 2;
+                pending.push((keys[mid..].to_vec(), None));
+                pending.push((keys[..mid].to_vec(), None));
             }
         }
     }
