@@ -6,12 +6,10 @@
 
 mod common;
 
-use std::process::{Child, Stdio};
+use std::process::Child;
 use std::time::Duration;
 
-use common::{wait_bounded, wait_until, Env, ProviderSim, Server};
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
+use common::{wait_until, Env, ProviderSim, Server};
 use serde_json::{json, Value};
 
 const TOKEN: &str = "test-token";
@@ -64,32 +62,21 @@ async fn make_payouts(env: &Env, server: &Server, n: i64, amount: &str) -> Vec<i
 
 /// `settled deliver`, looking up payouts sent `poll_after` seconds ago.
 fn deliver(env: &Env, sim: &ProviderSim, poll_after: &str) -> Child {
-    env.cmd(&[
-        "deliver",
-        "--provider-url",
+    env.deliver(
         &sim.url,
-        "--provider-timeout-ms",
-        "500",
-        "--lease-ttl-ms",
-        "1000",
-        "--rescue-interval-ms",
-        "200",
-        "--shutdown-grace-ms",
-        "300",
-        "--poll-after-secs",
-        poll_after,
-        "--batch",
-        "10",
-    ])
-    .stdout(Stdio::null())
-    .spawn()
-    .unwrap()
+        &[
+            "--provider-timeout-ms",
+            "500",
+            "--poll-after-secs",
+            poll_after,
+            "--batch",
+            "10",
+        ],
+    )
 }
 
 fn stop(mut child: Child) {
-    kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
-    let status = wait_bounded(&mut child, 30);
-    assert!(status.success(), "deliver exited with {status}");
+    common::stop(&mut child);
 }
 
 async fn count(env: &Env, sql: &str) -> i64 {

@@ -8,11 +8,9 @@
 mod common;
 
 use std::collections::HashSet;
-use std::process::{Child, Output, Stdio};
+use std::process::{Child, Output};
 
-use common::{free_port, wait_bounded, wait_until, Env, ProviderSim, Server};
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
+use common::{free_port, wait_until, Env, ProviderSim, Server};
 use serde_json::{json, Value};
 
 const TOKEN: &str = "test-token";
@@ -45,32 +43,21 @@ async fn point_webhooks(sim: &ProviderSim, server: &Server) {
 
 /// `settled deliver`, looking up payouts sent a second ago.
 fn deliver(env: &Env, sim: &ProviderSim) -> Child {
-    env.cmd(&[
-        "deliver",
-        "--provider-url",
+    env.deliver(
         &sim.url,
-        "--provider-timeout-ms",
-        "500",
-        "--lease-ttl-ms",
-        "1000",
-        "--rescue-interval-ms",
-        "200",
-        "--shutdown-grace-ms",
-        "300",
-        "--poll-after-secs",
-        "1",
-        "--batch",
-        "10",
-    ])
-    .stdout(Stdio::null())
-    .spawn()
-    .unwrap()
+        &[
+            "--provider-timeout-ms",
+            "500",
+            "--poll-after-secs",
+            "1",
+            "--batch",
+            "10",
+        ],
+    )
 }
 
 fn stop(mut child: Child) {
-    kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
-    let status = wait_bounded(&mut child, 30);
-    assert!(status.success(), "deliver exited with {status}");
+    common::stop(&mut child);
 }
 
 async fn post(url: &str, key: Option<&str>, body: &Value) -> (u16, Value) {

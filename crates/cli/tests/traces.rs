@@ -15,9 +15,7 @@ use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use axum::Router;
-use common::{wait_bounded, wait_until, Env, Server};
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
+use common::{wait_until, Env, Server};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
 use opentelemetry_proto::tonic::common::v1::KeyValue;
@@ -209,28 +207,14 @@ async fn settled_period() -> Env {
 
 /// `settled deliver` paying through `provider`, with `extra` flags.
 fn deliver(env: &Env, provider: &str, extra: &[&str]) -> Child {
-    let mut args = vec![
-        "deliver",
-        "--provider-url",
-        provider,
-        "--lease-ttl-ms",
-        "1000",
-        "--rescue-interval-ms",
-        "200",
-        "--shutdown-grace-ms",
-        "300",
-        "--poll-after-secs",
-        "3600",
-    ];
-    args.extend_from_slice(extra);
-    env.cmd(&args).stdout(Stdio::null()).spawn().unwrap()
+    let mut flags = vec!["--poll-after-secs", "3600"];
+    flags.extend_from_slice(extra);
+    env.deliver(provider, &flags)
 }
 
 /// SIGTERM, and the exit that flushes the spans.
 fn stop(child: &mut Child) {
-    kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
-    let status = wait_bounded(child, 30);
-    assert!(status.success(), "exited with {status}");
+    common::stop(child);
 }
 
 /// A payout of 100 to a creator with the balance, its request carrying

@@ -19,3 +19,18 @@ pub mod cmd;
 pub mod harness;
 pub mod provider_sim;
 pub mod simulate;
+
+/// Settles `period` with one `settled worker --period` process of `exe`
+/// against `url` (a real worker, as the product runs), its output quiet.
+pub(crate) async fn settle_in_a_worker(exe: &std::path::Path, url: &str, period: &str) -> anyhow::Result<()> {
+    let status = tokio::process::Command::new(exe)
+        .args(["worker", "--period", period])
+        .env("DATABASE_URL", url)
+        .env("SETTLED_LOG", "warn")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .status()
+        .await?;
+    anyhow::ensure!(status.success(), "settling period {period} failed: {status}");
+    Ok(())
+}

@@ -745,21 +745,15 @@ impl Payouts {
     /// Deeper bounds: two requests, each sent again, a key lock passing,
     /// on a balance for three.
     pub fn deep_repeated_requests() -> Payouts {
+        let ci = Payouts::ci_repeated_request();
         Payouts {
             requests: 2,
             credit: 3,
-            confirm: false,
-            workers: 2,
-            max_attempts: 1,
             faults: Faults {
-                crashes: 1,
-                provider_failures: 1,
-                webhook_duplicates: 1,
                 request_repeats: 2,
-                key_lock_expiries: 1,
-                ..Faults::default()
+                ..ci.faults
             },
-            guards: Guards::ALL,
+            ..ci
         }
     }
 

@@ -58,6 +58,25 @@ impl Env {
         cmd
     }
 
+    /// `settled deliver` paying through `provider`, with the tests' short
+    /// leases (1 s), rescue (every 200 ms) and shutdown grace (300 ms), then
+    /// `extra` flags; its stdout dropped.
+    pub(crate) fn deliver(&self, provider: &str, extra: &[&str]) -> std::process::Child {
+        let mut args = vec![
+            "deliver",
+            "--provider-url",
+            provider,
+            "--lease-ttl-ms",
+            "1000",
+            "--rescue-interval-ms",
+            "200",
+            "--shutdown-grace-ms",
+            "300",
+        ];
+        args.extend_from_slice(extra);
+        self.cmd(&args).stdout(Stdio::null()).spawn().unwrap()
+    }
+
     /// Runs `settled ARGS` to completion.
     pub(crate) fn run(&self, args: &[&str]) -> Output {
         self.cmd(args).output().expect("run settled")
@@ -177,6 +196,17 @@ pub(crate) const LEASED_FAST: &[&str] = &[
 
 /// Waits for a child process, killing it and failing the test after `secs`:
 /// a test must end by itself, whatever the code under test does.
+/// SIGTERM to `child`, and its clean exit within 30 s.
+pub(crate) fn stop(child: &mut std::process::Child) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = wait_bounded(child, 30);
+    assert!(status.success(), "exited with {status}");
+}
+
 pub(crate) fn wait_bounded(child: &mut std::process::Child, secs: u64) -> std::process::ExitStatus {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
     loop {

@@ -579,15 +579,7 @@ async fn balances(pool: &PgPool, exe: &Path, url: &str) -> anyhow::Result<Vec<St
         &Progress::hidden(),
     )
     .await?;
-    let status = tokio::process::Command::new(exe)
-        .args(["worker", "--period", &period.to_string()])
-        .env("DATABASE_URL", url)
-        .env("SETTLED_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .status()
-        .await?;
-    anyhow::ensure!(status.success(), "settling the bench's period failed: {status}");
+    crate::settle_in_a_worker(exe, url, &period.to_string()).await?;
     // Enough for every payout of one base unit the bench makes.
     let creators: Vec<String> = sqlx::query_scalar(
         "SELECT creator FROM settlement.creator_balance WHERE balance >= 1000000000 ORDER BY creator",

@@ -452,18 +452,7 @@ async fn run_chaos(
         let provider = HttpProvider::new(p, Duration::from_secs(60))?;
         verify::reconcile_provider(&mut conn, period, &provider, &mut report).await?;
     }
-    let mut invariants: Vec<(String, bool, String)> = report
-        .checks
-        .iter()
-        .map(|c| {
-            let detail = if c.ok {
-                c.description.to_string()
-            } else {
-                format!("{}: {}", c.description, c.offenders.join("; "))
-            };
-            (c.name.to_string(), c.ok, detail)
-        })
-        .collect();
+    let mut invariants = invariants_of(&report);
     let (settled, failed, failed_without_reason): (i64, i64, i64) = sqlx::query_as(
         "SELECT count(*) FILTER (WHERE status = 'settled'), count(*) FILTER (WHERE status = 'failed'),
                 count(*) FILTER (WHERE status = 'failed' AND coalesce(last_error, '') = '')
@@ -566,4 +555,21 @@ fn in_flight_per_worker(opts: &ChaosOptions) -> u32 {
         Mode::Leased => (opts.concurrency * 4).min(opts.concurrency * opts.chunk).max(1),
         _ => opts.concurrency,
     }
+}
+
+/// Verify's checks as invariants: name, whether it holds, and what it
+/// proves (with its offenders when it does not).
+fn invariants_of(report: &settled::verify::VerifyReport) -> Vec<(String, bool, String)> {
+    report
+        .checks
+        .iter()
+        .map(|c| {
+            let detail = if c.ok {
+                c.description.to_string()
+            } else {
+                format!("{}: {}", c.description, c.offenders.join("; "))
+            };
+            (c.name.to_string(), c.ok, detail)
+        })
+        .collect()
 }

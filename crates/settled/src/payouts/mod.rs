@@ -284,17 +284,19 @@ pub async fn apply_word(
     Ok(Applied::Conflict)
 }
 
+/// A decimal amount without leading zeros, so "007" and "7" compare equal.
+pub(crate) fn canonical(amount: &str) -> &str {
+    let trimmed = amount.trim_start_matches('0');
+    if trimmed.is_empty() && !amount.is_empty() {
+        "0"
+    } else {
+        trimmed
+    }
+}
+
 /// What differs between payout `amount` to `creator` and the provider's
 /// `payment` under its key, in words; None when it pays exactly that.
 pub fn payment_differs(amount: &str, creator: &str, payment: &Payment) -> Option<String> {
-    let canonical = |a: &str| {
-        let trimmed = a.trim_start_matches('0');
-        if trimmed.is_empty() {
-            "0".to_string()
-        } else {
-            trimmed.to_string()
-        }
-    };
     let amount_differs = canonical(amount) != canonical(&payment.amount);
     let creator_differs = !creator.eq_ignore_ascii_case(&payment.creator);
     (amount_differs || creator_differs).then(|| {

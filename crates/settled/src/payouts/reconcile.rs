@@ -37,7 +37,7 @@ use std::collections::{HashMap, HashSet};
 use serde::Serialize;
 use sqlx::PgConnection;
 
-use super::PayoutState;
+use super::{canonical, PayoutState};
 use crate::period::Period;
 use crate::provider::{payout_key, HttpProvider, Payment, PaymentStatus};
 use crate::verify::{Check, MAX_OFFENDERS};
@@ -259,16 +259,6 @@ pub fn judge(state: PayoutState, status: PaymentStatus) -> Verdict {
         (S::Sent, P::Pending) | (S::Paid, P::Paid) | (S::Failed, P::Failed) => Verdict::Agree,
         (S::Sent, P::Paid | P::Failed) => Verdict::Behind,
         (S::Paid, _) | (S::Failed, _) | (S::Created | S::Cancelled | S::Expired, _) => Verdict::Disagree,
-    }
-}
-
-/// A decimal amount without leading zeros, so "007" and "7" compare equal.
-fn canonical(amount: &str) -> &str {
-    let trimmed = amount.trim_start_matches('0');
-    if trimmed.is_empty() && !amount.is_empty() {
-        "0"
-    } else {
-        trimmed
     }
 }
 

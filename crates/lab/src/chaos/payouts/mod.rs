@@ -32,7 +32,7 @@ use sqlx::{Connection, PgConnection};
 pub use checks::PayoutCounts;
 
 use super::faults::{inject, payout_schedule, provider_fault, FaultKind, Fleet, Targets};
-use super::{ChaosDb, ChaosReport, Slot, MAX_CHAOS_SECONDS, MAX_CHAOS_WORKERS};
+use super::{invariants_of, ChaosDb, ChaosReport, Slot, MAX_CHAOS_SECONDS, MAX_CHAOS_WORKERS};
 use crate::provider_sim::{Faults, Options, SimCounters, WebhookEndpoint};
 use clients::{Plan, Storm, API_TOKEN};
 use settled::db::Database;
@@ -247,15 +247,7 @@ async fn balances(
         &Progress::hidden(),
     )
     .await?;
-    let settled = tokio::process::Command::new(exe)
-        .args(["worker", "--period", PERIOD])
-        .env("DATABASE_URL", url)
-        .env("SETTLED_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .status()
-        .await?;
-    anyhow::ensure!(settled.success(), "settling the period failed: {settled}");
+    crate::settle_in_a_worker(exe, url, PERIOD).await?;
     let rows: Vec<(String, String)> = sqlx::query_as(
         "SELECT creator, balance::text FROM settlement.creator_balance WHERE balance > 30 ORDER BY creator",
     )
@@ -347,18 +339,7 @@ async fn run(
     let mut conn = PgConnection::connect(url).await?;
     let period = Period::parse(PERIOD).map_err(anyhow::Error::msg)?;
     let report = verify::verify(&mut conn, period).await?;
-    let mut invariants: Vec<(String, bool, String)> = report
-        .checks
-        .iter()
-        .map(|c| {
-            let detail = if c.ok {
-                c.description.to_string()
-            } else {
-                format!("{}: {}", c.description, c.offenders.join("; "))
-            };
-            (c.name.to_string(), c.ok, detail)
-        })
-        .collect();
+    let mut invariants = invariants_of(&report);
     let payments = HttpProvider::new(&provider_url, Duration::from_secs(60))?
         .list_all()
         .await?;
