@@ -122,7 +122,14 @@ async fn fence_replay(guarded: bool) -> FenceOutcome {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let rescued = rescued.expect("the rescuer's lock came free");
-    assert_eq!(rescued.retried, 1);
+    // The real drain's own rescuer ticks once as it starts; on a loaded
+    // machine that tick can land after the lease was expired above and take
+    // the item back first. Either way exactly one rescue retried it.
+    let by_drain = || zombie_stats.leases_rescued.load(Ordering::Relaxed);
+    if rescued.retried == 0 {
+        wait_until(&zombie_stats.leases_rescued, 1, "the drain's own rescue").await;
+    }
+    assert_eq!(rescued.retried + by_drain(), 1, "one rescue took the item back");
 
     // 6. w1: claim_leased (attempt 2), pays: the provider replays the payment.
     let (live_handler, mut live) = scripted(real_handler(&sim, Duration::from_secs(5)), &[Point::Called]);
