@@ -25,7 +25,7 @@ for round in $(seq 1 "$ROUNDS"); do
 
   period=$(psql "$DATABASE_URL" -Atc "SELECT min(period) - 1 FROM settlement.token_trade_volume")
   "$SETTLED" seed --period "$period" --creators "$CREATORS" --fee-bps 250 >/dev/null 2>&1
-  run=$(psql "$DATABASE_URL" -qAtc "INSERT INTO settled_engine.runs (job, period) VALUES ('creator-rewards', '$period') RETURNING id")
+  run=$(psql "$DATABASE_URL" -qAtc "INSERT INTO settled_engine.runs (job, scope) VALUES ('creator-rewards', '$period') RETURNING id")
   start=$(date +%s.%N)
   pgbench -n -M prepared -c "$CLIENTS" -j 2 -t "$PER_CLIENT" -f "$here/settle_chunk.sql" \
           -D period="$period" -D run="$run" -D chunk="$CHUNK" "$DATABASE_URL" >/dev/null

@@ -39,13 +39,21 @@ credited AS (
     ORDER BY s.creator
     RETURNING creator, amount
 ),
-effects AS (
-INSERT INTO settlement.creator_balance AS b (creator, balance)
-SELECT creator, amount FROM credited ORDER BY creator
-ON CONFLICT (creator) DO UPDATE
-SET balance = b.balance + EXCLUDED.balance, updated_at = now()
-RETURNING creator
-)
+raised AS (
+    UPDATE settlement.creator_balance b
+    SET balance = b.balance + c.amount, updated_at = now()
+    FROM credited c
+    WHERE b.creator = c.creator
+    RETURNING b.creator
+),
+opened AS (
+    INSERT INTO settlement.creator_balance (creator, balance)
+    SELECT c.creator, c.amount FROM credited c
+    WHERE c.creator NOT IN (SELECT r.creator FROM raised r)
+    ORDER BY c.creator
+    RETURNING creator
+),
+effects AS (SELECT creator FROM raised UNION ALL SELECT creator FROM opened)
          SELECT c.claimed, m.marked, m.settled, e.effects, c.last_key, m.held_keys
          FROM (SELECT count(*) AS claimed, max(p.creator)::text AS last_key FROM picked p) c,
               (SELECT count(*) AS marked, count(*) FILTER (WHERE m.status = 'settled') AS settled,

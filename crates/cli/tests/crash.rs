@@ -33,7 +33,8 @@ async fn sigkill_mid_chunk_rolls_back_and_the_rest_settles_once() {
 
     // Wait until some chunks committed and one sits written but uncommitted.
     let mut caught_mid_chunk = false;
-    for _ in 0..400 {
+    // A minute or more: a loaded machine may be slow to start the worker.
+    for _ in 0..6000 {
         let committed = env.scalar_i64("SELECT count(*) FROM settlement.reward_ledger").await;
         let open_with_writes = env
             .scalar_i64(

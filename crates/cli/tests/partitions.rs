@@ -528,7 +528,10 @@ async fn an_archive_that_loses_a_deadlock_starts_over_and_archives_once() {
     let dir = tempfile::tempdir().unwrap();
     seed_and_settle(&env, "2026-11-24", "300");
     let db = env.scalar_text("SELECT current_database()::text").await;
-    exec(&env, &format!("ALTER DATABASE \"{db}\" SET deadlock_timeout = '2s'")).await;
+    // PostgreSQL looks for a cycle once, when the timer fires: 10 s leaves a
+    // loaded machine time to make the cycle first (the other session's 60 s
+    // stays far behind).
+    exec(&env, &format!("ALTER DATABASE \"{db}\" SET deadlock_timeout = '10s'")).await;
 
     let mut other = env.pool.begin().await.unwrap();
     sqlx::raw_sql(

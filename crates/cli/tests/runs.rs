@@ -186,6 +186,12 @@ async fn cancel_stops_claims_and_gives_back_leases_then_run_resumes() {
         "10",
         "--work-ms",
         "100",
+        // One item at a time: the run takes about 40 s, so the cancel below
+        // lands before its end however slowly the machine starts it.
+        "--concurrency",
+        "1",
+        "--provider-concurrency",
+        "1",
     ];
     args.extend_from_slice(common::LEASED_FAST);
     let mut worker = env.cmd(&args).stdout(Stdio::null()).spawn().unwrap();

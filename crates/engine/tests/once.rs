@@ -55,7 +55,9 @@ async fn one_idempotency_key_begins_once_and_a_crashed_attempt_is_taken_over() {
     let (_db, pool) = pool().await;
     let cfg = IdempotencyConfig {
         retention: Duration::from_secs(3600),
-        lock: Duration::from_millis(500),
+        // Longer than 40 racers take to connect on a loaded machine: the
+        // lock's expiry below is made so in SQL, not slept.
+        lock: Duration::from_secs(30),
     };
     let fp = idempotency::fingerprint("POST", "/x", b"{}");
     let mut racers = tokio::task::JoinSet::new();
@@ -74,7 +76,10 @@ async fn one_idempotency_key_begins_once_and_a_crashed_attempt_is_taken_over() {
         idempotency::begin(&pool, "s", "k", &fp, &cfg).await.unwrap(),
         Begin::InProgress
     );
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    sqlx::query("UPDATE settled_engine.idempotency_keys SET locked_until = now() - interval '1 second'")
+        .execute(&pool)
+        .await
+        .unwrap();
     assert_eq!(
         idempotency::begin(&pool, "s", "k", &fp, &cfg).await.unwrap(),
         Begin::New
@@ -150,7 +155,8 @@ async fn thirty_racing_acquisitions_of_one_lease_have_one_holder_and_fences_grow
     for i in 0..30 {
         let pool = pool.clone();
         racers.spawn(async move {
-            Lease::acquire(&pool, "job", &format!("h{i}"), Duration::from_millis(400))
+            // Longer than 30 racers take to connect on a loaded machine.
+            Lease::acquire(&pool, "job", &format!("h{i}"), Duration::from_secs(30))
                 .await
                 .unwrap()
         });
@@ -161,7 +167,11 @@ async fn thirty_racing_acquisitions_of_one_lease_have_one_holder_and_fences_grow
     }
     assert_eq!(held.len(), 1);
     let first = held.pop().unwrap();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The database clock passes the lease (made so in SQL, not slept).
+    sqlx::query("UPDATE settled_engine.leases SET expires_at = now() - interval '1 second' WHERE name = 'job'")
+        .execute(&pool)
+        .await
+        .unwrap();
     // Expired: the stale holder can neither renew nor release; the next one gets a greater fence.
     assert!(!first.renew(&pool, Duration::from_secs(1)).await.unwrap());
     let second = Lease::acquire(&pool, "job", "h-next", Duration::from_secs(5))

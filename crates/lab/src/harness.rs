@@ -450,7 +450,10 @@ async fn sample(shared: Arc<Shared>) {
             shared.enqueued.load(Ordering::Relaxed),
             shared.stats.settled.load(Ordering::Relaxed),
         );
-        let dt = last_at.elapsed().as_secs_f64().max(1e-3);
+        // The rates' window ends when the counters are read, not after the
+        // depth query below (which waits for a pooled connection).
+        let read_at = Instant::now();
+        let dt = read_at.duration_since(last_at).as_secs_f64().max(1e-3);
         let mut lines = Vec::new();
         let window_s = shared.env.latency_window_ms as f64 / 1000.0;
         if let Some((p50, p95, p99)) = shared.pickup.percentiles() {
@@ -476,7 +479,7 @@ async fn sample(shared: Arc<Shared>) {
         for line in &lines {
             emit(line);
         }
-        (last_enq, last_done, last_at) = (enq, done, Instant::now());
+        (last_enq, last_done, last_at) = (enq, done, read_at);
     }
 }
 

@@ -228,7 +228,10 @@ async fn key_replay<H: LeasedHandler>(s: &Settled, sim: &str, handler: H) -> (us
 
 #[tokio::test(flavor = "multi_thread")]
 async fn without_the_idempotency_key_a_retry_pays_the_creator_twice() {
-    let timeout = Duration::from_millis(300);
+    // Well under the fault's 3 s answer, and long enough that the second
+    // attempt's call, to a well provider, never times out on a loaded
+    // machine (a third attempt would wait at its point for ever).
+    let timeout = Duration::from_millis(1000);
 
     let db = settled_testkit::TestDb::create().await.unwrap();
     let s = settled_on(pool(&db.url).await).await;

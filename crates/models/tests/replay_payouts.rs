@@ -176,7 +176,8 @@ async fn count(pool: &PgPool, sql: &str) -> i64 {
 /// Waits until `n` backends wait for a lock (the requests under test are
 /// inside their transactions, queued behind the test's).
 async fn lock_waiters(pool: &PgPool, n: i64) {
-    for _ in 0..500 {
+    // Up to a minute: HTTP requests reach their lock slowly on a loaded machine.
+    for _ in 0..6000 {
         let waiting = count(
             pool,
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
@@ -195,7 +196,7 @@ async fn lock_waiters(pool: &PgPool, n: i64) {
 /// The provider's payment under `key`, once it is no longer pending.
 async fn settled_payment(sim: &str, key: &str) -> Payment {
     let provider = HttpProvider::new(sim, Duration::from_secs(5)).unwrap();
-    for _ in 0..500 {
+    for _ in 0..3000 {
         if let Some(payment) = provider.lookup(key).await.unwrap() {
             if payment.status.is_final() {
                 return payment;

@@ -157,7 +157,7 @@ pub async fn hold_input_open(tx: &mut PgConnection, period: Period) -> anyhow::R
 
 /// Credits each `credited` (creator, amount) row to the creator's balance,
 /// in creator order (two chunks touching the same creators never
-/// deadlock); both payment statements end with it.
+/// deadlock); [`PAY_CHUNK_SQL`] ends with it.
 macro_rules! credit_balances {
     () => {
         "INSERT INTO settlement.creator_balance AS b (creator, balance)
@@ -197,8 +197,18 @@ WITH credited AS (
 /// settles (`settled`, with `attempt` the fence) instead of looking each
 /// item up again. The last CTE, `effects`, returns one row per credited
 /// creator.
-pub const CHUNK_EFFECTS_SQL: &str = concat!(
-    "
+///
+/// The balances are credited by an `UPDATE` of those that exist and a plain
+/// `INSERT` of the others, not by `INSERT ... ON CONFLICT DO UPDATE`: no
+/// speculative insertion and no lock of the conflicting row first, so less
+/// WAL per creator (docs/benchmarks.md, "What the chunk statement's parts
+/// cost"). Both see the statement's snapshot. A balance created by another
+/// transaction meanwhile makes the insert fail on the key, and a balance
+/// removed meanwhile makes the update miss it: either way the chunk rolls
+/// back (the engine checks one effect per settled item) and is run again.
+/// Chunks running at once hold distinct creators (one running run per job,
+/// each item claimed once), so the update's row order cannot deadlock them.
+pub const CHUNK_EFFECTS_SQL: &str = "
 credited AS (
     INSERT INTO settlement.reward_ledger (period, creator, amount, run_id, attempt)
     SELECT s.period, s.creator, settlement.reward(s.volume, p.fee_bps), r.id, s.attempt
@@ -208,13 +218,21 @@ credited AS (
     ORDER BY s.creator
     RETURNING creator, amount
 ),
-effects AS (
-",
-    credit_balances!(),
-    "
-RETURNING creator
-)"
-);
+raised AS (
+    UPDATE settlement.creator_balance b
+    SET balance = b.balance + c.amount, updated_at = now()
+    FROM credited c
+    WHERE b.creator = c.creator
+    RETURNING b.creator
+),
+opened AS (
+    INSERT INTO settlement.creator_balance (creator, balance)
+    SELECT c.creator, c.amount FROM credited c
+    WHERE c.creator NOT IN (SELECT r.creator FROM raised r)
+    ORDER BY c.creator
+    RETURNING creator
+),
+effects AS (SELECT creator FROM raised UNION ALL SELECT creator FROM opened)";
 
 /// [`HELD_CREATORS_SQL`] over the engine's `picked` rows.
 pub const CHUNK_HELD_SQL: &str = "SELECT h.creator AS key FROM settlement.creator_holds h

@@ -35,8 +35,8 @@ use crate::{EngineError, HandlerError};
 /// - `run`: one row, `id`, the run's id.
 ///
 /// The last CTE must be named `effects` and return one row per settled item
-/// it paid (a data-modifying CTE's `RETURNING`); the engine rolls the chunk
-/// back unless its count equals the settled count.
+/// it paid (from the `RETURNING` of data-modifying CTEs); the engine rolls
+/// the chunk back unless its count equals the settled count.
 ///
 /// `held`, if any, is a query over `picked` (the claimed rows' scope and key
 /// columns) returning, as one column `key`, the keys to put on hold instead

@@ -122,7 +122,9 @@ async fn scopes_drain_in_either_mode_while_another_scopes_partition_is_locked_wh
     let leased = settled_engine::Leased {
         handler: Arc::new(SlowLeased),
         leases: settled_engine::LeaseConfig {
-            ttl: Duration::from_millis(600),
+            // Long enough that a late renewal on a loaded machine is never
+            // rescued (one attempt each: a rescue would fail the item).
+            ttl: Duration::from_secs(5),
             rescue_interval: Duration::from_millis(100),
             shutdown_grace: Duration::from_millis(300),
             calls_in_flight: 8,

@@ -14,21 +14,24 @@ async fn a_long_leased_job_keeps_its_lease_while_its_worker_lives() {
     receiver(&env.pool).await;
     let mut conn = env.pool.acquire().await.unwrap();
     queue().enqueue(&mut conn, &NewJob::new("long")).await.unwrap();
-    // Work of three lease lengths (ttl 2 s): renewed every ttl/3, never rescued.
+    // Work of over two lease lengths (ttl 5 s): renewed every ttl/3, never
+    // rescued. The ttl leaves a renewal seconds of slack on a loaded machine.
     let handler = Arc::new(LeasedScripted {
         script: Script {
-            work: Duration::from_secs(6),
+            work: Duration::from_secs(12),
             worker: "w".into(),
             ..Script::default()
         },
         pool: env.pool.clone(),
     });
-    let serving = Serving::leased(&env.pool, handler, polling(config(1, 1)));
+    let mut cfg = polling(config(1, 1));
+    cfg.lease.ttl = Duration::from_secs(5);
+    let serving = Serving::leased(&env.pool, handler, cfg);
     wait_for(
         &env.pool,
         "SELECT count(*) FROM jobs.queue WHERE status = 'settled'",
         1,
-        60,
+        90,
     )
     .await;
     serving.stop().await;

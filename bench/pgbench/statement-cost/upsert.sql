@@ -1,0 +1,48 @@
+-- product.sql with the balances credited as the statement did before
+-- 2026-12-03: one INSERT ... ON CONFLICT (creator) DO UPDATE (a speculative
+-- insertion per new balance, a lock of the conflicting row per existing one).
+BEGIN;
+WITH run AS (SELECT CAST(:run AS bigint) AS id),
+ picked AS (
+   SELECT t.tableoid AS engine_rel, t.ctid AS engine_tid, t.period, t.creator
+   FROM settlement.token_trade_volume_p20261201 t
+   WHERE t.period = CAST(:period AS date) AND t.status = 'eligible'
+     AND t.creator > :lo AND t.creator <= :hi
+     AND (t.not_before IS NULL OR t.not_before <= now())
+     AND EXISTS (SELECT 1 FROM settled_engine.runs r WHERE r.id = :run AND r.state = 'running')
+   ORDER BY t.creator LIMIT :chunk
+   FOR NO KEY UPDATE OF t SKIP LOCKED),
+ held AS MATERIALIZED (SELECT h.creator AS key FROM settlement.creator_holds h
+     WHERE h.released_at IS NULL AND h.creator IN (SELECT creator FROM picked)),
+ marked AS (
+   UPDATE settlement.token_trade_volume_p20261201 t
+   SET status = CASE WHEN t.creator IN (SELECT h.key FROM held h) THEN 'held' ELSE 'settled' END,
+       attempt = t.attempt + 1, lease_owner = NULL, lease_until = NULL,
+       last_error = CASE WHEN t.creator IN (SELECT h.key FROM held h) THEN t.last_error END,
+       not_before = CASE WHEN t.creator IN (SELECT h.key FROM held h) THEN t.not_before END,
+       updated_at = now()
+   WHERE t.ctid = ANY(ARRAY(SELECT p.engine_tid FROM picked p))
+     AND t.period = CAST(:period AS date) AND t.status = 'eligible'
+   RETURNING t.*),
+ settled AS (SELECT * FROM marked WHERE status = 'settled'),
+ credited AS (
+   INSERT INTO settlement.reward_ledger (period, creator, amount, run_id, attempt)
+   SELECT s.period, s.creator, settlement.reward(s.volume, p.fee_bps), r.id, s.attempt
+   FROM settled s
+   JOIN settlement.settlement_policy p ON p.period = s.period
+   CROSS JOIN run r
+   ORDER BY s.creator
+   RETURNING creator, amount),
+ effects AS (
+   INSERT INTO settlement.creator_balance AS b (creator, balance)
+   SELECT creator, amount FROM credited ORDER BY creator
+   ON CONFLICT (creator) DO UPDATE
+   SET balance = b.balance + EXCLUDED.balance, updated_at = now()
+   RETURNING creator)
+SELECT c.claimed, m.marked, m.settled, e.effects, c.last_key, m.held_keys
+FROM (SELECT count(*) AS claimed, max(p.creator)::text AS last_key FROM picked p) c,
+     (SELECT count(*) AS marked, count(*) FILTER (WHERE m.status = 'settled') AS settled,
+             array_agg(m.creator::text) FILTER (WHERE m.status = 'held') AS held_keys
+      FROM marked m) m,
+     (SELECT count(*) AS effects FROM effects) e;
+COMMIT;
