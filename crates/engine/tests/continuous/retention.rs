@@ -70,3 +70,89 @@ async fn retention_removes_finished_jobs_past_their_time_and_never_an_unfinished
     assert_eq!(q.prune(&env.pool, &retention).await.unwrap(), Some(0));
     assert_eq!(count(&env.pool, "SELECT count(*) FROM jobs.queue").await, 1_100);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn retention_moves_past_jobs_a_trigger_keeps_within_one_prune() {
+    let env = env().await;
+    let q = queue();
+    let mut conn = env.pool.acquire().await.unwrap();
+    // More jobs a trigger keeps than one prune batch takes (the engine's
+    // batch is 5,000 jobs and not public: 5,100 is one batch and a part),
+    // then 100 deletable jobs finished at the same instant (their keys sort
+    // after the kept ones), 900 deletable jobs finished later, and 300
+    // unfinished jobs older than all of them.
+    let keys = (0..5_100)
+        .map(|i| format!("guarded-{i:05}"))
+        .chain((0..100).map(|i| format!("tied-{i:05}")))
+        .chain((0..900).map(|i| format!("later-{i:05}")))
+        .chain((0..300).map(|i| format!("open-{i:05}")));
+    let jobs: Vec<NewJob> = keys.map(NewJob::new).collect();
+    for part in jobs.chunks(5_000) {
+        q.enqueue_many(&mut conn, part).await.unwrap();
+    }
+    // Like settled's payout jobs: a delete the application refuses leaves the row.
+    sqlx::raw_sql(
+        "CREATE FUNCTION jobs.keep_guarded() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF OLD.key LIKE 'guarded-%' THEN RETURN NULL; END IF;
+             RETURN OLD;
+         END $$;
+         CREATE TRIGGER queue_keep_guarded BEFORE DELETE ON jobs.queue
+             FOR EACH ROW EXECUTE FUNCTION jobs.keep_guarded();",
+    )
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    // Made old in SQL; one statement, so the kept and tied jobs share one updated_at.
+    sqlx::query(
+        "UPDATE jobs.queue SET updated_at = now() - interval '3 days',
+             status = CASE WHEN key < 'guarded-02000' THEN 'failed' ELSE 'settled' END
+         WHERE key LIKE 'guarded-%' OR key LIKE 'tied-%'",
+    )
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    sqlx::query(
+        "UPDATE jobs.queue SET updated_at = now() - interval '2 days',
+             status = CASE WHEN key < 'later-00300' THEN 'cancelled'
+                           WHEN key < 'later-00600' THEN 'failed'
+                           ELSE 'settled' END
+         WHERE key LIKE 'later-%'",
+    )
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    sqlx::query(
+        "UPDATE jobs.queue SET updated_at = now() - interval '4 days',
+             status = CASE WHEN key < 'open-00150' THEN 'processing' ELSE 'eligible' END,
+             lease_until = CASE WHEN key < 'open-00150' THEN now() + interval '1 hour' END
+         WHERE key LIKE 'open-%'",
+    )
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    let retention = Retention {
+        finished: Duration::from_secs(3600),
+        failed: Duration::from_secs(3600),
+        interval: Duration::from_secs(1),
+    };
+    // One prune call gets past the kept jobs to the deletable ones.
+    assert_eq!(q.prune(&env.pool, &retention).await.unwrap(), Some(1_000));
+    let left = |sql: &'static str| count(&env.pool, sql);
+    assert_eq!(
+        left("SELECT count(*) FROM jobs.queue WHERE key LIKE 'tied-%' OR key LIKE 'later-%'").await,
+        0
+    );
+    assert_eq!(
+        left("SELECT count(*) FROM jobs.queue WHERE key LIKE 'guarded-%' AND status IN ('settled', 'failed')").await,
+        5_100
+    );
+    assert_eq!(
+        left("SELECT count(*) FROM jobs.queue WHERE key LIKE 'open-%' AND status IN ('eligible', 'processing')").await,
+        300
+    );
+    assert_eq!(left("SELECT count(*) FROM jobs.queue").await, 5_400);
+    // Nothing deletable is left: the next prune removes nothing and ends.
+    assert_eq!(q.prune(&env.pool, &retention).await.unwrap(), Some(0));
+    assert_eq!(left("SELECT count(*) FROM jobs.queue").await, 5_400);
+}
