@@ -22,6 +22,7 @@ use tracing::field::Empty;
 use tracing::Instrument;
 use uuid::Uuid;
 
+pub use crate::drainer::{ByMode, Drainer, InTransaction, Leased, RunTarget};
 use crate::runs::{self, Joined, Run, RunState};
 use crate::{DrainConfig, EngineError, WorkQueue, Worker};
 
@@ -507,116 +508,6 @@ impl<H: RunHooks> Job<H> {
 /// to the next worker or daemon.
 pub const FINISH_RETRY_FOR: Duration = Duration::from_secs(300);
 
-/// What a drain works on: the run and scope, who works, and how.
-#[derive(Debug, Clone, Copy)]
-pub struct RunTarget<'a> {
-    /// The database.
-    pub pool: &'a PgPool,
-    /// The work table.
-    pub queue: &'a Arc<WorkQueue>,
-    /// The run.
-    pub run_id: i64,
-    /// Its scope.
-    pub scope: &'a str,
-    /// The working process.
-    pub worker: Uuid,
-    /// Chunk, loops, retries.
-    pub cfg: &'a DrainConfig,
-    /// The process's counters (and its stop flag).
-    pub stats: &'a Arc<crate::DrainStats>,
-}
-
-/// How a worker drains a run: in transactions ([`InTransaction`]) or with
-/// leases ([`Leased`]), or either, chosen at run time ([`ByMode`]).
-pub trait Drainer: Send + Sync {
-    /// The mode's name, for logs.
-    fn mode(&self) -> &'static str;
-
-    /// Drains the target's scope until nothing is left, the run stops
-    /// running, or its stop flag is set.
-    fn drain<'a>(&'a self, target: RunTarget<'a>) -> impl Future<Output = Result<(), EngineError>> + Send + 'a;
-}
-
-/// In-transaction mode around a [`crate::ChunkHandler`].
-#[derive(Debug)]
-pub struct InTransaction<H>(pub Arc<H>);
-
-impl<H: crate::ChunkHandler> Drainer for InTransaction<H> {
-    fn mode(&self) -> &'static str {
-        "tx"
-    }
-
-    async fn drain(&self, t: RunTarget<'_>) -> Result<(), EngineError> {
-        let handler = self.0.clone();
-        crate::drain::drain_in_transactions(
-            t.pool,
-            t.queue.clone(),
-            t.run_id,
-            t.scope,
-            handler,
-            t.cfg,
-            t.stats.clone(),
-        )
-        .await
-    }
-}
-
-/// Leased mode around a [`crate::LeasedHandler`].
-#[derive(Debug)]
-pub struct Leased<H> {
-    /// The handler.
-    pub handler: Arc<H>,
-    /// Lease timings.
-    pub leases: crate::LeaseConfig,
-}
-
-impl<H: crate::LeasedHandler> Drainer for Leased<H> {
-    fn mode(&self) -> &'static str {
-        "leased"
-    }
-
-    async fn drain(&self, t: RunTarget<'_>) -> Result<(), EngineError> {
-        let (queue, handler, stats) = (t.queue.clone(), self.handler.clone(), t.stats.clone());
-        crate::leased::drain_leased(
-            t.pool,
-            queue,
-            t.run_id,
-            t.scope,
-            t.worker,
-            handler,
-            t.cfg,
-            self.leases,
-            stats,
-        )
-        .await
-    }
-}
-
 async fn acquire(pool: &PgPool) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>, EngineError> {
     pool.acquire().await.map_err(EngineError::db("acquiring a connection"))
-}
-
-/// One of the two modes, chosen at run time (a `--mode` flag).
-#[derive(Debug)]
-pub enum ByMode<T, L> {
-    /// In-transaction mode.
-    InTransaction(InTransaction<T>),
-    /// Leased mode.
-    Leased(Leased<L>),
-}
-
-impl<T: crate::ChunkHandler, L: crate::LeasedHandler> Drainer for ByMode<T, L> {
-    fn mode(&self) -> &'static str {
-        match self {
-            ByMode::InTransaction(d) => d.mode(),
-            ByMode::Leased(d) => d.mode(),
-        }
-    }
-
-    async fn drain(&self, target: RunTarget<'_>) -> Result<(), EngineError> {
-        match self {
-            ByMode::InTransaction(d) => d.drain(target).await,
-            ByMode::Leased(d) => d.drain(target).await,
-        }
-    }
 }

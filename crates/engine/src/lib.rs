@@ -66,6 +66,7 @@
 pub mod continuous;
 pub mod daemon;
 mod drain;
+mod drainer;
 mod error;
 mod fence;
 mod item;
