@@ -4,6 +4,9 @@
 # pgbench clients alone on their key ranges, and by the set-based floor in
 # one transaction, in rounds with the order rotating, every case copied from
 # one vacuumed template. Prints each case's seconds and the medians.
+# `no-lock` is product.sql without the claim's FOR NO KEY UPDATE ... SKIP
+# LOCKED, made here (for measurement only: without the lock two workers
+# could take the same row; each client here is alone on its key range).
 #
 #   PGHOST=127.0.0.1 PGPORT=5432 PGUSER=postgres bench/pgbench/statement-cost.sh [ROUNDS] [CREATORS] [CHUNK]
 #
@@ -32,6 +35,10 @@ mapfile -t uppers < <(psql -Atd "$tpl" -c "SELECT max(creator) FROM (SELECT crea
                                                        FROM settlement.token_trade_volume WHERE period = '$PERIOD') r
                                            GROUP BY n ORDER BY n")
 per_client=$(( CREATORS / CLIENTS / CHUNK + 2 ))
+scripts=$(mktemp -d); trap 'cleanup; rm -rf "$scripts"' EXIT
+cp "$here"/statement-cost/{product,upsert}.sql "$scripts"/
+perl -0pe 's/\n\s*FOR NO KEY UPDATE OF t SKIP LOCKED\)/)/' "$scripts/product.sql" > "$scripts/no-lock.sql"
+! grep -q "SKIP LOCKED" "$scripts/no-lock.sql" || { echo "no-lock.sql still locks" >&2; exit 1; }
 
 fresh() {
   psql -qd postgres -c "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db TEMPLATE $tpl"
@@ -50,7 +57,7 @@ case_seconds() { # variant
     psql -qd "$db" -v ON_ERROR_STOP=1 -v period="$PERIOD" -v run="$run" -f "$here/statement-cost/floor.sql" >/dev/null
   else
     for hi in "${uppers[@]}"; do
-      pgbench -n -M prepared -c 1 -t "$per_client" -f "$here/statement-cost/$1.sql" \
+      pgbench -n -M prepared -c 1 -t "$per_client" -f "$scripts/$1.sql" \
         -D period="$PERIOD" -D run="$run" -D chunk="$CHUNK" -D lo="$lo" -D hi="$hi" "$db" >/dev/null &
       pids+=($!); lo=$hi
     done
