@@ -4,9 +4,11 @@
 # pgbench clients alone on their key ranges, and by the set-based floor in
 # one transaction, in rounds with the order rotating, every case copied from
 # one vacuumed template. Prints each case's seconds and the medians.
-# `no-lock` is product.sql without the claim's FOR NO KEY UPDATE ... SKIP
-# LOCKED, made here (for measurement only: without the lock two workers
-# could take the same row; each client here is alone on its key range).
+# The forms besides product.sql are made from it here: `upsert` credits the
+# balances with one INSERT ... ON CONFLICT (creator) DO UPDATE, as the
+# statement did before 2026-12-03; `no-lock` leaves out the claim's FOR NO
+# KEY UPDATE ... SKIP LOCKED (for measurement only: without the lock two
+# workers could take the same row; each client here is alone on its range).
 #
 #   PGHOST=127.0.0.1 PGPORT=5432 PGUSER=postgres bench/pgbench/statement-cost.sh [ROUNDS] [CREATORS] [CHUNK]
 #
@@ -36,9 +38,18 @@ mapfile -t uppers < <(psql -Atd "$tpl" -c "SELECT max(creator) FROM (SELECT crea
                                            GROUP BY n ORDER BY n")
 per_client=$(( CREATORS / CLIENTS / CHUNK + 2 ))
 scripts=$(mktemp -d); trap 'cleanup; rm -rf "$scripts"' EXIT
-cp "$here"/statement-cost/{product,upsert}.sql "$scripts"/
+cp "$here/statement-cost/product.sql" "$scripts/"
 perl -0pe 's/\n\s*FOR NO KEY UPDATE OF t SKIP LOCKED\)/)/' "$scripts/product.sql" > "$scripts/no-lock.sql"
+perl -0pe 's/\n raised AS \(.*?\n effects AS \(SELECT creator FROM raised UNION ALL SELECT creator FROM opened\)\n/
+ effects AS (
+   INSERT INTO settlement.creator_balance AS b (creator, balance)
+   SELECT creator, amount FROM credited ORDER BY creator
+   ON CONFLICT (creator) DO UPDATE
+   SET balance = b.balance + EXCLUDED.balance, updated_at = now()
+   RETURNING creator)
+/s' "$scripts/product.sql" > "$scripts/upsert.sql"
 ! grep -q "SKIP LOCKED" "$scripts/no-lock.sql" || { echo "no-lock.sql still locks" >&2; exit 1; }
+grep -q "ON CONFLICT (creator)" "$scripts/upsert.sql" || { echo "upsert.sql was not made" >&2; exit 1; }
 
 fresh() {
   psql -qd postgres -c "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db TEMPLATE $tpl"

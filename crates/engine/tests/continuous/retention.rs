@@ -35,11 +35,7 @@ async fn retention_removes_finished_jobs_past_their_time_and_never_an_unfinished
         .execute(&mut *conn)
         .await
         .unwrap();
-    let retention = Retention {
-        finished: Duration::from_secs(3600),
-        failed: Duration::from_secs(3600),
-        interval: Duration::from_secs(1),
-    };
+    let retention = an_hour();
     // Four pruners at once: one holder at a time, the others skip.
     let mut tasks = Vec::new();
     for _ in 0..4 {
@@ -131,11 +127,7 @@ async fn retention_moves_past_jobs_a_trigger_keeps_within_one_prune() {
     .execute(&mut *conn)
     .await
     .unwrap();
-    let retention = Retention {
-        finished: Duration::from_secs(3600),
-        failed: Duration::from_secs(3600),
-        interval: Duration::from_secs(1),
-    };
+    let retention = an_hour();
     // One prune call gets past the kept jobs to the deletable ones.
     assert_eq!(q.prune(&env.pool, &retention).await.unwrap(), Some(1_000));
     let left = |sql: &'static str| count(&env.pool, sql);
@@ -155,4 +147,13 @@ async fn retention_moves_past_jobs_a_trigger_keeps_within_one_prune() {
     // Nothing deletable is left: the next prune removes nothing and ends.
     assert_eq!(q.prune(&env.pool, &retention).await.unwrap(), Some(0));
     assert_eq!(left("SELECT count(*) FROM jobs.queue").await, 5_400);
+}
+
+/// Finished jobs and dead letters kept an hour.
+fn an_hour() -> Retention {
+    Retention {
+        finished: Duration::from_secs(3600),
+        failed: Duration::from_secs(3600),
+        interval: Duration::from_secs(1),
+    }
 }
