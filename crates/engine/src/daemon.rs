@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
-use crate::job::{Drainer, Job, RunHooks};
+use crate::drainer::Drainer;
+use crate::job::{Job, RunHooks};
 use crate::runs::{ITEMS_CHANNEL, RUNS_CHANNEL};
 use crate::schedule::MAX_CATCH_UP_DAYS;
 use crate::{DrainConfig, EngineError, Schedule, Worker};

@@ -22,7 +22,7 @@ use tracing::field::Empty;
 use tracing::Instrument;
 use uuid::Uuid;
 
-pub use crate::drainer::{ByMode, Drainer, InTransaction, Leased, RunTarget};
+use crate::drainer::{Drainer, RunTarget};
 use crate::runs::{self, Joined, Run, RunState};
 use crate::{DrainConfig, EngineError, WorkQueue, Worker};
 

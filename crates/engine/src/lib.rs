@@ -97,8 +97,9 @@ pub use continuous::{
 
 // Batch queues: a job over a scoped work table, drained run by run.
 pub use drain::{ChunkHandler, DrainConfig};
+pub use drainer::{InTransaction, Leased};
 pub use item::{Chunk, Handled};
-pub use job::{InTransaction, Job, Leased, NoHooks, RunHooks, WorkOutcome};
+pub use job::{Job, NoHooks, RunHooks, WorkOutcome};
 pub use leased::{LeaseConfig, LeasedHandler};
 pub use queue::QueueSpec;
 pub use workers::Worker;

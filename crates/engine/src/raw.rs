@@ -5,9 +5,10 @@
 //! dashboard; an application of the engine needs only the crate's root.
 
 pub use crate::drain::{drain_in_transactions, DrainStats, MAX_CONCURRENCY, MAX_RETRY_BACKOFF_MS};
+pub use crate::drainer::{ByMode, Drainer, RunTarget};
 pub use crate::error::{is_deployment_fault, is_transient_sqlx, is_unique_violation};
 pub use crate::item::ClaimedItem;
-pub use crate::job::{ByMode, Cancelled, Drainer, Reopened, RunTarget, FINISH_RETRY_FOR};
+pub use crate::job::{Cancelled, Reopened, FINISH_RETRY_FOR};
 pub use crate::leased::{
     drain_leased, LeaseKeeper, COMPLETION_RETRIES, DEFAULT_CALLS_IN_FLIGHT, MAX_CALLS_IN_FLIGHT, MAX_LEASE_TTL_MS,
     MIN_LEASE_TTL_MS,

@@ -155,18 +155,6 @@ pub async fn hold_input_open(tx: &mut PgConnection, period: Period) -> anyhow::R
     Ok(())
 }
 
-/// Credits each `credited` (creator, amount) row to the creator's balance,
-/// in creator order (two chunks touching the same creators never
-/// deadlock); [`PAY_CHUNK_SQL`] ends with it.
-macro_rules! credit_balances {
-    () => {
-        "INSERT INTO settlement.creator_balance AS b (creator, balance)
-SELECT creator, amount FROM credited ORDER BY creator
-ON CONFLICT (creator) DO UPDATE
-SET balance = b.balance + EXCLUDED.balance, updated_at = now()"
-    };
-}
-
 /// Pays a chunk: one ledger row per creator at the period's fee, recorded
 /// with the fence the engine gave the claim, and the same amount credited
 /// to the creator's balance, in one statement. $1 period, $2 creators,
@@ -176,8 +164,7 @@ SET balance = b.balance + EXCLUDED.balance, updated_at = now()"
 /// up first (`OFFSET 0` keeps the planner from folding the lookup into the
 /// join, where it would hash the whole period per chunk), then matched with
 /// their fences.
-pub const PAY_CHUNK_SQL: &str = concat!(
-    "
+pub const PAY_CHUNK_SQL: &str = "
 WITH credited AS (
     INSERT INTO settlement.reward_ledger (period, creator, amount, run_id, attempt)
     SELECT v.period, v.creator, settlement.reward(v.volume, p.fee_bps), $3, f.fence
@@ -188,9 +175,10 @@ WITH credited AS (
     ORDER BY v.creator
     RETURNING creator, amount
 )
-",
-    credit_balances!()
-);
+INSERT INTO settlement.creator_balance AS b (creator, balance)
+SELECT creator, amount FROM credited ORDER BY creator
+ON CONFLICT (creator) DO UPDATE
+SET balance = b.balance + EXCLUDED.balance, updated_at = now()";
 
 /// [`PAY_CHUNK_SQL`] as the effects of the engine's one-statement chunk:
 /// the same ledger rows and balance credits, read from the rows the chunk

@@ -96,7 +96,7 @@ impl Sql {
 /// Where a prune's next batch starts: after the last job the previous
 /// batch picked (deleted or kept).
 #[derive(Debug, Clone)]
-pub(crate) struct PruneCursor {
+struct PruneCursor {
     updated_at: DateTime<Utc>,
     /// The key as text, cast back to the key's type by the statement.
     key: String,
@@ -104,13 +104,13 @@ pub(crate) struct PruneCursor {
 
 /// What one retention batch did.
 #[derive(Debug)]
-pub(crate) struct PruneBatch {
+struct PruneBatch {
     /// Expired finished jobs it picked and locked (at most [`PRUNE_BATCH_JOBS`]).
-    pub picked: u64,
+    picked: u64,
     /// Those it deleted: fewer when a trigger kept some, or a job changed.
-    pub deleted: u64,
+    deleted: u64,
     /// The last it picked, where the next batch starts (None if none).
-    pub last: Option<PruneCursor>,
+    last: Option<PruneCursor>,
 }
 
 #[derive(sqlx::FromRow)]
@@ -156,7 +156,7 @@ impl Queue {
 
     /// Removes one batch of expired finished jobs on `tx`: the oldest, or
     /// those after `after`.
-    pub(crate) async fn prune_batch(
+    async fn prune_batch(
         &self,
         tx: &mut PgConnection,
         retention: &Retention,
