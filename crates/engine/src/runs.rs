@@ -24,6 +24,9 @@ pub enum RunState {
 }
 
 impl RunState {
+    /// Every state.
+    pub const ALL: [RunState; 3] = [RunState::Running, RunState::Finished, RunState::Cancelled];
+
     fn parse(s: &str) -> Result<RunState, EngineError> {
         match s {
             "running" => Ok(RunState::Running),

@@ -165,7 +165,11 @@ pub enum Source {
 }
 
 impl Source {
-    fn as_str(self) -> &'static str {
+    /// Every source (the values `settlement.payout_conflicts.source` allows).
+    pub const ALL: [Source; 4] = [Source::Delivery, Source::Webhook, Source::Poll, Source::Reconcile];
+
+    /// The stored value.
+    pub fn as_str(self) -> &'static str {
         match self {
             Source::Delivery => "delivery",
             Source::Webhook => "webhook",
@@ -188,6 +192,9 @@ pub enum Applied {
 }
 
 impl Applied {
+    /// Every outcome of applying a word (stored as a webhook event's outcome).
+    pub const ALL: [Applied; 3] = [Applied::Moved, Applied::Already, Applied::Conflict];
+
     /// The stored outcome of a webhook event.
     pub fn as_str(self) -> &'static str {
         match self {
