@@ -169,7 +169,10 @@ async fn each_status_check_allows_exactly_the_values_of_its_rust_enum() {
     // A webhook event's outcome is an Applied, or one the API names itself
     // (an unknown payout): every Applied must be storable.
     let outcomes = allowed(&env, "settlement.provider_events", "provider_events_outcome_check").await;
-    for a in Applied::ALL.iter().filter(|a| !outcomes.iter().any(|o| o == a.as_str())) {
+    for a in Applied::ALL
+        .iter()
+        .filter(|a| !outcomes.iter().any(|o| o == a.as_str()))
+    {
         problems.push(format!(
             "Applied::ALL has `{}`, which provider_events_outcome_check refuses",
             a.as_str()

@@ -51,17 +51,22 @@ pub(crate) struct Function {
 
 /// Every documented relation, sorted by name.
 pub(crate) async fn relations(conn: &mut PgConnection) -> Vec<Relation> {
-    sqlx::query("SET search_path = pg_catalog").execute(&mut *conn).await.unwrap();
-    let mut relations: Vec<Relation> = sqlx::query_scalar(&format!(
-        "SELECT n.nspname || '.' || c.relname {RELATIONS} ORDER BY 1"
-    ))
-    .bind(SCHEMAS) // $1
-    .fetch_all(&mut *conn)
-    .await
-    .unwrap()
-    .into_iter()
-    .map(|name| Relation { name, ..Relation::default() })
-    .collect();
+    sqlx::query("SET search_path = pg_catalog")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let mut relations: Vec<Relation> =
+        sqlx::query_scalar(&format!("SELECT n.nspname || '.' || c.relname {RELATIONS} ORDER BY 1"))
+            .bind(SCHEMAS) // $1
+            .fetch_all(&mut *conn)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|name| Relation {
+                name,
+                ..Relation::default()
+            })
+            .collect();
     for rel in &mut relations {
         rel.columns = columns(conn, &rel.name).await;
         rel.facts = facts(conn, &rel.name).await;
@@ -140,7 +145,10 @@ async fn facts(conn: &mut PgConnection, relation: &str) -> Vec<Fact> {
 
 /// The functions of one documented schema, sorted by signature.
 pub(crate) async fn functions(conn: &mut PgConnection, schema: &str) -> Vec<Function> {
-    sqlx::query("SET search_path = pg_catalog").execute(&mut *conn).await.unwrap();
+    sqlx::query("SET search_path = pg_catalog")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
     let rows = sqlx::query(
         "SELECT n.nspname || '.' || p.proname || '(' || pg_get_function_identity_arguments(p.oid) || ')' AS signature,
                 CASE p.prokind WHEN 'p' THEN '(procedure)' ELSE pg_get_function_result(p.oid) END AS returns,
@@ -180,7 +188,12 @@ pub(crate) fn allowed_values(def: &str) -> Option<(String, Vec<String>)> {
     };
     let values = list
         .split(", ")
-        .map(|v| v.strip_suffix("::text")?.strip_prefix('\'')?.strip_suffix('\'').map(str::to_string))
+        .map(|v| {
+            v.strip_suffix("::text")?
+                .strip_prefix('\'')?
+                .strip_suffix('\'')
+                .map(str::to_string)
+        })
         .collect::<Option<Vec<String>>>()?;
     Some((column.to_string(), values))
 }

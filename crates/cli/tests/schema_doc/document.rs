@@ -79,8 +79,14 @@ pub(crate) fn blocks(doc: &str) -> Vec<Block> {
     let mut out = Vec::new();
     let mut at = 0;
     while let Some(start) = doc[at..].find(BEGIN).map(|i| i + at) {
-        let name_end = doc[start..].find(" -->").expect("a generated block's start marker ends") + start;
-        let end = doc[name_end..].find(END).expect("every generated block has its end marker") + name_end;
+        let name_end = doc[start..]
+            .find(" -->")
+            .expect("a generated block's start marker ends")
+            + start;
+        let end = doc[name_end..]
+            .find(END)
+            .expect("every generated block has its end marker")
+            + name_end;
         let mut block = parse(&doc[name_end + 4..end]);
         block.name = doc[start + BEGIN.len()..name_end].to_string();
         block.range = start..end + END.len();
@@ -141,8 +147,9 @@ fn split_cells(line: &str) -> Vec<String> {
 }
 
 /// The document with every block as the catalog renders it (meanings
-/// kept), blocks of what the database lacks removed, and a section with
-/// its heading appended for each block the document lacks.
+/// kept), blocks of what the database lacks removed, and each block the
+/// document lacks put at the end of its section (a new section at the end
+/// of the file when there is none).
 pub(crate) fn rewrite(doc: &str, generated: &[Generated]) -> String {
     let by_name: HashMap<&str, &Generated> = generated.iter().map(|g| (g.name.as_str(), g)).collect();
     let found = blocks(doc);
@@ -150,14 +157,25 @@ pub(crate) fn rewrite(doc: &str, generated: &[Generated]) -> String {
     let mut at = 0;
     for block in &found {
         out.push_str(&doc[at..block.range.start]);
-        if let Some(g) = by_name.get(block.name.as_str()) {
-            out.push_str(&g.render(&block.meanings));
-        }
         at = block.range.end;
+        match by_name.get(block.name.as_str()) {
+            Some(g) => out.push_str(&g.render(&block.meanings)),
+            // Its line goes with it.
+            None => at += usize::from(doc[at..].starts_with('\n')),
+        }
     }
     out.push_str(&doc[at..]);
     for g in generated.iter().filter(|g| !found.iter().any(|b| b.name == g.name)) {
-        out.push_str(&format!("\n{}\n\n{}\n", g.heading, g.render(&HashMap::new())));
+        let block = g.render(&HashMap::new());
+        match out.find(&format!("\n{}\n", g.heading)) {
+            Some(start) => {
+                let body = start + g.heading.len() + 2;
+                let next = out[body..].find("\n## ").map_or(out.len(), |i| body + i);
+                let end = out[..next].trim_end().len();
+                out.replace_range(end..next, &format!("\n\n{block}\n"));
+            }
+            None => out.push_str(&format!("\n{}\n\n{block}\n", g.heading)),
+        }
     }
     out
 }
@@ -173,7 +191,10 @@ pub(crate) fn problems(doc: &str, generated: &[Generated]) -> Vec<String> {
         }
     }
     for b in found.iter().filter(|b| !generated.iter().any(|g| g.name == b.name)) {
-        problems.push(format!("docs/schema.md documents {}, which the database does not have", b.name));
+        problems.push(format!(
+            "docs/schema.md documents {}, which the database does not have",
+            b.name
+        ));
     }
     problems
 }
@@ -199,7 +220,7 @@ fn block_problems(doc: &str, b: &Block, g: &Generated) -> Vec<String> {
         match have.get(&(kind.clone(), n.clone())) {
             None => out.push(format!("docs/schema.md: {} lacks {}", g.name, name(kind, n, def))),
             Some(said) if said != def => out.push(format!(
-                "docs/schema.md: {}'s {} reads `{said}`; the database has `{def}`",
+                "docs/schema.md: {} {} reads \"{said}\"; the database has \"{def}\"",
                 g.name,
                 name(kind, n, "")
             )),
@@ -221,7 +242,7 @@ fn block_problems(doc: &str, b: &Block, g: &Generated) -> Vec<String> {
             .find(|(d, r)| d != r)
             .unwrap_or(("(a line too many or too few)", ""));
         out.push(format!(
-            "docs/schema.md: {}'s block is not laid out as generated: it reads `{said}` where the generator writes `{is}`",
+            "docs/schema.md: the block of {} is not laid out as generated: it reads \"{said}\" where the generator writes \"{is}\"",
             g.name
         ));
     }
