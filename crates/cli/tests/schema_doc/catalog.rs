@@ -4,7 +4,8 @@
 //! functions. Everything as PostgreSQL prints it (format_type,
 //! pg_get_constraintdef, pg_get_indexdef, pg_get_triggerdef), with
 //! `search_path` set to pg_catalog so every name outside it is qualified;
-//! no OIDs; sorted, so the same migrations always read the same.
+//! no OIDs; sorted by name in the C collation (columns in their table's
+//! order), so the same migrations always read the same.
 
 use sqlx::{PgConnection, Row};
 
@@ -55,18 +56,19 @@ pub(crate) async fn relations(conn: &mut PgConnection) -> Vec<Relation> {
         .execute(&mut *conn)
         .await
         .unwrap();
-    let mut relations: Vec<Relation> =
-        sqlx::query_scalar(&format!("SELECT n.nspname || '.' || c.relname {RELATIONS} ORDER BY 1"))
-            .bind(SCHEMAS) // $1
-            .fetch_all(&mut *conn)
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|name| Relation {
-                name,
-                ..Relation::default()
-            })
-            .collect();
+    let mut relations: Vec<Relation> = sqlx::query_scalar(&format!(
+        "SELECT n.nspname || '.' || c.relname {RELATIONS} ORDER BY n.nspname || '.' || c.relname COLLATE \"C\""
+    ))
+    .bind(SCHEMAS) // $1
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap()
+    .into_iter()
+    .map(|name| Relation {
+        name,
+        ..Relation::default()
+    })
+    .collect();
     for rel in &mut relations {
         rel.columns = columns(conn, &rel.name).await;
         rel.facts = facts(conn, &rel.name).await;
@@ -128,7 +130,7 @@ async fn facts(conn: &mut PgConnection, relation: &str) -> Vec<Fact> {
              UNION ALL
              SELECT 6, 'view of', '', pg_get_viewdef(c.oid)
              FROM pg_class c WHERE c.oid = $1::regclass AND c.relkind IN ('v', 'm')
-         ) f ORDER BY o, name",
+         ) f ORDER BY o, name COLLATE \"C\"",
     )
     .bind(relation) // $1
     .fetch_all(&mut *conn)
@@ -156,7 +158,7 @@ pub(crate) async fn functions(conn: &mut PgConnection, schema: &str) -> Vec<Func
                     || coalesce(', ' || array_to_string(p.proconfig, ', '), '') AS security
          FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
          WHERE n.nspname = $1
-         ORDER BY p.proname, 1",
+         ORDER BY p.proname COLLATE \"C\", pg_get_function_identity_arguments(p.oid) COLLATE \"C\"",
     )
     .bind(schema) // $1
     .fetch_all(&mut *conn)
