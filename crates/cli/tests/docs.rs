@@ -329,3 +329,61 @@ async fn api_curl_session() {
         }
     }
 }
+
+/// A line of a block, without its `# comment`, in each form it shows: a
+/// `[--flag]` is run once without it and once with it.
+fn forms(line: &str) -> Vec<String> {
+    let command = line.split(" #").next().unwrap().trim();
+    match (command.find('['), command.find(']')) {
+        (Some(open), Some(close)) if open < close => {
+            let (before, option, after) = (&command[..open], &command[open + 1..close], &command[close + 1..]);
+            vec![format!("{}{}", before.trim_end(), after), format!("{before}{option}{after}")]
+        }
+        _ => vec![command.to_string()],
+    }
+}
+
+/// README's "Using it", line by line as written, with the `settled` built
+/// for the tests first on the PATH and `volumes.csv` a valid import: each
+/// command must succeed; the `&` lines run side by side, and the next line
+/// runs when they have ended (a `--period` worker ends when its period is
+/// settled); verify's JSON must say the money is conserved.
+#[tokio::test(flavor = "multi_thread")]
+async fn readme_using_it() {
+    let block = tested_block("README.md", "readme_using_it");
+    let env = common::Env::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(root().join("crates/cli/tests/fixtures/import/good.csv"), dir.path().join("volumes.csv")).unwrap();
+    let bin_dir = Path::new(common::SETTLED).parent().unwrap();
+    let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default());
+    let sh = |command: &str| {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", command])
+            .current_dir(dir.path())
+            .env("PATH", &path)
+            .env("DATABASE_URL", &env.db.url)
+            .env("SETTLED_LOG", "error")
+            .stdin(std::process::Stdio::null());
+        cmd
+    };
+    let (mut background, mut last_verify) = (Vec::new(), String::new());
+    for (n, line) in block.body.iter().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let at = format!("README.md:{}", block.line + 1 + n);
+        for command in forms(line) {
+            if let Some(command) = command.strip_suffix('&') {
+                background.push((at.clone(), sh(command).stdout(std::process::Stdio::null()).spawn().unwrap()));
+                continue;
+            }
+            for (at, mut child) in background.drain(..) {
+                assert!(common::wait_bounded(&mut child, 300).success(), "{at}: a background command failed");
+            }
+            let out = sh(&command).output().unwrap();
+            assert!(out.status.success(), "{at}: `{command}` failed: {out:?}");
+            if command.starts_with("settled verify") {
+                last_verify = String::from_utf8_lossy(&out.stdout).into_owned();
+            }
+        }
+    }
+    let report: Value = serde_json::from_str(&last_verify).expect("the block ends with `settled verify ... --json`");
+    assert_eq!(report["ok"], true, "{report:#}");
+}
