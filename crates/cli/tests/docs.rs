@@ -140,9 +140,10 @@ fn shows_commands(block: &Block) -> bool {
     if !language.is_empty() {
         return SHELL_LANGUAGES.contains(&language);
     }
-    block.body.iter().any(|line| {
-        line.trim_start().starts_with("$ ") || COMMAND_WORDS.contains(&command_word(line))
-    })
+    block
+        .body
+        .iter()
+        .any(|line| line.trim_start().starts_with("$ ") || COMMAND_WORDS.contains(&command_word(line)))
 }
 
 /// Why a `tested:` marker's target does not hold, if it does not: a test
@@ -164,9 +165,9 @@ fn check_target(target: &str, doc: &str) -> Result<(), String> {
 /// Why a block fails the convention, if it does.
 fn problem(block: &Block) -> Option<String> {
     match &block.marker {
-        Some(Marker::Tested(target)) => check_target(target, &block.file).err().map(|why| {
-            format!("{}:{}: marked `tested: {target}`, but {why}", block.file, block.line)
-        }),
+        Some(Marker::Tested(target)) => check_target(target, &block.file)
+            .err()
+            .map(|why| format!("{}:{}: marked `tested: {target}`, but {why}", block.file, block.line)),
         Some(Marker::Illustrative) => None,
         None if shows_commands(block) => Some(format!(
             "{}:{}: a block of commands is neither run by a test nor marked illustrative: on the line \
@@ -181,12 +182,22 @@ fn problem(block: &Block) -> Option<String> {
 #[test]
 fn every_command_block_in_the_docs_is_tested_or_marked_illustrative() {
     let (blocks, dangling) = all_blocks();
-    assert!(blocks.iter().any(|b| b.file == "README.md"), "no block found in README.md");
+    assert!(
+        blocks.iter().any(|b| b.file == "README.md"),
+        "no block found in README.md"
+    );
     let mut problems: Vec<String> = blocks.iter().filter_map(problem).collect();
     problems.extend(
-        dangling.iter().map(|at| format!("{at}: a `tested:` or `illustrative` marker stands before no fence")),
+        dangling
+            .iter()
+            .map(|at| format!("{at}: a `tested:` or `illustrative` marker stands before no fence")),
     );
-    assert!(problems.is_empty(), "{} problem(s):\n{}", problems.len(), problems.join("\n"));
+    assert!(
+        problems.is_empty(),
+        "{} problem(s):\n{}",
+        problems.len(),
+        problems.join("\n")
+    );
 }
 
 #[test]
@@ -196,10 +207,22 @@ fn the_convention_tells_commands_from_output_and_names_the_block() {
     let problems: Vec<String> = found.iter().filter_map(problem).collect();
     assert_eq!(found.len(), 5);
     assert_eq!(problems.len(), 3, "{problems:#?}");
-    assert!(problems[0].starts_with("docs/x.md:3: a block of commands"), "{}", problems[0]);
-    assert!(problems[1].starts_with("docs/x.md:17: marked `tested: "), "{}", problems[1]);
+    assert!(
+        problems[0].starts_with("docs/x.md:3: a block of commands"),
+        "{}",
+        problems[0]
+    );
+    assert!(
+        problems[1].starts_with("docs/x.md:17: marked `tested: "),
+        "{}",
+        problems[1]
+    );
     assert!(problems[1].ends_with("has no test `no_such_test`"), "{}", problems[1]);
-    assert!(problems[2].starts_with("docs/x.md:21: a block of commands"), "{}", problems[2]);
+    assert!(
+        problems[2].starts_with("docs/x.md:21: a block of commands"),
+        "{}",
+        problems[2]
+    );
     assert_eq!(dangling, vec![24]);
 }
 
@@ -207,8 +230,16 @@ fn the_convention_tells_commands_from_output_and_names_the_block() {
 fn tested_block(file: &str, test: &str) -> Block {
     let text = std::fs::read_to_string(root().join(file)).unwrap();
     let wanted = Marker::Tested(format!("{THIS_TEST}::{test}"));
-    let mut found: Vec<Block> = blocks(file, &text).0.into_iter().filter(|b| b.marker.as_ref() == Some(&wanted)).collect();
-    assert_eq!(found.len(), 1, "{file} must have exactly one block marked `tested: {THIS_TEST}::{test}`");
+    let mut found: Vec<Block> = blocks(file, &text)
+        .0
+        .into_iter()
+        .filter(|b| b.marker.as_ref() == Some(&wanted))
+        .collect();
+    assert_eq!(
+        found.len(),
+        1,
+        "{file} must have exactly one block marked `tested: {THIS_TEST}::{test}`"
+    );
     found.remove(0)
 }
 
@@ -226,7 +257,11 @@ fn session(block: &Block) -> Vec<Step> {
     let mut in_step = false;
     for (n, line) in block.body.iter().enumerate() {
         if let Some(command) = line.strip_prefix("$ ") {
-            steps.push(Step { line: block.line + 1 + n, command: command.to_string(), shown: Vec::new() });
+            steps.push(Step {
+                line: block.line + 1 + n,
+                command: command.to_string(),
+                shown: Vec::new(),
+            });
             in_step = true;
         } else if line.starts_with("# ") {
             in_step = false;
@@ -253,7 +288,11 @@ struct Answer {
 fn answer(lines: &[String]) -> Answer {
     let lines: Vec<&str> = lines.iter().map(|l| l.trim_end_matches('\r')).collect();
     if !lines.first().is_some_and(|l| l.starts_with("HTTP/")) {
-        return Answer { status: None, headers: BTreeMap::new(), body: lines.join("\n") };
+        return Answer {
+            status: None,
+            headers: BTreeMap::new(),
+            body: lines.join("\n"),
+        };
     }
     let end = lines.iter().position(|l| l.is_empty()).unwrap_or(lines.len());
     let headers = lines[1..end]
@@ -262,7 +301,11 @@ fn answer(lines: &[String]) -> Answer {
         .map(|(name, value)| (name.trim().to_ascii_lowercase(), value.trim().to_string()))
         .collect();
     let body = lines.get(end + 1..).unwrap_or_default().join("\n");
-    Answer { status: Some(lines[0].trim().to_string()), headers, body }
+    Answer {
+        status: Some(lines[0].trim().to_string()),
+        headers,
+        body,
+    }
 }
 
 /// Whether `actual` holds every field `shown` shows, with its value; a time
@@ -277,9 +320,11 @@ fn json_shows(shown: &Value, actual: &Value, at: &str) -> Result<(), String> {
             }
             json_shows(value, got, &field)
         }),
-        (Value::Array(shown), Value::Array(actual)) if shown.len() == actual.len() => {
-            shown.iter().zip(actual).enumerate().try_for_each(|(i, (s, a))| json_shows(s, a, &format!("{at}[{i}]")))
-        }
+        (Value::Array(shown), Value::Array(actual)) if shown.len() == actual.len() => shown
+            .iter()
+            .zip(actual)
+            .enumerate()
+            .try_for_each(|(i, (s, a))| json_shows(s, a, &format!("{at}[{i}]"))),
         _ if shown == actual => Ok(()),
         _ => Err(format!("{at} is {actual}, the doc shows {shown}")),
     }
@@ -294,7 +339,10 @@ fn matches(shown: &Answer, actual: &Answer) -> Result<(), String> {
     }
     for (name, value) in shown.headers.iter().filter(|(name, _)| *name != "content-length") {
         if actual.headers.get(name) != Some(value) {
-            return Err(format!("header {name}: {:?}, the doc shows {value:?}", actual.headers.get(name)));
+            return Err(format!(
+                "header {name}: {:?}, the doc shows {value:?}",
+                actual.headers.get(name)
+            ));
         }
     }
     match serde_json::from_str::<Value>(&shown.body) {
@@ -318,14 +366,34 @@ async fn api_curl_session() {
     env.run_ok(&["worker", "--period", "2026-11-28"]);
     let server = env.serve("s3cret").await;
     let steps = session(&block);
-    assert!(steps.len() >= 5, "docs/api.md:{}: too few commands in the session", block.line);
+    assert!(
+        steps.len() >= 5,
+        "docs/api.md:{}: too few commands in the session",
+        block.line
+    );
     for step in steps {
         let command = step.command.replace("http://127.0.0.1:8080", &server.base);
-        let out = Command::new("sh").args(["-c", &command]).env("SETTLED_API_TOKEN", "s3cret").output().unwrap();
-        assert!(out.status.success(), "docs/api.md:{}: `{command}` failed: {out:?}", step.line);
-        let printed: Vec<String> = String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect();
+        let out = Command::new("sh")
+            .args(["-c", &command])
+            .env("SETTLED_API_TOKEN", "s3cret")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "docs/api.md:{}: `{command}` failed: {out:?}",
+            step.line
+        );
+        let printed: Vec<String> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect();
         if let Err(why) = matches(&answer(&step.shown), &answer(&printed)) {
-            panic!("docs/api.md:{}: `{}` answers otherwise: {why}\n{}", step.line, step.command, printed.join("\n"));
+            panic!(
+                "docs/api.md:{}: `{}` answers otherwise: {why}\n{}",
+                step.line,
+                step.command,
+                printed.join("\n")
+            );
         }
     }
 }
@@ -337,7 +405,10 @@ fn forms(line: &str) -> Vec<String> {
     match (command.find('['), command.find(']')) {
         (Some(open), Some(close)) if open < close => {
             let (before, option, after) = (&command[..open], &command[open + 1..close], &command[close + 1..]);
-            vec![format!("{}{}", before.trim_end(), after), format!("{before}{option}{after}")]
+            vec![
+                format!("{}{}", before.trim_end(), after),
+                format!("{before}{option}{after}"),
+            ]
         }
         _ => vec![command.to_string()],
     }
@@ -353,7 +424,11 @@ async fn readme_using_it() {
     let block = tested_block("README.md", "readme_using_it");
     let env = common::Env::new().await;
     let dir = tempfile::tempdir().unwrap();
-    std::fs::copy(root().join("crates/cli/tests/fixtures/import/good.csv"), dir.path().join("volumes.csv")).unwrap();
+    std::fs::copy(
+        root().join("crates/cli/tests/fixtures/import/good.csv"),
+        dir.path().join("volumes.csv"),
+    )
+    .unwrap();
     let bin_dir = Path::new(common::SETTLED).parent().unwrap();
     let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default());
     let sh = |command: &str| {
@@ -371,11 +446,17 @@ async fn readme_using_it() {
         let at = format!("README.md:{}", block.line + 1 + n);
         for command in forms(line) {
             if let Some(command) = command.strip_suffix('&') {
-                background.push((at.clone(), sh(command).stdout(std::process::Stdio::null()).spawn().unwrap()));
+                background.push((
+                    at.clone(),
+                    sh(command).stdout(std::process::Stdio::null()).spawn().unwrap(),
+                ));
                 continue;
             }
             for (at, mut child) in background.drain(..) {
-                assert!(common::wait_bounded(&mut child, 300).success(), "{at}: a background command failed");
+                assert!(
+                    common::wait_bounded(&mut child, 300).success(),
+                    "{at}: a background command failed"
+                );
             }
             let out = sh(&command).output().unwrap();
             assert!(out.status.success(), "{at}: `{command}` failed: {out:?}");
@@ -386,4 +467,40 @@ async fn readme_using_it() {
     }
     let report: Value = serde_json::from_str(&last_verify).expect("the block ends with `settled verify ... --json`");
     assert_eq!(report["ok"], true, "{report:#}");
+}
+
+/// README's first command, `cargo run --release -- demo`, runs `settled`
+/// from the root, however many binaries the workspace has: exactly one
+/// member names a `default-run`, `settled-cli`'s `settled`. And README's
+/// `cargo test` runs every crate's tests: every member is a default member
+/// (docs/architecture.md, "Which binary `cargo run` runs").
+#[test]
+fn cargo_run_at_the_root_runs_settled_and_cargo_test_tests_every_crate() {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args(["metadata", "--format-version", "1", "--no-deps", "--offline"])
+        .current_dir(root())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "cargo metadata: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let metadata: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let default_runs: Vec<(&str, &str)> = metadata["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| Some((p["name"].as_str()?, p["default_run"].as_str()?)))
+        .collect();
+    assert_eq!(
+        default_runs,
+        vec![("settled-cli", "settled")],
+        "the members' default-run keys"
+    );
+    assert_eq!(
+        metadata["workspace_default_members"], metadata["workspace_members"],
+        "a bare `cargo test` must test every member"
+    );
 }
