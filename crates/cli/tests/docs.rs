@@ -504,3 +504,27 @@ fn cargo_run_at_the_root_runs_settled_and_cargo_test_tests_every_crate() {
         "a bare `cargo test` must test every member"
     );
 }
+
+/// `.ci/run` runs README's first `sh` block: that block must be the one
+/// marked as run there (the "Two commands"), so a block put above it cannot
+/// take its place unseen, and it must hold `cargo test`, CI's only test run.
+#[test]
+fn readme_first_sh_block_is_the_one_ci_runs() {
+    let text = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let (found, _) = blocks("README.md", &text);
+    let first = found
+        .iter()
+        .find(|b| b.info == "sh")
+        .expect("README.md has a ```sh block");
+    assert_eq!(
+        first.marker,
+        Some(Marker::Tested(".ci/run".into())),
+        "README.md:{}: the first ```sh block, which .ci/run runs, must be marked `<!-- tested: .ci/run -->`",
+        first.line
+    );
+    assert!(
+        first.body.iter().any(|l| l.starts_with("cargo test")),
+        "README.md:{}: the block .ci/run runs must hold the test command, or CI runs no test",
+        first.line
+    );
+}
