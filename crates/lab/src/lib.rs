@@ -4,7 +4,7 @@
 //! peer job queues, the report and its plots; `bench/continuous/`: job
 //! queues side by side on their own workload), the adapter of the public
 //! job-queue benchmark (`harness.rs`), the chaos harness
-//! (`chaos.rs`), the payment provider simulator (`provider_sim/`), and
+//! (`chaos/`), the payment provider simulator (`provider_sim/`), and
 //! the layers the lab puts around the product's real handlers
 //! (`simulate.rs`). Its commands (`cmd/`) are offered by the same `settled`
 //! binary; nothing here is reachable from `settled worker`.

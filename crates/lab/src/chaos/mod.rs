@@ -236,32 +236,36 @@ impl ChaosDb {
     }
 }
 
+/// The statements a failed chaos run shows the database's state with. They
+/// run only after a failure, so a test runs each on the current schema
+/// (`crates/cli/tests/chaos.rs`): a stale column here would go unseen.
+pub const DIAGNOSIS_QUERIES: &[&str] = &[
+    "SELECT status || ': ' || count(*) FROM settlement.token_trade_volume GROUP BY status",
+    "SELECT 'processing ' || creator || ' attempt ' || attempt || ' owner ' || coalesce(lease_owner::text, '-')
+                || ' expires in ' || coalesce(round(extract(epoch FROM lease_until - now()))::text, '-') || ' s'
+         FROM settlement.token_trade_volume WHERE status = 'processing' ORDER BY lease_until LIMIT 10",
+    "SELECT 'eligible, waiting until ' || not_before::text || ': ' || count(*) FROM settlement.token_trade_volume
+         WHERE status = 'eligible' AND not_before > now() GROUP BY not_before ORDER BY not_before DESC LIMIT 5",
+    "SELECT 'run ' || id || ' ' || scope || ' ' || state FROM settled_engine.runs",
+    "SELECT 'worker ' || pid || ' ' || coalesce(ended, 'alive') || ' heartbeat ' || heartbeat_at::text
+                || ' settled ' || items_settled FROM settled_engine.workers ORDER BY started_at",
+    "SELECT 'payouts ' || status || ': ' || count(*) FROM settlement.payouts GROUP BY status",
+    "SELECT 'payout ' || id || ' ' || status || ' since ' || updated_at::text || ' ' || coalesce(reason, '')
+         FROM settlement.payouts WHERE status IN ('created', 'queued', 'sent') ORDER BY updated_at LIMIT 10",
+    "SELECT 'delivery job ' || payout_id || ' ' || status || ' attempt ' || attempt || ' ' || coalesce(last_error, '')
+         FROM settlement.payout_jobs WHERE status IN ('eligible', 'processing', 'failed') ORDER BY payout_id LIMIT 10",
+    "SELECT 'backend ' || pid || ' ' || coalesce(application_name, '') || ' ' || coalesce(state, '') || ' '
+                || coalesce(wait_event, '') || ' ' || left(query, 80)
+         FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()",
+];
+
 /// What the database looks like, for a failed chaos run.
 async fn diagnose(url: &str) -> String {
     let Ok(mut conn) = PgConnection::connect(url).await else {
         return "chaos: could not connect to diagnose".into();
     };
     let mut out = String::from("chaos: state at failure\n");
-    let queries = [
-        "SELECT status || ': ' || count(*) FROM settlement.token_trade_volume GROUP BY status",
-        "SELECT 'processing ' || creator || ' attempt ' || attempt || ' owner ' || coalesce(lease_owner::text, '-')
-                || ' expires in ' || coalesce(round(extract(epoch FROM lease_until - now()))::text, '-') || ' s'
-         FROM settlement.token_trade_volume WHERE status = 'processing' ORDER BY lease_until LIMIT 10",
-        "SELECT 'eligible, waiting until ' || not_before::text || ': ' || count(*) FROM settlement.token_trade_volume
-         WHERE status = 'eligible' AND not_before > now() GROUP BY not_before ORDER BY not_before DESC LIMIT 5",
-        "SELECT 'run ' || id || ' ' || period || ' ' || state FROM settled_engine.runs",
-        "SELECT 'worker ' || pid || ' ' || coalesce(ended, 'alive') || ' heartbeat ' || heartbeat_at::text
-                || ' settled ' || items_settled FROM settled_engine.workers ORDER BY started_at",
-        "SELECT 'payouts ' || status || ': ' || count(*) FROM settlement.payouts GROUP BY status",
-        "SELECT 'payout ' || id || ' ' || status || ' since ' || updated_at::text || ' ' || coalesce(reason, '')
-         FROM settlement.payouts WHERE status IN ('created', 'queued', 'sent') ORDER BY updated_at LIMIT 10",
-        "SELECT 'delivery job ' || payout_id || ' ' || status || ' attempt ' || attempt || ' ' || coalesce(last_error, '')
-         FROM settlement.payout_jobs WHERE status IN ('eligible', 'processing', 'failed') ORDER BY payout_id LIMIT 10",
-        "SELECT 'backend ' || pid || ' ' || coalesce(application_name, '') || ' ' || coalesce(state, '') || ' '
-                || coalesce(wait_event, '') || ' ' || left(query, 80)
-         FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()",
-    ];
-    for q in queries {
+    for q in DIAGNOSIS_QUERIES {
         match sqlx::query_scalar::<_, String>(q).fetch_all(&mut conn).await {
             Ok(rows) => rows.iter().for_each(|r| out.push_str(&format!("  {r}\n"))),
             Err(e) => out.push_str(&format!("  ({e})\n")),
