@@ -27,7 +27,11 @@ pub(super) struct LockSamples {
 }
 
 /// Lock waits now in database `name`, per wait event.
-async fn lock_waits(conn: &mut Option<PgConnection>, admin_url: &str, name: &str) -> anyhow::Result<Vec<(String, i64)>> {
+async fn lock_waits(
+    conn: &mut Option<PgConnection>,
+    admin_url: &str,
+    name: &str,
+) -> anyhow::Result<Vec<(String, i64)>> {
     if conn.is_none() {
         *conn = Some(PgConnection::connect(admin_url).await?);
     }
