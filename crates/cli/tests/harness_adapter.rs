@@ -155,3 +155,115 @@ async fn harness_adapter_speaks_the_runners_contract_in_tx_mode() {
 async fn harness_adapter_speaks_the_runners_contract_in_leased_mode() {
     drive("leased").await;
 }
+
+/// A child process that a failing test does not leave behind.
+struct KilledOnDrop(std::process::Child);
+
+impl Drop for KilledOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Jobs in the queue's table, and those settled.
+async fn job_counts(conn: &mut sqlx::PgConnection) -> (i64, i64) {
+    sqlx::query_as("SELECT count(*), count(*) FILTER (WHERE status = 'settled') FROM settled_harness.jobs")
+        .fetch_one(conn)
+        .await
+        .unwrap()
+}
+
+/// The adapter rides out a PostgreSQL restart under it, as the runner's
+/// chaos cell restarts it: the claim loops and the producer fail, retry
+/// and carry on. Jobs are enqueued and completed again after the restart
+/// (in the table and in the samples' rates), and the producer says once
+/// that it failed and once that it works again.
+async fn ride_out_a_restart(mode: &str) {
+    use sqlx::Connection;
+    let (server, url) = common::own_server(&format!("adapter_restart_{mode}")).await;
+    let log_path = server.pgdata().with_file_name("adapter.log");
+    let mut child = Command::new(SETTLED)
+        .args(["lab", "harness-adapter", "--mode", mode])
+        .env("DATABASE_URL", &url)
+        .env("PRODUCER_MODE", "fixed")
+        .env("PRODUCER_PACING", "adapter")
+        .env("PRODUCER_RATE", "200")
+        .env("WORKER_COUNT", "4")
+        .env("JOB_WORK_MS", "1")
+        .env("SAMPLE_EVERY_S", "1")
+        .env("SETTLED_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .unwrap();
+    let lines = lines_of(child.stdout.take().unwrap());
+    let mut child = KilledOnDrop(child);
+    let descriptor = lines.recv_timeout(Duration::from_secs(60)).unwrap();
+    assert!(descriptor.contains("\"descriptor\""), "{descriptor}");
+    let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+    let mut counts = (0, 0);
+    for _ in 0..600 {
+        counts = job_counts(&mut conn).await;
+        if counts.1 >= 200 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(counts.1 >= 200, "{mode}: the adapter did not get going: {counts:?}");
+    drop(conn);
+
+    tokio::task::block_in_place(|| server.restart()).unwrap();
+    let back = chrono::Utc::now();
+    let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+    let at_restart = job_counts(&mut conn).await;
+    // 200 jobs/s: two seconds' worth of jobs enqueued and settled after it.
+    let mut now = at_restart;
+    for _ in 0..1200 {
+        now = job_counts(&mut conn).await;
+        if now.0 >= at_restart.0 + 400 && now.1 >= at_restart.1 + 400 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        now.0 >= at_restart.0 + 400 && now.1 >= at_restart.1 + 400,
+        "{mode}: (enqueued, settled) {at_restart:?} when the server was back, {now:?} 60 s later"
+    );
+    // Two more ticks, so the samples cover the time after the restart.
+    std::thread::sleep(Duration::from_millis(2_500));
+    common::stop(&mut child.0);
+    let records: Vec<serde_json::Value> = lines.try_iter().map(|l| serde_json::from_str(&l).unwrap()).collect();
+    for rate in ["enqueue_rate", "completion_rate"] {
+        let after: Vec<f64> = records
+            .iter()
+            .filter(|r| r["metric"] == rate)
+            .filter(|r| chrono::DateTime::parse_from_rfc3339(r["t"].as_str().unwrap()).unwrap() > back)
+            .map(|r| r["value"].as_f64().unwrap())
+            .collect();
+        assert!(
+            after.iter().filter(|v| **v > 0.0).count() >= 2,
+            "{mode}: {rate} after the restart: {after:?}"
+        );
+    }
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    let said = |message: &str| log.lines().filter(|l| l.contains(message)).count();
+    assert_eq!(said("the producer failed; retrying with backoff"), 1, "{mode}:\n{log}");
+    assert_eq!(said("the producer works again"), 1, "{mode}:\n{log}");
+    drop(conn);
+    tokio::task::spawn_blocking(move || server.stop())
+        .await
+        .unwrap()
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn harness_adapter_enqueues_and_completes_again_after_a_postgres_restart_in_tx_mode() {
+    ride_out_a_restart("tx").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn harness_adapter_enqueues_and_completes_again_after_a_postgres_restart_in_leased_mode() {
+    ride_out_a_restart("leased").await;
+}

@@ -6,37 +6,8 @@ mod common;
 
 use std::process::{Command, Stdio};
 
-use settled_testkit::{LocalOptions, LocalPostgres};
+use common::own_server;
 use sqlx::{Connection, PgConnection};
-
-/// A private server of the test's own (it is restarted or taken down),
-/// with database `db`; returns the server and the database's URL.
-async fn own_server(db: &str) -> (LocalPostgres, String) {
-    let dir = tempfile::Builder::new()
-        .prefix("settled-restart-")
-        .tempdir()
-        .unwrap()
-        .keep();
-    let opts = LocalOptions {
-        data_dir: dir,
-        throwaway: true,
-        remove_on_stop: true,
-        max_connections: 100,
-        settings: Vec::new(),
-    };
-    let server = tokio::task::spawn_blocking(move || LocalPostgres::start(&opts))
-        .await
-        .unwrap()
-        .unwrap();
-    let mut admin = PgConnection::connect(&server.url("postgres")).await.unwrap();
-    sqlx::query(&format!("CREATE DATABASE {db}"))
-        .execute(&mut admin)
-        .await
-        .unwrap();
-    admin.close().await.unwrap();
-    let url = server.url(db);
-    (server, url)
-}
 
 /// `settled ARGS` on `url`, logging errors only.
 fn settled_on(url: &str, args: &[&str]) -> Command {
@@ -213,27 +184,80 @@ async fn an_idle_daemon_rides_out_an_outage_then_settles_the_due_run() {
         .unwrap();
 }
 
+/// The outage limit of the worker that gives up.
+const OUTAGE_LIMIT_SECS: u64 = 2;
+
+/// Waits up to `secs` for `child` to exit: its status, or None (it is then
+/// killed) when it still ran.
+fn exits_within(child: &mut std::process::Child, secs: u64) -> Option<std::process::ExitStatus> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while std::time::Instant::now() < deadline {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_worker_gives_up_after_its_outage_limit_and_another_finishes_the_run_once() {
-    let (server, url) = own_server("outage_limit").await;
+    give_up_after_the_outage_limit(&[], &["worker"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_leased_worker_gives_up_after_its_outage_limit_and_another_finishes_the_run_once() {
+    // Four items worked at once, 5 ms each: the run lasts long enough. The
+    // leases left behind expire soon, and the finisher's rescuer takes them.
+    let leased = [
+        "--mode",
+        "leased",
+        "--lease-ttl-ms",
+        "2000",
+        "--rescue-interval-ms",
+        "500",
+    ];
+    let finisher = [&["lab-worker"], &leased[..]].concat();
+    give_up_after_the_outage_limit(&[&leased[..], &["--provider-concurrency", "4"]].concat(), &finisher).await;
+}
+
+/// A worker (with `mode_flags`) whose database stops mid-run exits 1
+/// within a few seconds of its outage limit, naming the outage; once the
+/// database is back, another (`finisher`) finishes the run, each creator
+/// paid once.
+async fn give_up_after_the_outage_limit(mode_flags: &[&str], finisher: &[&str]) {
+    // Over TCP, as an operator's worker reaches its database.
+    let (server, url) = common::own_tcp_server("outage_limit").await;
     let settled = |args: &[&str]| settled_on(&url, args);
-    assert!(settled(&["seed", "--period", "2026-11-28", "--creators", "2000"])
+    // Enough creators, in small chunks, that the database stops mid-run:
+    // each claim loop is in a chunk or about to claim one.
+    assert!(settled(&["seed", "--period", "2026-11-28", "--creators", "20000"])
         .status()
         .unwrap()
         .success());
-    let mut worker = settled(&[
-        "lab-worker",
-        "--period",
-        "2026-11-28",
-        "--work-ms",
-        "5",
-        "--max-outage-secs",
-        "2",
-    ])
-    .stdout(Stdio::null())
-    .stderr(Stdio::piped())
-    .spawn()
-    .unwrap();
+    let limit = OUTAGE_LIMIT_SECS.to_string();
+    let flags = [
+        &[
+            "lab-worker",
+            "--period",
+            "2026-11-28",
+            "--chunk",
+            "100",
+            "--work-ms",
+            "5",
+            "--max-outage-secs",
+            &limit,
+        ],
+        mode_flags,
+    ]
+    .concat();
+    let mut worker = settled(&flags)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     let mut conn = PgConnection::connect(&url).await.unwrap();
     while sqlx::query_scalar::<_, i64>("SELECT count(*) FROM settlement.reward_ledger")
         .fetch_one(&mut conn)
@@ -244,20 +268,34 @@ async fn a_worker_gives_up_after_its_outage_limit_and_another_finishes_the_run_o
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     drop(conn);
-    // The database goes away for longer than the worker's limit.
+    // The database goes away for longer than the worker's limit: the
+    // worker exits soon after its 2 s, not after a pool's own timeout
+    // (30 s) or a wait to record its stop on the database it gave up on.
+    let stopped = std::time::Instant::now();
     tokio::task::block_in_place(|| server.take_down()).unwrap();
-    let status = tokio::task::block_in_place(|| common::wait_bounded(&mut worker, 60));
+    let status = tokio::task::block_in_place(|| exits_within(&mut worker, OUTAGE_LIMIT_SECS + 10));
     let mut stderr = String::new();
     use std::io::Read;
     worker.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    let Some(status) = status else {
+        panic!(
+            "the worker with --max-outage-secs {OUTAGE_LIMIT_SECS} still ran {} s after the database stopped:\n{stderr}",
+            stopped.elapsed().as_secs()
+        );
+    };
+    eprintln!(
+        "{mode_flags:?}: exited {:?} after the database began to stop",
+        stopped.elapsed()
+    );
     assert_eq!(status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("unavailable"), "the error names the outage: {stderr}");
     // Back: another worker finishes the run, every creator paid once.
     tokio::task::block_in_place(|| server.restart()).unwrap();
-    assert!(settled(&["worker", "--period", "2026-11-28"])
-        .status()
-        .unwrap()
-        .success());
+    let mut finishing = settled(&[finisher, &["--period", "2026-11-28"]].concat())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(tokio::task::block_in_place(|| common::wait_bounded(&mut finishing, 120)).success());
     let out = settled(&["verify", "--period", "2026-11-28"]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
     let mut conn = PgConnection::connect(&url).await.unwrap();
@@ -265,7 +303,7 @@ async fn a_worker_gives_up_after_its_outage_limit_and_another_finishes_the_run_o
         .fetch_one(&mut conn)
         .await
         .unwrap();
-    assert_eq!(paid, 2000);
+    assert_eq!(paid, 20000);
     drop(conn);
     tokio::task::block_in_place(|| server.stop()).unwrap();
 }

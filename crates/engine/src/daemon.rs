@@ -17,6 +17,7 @@ use sqlx::PgPool;
 
 use crate::drainer::Drainer;
 use crate::job::{Job, RunHooks};
+use crate::outage::OutageClock;
 use crate::runs::{ITEMS_CHANNEL, RUNS_CHANNEL};
 use crate::schedule::MAX_CATCH_UP_DAYS;
 use crate::{DrainConfig, EngineError, Schedule, Worker};
@@ -122,11 +123,24 @@ pub async fn run<H: RunHooks, D: Drainer>(
         poll: Duration::from_millis(MIN_POLL_MS),
         listener,
     };
+    // The worker's outage clock, shared with its drains: an outage counts
+    // from the first failure any of them saw.
+    let clock = &worker.stats().outage;
     let mut outage: Option<Instant> = None;
     let mut backoff = Duration::from_millis(MIN_POLL_MS);
     while !worker.stop_requested() {
-        match step(job, pool, drainer, cfg, worker, daemon, &mut state).await {
+        let stepped = match outage {
+            // While the database is away, a look waits for a connection no
+            // longer than the limit allows.
+            Some(_) => match reachable(pool, clock, daemon.max_outage).await {
+                Ok(()) => step(job, pool, drainer, cfg, worker, daemon, &mut state).await,
+                Err(err) => Err(err),
+            },
+            None => step(job, pool, drainer, cfg, worker, daemon, &mut state).await,
+        };
+        match stepped {
             Ok(()) => {
+                clock.recovered();
                 if let Some(since) = outage.take() {
                     let down_secs = since.elapsed().as_secs_f64();
                     tracing::info!(down_secs, "database reachable again; carrying on");
@@ -134,10 +148,11 @@ pub async fn run<H: RunHooks, D: Drainer>(
                 backoff = Duration::from_millis(MIN_POLL_MS);
             }
             Err(err) if err.is_transient() => {
-                let since = *outage.get_or_insert_with(|| {
+                let since = clock.failed(Instant::now());
+                outage.get_or_insert_with(|| {
                     let max_outage_secs = daemon.max_outage.as_secs();
                     tracing::warn!(error = %err, max_outage_secs, "database unavailable; retrying with backoff");
-                    Instant::now()
+                    since
                 });
                 if since.elapsed() > daemon.max_outage {
                     return Err(EngineError::Unavailable {
@@ -145,7 +160,9 @@ pub async fn run<H: RunHooks, D: Drainer>(
                         last: err.to_string(),
                     });
                 }
-                tokio::time::sleep(backoff).await;
+                // Never past the limit: the next look then gives up at once.
+                let left = daemon.max_outage.saturating_sub(since.elapsed());
+                tokio::time::sleep(backoff.min(left + Duration::from_millis(10))).await;
                 backoff = (backoff * 2).min(MAX_OUTAGE_BACKOFF);
             }
             Err(err) => return Err(err.refused(pool).await),
@@ -156,6 +173,17 @@ pub async fn run<H: RunHooks, D: Drainer>(
 
 /// Longest pause between two tries while the database is away.
 pub const MAX_OUTAGE_BACKOFF: Duration = Duration::from_secs(5);
+
+/// One statement on a connection waited for no longer than the outage
+/// limit allows: is the database back?
+async fn reachable(pool: &PgPool, clock: &OutageClock, limit: Duration) -> Result<(), EngineError> {
+    let mut conn = clock.acquire(pool, limit).await?;
+    sqlx::query("SELECT 1")
+        .execute(&mut *conn)
+        .await
+        .map_err(EngineError::db("checking that the database is back"))?;
+    Ok(())
+}
 
 struct LoopState {
     warned: HashSet<String>,
@@ -190,8 +218,12 @@ async fn step<H: RunHooks, D: Drainer>(
     if let Some(run) = job.running_run(pool).await? {
         match job.work(pool, &run.scope, drainer, cfg, worker).await {
             Ok(outcome) => tracing::info!(?outcome, "run worked"),
-            // A missing grant or migration stops the daemon: it could never succeed.
-            Err(err) if err.is_transient() || err.is_fatal() => return Err(err),
+            // A missing grant or migration stops the daemon: it could never
+            // succeed. So does a drain that gave up on the database: the
+            // outage it waited out is the daemon's too.
+            Err(err) if err.is_transient() || err.is_fatal() || matches!(err, EngineError::Unavailable { .. }) => {
+                return Err(err)
+            }
             Err(err) => {
                 tracing::warn!(error = %err, "working on the run failed; retrying");
                 tokio::time::sleep(state.poll).await;

@@ -487,7 +487,7 @@ impl<H: RunHooks> Job<H> {
         let started = std::time::Instant::now();
         let finished = loop {
             match self.finish_if_drained(pool, run.id, scope, worker.id()).await {
-                Err(err) if err.is_transient() && started.elapsed() < FINISH_RETRY_FOR => {
+                Err(err) if err.is_transient() && started.elapsed() < FINISH_RETRY_FOR.min(cfg.max_outage) => {
                     tracing::warn!(run = run.id, scope, error = %err, "finishing the run failed; retrying");
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(5));
@@ -505,7 +505,7 @@ impl<H: RunHooks> Job<H> {
 
 /// How long a worker retries finishing a drained run through transient
 /// errors (a restart, a failover) before it gives up and leaves the finish
-/// to the next worker or daemon.
+/// to the next worker or daemon (no longer than its outage limit).
 pub const FINISH_RETRY_FOR: Duration = Duration::from_secs(300);
 
 async fn acquire(pool: &PgPool) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>, EngineError> {

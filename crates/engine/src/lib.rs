@@ -74,6 +74,7 @@ mod job;
 mod leased;
 mod migrate;
 pub mod once;
+mod outage;
 mod queue;
 mod ranges;
 pub mod raw;

@@ -14,6 +14,7 @@ pub use crate::leased::{
     MIN_LEASE_TTL_MS,
 };
 pub use crate::migrate::migrator;
+pub use crate::outage::OutageClock;
 pub use crate::queue::{
     ChunkDone, ChunkSql, ChunkStatements, FailOutcome, Failure, KeyWindow, RetryPolicy, StatusCounts, WorkQueue,
     DEFAULT_MAX_ATTEMPTS, MAX_CHUNK_ITEMS, REQUIRED_COLUMNS, REQUIRED_INDEXES,

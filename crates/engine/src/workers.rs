@@ -14,6 +14,8 @@ use crate::{DrainStats, EngineError};
 
 /// Seconds between a worker's heartbeats.
 pub const WORKER_HEARTBEAT_SECS: u64 = 5;
+/// Longest a stopping worker waits to record its stop.
+pub const WORKER_STOP_RECORD_MS: u64 = 2_000;
 
 /// A registered worker process: its id, its counters, its heartbeat.
 #[derive(Debug)]
@@ -61,11 +63,22 @@ impl Worker {
         self.stats.stop.load(Ordering::Relaxed)
     }
 
-    /// Stops the heartbeat and records the stop with the final counters.
+    /// Stops the heartbeat and records the stop with the final counters,
+    /// waiting at most [`WORKER_STOP_RECORD_MS`] for the database (a worker
+    /// that gave up on it must not wait for it again; the registry marks a
+    /// silent worker dead).
     pub async fn deregister(self) {
         self.heartbeat.abort();
-        if let Err(err) = stopped(&self.pool, self.id, &self.stats).await {
-            tracing::warn!(error = %err, "could not record the worker's stop");
+        let budget = Duration::from_millis(WORKER_STOP_RECORD_MS);
+        let recorded = match tokio::time::timeout(budget, stopped(&self.pool, self.id, &self.stats)).await {
+            Ok(recorded) => recorded.map_err(|err| err.to_string()),
+            Err(_) => Err(format!("no answer within {budget:?}")),
+        };
+        if let Err(error) = recorded {
+            tracing::warn!(
+                error,
+                "could not record the worker's stop; the registry will mark it dead"
+            );
         }
         let s = &self.stats;
         tracing::info!(

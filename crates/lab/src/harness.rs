@@ -9,6 +9,11 @@
 //! enqueue and completion rates and the queue depth. Logs go to stderr.
 //! SIGTERM (or SIGINT) stops it, exit 0, within 5 s.
 //!
+//! A database outage (a restart, lost connections) stops nothing: the
+//! claim loops and the producer retry with backoff and carry on when the
+//! database is back, each saying so once when it starts failing and once
+//! when it works again; meanwhile samples go on, without the depth.
+//!
 //! Pickup latency is the engine's own `work_queue_pickup_latency_seconds`:
 //! from the enqueuing transaction to the claim, on the database's clock.
 
@@ -358,7 +363,8 @@ async fn serve(shared: Arc<Shared>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Enqueues `n` jobs with one bulk statement.
+/// Enqueues `n` jobs with one bulk statement. Their keys follow the count
+/// of jobs enqueued, so a retry after a lost answer enqueues nothing twice.
 async fn enqueue(shared: &Shared, conn: &mut PgConnection, n: u64) -> anyhow::Result<()> {
     let first = shared.enqueued.load(Ordering::Relaxed);
     let jobs = (first..first + n)
@@ -372,20 +378,82 @@ async fn enqueue(shared: &Shared, conn: &mut PgConnection, n: u64) -> anyhow::Re
     Ok(())
 }
 
+/// Shortest pause of the producer after a failure.
+pub const PRODUCER_BACKOFF_MIN_MS: u64 = 250;
+/// Longest pause of the producer after failures.
+pub const PRODUCER_BACKOFF_MAX_MS: u64 = 5_000;
+
+/// The producer's connection through database outages (a restart, lost
+/// connections): a failed statement drops it, and the next statement takes
+/// a new one after a pause that doubles up to [`PRODUCER_BACKOFF_MAX_MS`].
+/// One line when the producer starts failing, one when it works again.
+struct Link {
+    conn: Option<sqlx::pool::PoolConnection<sqlx::Postgres>>,
+    failing_since: Option<Instant>,
+    pause: Duration,
+}
+
+impl Link {
+    fn new() -> Link {
+        Link {
+            conn: None,
+            failing_since: None,
+            pause: Duration::from_millis(PRODUCER_BACKOFF_MIN_MS),
+        }
+    }
+
+    async fn conn(&mut self, pool: &PgPool) -> anyhow::Result<&mut PgConnection> {
+        if self.conn.is_none() {
+            self.conn = Some(pool.acquire().await?);
+        }
+        Ok(self.conn.as_deref_mut().expect("a connection was just taken"))
+    }
+
+    fn worked(&mut self) {
+        if let Some(since) = self.failing_since.take() {
+            let down_secs = since.elapsed().as_secs_f64();
+            tracing::info!(down_secs, "the producer works again");
+        }
+        self.pause = Duration::from_millis(PRODUCER_BACKOFF_MIN_MS);
+    }
+
+    async fn failed(&mut self, err: anyhow::Error) {
+        self.conn = None;
+        if self.failing_since.is_none() {
+            self.failing_since = Some(Instant::now());
+            tracing::warn!(error = %format!("{err:#}"), "the producer failed; retrying with backoff");
+        }
+        tokio::time::sleep(self.pause).await;
+        self.pause = (self.pause * 2).min(Duration::from_millis(PRODUCER_BACKOFF_MAX_MS));
+    }
+}
+
+/// Enqueues `n` jobs, retrying through failures until they are in or the
+/// adapter stops.
+async fn enqueue_through_outages(shared: &Shared, link: &mut Link, n: u64) {
+    while !shared.stop.load(Ordering::Relaxed) {
+        let done = match link.conn(&shared.pool).await {
+            Ok(conn) => enqueue(shared, conn, n).await,
+            Err(err) => Err(err),
+        };
+        match done {
+            Ok(()) => return link.worked(),
+            Err(err) => link.failed(err).await,
+        }
+    }
+}
+
 /// The producer: runner-paced tokens, its own clock, or a target depth.
-async fn produce(shared: Arc<Shared>) -> anyhow::Result<()> {
-    let result = match (shared.env.producer_mode.as_str(), shared.env.producer_pacing.as_str()) {
+/// It never stops on a database error: it waits the outage out.
+async fn produce(shared: Arc<Shared>) {
+    match (shared.env.producer_mode.as_str(), shared.env.producer_pacing.as_str()) {
         ("fixed", "harness") => produce_from_tokens(&shared).await,
         ("fixed", _) => produce_paced(&shared).await,
         _ => produce_to_depth(&shared).await,
-    };
-    if let Err(err) = &result {
-        tracing::error!(error = %format!("{err:#}"), "the producer stopped");
     }
-    result
 }
 
-async fn produce_from_tokens(shared: &Shared) -> anyhow::Result<()> {
+async fn produce_from_tokens(shared: &Shared) {
     let (tx, mut rx) = tokio::sync::mpsc::channel::<u64>(1024);
     std::thread::spawn(move || {
         for line in std::io::stdin().lines() {
@@ -397,41 +465,49 @@ async fn produce_from_tokens(shared: &Shared) -> anyhow::Result<()> {
             }
         }
     });
-    let mut conn = shared.pool.acquire().await?;
+    let mut link = Link::new();
     while let Some(n) = rx.recv().await {
-        enqueue(shared, &mut conn, n.min(shared.env.producer_batch_max)).await?;
+        enqueue_through_outages(shared, &mut link, n.min(shared.env.producer_batch_max)).await;
     }
-    Ok(())
 }
 
-async fn produce_paced(shared: &Shared) -> anyhow::Result<()> {
+async fn produce_paced(shared: &Shared) {
     let env = &shared.env;
     let mut pacer = Pacer::with(
         env.producer_rate,
         Duration::from_millis(env.producer_batch_ms),
         env.producer_batch_max,
     );
-    let mut conn = shared.pool.acquire().await?;
+    let mut link = Link::new();
     while !shared.stop.load(Ordering::Relaxed) {
         for n in pacer.next().await {
-            enqueue(shared, &mut conn, n).await?;
+            enqueue_through_outages(shared, &mut link, n).await;
         }
     }
-    Ok(())
 }
 
-async fn produce_to_depth(shared: &Shared) -> anyhow::Result<()> {
-    let mut conn = shared.pool.acquire().await?;
+async fn produce_to_depth(shared: &Shared) {
+    let mut link = Link::new();
     while !shared.stop.load(Ordering::Relaxed) {
-        let ready = shared.queue.stats(&mut conn).await?.ready.max(0) as u64;
+        let ready = match link.conn(&shared.pool).await {
+            Ok(conn) => shared.queue.stats(conn).await.map_err(anyhow::Error::from),
+            Err(err) => Err(err),
+        };
+        let ready = match ready {
+            Ok(stats) => stats.ready.max(0) as u64,
+            Err(err) => {
+                link.failed(err).await;
+                continue;
+            }
+        };
+        link.worked();
         if ready < shared.env.target_depth {
             let n = (shared.env.target_depth - ready).min(shared.env.producer_batch_max);
-            enqueue(shared, &mut conn, n).await?;
+            enqueue_through_outages(shared, &mut link, n).await;
         } else {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
-    Ok(())
 }
 
 /// Emits the samples every SAMPLE_EVERY_S, the first on a wall-clock boundary.
@@ -439,6 +515,7 @@ async fn sample(shared: Arc<Shared>) {
     let every = shared.env.sample_every_s;
     // The first sample's rates cover the time since the start.
     let (mut last_enq, mut last_done, mut last_at) = (0u64, 0u64, Instant::now());
+    let mut depth_failing = false;
     let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
     let next = Duration::from_secs((now.as_secs() / every + 1) * every);
     tokio::time::sleep(next.saturating_sub(now)).await;
@@ -473,8 +550,19 @@ async fn sample(shared: Arc<Shared>) {
             (done - last_done) as f64 / dt,
             every as f64,
         ));
-        if let Some(depth) = depth(&shared).await {
-            lines.push(metric_line(&shared, "queue_depth", depth, 0.0));
+        // One line when reading the depth starts failing, one when it works again.
+        match depth(&shared, Duration::from_secs(every) / 2).await {
+            Ok(depth) => {
+                if std::mem::take(&mut depth_failing) {
+                    tracing::info!("reading the queue depth works again");
+                }
+                lines.push(metric_line(&shared, "queue_depth", depth, 0.0));
+            }
+            Err(err) if !depth_failing => {
+                depth_failing = true;
+                tracing::warn!(error = %format!("{err:#}"), "reading the queue depth failed; samples go without it until it works again");
+            }
+            Err(_) => {}
         }
         for line in &lines {
             emit(line);
@@ -483,16 +571,16 @@ async fn sample(shared: Arc<Shared>) {
     }
 }
 
-/// Jobs ready and not yet claimed.
-async fn depth(shared: &Shared) -> Option<f64> {
-    let mut conn = shared.pool.acquire().await.ok()?;
-    match shared.queue.stats(&mut conn).await {
-        Ok(stats) => Some(stats.ready as f64),
-        Err(err) => {
-            tracing::warn!(error = %err, "reading the queue depth failed");
-            None
-        }
-    }
+/// Jobs ready and not yet claimed, read within `within` (an outage never
+/// holds a sample up: the depth is left out of it).
+async fn depth(shared: &Shared, within: Duration) -> anyhow::Result<f64> {
+    let read = async {
+        let mut conn = shared.pool.acquire().await?;
+        Ok::<_, anyhow::Error>(shared.queue.stats(&mut conn).await?.ready as f64)
+    };
+    tokio::time::timeout(within, read)
+        .await
+        .map_err(|_| anyhow::anyhow!("no answer within {within:?}"))?
 }
 
 fn now_iso() -> String {

@@ -301,3 +301,48 @@ impl Env {
         panic!("settled serve did not come up");
     }
 }
+
+/// A private server of the test's own (it is restarted or taken down),
+/// with database `db`; returns the server and the database's URL (over the
+/// server's socket).
+pub(crate) async fn own_server(db: &str) -> (settled_testkit::LocalPostgres, String) {
+    let server = start_own_server(db, Vec::new()).await;
+    let url = server.url(db);
+    (server, url)
+}
+
+/// [`own_server`] reached over TCP on 127.0.0.1, as a server on another
+/// host is: while it is down, a connection is refused (and a pool keeps
+/// trying until its own timeout) instead of finding no socket.
+pub(crate) async fn own_tcp_server(db: &str) -> (settled_testkit::LocalPostgres, String) {
+    let server = start_own_server(db, vec!["listen_addresses='127.0.0.1'".to_string()]).await;
+    let url = format!("postgres://postgres@127.0.0.1:{}/{db}", server.port());
+    (server, url)
+}
+
+async fn start_own_server(db: &str, settings: Vec<String>) -> settled_testkit::LocalPostgres {
+    use sqlx::Connection;
+    let dir = tempfile::Builder::new()
+        .prefix("settled-restart-")
+        .tempdir()
+        .unwrap()
+        .keep();
+    let opts = settled_testkit::LocalOptions {
+        data_dir: dir,
+        throwaway: true,
+        remove_on_stop: true,
+        max_connections: 100,
+        settings,
+    };
+    let server = tokio::task::spawn_blocking(move || settled_testkit::LocalPostgres::start(&opts))
+        .await
+        .unwrap()
+        .unwrap();
+    let mut admin = sqlx::PgConnection::connect(&server.url("postgres")).await.unwrap();
+    sqlx::query(&format!("CREATE DATABASE {db}"))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    admin.close().await.unwrap();
+    server
+}

@@ -134,11 +134,8 @@ async fn isolate_failure<H: ChunkHandler>(
         let mid = chunk.items.len() / 2;
         for half in [chunk.items[..mid].to_vec(), chunk.items[mid..].to_vec()] {
             let keys: Vec<String> = half.iter().map(|i| i.key.clone()).collect();
-            let mut tx = t
-                .pool
-                .begin()
-                .await
-                .map_err(EngineError::db("beginning a transaction"))?;
+            let mut conn = t.conn().await?;
+            let mut tx = conn.begin().await.map_err(EngineError::db("beginning a transaction"))?;
             let locked = t.queue.lock_keys_in_tx(&mut tx, &chunk.scope, &keys).await?;
             if locked.is_empty() {
                 tx.rollback().await.map_err(EngineError::db("ending an empty retry"))?;

@@ -26,6 +26,7 @@ use sqlx::{PgConnection, PgPool};
 
 pub use chunk::ChunkHandler;
 
+use crate::outage::OutageClock;
 use crate::queue::{Failure, RetryPolicy, MAX_CHUNK_ITEMS};
 use crate::ranges::RunRanges;
 use crate::{EngineError, HandlerError, WorkQueue};
@@ -98,6 +99,8 @@ pub struct DrainStats {
     pub claim_micros: AtomicU64,
     /// Set to stop claiming new chunks (the current ones finish).
     pub stop: AtomicBool,
+    /// Since when the database has been away, as this process's loops see it.
+    pub outage: OutageClock,
 }
 
 impl DrainStats {
@@ -156,12 +159,9 @@ impl Target {
         self.stats.items_held.fetch_add(held, Ordering::Relaxed);
     }
 
-    /// A pooled connection.
+    /// A pooled connection, waited for no longer than the outage limit allows.
     pub(crate) async fn conn(&self) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>, EngineError> {
-        self.pool
-            .acquire()
-            .await
-            .map_err(EngineError::db("acquiring a connection"))
+        self.stats.outage.acquire(&self.pool, self.cfg.max_outage).await
     }
 }
 
@@ -247,23 +247,24 @@ pub(crate) enum Step {
 /// A loop's failures in a row and the outage it may be in: after each
 /// step, whether to go on, how long to back off, or that the loop must
 /// give up. Transient failures (the database restarting, a terminated
-/// connection, a failover) are retried until the outage lasts longer than
-/// allowed; others give up after a number in a row.
+/// connection, a failover) are retried until the outage, on the process's
+/// [`OutageClock`] (from the first failure any of its loops saw), lasts
+/// longer than allowed; others give up after a number in a row.
 #[derive(Debug)]
-pub(crate) struct Backoff {
+pub(crate) struct Backoff<'c> {
     failures: u32,
     transient_streak: u32,
-    outage_since: Option<Instant>,
+    outage: &'c OutageClock,
     max_failures: u32,
     max_outage: Duration,
 }
 
-impl Backoff {
-    pub(crate) fn new(max_failures: u32, max_outage: Duration) -> Backoff {
+impl Backoff<'_> {
+    pub(crate) fn new(max_failures: u32, max_outage: Duration, outage: &OutageClock) -> Backoff<'_> {
         Backoff {
             failures: 0,
             transient_streak: 0,
-            outage_since: None,
+            outage,
             max_failures,
             max_outage,
         }
@@ -272,7 +273,7 @@ impl Backoff {
     /// A step succeeded (`worked`: it did work, which ends a run of
     /// failures). Returns the length of the transient streak it ends.
     pub(crate) fn succeeded(&mut self, worked: bool) -> Option<u32> {
-        self.outage_since = None;
+        self.outage.recovered();
         if worked {
             self.failures = 0;
         }
@@ -285,15 +286,18 @@ impl Backoff {
     /// or the error that ends the loop.
     pub(crate) fn failed(&mut self, err: &EngineError) -> Result<(Duration, bool), EngineError> {
         let transient = err.is_transient();
+        let mut longest = Duration::from_millis(MAX_RETRY_BACKOFF_MS);
         if transient {
             self.transient_streak += 1;
-            let since = *self.outage_since.get_or_insert_with(Instant::now);
+            let since = self.outage.failed(Instant::now());
             if since.elapsed() > self.max_outage {
                 return Err(EngineError::Unavailable {
                     secs: since.elapsed().as_secs(),
                     last: err.to_string(),
                 });
             }
+            // Never past the limit: the next step then gives up at once.
+            longest = longest.min(self.max_outage.saturating_sub(since.elapsed()) + Duration::from_millis(10));
         } else {
             self.failures += 1;
             if self.failures >= self.max_failures {
@@ -304,7 +308,7 @@ impl Backoff {
             }
         }
         let exponent = (self.failures + self.transient_streak).min(10);
-        let pause = Duration::from_millis((25u64 << exponent).min(MAX_RETRY_BACKOFF_MS));
+        let pause = Duration::from_millis(25u64 << exponent).min(longest);
         Ok((pause, !transient || self.transient_streak == 1))
     }
 
@@ -328,7 +332,7 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<Step, EngineError>>,
 {
-    let mut backoff = Backoff::new(cfg.max_consecutive_failures, cfg.max_outage);
+    let mut backoff = Backoff::new(cfg.max_consecutive_failures, cfg.max_outage, &stats.outage);
     while !stats.stop.load(Ordering::Relaxed) {
         let stepped = step().await;
         if let Ok(step) = &stepped {

@@ -67,9 +67,8 @@ async fn statement_failed(
             source: err,
         });
     }
-    let mut tx = t
-        .pool
-        .begin()
+    let mut conn = t.conn().await?;
+    let mut tx = sqlx::Connection::begin(&mut *conn)
         .await
         .map_err(EngineError::db("beginning a transaction"))?;
     let claimed = t

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
+use crate::outage::OutageClock;
 use crate::{ClaimedItem, EngineError, WorkQueue};
 
 /// Where leases are renewed: a scope of a batch queue, or a continuous queue.
@@ -59,6 +60,10 @@ pub struct LeaseKeeper {
     held: Mutex<HashMap<ClaimedItem, Held>>,
     /// Held by a renewal for the whole of its statement.
     pub(crate) renewing: tokio::sync::Mutex<()>,
+    /// The process's outage clock and its limit: a renewal (and the loops
+    /// waiting for it to finish) never waits for a connection past it.
+    outage: OutageClock,
+    outage_limit: Duration,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -91,13 +96,22 @@ impl Drop for Writing<'_> {
 }
 
 impl LeaseKeeper {
-    /// A keeper for `worker`'s leases.
+    /// A keeper for `worker`'s leases (a renewal waits for a connection at
+    /// most `ttl`: the leases are gone by then).
     pub fn new(worker: Uuid, ttl: Duration) -> Arc<LeaseKeeper> {
+        LeaseKeeper::on_clock(worker, ttl, OutageClock::default(), ttl)
+    }
+
+    /// A keeper whose renewals wait for a connection no longer than the
+    /// process's outage clock allows (`limit`), nor longer than `ttl`.
+    pub fn on_clock(worker: Uuid, ttl: Duration, outage: OutageClock, limit: Duration) -> Arc<LeaseKeeper> {
         Arc::new(LeaseKeeper {
             worker,
             ttl,
             held: Mutex::new(HashMap::new()),
             renewing: tokio::sync::Mutex::new(()),
+            outage,
+            outage_limit: limit.min(ttl),
         })
     }
 
@@ -170,10 +184,7 @@ impl LeaseKeeper {
             return Ok(0);
         }
         let sent = Instant::now();
-        let mut conn = pool
-            .acquire()
-            .await
-            .map_err(EngineError::db("acquiring a connection"))?;
+        let mut conn = self.outage.acquire(pool, self.outage_limit).await?;
         let still_ours = store.renew(&mut conn, self.worker, self.ttl, &asked).await?;
         let still_ours: std::collections::HashSet<ClaimedItem> = still_ours.into_iter().collect();
         let asked: std::collections::HashSet<ClaimedItem> = asked.into_iter().collect();

@@ -133,7 +133,7 @@ pub async fn drain_leased<H: LeasedHandler>(
     check_config(cfg)?;
     check_lease_config(&leases)?;
     let calls = Arc::new(tokio::sync::Semaphore::new(leases.calls_in_flight));
-    let keeper = LeaseKeeper::new(worker, leases.ttl);
+    let keeper = LeaseKeeper::on_clock(worker, leases.ttl, stats.outage.clone(), cfg.max_outage);
     let store = ScopeLeases {
         queue: queue.clone(),
         scope: scope.to_string(),
@@ -178,11 +178,17 @@ pub async fn drain_leased<H: LeasedHandler>(
     grace.abort();
     rescuing.abort();
     // Anything still tracked was abandoned at shutdown: give it back now,
-    // with no renewal in flight (it could hold the same rows).
-    let no_renewal = keeper.renewing.lock().await;
-    if let Ok(mut conn) = pool.acquire().await {
-        if let Ok(released) = queue.release_leases(&mut conn, scope, worker, None).await {
-            stats.leases_released.fetch_add(released, Ordering::Relaxed);
+    // with no renewal in flight (it could hold the same rows). Not once the
+    // outage outlasted its limit: the leases expire by themselves.
+    let no_renewal = tokio::select! {
+        guard = keeper.renewing.lock() => Some(guard),
+        _ = stats.outage.until_outlasted(cfg.max_outage) => None,
+    };
+    if no_renewal.is_some() {
+        if let Ok(mut conn) = stats.outage.acquire(pool, cfg.max_outage).await {
+            if let Ok(released) = queue.release_leases(&mut conn, scope, worker, None).await {
+                stats.leases_released.fetch_add(released, Ordering::Relaxed);
+            }
         }
     }
     renewing.abort();
@@ -216,12 +222,13 @@ struct LoopCtx<H> {
 }
 
 impl<H: LeasedHandler> LoopCtx<H> {
+    /// A pooled connection, waited for no longer than the outage limit allows.
+    async fn conn(&self) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>, EngineError> {
+        self.stats.outage.acquire(&self.pool, self.cfg.max_outage).await
+    }
+
     async fn lease_one_chunk(&self) -> Result<Step, EngineError> {
-        let mut conn = self
-            .pool
-            .acquire()
-            .await
-            .map_err(EngineError::db("acquiring a connection"))?;
+        let mut conn = self.conn().await?;
         let sent = Instant::now();
         let claimed = self
             .queue
@@ -250,7 +257,15 @@ impl<H: LeasedHandler> LoopCtx<H> {
     }
 
     async fn work_and_complete(&self, chunk: &Chunk) -> Result<(), EngineError> {
-        let batch = match self.handler.prepare(&self.pool, chunk).await {
+        // The application's statements wait for the pool's connections
+        // (its own timeout): not past the outage limit.
+        let prepared = tokio::select! {
+            prepared = self.handler.prepare(&self.pool, chunk) => prepared,
+            _ = self.stats.outage.until_outlasted(self.cfg.max_outage) => {
+                Err(HandlerError::Database(sqlx::Error::PoolTimedOut))
+            }
+        };
+        let batch = match prepared {
             Ok(batch) => batch,
             Err(err) => {
                 let all: Vec<&ClaimedItem> = chunk.items.iter().collect();
@@ -261,11 +276,7 @@ impl<H: LeasedHandler> LoopCtx<H> {
         if !held.is_empty() {
             let pairs: Vec<ClaimedItem> = chunk.items.iter().filter(|i| held.contains(&i.key)).cloned().collect();
             let _writing = self.keeper.writing(&pairs).await;
-            let mut conn = self
-                .pool
-                .acquire()
-                .await
-                .map_err(EngineError::db("acquiring a connection"))?;
+            let mut conn = self.conn().await?;
             let marked = self.queue.hold_fenced(&mut conn, &chunk.scope, &pairs).await?;
             self.stats.items_held.fetch_add(marked, Ordering::Relaxed);
         }
@@ -313,11 +324,7 @@ impl<H: LeasedHandler> LoopCtx<H> {
             if !still_ours.is_empty() {
                 // Stopping: give back what we still hold, so others take it at once.
                 let _writing = self.keeper.writing(&abandoned).await;
-                let mut conn = self
-                    .pool
-                    .acquire()
-                    .await
-                    .map_err(EngineError::db("acquiring a connection"))?;
+                let mut conn = self.conn().await?;
                 let released = self
                     .queue
                     .release_leases(&mut conn, &self.scope, self.worker, Some(&still_ours))
@@ -342,7 +349,11 @@ impl<H: LeasedHandler> LoopCtx<H> {
             loop {
                 match self.complete_once(&part).await {
                     Ok(()) => break,
-                    Err(CompleteError::Engine(err)) if err.is_transient() && attempt < COMPLETION_RETRIES => {
+                    Err(CompleteError::Engine(err))
+                        if err.is_transient()
+                            && attempt < COMPLETION_RETRIES
+                            && !self.stats.outage.outlasted(self.cfg.max_outage) =>
+                    {
                         attempt += 1;
                         tracing::warn!(run = self.run_id, error = %err, attempt, "completion failed; retrying");
                         tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
@@ -370,9 +381,8 @@ impl<H: LeasedHandler> LoopCtx<H> {
 
     async fn complete_once(&self, part: &Chunk) -> Result<(), CompleteError> {
         let _writing = self.keeper.writing(&part.items).await;
-        let mut tx = self
-            .pool
-            .begin()
+        let mut conn = self.conn().await?;
+        let mut tx = sqlx::Connection::begin(&mut *conn)
             .await
             .map_err(EngineError::db("beginning a transaction"))?;
         let accepted = self.queue.complete_fenced(&mut tx, &part.scope, &part.items).await?;
@@ -421,11 +431,7 @@ impl<H: LeasedHandler> LoopCtx<H> {
         let err = &err;
         let pairs: Vec<ClaimedItem> = items.iter().map(|i| (*i).clone()).collect();
         let _writing = self.keeper.writing(&pairs).await;
-        let mut conn = self
-            .pool
-            .acquire()
-            .await
-            .map_err(EngineError::db("acquiring a connection"))?;
+        let mut conn = self.conn().await?;
         let outcome = self
             .queue
             .fail_fenced(

@@ -26,22 +26,51 @@ pub(super) struct LockSamples {
     pub(super) by_event: BTreeMap<String, u64>,
 }
 
-/// Reads `pg_stat_activity` for database `name` until `stop` is set.
+/// Lock waits now in database `name`, per wait event.
+async fn lock_waits(
+    conn: &mut Option<PgConnection>,
+    admin_url: &str,
+    name: &str,
+) -> anyhow::Result<Vec<(String, i64)>> {
+    if conn.is_none() {
+        *conn = Some(PgConnection::connect(admin_url).await?);
+    }
+    let conn = conn.as_mut().expect("connected above");
+    Ok(sqlx::query_as(
+        "SELECT wait_event, count(*) FROM pg_stat_activity
+         WHERE datname = $1 AND wait_event_type = 'Lock' GROUP BY wait_event",
+    )
+    .bind(name)
+    .fetch_all(conn)
+    .await?)
+}
+
+/// Reads `pg_stat_activity` for database `name` until `stop` is set. A
+/// failed read (the server restarting) is skipped and the connection made
+/// again at the next: said once when it starts failing, once when it works.
 pub(super) async fn sample_locks(
     admin_url: String,
     name: String,
     stop: Arc<AtomicBool>,
 ) -> anyhow::Result<LockSamples> {
-    let mut conn = PgConnection::connect(&admin_url).await?;
+    let mut conn = Some(PgConnection::connect(&admin_url).await?);
+    let mut failing = false;
     let mut s = LockSamples::default();
     while !stop.load(Ordering::Relaxed) {
-        let rows: Vec<(String, i64)> = sqlx::query_as(
-            "SELECT wait_event, count(*) FROM pg_stat_activity
-             WHERE datname = $1 AND wait_event_type = 'Lock' GROUP BY wait_event",
-        )
-        .bind(&name)
-        .fetch_all(&mut conn)
-        .await?;
+        let rows = match lock_waits(&mut conn, &admin_url, &name).await {
+            Ok(rows) => rows,
+            Err(err) => {
+                conn = None;
+                if !std::mem::replace(&mut failing, true) {
+                    tracing::warn!(error = %format!("{err:#}"), "sampling lock waits failed; retrying");
+                }
+                tokio::time::sleep(Duration::from_millis(SAMPLE_EVERY_MS)).await;
+                continue;
+            }
+        };
+        if std::mem::take(&mut failing) {
+            tracing::info!("sampling lock waits works again");
+        }
         let waiting: u64 = rows.iter().map(|(_, n)| *n as u64).sum();
         s.samples += 1;
         s.waiting_sum += waiting;
@@ -54,7 +83,9 @@ pub(super) async fn sample_locks(
         }
         tokio::time::sleep(Duration::from_millis(SAMPLE_EVERY_MS)).await;
     }
-    conn.close().await?;
+    if let Some(conn) = conn {
+        conn.close().await?;
+    }
     Ok(s)
 }
 

@@ -281,7 +281,14 @@ impl Args {
             }
             if let Some((handle, stats)) = delivery {
                 stats.request_stop();
-                handle.await??;
+                if ran.is_ok() {
+                    handle.await??;
+                } else {
+                    // The daemon gave up (on the database, say): the exit
+                    // waits for nothing more; a payout in flight is resumed
+                    // by the next delivery, as after a crash.
+                    handle.abort();
+                }
             }
             ran?;
             println!("worker daemon stopped");

@@ -171,6 +171,7 @@ pub struct ServeStats {
     pub pruned: AtomicU64,
     stop: AtomicBool,
     stopping: Notify,
+    outage: crate::outage::OutageClock,
 }
 
 impl ServeStats {
@@ -308,7 +309,11 @@ impl Ctx {
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<Step, EngineError>>,
     {
-        let mut backoff = Backoff::new(self.cfg.max_consecutive_failures, self.cfg.max_outage);
+        let mut backoff = Backoff::new(
+            self.cfg.max_consecutive_failures,
+            self.cfg.max_outage,
+            &self.stats.outage,
+        );
         while !self.stats.stopped() {
             // Registered before the claim, so a commit between an empty
             // claim and the sleep still wakes it.
@@ -347,11 +352,9 @@ impl Ctx {
         }
     }
 
+    /// A pooled connection, waited for no longer than the outage limit allows.
     async fn conn(&self) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>, EngineError> {
-        self.pool
-            .acquire()
-            .await
-            .map_err(EngineError::db("acquiring a connection"))
+        self.stats.outage.acquire(&self.pool, self.cfg.max_outage).await
     }
 
     /// Records a claim: its time, and how long each job waited for it.
