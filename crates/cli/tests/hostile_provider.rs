@@ -65,7 +65,9 @@ impl Provider {
         let log = received.clone();
         let task = tokio::spawn(async move {
             loop {
-                let Ok((conn, _)) = listener.accept().await else { continue };
+                let Ok((conn, _)) = listener.accept().await else {
+                    continue;
+                };
                 tokio::spawn(serve_one(conn, answers.clone(), log.clone()));
             }
         });
@@ -92,7 +94,9 @@ impl Drop for Provider {
 }
 
 async fn serve_one(mut conn: TcpStream, answers: Answers, log: Arc<Mutex<Vec<Request>>>) {
-    let Some(request) = read_request(&mut conn).await else { return };
+    let Some(request) = read_request(&mut conn).await else {
+        return;
+    };
     let answer = answers(&request);
     log.lock().unwrap().push(request);
     // The client may hang up part way (as settled does past its cap).
@@ -305,7 +309,13 @@ async fn still_queued_and_held(env: &Env, payouts: &[(i64, String)], why: &str) 
 async fn a_redirect_is_never_followed_and_leaves_the_payout_queued_with_its_funds_held() {
     let (env, server) = setup().await;
     // Another host: it answers as a provider would, and no call may reach it.
-    let elsewhere = Provider::start(|r| json_answer(201, &payment_for(r, "pay_x", r.idempotency_key.as_deref().unwrap_or(""), "failed"))).await;
+    let elsewhere = Provider::start(|r| {
+        json_answer(
+            201,
+            &payment_for(r, "pay_x", r.idempotency_key.as_deref().unwrap_or(""), "failed"),
+        )
+    })
+    .await;
     let other = format!("{}/v1/payments", elsewhere.url);
     // The provider records each payment, then answers 303 to a URL that
     // answers 404, 302 to ftp://, or 307 to the other host.
@@ -436,6 +446,7 @@ async fn reconcile_against_endless_pages_ends_with_an_error_in_bounded_memory() 
         stderr.contains("pages"),
         "the error says the listing had too many pages: {stderr}"
     );
+    println!("reconcile peaked at {} MiB", peak / MIB);
     assert!(peak < 1024 * MIB, "reconcile peaked at {} MiB", peak / MIB);
 }
 
@@ -446,18 +457,17 @@ async fn an_answer_or_a_lookup_about_another_key_is_a_conflict_and_changes_nothi
     // creator and amount. 302: delivery's answer is right (pending), and
     // the lookup of the sent payout answers a failed payment under another
     // key, for the creator and amount the payout was sent with.
-    let sent: Arc<Mutex<Option<Request>>> = Arc::default();
-    let remembered = sent.clone();
+    let remembered: Arc<Mutex<Option<Request>>> = Arc::default();
     let provider = Provider::start(move |r| {
         if r.method == "GET" {
             return match remembered.lock().unwrap().as_ref() {
-                Some(first) => json_answer(200, &payment_for(first, "pay_other", "someone-else", "failed")),
+                Some(first) => json_answer(200, &payment_for(first, "pay_other_2", "someone-else", "failed")),
                 None => Answer::Plain(404, Vec::new(), Vec::new()),
             };
         }
         let key = r.idempotency_key.clone().unwrap_or_default();
         match amount_of(r) {
-            "301" => json_answer(201, &payment_for(r, "pay_other", "someone-else", "failed")),
+            "301" => json_answer(201, &payment_for(r, "pay_other_1", "someone-else", "failed")),
             _ => {
                 *remembered.lock().unwrap() = Some(r.clone());
                 json_answer(201, &payment_for(r, "pay_2", &key, "pending"))
@@ -478,13 +488,19 @@ async fn an_answer_or_a_lookup_about_another_key_is_a_conflict_and_changes_nothi
     })
     .await;
     deliverer.stop();
-    assert_eq!(status(&env, answered.0).await, "queued", "delivery's answer applied nothing");
+    assert_eq!(
+        status(&env, answered.0).await,
+        "queued",
+        "delivery's answer applied nothing"
+    );
     assert_eq!(status(&env, looked_up.0).await, "sent", "the lookup applied nothing");
     for (id, key) in [&answered, &looked_up] {
         assert_eq!(returns(&env, *id).await, 0, "payout {id}: its funds stay held");
         let found = conflicts(&env, *id).await;
         assert!(
-            found.iter().any(|d| d.contains("someone-else") && d.contains(key.as_str())),
+            found
+                .iter()
+                .any(|d| d.contains("someone-else") && d.contains(key.as_str())),
             "payout {id}'s conflict names both keys: {found:?}"
         );
     }
@@ -523,8 +539,14 @@ async fn reconcile_prints_no_terminal_escape_or_carriage_return_the_provider_sen
         String::from_utf8_lossy(&out.stderr),
     );
     assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
-    assert!(stdout.contains("stranded") && stdout.contains("unknown_to_settled"), "{stdout}");
-    assert!(stdout.contains("key taken"), "the dead letter's error is shown: {stdout}");
+    assert!(
+        stdout.contains("stranded") && stdout.contains("unknown_to_settled"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("key taken"),
+        "the dead letter's error is shown: {stdout}"
+    );
     for text in [&stdout, &stderr] {
         assert!(!text.contains(['\u{1b}', '\r', '\u{7}', '\u{202e}']), "{text:?}");
     }
