@@ -124,7 +124,12 @@ pub fn router(options: Options) -> Router {
         ledger: payments::Ledger::default(),
         counters: SimCounters::default(),
         rng: ChaCha8Rng::seed_from_u64(options.seed),
-        client: reqwest::Client::new(),
+        // A webhook goes to the endpoint set, never where a redirect points:
+        // a signed event re-sent elsewhere, or a 3xx taken for delivered.
+        client: reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .expect("a client without redirects builds"),
     }));
     Router::new()
         .route("/v1/payments", post(payments::create).get(payments::get))

@@ -292,9 +292,28 @@ fn init_logging(global: &Global, command: &str) -> anyhow::Result<Option<crate::
     Ok(traces)
 }
 
+/// `text` as one line a terminal shows as it is: each control character
+/// (escape sequences' ESC, carriage return, newline, bell) and direction
+/// override becomes a space. Text from elsewhere (a provider's answer, a
+/// handler's error) is printed through it or [`printable`], never raw:
+/// it could rewrite the operator's terminal.
+pub fn one_line(text: &str) -> String {
+    let bidi = |c: char| matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}');
+    text.chars()
+        .map(|c| if c.is_control() || bidi(c) { ' ' } else { c })
+        .collect()
+}
+
+/// `text`'s lines, each made [`one_line`]: a report with text from
+/// elsewhere in it, as a terminal may show it.
+pub fn printable(text: &str) -> String {
+    text.split('\n').map(one_line).collect::<Vec<_>>().join("\n")
+}
+
 /// An error and its causes on one line, each said once: a cause whose
 /// text its parent already ends with (sqlx and its migrator repeat their
-/// source in their own message) is not printed again.
+/// source in their own message) is not printed again. The line is
+/// [`one_line`]: a cause may quote a provider's answer.
 pub fn chain_once(err: &anyhow::Error) -> String {
     let mut out = String::new();
     for cause in err.chain() {
@@ -307,7 +326,7 @@ pub fn chain_once(err: &anyhow::Error) -> String {
         }
         out.push_str(&text);
     }
-    out
+    one_line(&out)
 }
 
 /// Exit code 0 when `ok`, else 1.
@@ -321,7 +340,7 @@ pub fn exit_code(ok: bool) -> ExitCode {
 
 #[cfg(test)]
 mod tests {
-    use super::chain_once;
+    use super::{chain_once, one_line, printable};
 
     #[derive(Debug)]
     struct Leaf;
@@ -359,5 +378,14 @@ mod tests {
         );
         let plain = anyhow::anyhow!("inner").context("outer");
         assert_eq!(chain_once(&plain), "outer: inner");
+    }
+
+    #[test]
+    fn text_from_elsewhere_prints_without_control_characters_or_direction_overrides() {
+        let hostile = "paid\u{1b}[2J\u{1b}]0;owned\u{7}\rok\u{202e}\tend";
+        assert_eq!(one_line(hostile), "paid [2J ]0;owned  ok  end");
+        assert_eq!(printable("a\rb\nc\u{1b}d\n"), "a b\nc d\n", "lines are kept");
+        let err = anyhow::anyhow!("500: {hostile}\nsecond line").context("listing");
+        assert!(!chain_once(&err).contains(|c: char| c.is_control()));
     }
 }

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use anyhow::bail;
 use settled_engine::continuous::ReplayFilter;
 
-use crate::cmd::{DbCommand, Outcome};
+use crate::cmd::{one_line, DbCommand, Outcome};
 use crate::db::Database;
 use crate::queues::{self, Cancelled, Found, QueueView, ReplayRequest, DEAD_LETTERS_SHOWN, MAX_DEAD_LETTERS_SHOWN};
 
@@ -272,10 +272,4 @@ async fn dead(conn: &mut sqlx::PgConnection, name: &str, limit: u32, json: bool)
         );
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// An error as one line: a handler's message may hold newlines or terminal
-/// escapes, which would rewrite the operator's terminal.
-fn one_line(text: &str) -> String {
-    text.chars().map(|c| if c.is_control() { ' ' } else { c }).collect()
 }

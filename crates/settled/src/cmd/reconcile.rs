@@ -5,7 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::process::ExitCode;
 
-use crate::cmd::{chain_once, exit_code, DbCommand, Global, OnDatabase, Outcome, Runnable};
+use crate::cmd::{chain_once, exit_code, printable, DbCommand, Global, OnDatabase, Outcome, Runnable};
 use crate::db::{Access, Database};
 use crate::payouts::reconcile::{self, Comparison, Lag, MismatchKind, Scope};
 use crate::provider::HttpProvider;
@@ -71,7 +71,8 @@ impl DbCommand for Args {
             };
             println!("{}", serde_json::to_string_pretty(&report)?);
         } else {
-            print!("{}", render(&comparison, &self.provider_url));
+            // Ids, creators and dead letters' errors are the provider's text.
+            print!("{}", printable(&render(&comparison, &self.provider_url)));
         }
         Ok(exit_code(comparison.ok()))
     }

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::cmd::{exit_code, DbCommand, Outcome};
+use crate::cmd::{exit_code, printable, DbCommand, Outcome};
 use crate::db::{Access, Database};
 use crate::period::Period;
 use crate::provider::HttpProvider;
@@ -89,7 +89,8 @@ impl Args {
         if self.json {
             println!("{}", serde_json::to_string_pretty(report)?);
         } else {
-            print!("{human}");
+            // Offenders may quote the provider's text (with --provider-url).
+            print!("{}", printable(&human));
         }
         Ok(exit_code(ok))
     }

@@ -254,6 +254,18 @@ impl<P: PayoutProvider> Deliver<P> {
     }
 }
 
+impl<P> Deliver<P> {
+    /// Records in `settlement.payout_conflicts` that the provider answered
+    /// payout `id`'s key with `payment`, which is not its payment.
+    async fn record_conflict(&self, id: i64, payment: &Payment) -> Result<(), HandlerError> {
+        let mut conn = self.pool.acquire().await?;
+        super::payment_matches(&mut conn, id, payment, Source::Delivery, None)
+            .await
+            .map_err(|e| HandlerError::Transient(format!("recording payout {id}'s conflict: {e:#}")))?;
+        Ok(())
+    }
+}
+
 fn payout_of(job: &ClaimedJob) -> Result<i64, HandlerError> {
     job.key
         .parse()
@@ -298,11 +310,14 @@ impl<P: PayoutProvider + Clone> LeasedJobHandler for Deliver<P> {
             .await;
         match answer {
             Ok((payment, _created)) => {
-                if let Some(detail) = super::payment_differs(&payout.amount, &payout.creator, &payment) {
+                let differs = super::payment_differs(&payout.provider_key, &payout.amount, &payout.creator, &payment);
+                if let Some(detail) = differs {
                     // The provider answered the payout's key with another
-                    // payment: nothing is applied, the payout stays queued
-                    // with its funds held, and the job is a dead letter for
-                    // operators (reconcile names the payout).
+                    // payment (another key, creator or amount): nothing is
+                    // applied, the payout stays queued with its funds held,
+                    // the conflict is recorded, and the job is a dead letter
+                    // for operators (reconcile names the payout).
+                    self.record_conflict(id, &payment).await?;
                     return Err(HandlerError::Permanent(format!("payout {id}: {detail}")));
                 }
                 self.limiter

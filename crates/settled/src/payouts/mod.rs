@@ -301,9 +301,16 @@ pub(crate) fn canonical(amount: &str) -> &str {
     }
 }
 
-/// What differs between payout `amount` to `creator` and the provider's
-/// `payment` under its key, in words; None when it pays exactly that.
-pub fn payment_differs(amount: &str, creator: &str, payment: &Payment) -> Option<String> {
+/// What differs between payout `amount` to `creator` under provider key
+/// `key` and the provider's `payment` given for that key, in words; None
+/// when it is under that key and pays exactly that.
+pub fn payment_differs(key: &str, amount: &str, creator: &str, payment: &Payment) -> Option<String> {
+    if payment.idempotency_key != key {
+        return Some(format!(
+            "the provider answered for the payout's key {key:?} with its payment {:?} under another key {:?}",
+            payment.id, payment.idempotency_key
+        ));
+    }
     let amount_differs = canonical(amount) != canonical(&payment.amount);
     let creator_differs = !creator.eq_ignore_ascii_case(&payment.creator);
     (amount_differs || creator_differs).then(|| {
@@ -314,11 +321,12 @@ pub fn payment_differs(amount: &str, creator: &str, payment: &Payment) -> Option
     })
 }
 
-/// Checks that the provider's `payment` under payout `id`'s key pays what
-/// the payout says. When it does not, nothing is applied: the difference is
-/// recorded in `settlement.payout_conflicts` for operators (and `settled
-/// reconcile` names it), and the answer is false. A payment that pays
-/// someone else, or another amount, never makes a payout paid or failed.
+/// Checks that the provider's `payment` given for payout `id`'s key is
+/// under that key and pays what the payout says. When it does not, nothing
+/// is applied: the difference is recorded in `settlement.payout_conflicts`
+/// for operators (and `settled reconcile` names it), and the answer is
+/// false. A payment under another key, or that pays someone else or
+/// another amount, never makes a payout paid or failed.
 pub async fn payment_matches(
     conn: &mut PgConnection,
     id: i64,
@@ -326,12 +334,12 @@ pub async fn payment_matches(
     source: Source,
     event_id: Option<&str>,
 ) -> anyhow::Result<bool> {
-    let (state, amount, creator): (String, String, String) =
-        sqlx::query_as("SELECT status, amount::text, creator FROM settlement.payouts WHERE id = $1")
+    let (state, amount, creator, key): (String, String, String, String) =
+        sqlx::query_as("SELECT status, amount::text, creator, provider_key FROM settlement.payouts WHERE id = $1")
             .bind(id) // $1
             .fetch_one(&mut *conn)
             .await?;
-    let Some(detail) = payment_differs(&amount, &creator, payment) else {
+    let Some(detail) = payment_differs(&key, &amount, &creator, payment) else {
         return Ok(true);
     };
     sqlx::query(

@@ -5,6 +5,13 @@
 //! `provider.call` client span when traces are exported, and its
 //! `traceparent` header names that span; otherwise the header passes on
 //! the trace context the client was given.
+//!
+//! What the provider sends back is never trusted further than it must be:
+//! a redirect is not followed (its 3xx is an unknown outcome, like any
+//! status the protocol does not use), and an answer is read chunk by chunk
+//! up to a cap, so a provider cannot make settled hold more than that.
+//! Only a request that could not be built, and so never left, is refused;
+//! whatever fails after sending leaves the outcome unknown.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -29,6 +36,16 @@ pub const MAX_PAGE_LIMIT: u32 = 1_000;
 const LIST_TIMEOUT: Duration = Duration::from_secs(60);
 /// Tries of one page in [`HttpProvider::list_all`] before it gives up.
 const LIST_PAGE_TRIES_MAX: u32 = 6;
+/// Pages [`HttpProvider::list_all`] reads at most ([`MAX_PAGE_LIMIT`]
+/// payments each): a provider listing more is refused, so a listing that
+/// never ends cannot hold reconciliation, nor its memory, forever.
+pub const LIST_PAGES_MAX: u32 = 1_000;
+/// The most bytes of one payment answer read (an answer is a few hundred).
+pub const ANSWER_BYTES_MAX: usize = 64 * 1024;
+/// The most bytes of one page read (a page of 1,000 payments is under 1 MiB).
+pub const PAGE_BYTES_MAX: usize = 4 * 1024 * 1024;
+/// Bytes of an error answer's body read for the error's text.
+const ERROR_BODY_BYTES_MAX: usize = 4 * 1024;
 /// Characters of an error answer's body kept in the error's text.
 const ERROR_BODY_CHARS_MAX: usize = 512;
 
@@ -48,7 +65,12 @@ impl HttpProvider {
             url.scheme() == "http",
             "provider URL {base:?} must be http:// (settled speaks plain HTTP to a provider or a local bridge)"
         );
-        let client = reqwest::Client::builder().timeout(timeout).build()?;
+        // A redirect is the provider's answer, not an address to send the
+        // payment (its body and key) to: the 3xx is an unknown outcome.
+        let client = reqwest::Client::builder()
+            .timeout(timeout)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()?;
         Ok(HttpProvider {
             base: base.trim_end_matches('/').into(),
             client,
@@ -88,11 +110,11 @@ impl HttpProvider {
     }
 
     /// Every payment the provider has, in id order, page by page (for
-    /// reconciliation). A page the provider rate-limits or fails is asked
-    /// again after a wait, a few times.
+    /// reconciliation), at most [`LIST_PAGES_MAX`] pages. A page the
+    /// provider rate-limits or fails is asked again after a wait, a few times.
     pub async fn list_all(&self) -> anyhow::Result<Vec<Payment>> {
         let mut all: Vec<Payment> = Vec::new();
-        loop {
+        for _ in 0..LIST_PAGES_MAX {
             let after = all.last().map(|p| p.id.clone());
             let page = self.fetch_page_patiently(after.as_deref(), MAX_PAGE_LIMIT).await?;
             check_page(&page, after.as_deref(), MAX_PAGE_LIMIT)?;
@@ -102,6 +124,11 @@ impl HttpProvider {
                 return Ok(all);
             }
         }
+        anyhow::bail!(
+            "the provider listed more than {LIST_PAGES_MAX} pages of {MAX_PAGE_LIMIT} payments \
+             ({} payments, and still more): settled reads at most {LIST_PAGES_MAX} pages",
+            all.len()
+        )
     }
 
     async fn fetch_page_patiently(&self, after: Option<&str>, limit: u32) -> anyhow::Result<Vec<Payment>> {
@@ -137,10 +164,8 @@ impl HttpProvider {
         if response.status() != StatusCode::OK {
             return Err(error_of(response).await);
         }
-        response
-            .json()
-            .await
-            .map_err(|e| ProviderError::Transient(format!("unreadable page of payments: {e}")))
+        let body = read_capped(response, PAGE_BYTES_MAX).await?;
+        serde_json::from_slice(&body).map_err(|e| ProviderError::Transient(format!("unreadable page of payments: {e}")))
     }
 
     /// A request to `path`, with the current span's trace context when
@@ -157,7 +182,9 @@ impl HttpProvider {
     }
 
     /// Sends what `build` makes in a `provider.call` span named `name`
-    /// (`METHOD /path`), the payment's key as an attribute.
+    /// (`METHOD /path`), the payment's key as an attribute. A request that
+    /// cannot be built never left: refused. Any failure once it is handed
+    /// to the connection leaves the outcome unknown: transient.
     async fn send(
         &self,
         name: &'static str,
@@ -173,7 +200,11 @@ impl HttpProvider {
             http.response.status_code = tracing::field::Empty,
             otel.status_code = tracing::field::Empty,
         );
-        let sent = span.in_scope(build).send().instrument(span.clone()).await;
+        let request = span
+            .in_scope(build)
+            .build()
+            .map_err(|e| ProviderError::Refused(format!("the request cannot be sent: {e}")))?;
+        let sent = self.client.execute(request).instrument(span.clone()).await;
         if let Ok(response) = &sent {
             span.record("http.response.status_code", response.status().as_u16());
         }
@@ -231,34 +262,59 @@ impl PayoutProvider for HttpProvider {
 }
 
 async fn read_payment(response: Response) -> Result<Payment, ProviderError> {
-    response
-        .json::<Payment>()
-        .await
+    let body = read_capped(response, ANSWER_BYTES_MAX).await?;
+    serde_json::from_slice(&body)
         .map_err(|e| ProviderError::Transient(format!("unreadable payment in the answer: {e}")))
 }
 
-/// A request that could not be built was never sent and never will be; any
-/// other failure (connect, timeout, a broken answer) leaves the outcome unknown.
+/// The body of `response`, read chunk by chunk, at most `bytes_max`: a
+/// longer answer is not read on (the connection is dropped) and its
+/// outcome is unknown.
+async fn read_capped(mut response: Response, bytes_max: usize) -> Result<Vec<u8>, ProviderError> {
+    let too_long = || ProviderError::Transient(format!("the answer is longer than {bytes_max} bytes; not read"));
+    if response.content_length().is_some_and(|n| n > bytes_max as u64) {
+        return Err(too_long());
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(send_error)? {
+        if body.len() + chunk.len() > bytes_max {
+            return Err(too_long());
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+/// A failure after the request was handed to the connection (connect,
+/// timeout, a broken or cut answer): the payment may exist, so the outcome
+/// is unknown, never a refusal.
 fn send_error(e: reqwest::Error) -> ProviderError {
-    if e.is_builder() {
-        ProviderError::Refused(format!("the request cannot be sent: {e}"))
-    } else if e.is_timeout() {
+    if e.is_timeout() {
         ProviderError::Transient(format!("timed out: {e}"))
     } else {
         ProviderError::Transient(e.to_string())
     }
 }
 
-async fn error_of(response: Response) -> ProviderError {
+/// The outcome of an answer that is not a success; its body is read only
+/// up to [`ERROR_BODY_BYTES_MAX`], for the error's text.
+async fn error_of(mut response: Response) -> ProviderError {
     let status = response.status();
     let headers = response.headers().clone();
-    let body = response.text().await.unwrap_or_default();
-    error_for(status, &headers, &body, SystemTime::now())
+    let mut body = Vec::new();
+    while body.len() < ERROR_BODY_BYTES_MAX {
+        match response.chunk().await {
+            Ok(Some(chunk)) => body.extend_from_slice(&chunk),
+            Ok(None) | Err(_) => break,
+        }
+    }
+    body.truncate(ERROR_BODY_BYTES_MAX);
+    error_for(status, &headers, &String::from_utf8_lossy(&body), SystemTime::now())
 }
 
 /// The protocol's outcome of an answer that is not a success: 429 rate
 /// limited, 422 key conflict, any other 4xx a refusal, anything else
-/// (5xx, or a status the protocol does not use) transient.
+/// (5xx, a redirect, or a status the protocol does not use) transient.
 fn error_for(status: StatusCode, headers: &HeaderMap, body: &str, now: SystemTime) -> ProviderError {
     let detail = format!(
         "{status}: {}",
@@ -352,7 +408,8 @@ mod tests {
                 "{code}"
             );
         }
-        for code in [500, 502, 503, 504, 302, 204] {
+        // A redirect is never followed: its 3xx is an unknown outcome.
+        for code in [500, 502, 503, 504, 301, 302, 303, 307, 308, 204] {
             assert!(
                 matches!(error_for(status(code), &none, "", now), ProviderError::Transient(_)),
                 "{code}"

@@ -20,7 +20,10 @@ use serde::{Deserialize, Serialize};
 use crate::money::Amount;
 use crate::period::Period;
 
-pub use http::{HttpProvider, DEFAULT_PAGE_LIMIT, DEFAULT_RETRY_AFTER, MAX_PAGE_LIMIT, MAX_RETRY_AFTER};
+pub use http::{
+    HttpProvider, ANSWER_BYTES_MAX, DEFAULT_PAGE_LIMIT, DEFAULT_RETRY_AFTER, LIST_PAGES_MAX, MAX_PAGE_LIMIT,
+    MAX_RETRY_AFTER, PAGE_BYTES_MAX,
+};
 
 /// Default time a provider call may take before it counts as timed out.
 pub const DEFAULT_PROVIDER_TIMEOUT_MS: u64 = 2_000;
@@ -156,8 +159,9 @@ pub struct WebhookEvent {
 /// Why a provider call did not give an answer to act on.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ProviderError {
-    /// A 5xx, a timeout, a connection error or an unreadable answer: the
-    /// payment may or may not exist; retry with the same key.
+    /// A 5xx, a redirect or another status the protocol does not use, a
+    /// timeout, a connection error, an unreadable answer or one longer than
+    /// its cap: the payment may or may not exist; retry with the same key.
     #[error("provider unavailable or timed out: {0}")]
     Transient(String),
     /// 429: retry with the same key after `retry_after` (from `Retry-After`,
@@ -167,7 +171,8 @@ pub enum ProviderError {
         /// How long the provider asked to wait.
         retry_after: Duration,
     },
-    /// Any other 4xx: the provider will never pay this request.
+    /// Any other 4xx (the provider will never pay this request), or a
+    /// request that could not be built and so was never sent.
     #[error("provider refused the payment: {0}")]
     Refused(String),
     /// 422: the key was used before with a different body.
