@@ -785,4 +785,32 @@ async fn a_payout_deliverys_dead_letter_is_replayed_under_the_least_role_by_the_
             .await,
         2
     );
+    // The deliverer, under its own least role, sends both.
+    let sim = common::ProviderSim::start(&["--settle-delay-ms", "100000"]);
+    let mut deliverer = env
+        .cmd(&[
+            "--role-per-command",
+            "deliver",
+            "--provider-url",
+            &sim.url,
+            "--lease-ttl-ms",
+            "1000",
+            "--shutdown-grace-ms",
+            "300",
+        ])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    common::wait_until(60, "both replayed payouts sent", || async {
+        env.scalar_i64("SELECT count(*) FROM settlement.payouts WHERE status = 'sent'")
+            .await
+            == 2
+    })
+    .await;
+    common::stop(&mut deliverer);
+    assert_eq!(
+        env.scalar_i64("SELECT count(*) FROM settlement.payout_jobs WHERE status = 'settled'")
+            .await,
+        2
+    );
 }
