@@ -8,8 +8,10 @@
 //! The provider's limits hold for the whole fleet, in the database: a
 //! token bucket of calls per second, and a "down until" that every worker
 //! honours after the provider failed, raised once per outage (not per
-//! caller). A job that cannot call now is snoozed: it spends no attempt,
-//! and nothing spins. A refusal fails the payout and returns its funds.
+//! caller). A job that cannot call now, or whose creator is on hold, is
+//! snoozed: it spends no attempt, and nothing spins. A refusal fails the
+//! payout and returns its funds; a payment id another payout holds is a
+//! conflict and a dead letter, never a completion that fails again.
 //! Beside the workers: payouts sent long ago are looked up (a lost
 //! webhook), and unconfirmed ones expire.
 
