@@ -496,7 +496,8 @@ async fn a_payment_id_another_payout_holds_is_a_conflict_that_wedges_nothing_and
         .await
         .unwrap();
     let a = deliver(&env, &first, "3600");
-    let state = |id: i64| format!("SELECT status || ':' || coalesce(provider_id, '') FROM settlement.payouts WHERE id = {id}");
+    let state =
+        |id: i64| format!("SELECT status || ':' || coalesce(provider_id, '') FROM settlement.payouts WHERE id = {id}");
     wait_until(30, "the first payout sent", || async {
         env.scalar_text(&state(early)).await == "sent:pay_000000000001"
     })
@@ -512,7 +513,9 @@ async fn a_payment_id_another_payout_holds_is_a_conflict_that_wedges_nothing_and
         .await
         .unwrap();
     let b = deliver(&env, &fresh, "3600");
-    let job = |id: i64| format!("SELECT status || ' ' || coalesce(last_error, '') FROM settlement.payout_jobs WHERE payout_id = {id}");
+    let job = |id: i64| {
+        format!("SELECT status || ' ' || coalesce(last_error, '') FROM settlement.payout_jobs WHERE payout_id = {id}")
+    };
     wait_until(60, "the clashing payout's job a dead letter", || async {
         env.scalar_text(&job(clashing)).await.starts_with("failed ")
     })
@@ -533,7 +536,11 @@ async fn a_payment_id_another_payout_holds_is_a_conflict_that_wedges_nothing_and
         error.contains(&format!("the provider's payment pay_000000000001 is payout {early}'s")),
         "the job names the real cause: {error}"
     );
-    assert_eq!(env.scalar_text(&state(clashing)).await, "queued:", "funds held, nothing recorded");
+    assert_eq!(
+        env.scalar_text(&state(clashing)).await,
+        "queued:",
+        "funds held, nothing recorded"
+    );
     assert_eq!(
         count(
             &env,
@@ -547,10 +554,18 @@ async fn a_payment_id_another_payout_holds_is_a_conflict_that_wedges_nothing_and
     );
     // The fresh provider's webhook for that payment: a conflict, answered
     // 200 (not an error the provider retries for ever).
-    let (status, body) = post_event(&server, &paid_event(&env, "ev-clash", clashing, "pay_000000000001").await).await;
+    let (status, body) = post_event(
+        &server,
+        &paid_event(&env, "ev-clash", clashing, "pay_000000000001").await,
+    )
+    .await;
     assert_eq!((status, body["outcome"].as_str()), (200, Some("conflict")), "{body}");
     // A later event naming another payment never overwrites the recorded id.
-    let (status, body) = post_event(&server, &paid_event(&env, "ev-other-id", early, "pay_000000000777").await).await;
+    let (status, body) = post_event(
+        &server,
+        &paid_event(&env, "ev-other-id", early, "pay_000000000777").await,
+    )
+    .await;
     assert_eq!((status, body["outcome"].as_str()), (200, Some("conflict")), "{body}");
     assert_eq!(env.scalar_text(&state(early)).await, "sent:pay_000000000001");
     assert_eq!(env.scalar_text(&state(clashing)).await, "queued:");

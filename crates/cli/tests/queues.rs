@@ -744,14 +744,13 @@ async fn a_payout_deliverys_dead_letter_is_replayed_under_the_least_role_by_the_
         .await;
     let mut ids = Vec::new();
     for key in ["dead-1", "dead-2"] {
-        let id: i64 = sqlx::query_scalar(
-            "SELECT payout_id FROM settlement.debit_for_payout($1, 100, $2, 'h', NULL, NULL, NULL)",
-        )
-        .bind(&creator)
-        .bind(key)
-        .fetch_one(&env.pool)
-        .await
-        .unwrap();
+        let id: i64 =
+            sqlx::query_scalar("SELECT payout_id FROM settlement.debit_for_payout($1, 100, $2, 'h', NULL, NULL, NULL)")
+                .bind(&creator)
+                .bind(key)
+                .fetch_one(&env.pool)
+                .await
+                .unwrap();
         ids.push(id.to_string());
     }
     // Both deliveries ran out of attempts: dead letters, their payouts queued.

@@ -54,12 +54,16 @@ async fn an_expired_token_cannot_be_reserved() {
 async fn a_redemption_says_whether_the_token_was_used_up_expired_or_refused() {
     let (_db, pool) = pool().await;
     let mut conn = pool.acquire().await.unwrap();
-    let live = OnceToken::issue(&pool, "p", "s", Duration::from_secs(60)).await.unwrap();
+    let live = OnceToken::issue(&pool, "p", "s", Duration::from_secs(60))
+        .await
+        .unwrap();
     let redeem = |token, purpose: &'static str, subject: &'static str| {
         let pool = pool.clone();
         async move {
             let mut conn = pool.acquire().await.unwrap();
-            OnceToken::redemption_in(&mut conn, token, purpose, subject).await.unwrap()
+            OnceToken::redemption_in(&mut conn, token, purpose, subject)
+                .await
+                .unwrap()
         }
     };
     assert_eq!(redeem(live, "p", "other").await, Redemption::Refused, "another subject");
@@ -71,10 +75,16 @@ async fn a_redemption_says_whether_the_token_was_used_up_expired_or_refused() {
         Redemption::Refused,
         "unknown"
     );
-    let short = OnceToken::issue(&pool, "p", "s", Duration::from_millis(200)).await.unwrap();
+    let short = OnceToken::issue(&pool, "p", "s", Duration::from_millis(200))
+        .await
+        .unwrap();
     // Its expiry passes (the database's clock decides).
     sqlx::query("SELECT pg_sleep(0.4)").execute(&mut *conn).await.unwrap();
-    assert_eq!(redeem(short, "p", "other").await, Redemption::Refused, "not this subject's");
+    assert_eq!(
+        redeem(short, "p", "other").await,
+        Redemption::Refused,
+        "not this subject's"
+    );
     assert_eq!(redeem(short, "p", "s").await, Redemption::Expired);
     assert!(!OnceToken::redeem_in(&mut conn, short, "p", "s").await.unwrap());
 }

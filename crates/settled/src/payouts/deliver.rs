@@ -230,7 +230,7 @@ struct ToDeliver {
 
 /// How long a payout whose creator is on hold waits before delivery looks
 /// at its hold again (a snooze: it spends no attempt).
-pub const HOLD_RECHECK: Duration = Duration::from_secs(2);
+pub const HOLD_RECHECK: Duration = Duration::from_secs(5);
 
 /// The delivery handler: calls the provider for each queued payout.
 pub struct Deliver<P> {
@@ -309,7 +309,10 @@ impl<P: PayoutProvider + Clone> LeasedJobHandler for Deliver<P> {
             // Read right before the call: a call already made is not undone.
             return Err(snooze(
                 HOLD_RECHECK,
-                format!("creator {} has active hold {hold}: not sent until it is released", payout.creator),
+                format!(
+                    "creator {} has active hold {hold}: not sent until it is released",
+                    payout.creator
+                ),
             ));
         }
         let amount = Amount::parse_decimal(&payout.amount)
@@ -339,11 +342,11 @@ impl<P: PayoutProvider + Clone> LeasedJobHandler for Deliver<P> {
                     // operators (reconcile names the payout).
                     return Err(HandlerError::Permanent(format!("payout {id}: {detail}")));
                 }
-                self.refuse_clash(id, &payment).await?;
                 self.limiter
                     .up()
                     .await
                     .map_err(|e| HandlerError::Transient(e.to_string()))?;
+                self.refuse_clash(id, &payment).await?;
                 Ok(Delivered::Word(word_of(&payment)))
             }
             Err(ProviderError::RateLimited { retry_after }) => {
