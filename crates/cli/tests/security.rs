@@ -372,6 +372,19 @@ async fn api_and_worker_logins_move_a_payout_only_through_the_functions_of_their
     assert_eq!(said, "confirmed");
     drop_login(&env, api, &login).await;
     env.run_ok(&["--role-per-command", "verify", "--payouts"]);
+    // The recorded payment is never replaced, not even by the owner.
+    for sql in [
+        format!("UPDATE settlement.payouts SET provider_id = 'pay-other' WHERE id = {sent}"),
+        format!("SELECT settlement.move_payout({sent}, ARRAY['sent'], 'paid', 'x', 'pay-other')"),
+    ] {
+        let err = sqlx::query(&sql).execute(&env.pool).await.expect_err(&sql);
+        let err = err.as_database_error().unwrap();
+        assert_eq!(
+            (err.code().as_deref(), err.constraint()),
+            (Some("23514"), Some("payouts_provider_id_fixed")),
+            "{sql}: {err}"
+        );
+    }
     // A queued payout's job settled behind the triggers' back (the owner,
     // with triggers off) strands its funds: verify names it.
     sqlx::raw_sql(&format!(

@@ -211,12 +211,28 @@ CREATE CONSTRAINT TRIGGER payout_jobs_settled_after_delivery AFTER UPDATE OF sta
     FOR EACH ROW WHEN (NEW.status = 'settled' AND OLD.status IS DISTINCT FROM 'settled')
     EXECUTE FUNCTION settlement.check_payout_job_settled();
 
+-- A payout's payment at the provider, once recorded, is never replaced
+-- (settlement.move_payout wrote whatever id it was given over it): for
+-- every role and every path, the owner's too.
+CREATE FUNCTION settlement.refuse_provider_id_change() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'payout % records the provider''s payment %, never replaced (by %)',
+        OLD.id, OLD.provider_id, coalesce(NEW.provider_id, 'nothing')
+        USING ERRCODE = 'check_violation', CONSTRAINT = 'payouts_provider_id_fixed';
+END
+$$;
+CREATE TRIGGER payouts_provider_id_fixed BEFORE UPDATE OF provider_id ON settlement.payouts
+    FOR EACH ROW WHEN (OLD.provider_id IS NOT NULL AND NEW.provider_id IS DISTINCT FROM OLD.provider_id)
+    EXECUTE FUNCTION settlement.refuse_provider_id_change();
+
 REVOKE ALL ON FUNCTION settlement.record_payment_clash(bigint, text, text, text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION settlement.apply_provider_word(bigint, text, text, text, text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION settlement.fail_refused_payout(bigint, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION settlement.confirm_payout(bigint, uuid) FROM PUBLIC;
 REVOKE ALL ON FUNCTION settlement.cancel_payout(bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION settlement.check_payout_job_settled() FROM PUBLIC;
+REVOKE ALL ON FUNCTION settlement.refuse_provider_id_change() FROM PUBLIC;
 REVOKE ALL ON FUNCTION settlement.move_payout(bigint, text[], text, text, text) FROM PUBLIC;
 
 DO $$
