@@ -21,7 +21,8 @@
 -- A payout's delivery job is settled only once the payout left `queued`
 -- (checked at commit: the engine settles the job, then the handler moves
 -- the payout, in one transaction), and the roles update only the job
--- columns the engine writes.
+-- columns the engine writes. A payout's recorded payment id is never
+-- replaced.
 
 -- Whether the provider's payment `payment_id` clashes with payout
 -- `payout`: another payout holds that id, or the payout records another
