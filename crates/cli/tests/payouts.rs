@@ -347,3 +347,49 @@ async fn a_hold_refuses_the_confirmation_of_its_creators_payout_and_holds_back_i
     assert!(provider.lookup(&key).await.unwrap().is_some());
     env.run_ok(&["verify", "--payouts"]);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_confirmation_waits_for_a_hold_being_placed_and_then_sees_it() {
+    let (env, creator, _) = settled_env("20").await;
+    let server = env.serve(TOKEN).await;
+    let (_, payout) = post(
+        &format!("{}/v1/payouts", server.base),
+        Some("race-1"),
+        &json!({ "creator": creator, "amount": "50", "confirm": true }),
+    )
+    .await;
+    let (id, token) = (
+        payout["id"].as_i64().unwrap(),
+        payout["confirm_token"].as_str().unwrap().to_string(),
+    );
+    // A hold being placed: its transaction holds the creator's balance row.
+    let mut placing = env.pool.begin().await.unwrap();
+    sqlx::query("SELECT settlement.place_hold($1, 'placed while a confirmation runs')")
+        .bind(&creator)
+        .execute(&mut *placing)
+        .await
+        .unwrap();
+    let url = format!("{}/v1/payouts/{id}/confirm", server.base);
+    let confirming = tokio::spawn(async move { post(&url, None, &json!({ "token": token })).await });
+    common::wait_until(30, "the confirmation waiting on the balance row's lock", || async {
+        env.scalar_i64(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE wait_event_type = 'Lock' AND query LIKE '%confirm_payout%'",
+        )
+        .await
+            == 1
+    })
+    .await;
+    placing.commit().await.unwrap();
+    let (status, body) = confirming.await.unwrap();
+    assert_eq!(
+        (status, body["type"].as_str()),
+        (409, Some("/problems/creator-on-hold")),
+        "{body}"
+    );
+    assert_eq!(
+        env.scalar_text(&format!("SELECT status FROM settlement.payouts WHERE id = {id}"))
+            .await,
+        "created"
+    );
+}
