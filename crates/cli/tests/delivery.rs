@@ -454,3 +454,167 @@ async fn leased_settlement_pays_through_the_provider_and_a_failed_payment_return
         "{report}"
     );
 }
+
+/// `event` signed with the test secret and posted to `server`: its status and answer.
+async fn post_event(server: &Server, event: &Value) -> (u16, Value) {
+    let raw = serde_json::to_vec(event).unwrap();
+    let header = settled::provider::signature::sign(SECRET.as_bytes(), chrono::Utc::now().timestamp(), &raw);
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/provider-events", server.base))
+        .header("Provider-Signature", header)
+        .header("Content-Type", "application/json")
+        .body(raw)
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.json().await.unwrap())
+}
+
+/// A signed `payment.paid` event for payout `id`'s key, naming payment `payment`.
+async fn paid_event(env: &Env, event_id: &str, id: i64, payment: &str) -> Value {
+    let (key, creator, amount): (String, String, String) =
+        sqlx::query_as("SELECT provider_key, creator, amount::text FROM settlement.payouts WHERE id = $1")
+            .bind(id)
+            .fetch_one(&env.pool)
+            .await
+            .unwrap();
+    json!({ "id": event_id, "type": "payment.paid", "created": 1, "data": {
+        "id": payment, "idempotency_key": key, "creator": creator, "amount": amount,
+        "status": "paid", "failure_reason": null } })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_payment_id_another_payout_holds_is_a_conflict_that_wedges_nothing_and_a_recorded_id_is_never_overwritten() {
+    let (env, server, first) = setup("20", &["--settle-delay-ms", "100000"]).await;
+    let ids = make_payouts(&env, &server, 3, "100").await;
+    let (early, clashing, other) = (ids[0], ids[1], ids[2]);
+    // The first payout is delivered before the others exist at the provider:
+    // the other two wait, queued, while their jobs are parked.
+    sqlx::query("UPDATE settlement.payout_jobs SET not_before = now() + interval '1 hour' WHERE payout_id <> $1")
+        .bind(early)
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    let a = deliver(&env, &first, "3600");
+    let state =
+        |id: i64| format!("SELECT status || ':' || coalesce(provider_id, '') FROM settlement.payouts WHERE id = {id}");
+    wait_until(30, "the first payout sent", || async {
+        env.scalar_text(&state(early)).await == "sent:pay_000000000001"
+    })
+    .await;
+    stop(a);
+    // A fresh provider (a restarted simulator, a bridge moved to another
+    // provider): its payment ids start again at pay_000000000001.
+    drop(first);
+    let fresh = ProviderSim::start(&["--settle-delay-ms", "100000"]);
+    sqlx::query("UPDATE settlement.payout_jobs SET not_before = now() WHERE payout_id = $1")
+        .bind(clashing)
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    let b = deliver(&env, &fresh, "3600");
+    let job = |id: i64| {
+        format!("SELECT status || ' ' || coalesce(last_error, '') FROM settlement.payout_jobs WHERE payout_id = {id}")
+    };
+    wait_until(60, "the clashing payout's job a dead letter", || async {
+        env.scalar_text(&job(clashing)).await.starts_with("failed ")
+    })
+    .await;
+    // The others are not held up by it.
+    sqlx::query("UPDATE settlement.payout_jobs SET not_before = now() WHERE payout_id = $1")
+        .bind(other)
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    wait_until(60, "the other payout sent", || async {
+        env.scalar_text(&state(other)).await == "sent:pay_000000000002"
+    })
+    .await;
+    stop(b);
+    let error = env.scalar_text(&job(clashing)).await;
+    assert!(
+        error.contains(&format!("the provider's payment pay_000000000001 is payout {early}'s")),
+        "the job names the real cause: {error}"
+    );
+    assert_eq!(
+        env.scalar_text(&state(clashing)).await,
+        "queued:",
+        "funds held, nothing recorded"
+    );
+    assert_eq!(
+        count(
+            &env,
+            &format!(
+                "SELECT count(*) FROM settlement.payout_conflicts
+                 WHERE payout_id = {clashing} AND source = 'delivery' AND detail LIKE '%is payout {early}''s%'"
+            )
+        )
+        .await,
+        1
+    );
+    // The fresh provider's webhook for that payment: a conflict, answered
+    // 200 (not an error the provider retries for ever).
+    let (status, body) = post_event(
+        &server,
+        &paid_event(&env, "ev-clash", clashing, "pay_000000000001").await,
+    )
+    .await;
+    assert_eq!((status, body["outcome"].as_str()), (200, Some("conflict")), "{body}");
+    // A later event naming another payment never overwrites the recorded id.
+    let (status, body) = post_event(
+        &server,
+        &paid_event(&env, "ev-other-id", early, "pay_000000000777").await,
+    )
+    .await;
+    assert_eq!((status, body["outcome"].as_str()), (200, Some("conflict")), "{body}");
+    assert_eq!(env.scalar_text(&state(early)).await, "sent:pay_000000000001");
+    assert_eq!(env.scalar_text(&state(clashing)).await, "queued:");
+    env.run_ok(&["verify", "--payouts"]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_paid_webhook_for_a_payout_awaiting_its_confirmation_is_a_conflict_for_review() {
+    let (env, server, _sim) = setup("20", &[]).await;
+    let creator = env
+        .scalar_text("SELECT creator FROM settlement.creator_balance ORDER BY balance DESC LIMIT 1")
+        .await;
+    let made: Value = reqwest::Client::new()
+        .post(format!("{}/v1/payouts", server.base))
+        .bearer_auth(TOKEN)
+        .header("Idempotency-Key", "awaiting-1")
+        .json(&json!({ "creator": creator, "amount": "100", "confirm": true }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = made["id"].as_i64().unwrap();
+    let (status, body) = post_event(&server, &paid_event(&env, "ev-early", id, "pay_000000000042").await).await;
+    assert_eq!((status, body["outcome"].as_str()), (200, Some("conflict")), "{body}");
+    assert_eq!(
+        env.scalar_text(&format!("SELECT status FROM settlement.payouts WHERE id = {id}"))
+            .await,
+        "created"
+    );
+    assert_eq!(
+        count(
+            &env,
+            &format!(
+                "SELECT count(*) FROM settlement.payout_conflicts
+                 WHERE payout_id = {id} AND state = 'created' AND provider_status = 'paid' AND event_id = 'ev-early'"
+            )
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        count(
+            &env,
+            "SELECT count(*) FROM settlement.provider_events WHERE id = 'ev-early' AND outcome = 'conflict'"
+        )
+        .await,
+        1,
+        "in the review list"
+    );
+}

@@ -271,3 +271,125 @@ async fn the_database_refuses_every_change_the_state_machine_does_not_allow() {
     );
     env.run_ok(&["verify", "--period", "2026-11-28"]);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hold_refuses_the_confirmation_of_its_creators_payout_and_holds_back_its_delivery_until_released() {
+    let (env, creator, _) = settled_env("20").await;
+    let server = env.serve(TOKEN).await;
+    let (status, payout) = post(
+        &format!("{}/v1/payouts", server.base),
+        Some("held-1"),
+        &json!({ "creator": creator, "amount": "700", "confirm": true }),
+    )
+    .await;
+    assert_eq!((status, payout["status"].as_str()), (201, Some("created")), "{payout}");
+    let (id, token) = (
+        payout["id"].as_i64().unwrap(),
+        payout["confirm_token"].as_str().unwrap().to_string(),
+    );
+    let hold = |reason: &'static str| {
+        let (url, creator) = (format!("{}/v1/holds", server.base), creator.clone());
+        async move {
+            let (status, hold) = post(&url, None, &json!({ "creator": creator, "reason": reason })).await;
+            assert_eq!(status, 201, "{hold}");
+            hold["id"].as_i64().unwrap()
+        }
+    };
+    let release = |hold: i64| {
+        let url = format!("{}/v1/holds/{hold}/release", server.base);
+        async move {
+            let (status, body) = post(&url, None, &json!({})).await;
+            assert_eq!(status, 200, "{body}");
+        }
+    };
+    let confirm_url = format!("{}/v1/payouts/{id}/confirm", server.base);
+    let first = hold("review").await;
+    // On hold: the confirmation is refused, the payout still awaits it,
+    // nothing is queued for delivery, and the token stays usable.
+    let (status, body) = post(&confirm_url, None, &json!({ "token": token })).await;
+    assert_eq!(
+        (status, body["type"].as_str(), body["hold"].as_i64()),
+        (409, Some("/problems/creator-on-hold"), Some(first)),
+        "{body}"
+    );
+    let state = format!("SELECT status FROM settlement.payouts WHERE id = {id}");
+    assert_eq!(env.scalar_text(&state).await, "created");
+    assert_eq!(env.scalar_i64("SELECT count(*) FROM settlement.payout_jobs").await, 0);
+    release(first).await;
+    let (status, body) = post(&confirm_url, None, &json!({ "token": token })).await;
+    assert_eq!((status, body["status"].as_str()), (200, Some("queued")), "{body}");
+
+    // Queued, then a hold: delivery does not send it, and waits.
+    let second = hold("second review").await;
+    let sim = common::ProviderSim::start(&[]);
+    let mut deliverer = env.deliver(&sim.url, &["--provider-timeout-ms", "500"]);
+    let job = format!("SELECT coalesce(last_error, '') FROM settlement.payout_jobs WHERE payout_id = {id}");
+    common::wait_until(60, "delivery waiting on the hold", || async {
+        env.scalar_text(&job).await.contains(&format!("active hold {second}"))
+    })
+    .await;
+    assert_eq!(env.scalar_text(&state).await, "queued");
+    let key = env
+        .scalar_text(&format!("SELECT provider_key FROM settlement.payouts WHERE id = {id}"))
+        .await;
+    let provider = settled::provider::HttpProvider::new(&sim.url, std::time::Duration::from_secs(10)).unwrap();
+    use settled::provider::PayoutProvider;
+    assert!(
+        provider.lookup(&key).await.unwrap().is_none(),
+        "nothing was sent while the creator was on hold"
+    );
+    release(second).await;
+    common::wait_until(60, "the payout delivered after the release", || async {
+        env.scalar_text(&state).await != "queued"
+    })
+    .await;
+    common::stop(&mut deliverer);
+    assert!(provider.lookup(&key).await.unwrap().is_some());
+    env.run_ok(&["verify", "--payouts"]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_confirmation_waits_for_a_hold_being_placed_and_then_sees_it() {
+    let (env, creator, _) = settled_env("20").await;
+    let server = env.serve(TOKEN).await;
+    let (_, payout) = post(
+        &format!("{}/v1/payouts", server.base),
+        Some("race-1"),
+        &json!({ "creator": creator, "amount": "50", "confirm": true }),
+    )
+    .await;
+    let (id, token) = (
+        payout["id"].as_i64().unwrap(),
+        payout["confirm_token"].as_str().unwrap().to_string(),
+    );
+    // A hold being placed: its transaction holds the creator's balance row.
+    let mut placing = env.pool.begin().await.unwrap();
+    sqlx::query("SELECT settlement.place_hold($1, 'placed while a confirmation runs')")
+        .bind(&creator)
+        .execute(&mut *placing)
+        .await
+        .unwrap();
+    let url = format!("{}/v1/payouts/{id}/confirm", server.base);
+    let confirming = tokio::spawn(async move { post(&url, None, &json!({ "token": token })).await });
+    common::wait_until(30, "the confirmation waiting on the balance row's lock", || async {
+        env.scalar_i64(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE wait_event_type = 'Lock' AND query LIKE '%confirm_payout%'",
+        )
+        .await
+            == 1
+    })
+    .await;
+    placing.commit().await.unwrap();
+    let (status, body) = confirming.await.unwrap();
+    assert_eq!(
+        (status, body["type"].as_str()),
+        (409, Some("/problems/creator-on-hold")),
+        "{body}"
+    );
+    assert_eq!(
+        env.scalar_text(&format!("SELECT status FROM settlement.payouts WHERE id = {id}"))
+            .await,
+        "created"
+    );
+}

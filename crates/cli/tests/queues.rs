@@ -733,3 +733,83 @@ async fn a_queue_keyed_by_a_bigint_is_operated_by_its_own_key_column_and_a_key_o
         .unwrap();
     assert_eq!(status, "eligible");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_payout_deliverys_dead_letter_is_replayed_under_the_least_role_by_the_cli_and_the_api() {
+    let env = Env::new().await;
+    env.run_ok(&["seed", "--period", "2026-11-28", "--creators", "10"]);
+    env.run_ok(&["worker", "--period", "2026-11-28"]);
+    let creator = env
+        .scalar_text("SELECT creator FROM settlement.creator_balance ORDER BY balance DESC LIMIT 1")
+        .await;
+    let mut ids = Vec::new();
+    for key in ["dead-1", "dead-2"] {
+        let id: i64 =
+            sqlx::query_scalar("SELECT payout_id FROM settlement.debit_for_payout($1, 100, $2, 'h', NULL, NULL, NULL)")
+                .bind(&creator)
+                .bind(key)
+                .fetch_one(&env.pool)
+                .await
+                .unwrap();
+        ids.push(id.to_string());
+    }
+    // Both deliveries ran out of attempts: dead letters, their payouts queued.
+    sqlx::query(
+        "UPDATE settlement.payout_jobs SET status = 'failed', attempt = 5, last_error = 'the provider is unavailable'",
+    )
+    .execute(&env.pool)
+    .await
+    .unwrap();
+    let job = |id: &str| format!("SELECT status FROM settlement.payout_jobs WHERE payout_id = {id}");
+    let (code, out, err) = queues(&env, &["replay", "payout_delivery", "--key", &ids[0]]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(env.scalar_text(&job(&ids[0])).await, "eligible");
+    // A cancel is refused by the payout's guard, not by a missing grant.
+    let (code, out, err) = queues(&env, &["cancel", "payout_delivery", "--key", &ids[0]]);
+    assert_ne!(code, 0, "{out}");
+    assert!(err.contains("is queued with its funds held"), "{err}");
+    let server = env.serve(TOKEN).await;
+    let client = reqwest::Client::new();
+    let (status, body) = post(
+        &client,
+        &format!("{}/v1/queues/payout_delivery/replay", server.base),
+        Some(TOKEN),
+        Some(&json!({ "key": ids[1] }).to_string()),
+    )
+    .await;
+    assert_eq!((status, body["replayed"].as_i64()), (200, Some(1)), "{body}");
+    assert_eq!(env.scalar_text(&job(&ids[1])).await, "eligible");
+    assert_eq!(
+        env.scalar_i64("SELECT count(*) FROM settlement.payouts WHERE status = 'queued'")
+            .await,
+        2
+    );
+    // The deliverer, under its own least role, sends both.
+    let sim = common::ProviderSim::start(&["--settle-delay-ms", "100000"]);
+    let mut deliverer = env
+        .cmd(&[
+            "--role-per-command",
+            "deliver",
+            "--provider-url",
+            &sim.url,
+            "--lease-ttl-ms",
+            "1000",
+            "--shutdown-grace-ms",
+            "300",
+        ])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    common::wait_until(60, "both replayed payouts sent", || async {
+        env.scalar_i64("SELECT count(*) FROM settlement.payouts WHERE status = 'sent'")
+            .await
+            == 2
+    })
+    .await;
+    common::stop(&mut deliverer);
+    assert_eq!(
+        env.scalar_i64("SELECT count(*) FROM settlement.payout_jobs WHERE status = 'settled'")
+            .await,
+        2
+    );
+}

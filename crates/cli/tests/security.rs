@@ -225,6 +225,185 @@ async fn the_api_role_changes_a_balance_only_through_the_payout_function() {
     env.run_ok(&["--role-per-command", "verify", "--period", "2026-11-28"]);
 }
 
+/// Payouts made as the owner for the role tests: one `sent` whose provider
+/// payment is `pay-real`, one `queued`, one `created` awaiting `token`.
+async fn payouts_in_three_states(env: &Env, token: uuid::Uuid) -> (i64, i64, i64) {
+    let creator = env
+        .scalar_text("SELECT creator FROM settlement.creator_balance ORDER BY balance DESC LIMIT 1")
+        .await;
+    sqlx::query(
+        "INSERT INTO settled_engine.once_tokens (id, purpose, subject, expires_at)
+         VALUES ($1, 'payout-confirmation', 'roles-created', now() + interval '1 hour')",
+    )
+    .bind(token)
+    .execute(&env.pool)
+    .await
+    .unwrap();
+    let mut ids = Vec::new();
+    for (key, token) in [
+        ("roles-sent", None),
+        ("roles-queued", None),
+        ("roles-created", Some(token)),
+    ] {
+        let id: i64 = sqlx::query_scalar(
+            "SELECT payout_id FROM settlement.debit_for_payout($1, 100, $2, 'h', $3,
+                 CASE WHEN $3::uuid IS NULL THEN NULL ELSE now() + interval '1 hour' END, NULL)",
+        )
+        .bind(&creator)
+        .bind(key)
+        .bind(token)
+        .fetch_one(&env.pool)
+        .await
+        .unwrap();
+        ids.push(id);
+    }
+    let moved: bool =
+        sqlx::query_scalar("SELECT settlement.move_payout($1, ARRAY['queued'], 'sent', 'test', 'pay-real')")
+            .bind(ids[0])
+            .fetch_one(&env.pool)
+            .await
+            .unwrap();
+    assert!(moved);
+    (ids[0], ids[1], ids[2])
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn api_and_worker_logins_move_a_payout_only_through_the_functions_of_their_purpose() {
+    let env = Env::new().await;
+    env.run_ok(&["seed", "--period", "2026-11-28", "--creators", "20"]);
+    env.run_ok(&["worker", "--period", "2026-11-28"]);
+    let token = uuid::Uuid::new_v4();
+    let (sent, queued, created) = payouts_in_three_states(&env, token).await;
+    let balances = "SELECT sum(balance)::text FROM settlement.creator_balance";
+    let before = env.scalar_text(balances).await;
+    for role in ["settled_api", "settled_worker"] {
+        let (mut conn, login) = login_as(&env, role).await;
+        // The function that makes any allowed move is the owner's alone:
+        // no failure of a payout the provider pays, no confirmation without
+        // the token, no payout marked paid that was never delivered.
+        for sql in [
+            format!("SELECT settlement.move_payout({sent}, ARRAY['sent'], 'failed', 'x', NULL)"),
+            format!("SELECT settlement.move_payout({created}, ARRAY['created'], 'queued', 'x', NULL)"),
+            format!("SELECT settlement.move_payout({queued}, ARRAY['queued'], 'paid', 'x', 'pay-made-up')"),
+            format!("UPDATE settlement.payout_jobs SET payout_id = payout_id + 1000 WHERE payout_id = {queued}"),
+            "UPDATE settlement.payout_jobs SET payload = '{\"x\": 1}'".to_string(),
+        ] {
+            assert_eq!(outcome(&mut conn, &sql).await, "42501", "{role}: {sql}");
+        }
+        // A queued payout's delivery job is settled only with the
+        // provider's answer that moves the payout.
+        let sql = format!("UPDATE settlement.payout_jobs SET status = 'settled' WHERE payout_id = {queued}");
+        assert_eq!(outcome(&mut conn, &sql).await, "55006", "{role}: {sql}");
+        // The provider's word names the payment the payout records, and
+        // one no other payout holds: anything else is a conflict, recorded.
+        for (id, status, payment) in [
+            (sent, "failed", "pay-other"),
+            (sent, "paid", "pay-other"),
+            (queued, "paid", "pay-real"),
+            (created, "paid", "pay-new"),
+        ] {
+            let said: String =
+                sqlx::query_scalar("SELECT settlement.apply_provider_word($1, $2, $3, 'forged', 'webhook', NULL)")
+                    .bind(id)
+                    .bind(status)
+                    .bind(payment)
+                    .fetch_one(&mut conn)
+                    .await
+                    .unwrap();
+            assert_eq!(said, "conflict", "{role}: {status} {payment} of payout {id}");
+        }
+        let api_only = [
+            format!(
+                "SELECT * FROM settlement.confirm_payout({created}, '{}')",
+                uuid::Uuid::new_v4()
+            ),
+            format!("SELECT * FROM settlement.cancel_payout({queued})"),
+        ];
+        let worker_only = [
+            format!("SELECT settlement.fail_refused_payout({queued}, 'x')"),
+            format!("SELECT settlement.record_payment_clash({queued}, 'pay-real', 'paid', 'delivery', NULL)"),
+        ];
+        let (mine, theirs) = if role == "settled_api" {
+            (api_only, worker_only)
+        } else {
+            (worker_only, api_only)
+        };
+        for sql in theirs {
+            assert_eq!(outcome(&mut conn, &sql).await, "42501", "{role}: {sql}");
+        }
+        if role == "settled_api" {
+            // A wrong token confirms nothing; a queued payout is not cancelled.
+            let mut said = Vec::new();
+            for sql in &mine {
+                let (outcome, status): (String, String) =
+                    sqlx::query_as(&sql.replacen('*', "outcome, payout_status", 1))
+                        .fetch_one(&mut conn)
+                        .await
+                        .unwrap();
+                said.push(format!("{outcome} {status}"));
+            }
+            assert_eq!(said, ["refused created", "not_cancellable queued"]);
+        }
+        drop_login(&env, conn, &login).await;
+    }
+    let states = env
+        .scalar_text(&format!(
+            "SELECT string_agg(id || ':' || status || ':' || coalesce(provider_id, '-'), ' ' ORDER BY id)
+             FROM settlement.payouts WHERE id IN ({sent}, {queued}, {created})"
+        ))
+        .await;
+    assert_eq!(
+        states,
+        format!("{sent}:sent:pay-real {queued}:queued:- {created}:created:-")
+    );
+    assert_eq!(env.scalar_text(balances).await, before, "no funds came back");
+    assert_eq!(
+        env.scalar_i64("SELECT count(*) FROM settlement.payout_returns").await,
+        0
+    );
+    // The API with the payout's own token confirms it.
+    let (mut api, login) = login_as(&env, "settled_api").await;
+    let said: String = sqlx::query_scalar("SELECT outcome FROM settlement.confirm_payout($1, $2)")
+        .bind(created)
+        .bind(token)
+        .fetch_one(&mut api)
+        .await
+        .unwrap();
+    assert_eq!(said, "confirmed");
+    drop_login(&env, api, &login).await;
+    env.run_ok(&["--role-per-command", "verify", "--payouts"]);
+    // The recorded payment is never replaced, not even by the owner.
+    for sql in [
+        format!("UPDATE settlement.payouts SET provider_id = 'pay-other' WHERE id = {sent}"),
+        format!("SELECT settlement.move_payout({sent}, ARRAY['sent'], 'paid', 'x', 'pay-other')"),
+    ] {
+        let err = sqlx::query(&sql).execute(&env.pool).await.expect_err(&sql);
+        let err = err.as_database_error().unwrap();
+        assert_eq!(
+            (err.code().as_deref(), err.constraint()),
+            (Some("23514"), Some("payouts_provider_id_fixed")),
+            "{sql}: {err}"
+        );
+    }
+    // A queued payout's job settled behind the triggers' back (the owner,
+    // with triggers off) strands its funds: verify names it.
+    sqlx::raw_sql(&format!(
+        "SET session_replication_role = replica;
+         UPDATE settlement.payout_jobs SET status = 'settled' WHERE payout_id = {queued};
+         RESET session_replication_role;"
+    ))
+    .execute(&env.pool)
+    .await
+    .unwrap();
+    let out = env.run(&["--role-per-command", "verify", "--payouts"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains(&format!("payout {queued} is queued, its delivery job is settled")),
+        "{text}"
+    );
+}
+
 /// The grants of the three roles as the catalog has them, as a Markdown
 /// table: one row per role and table (table-wide privileges, then column
 /// ones: `UPDATE (a, b)`) or function (`EXECUTE`).
@@ -299,4 +478,43 @@ async fn write_the_documented_grants() {
     let actual = grants_table(&env).await;
     let (doc, begin, end) = documented_grants();
     std::fs::write(SECURITY_DOC, format!("{}{actual}{}", &doc[..begin], &doc[end..])).unwrap();
+}
+
+/// Every `.rs` file under `dir`, recursively.
+fn rust_files(dir: &std::path::Path, found: &mut Vec<std::path::PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_files(&path, found);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            found.push(path);
+        }
+    }
+}
+
+#[test]
+fn the_product_reaches_the_engine_only_through_its_api_never_its_tables() {
+    // Spelled in two parts, so this file is no offender itself.
+    let engine_name = ["settled_engine", "."].concat();
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../settled/src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    assert!(files.len() > 50, "the product's sources under {}", src.display());
+    let offenders: Vec<String> = files
+        .iter()
+        .flat_map(|path| {
+            let text = std::fs::read_to_string(path).unwrap();
+            let path = path.display().to_string();
+            text.lines()
+                .enumerate()
+                .filter(|(_, line)| line.contains(&engine_name))
+                .map(|(n, line)| format!("{path}:{}: {}", n + 1, line.trim()))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(
+        offenders.is_empty(),
+        "the product names the engine's schema (use the engine's API instead):\n{}",
+        offenders.join("\n")
+    );
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use settled_engine::once::idempotency::{self, Begin, IdempotencyConfig};
 use settled_engine::once::named_lease::Lease;
-use settled_engine::once::token::OnceToken;
+use settled_engine::once::token::{OnceToken, Redemption};
 use sqlx::postgres::PgPoolOptions;
 
 async fn pool() -> (settled_testkit::TestDb, sqlx::PgPool) {
@@ -48,6 +48,45 @@ async fn an_expired_token_cannot_be_reserved() {
         .unwrap();
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert!(!OnceToken::reserve(&pool, token, "p").await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_redemption_says_whether_the_token_was_used_up_expired_or_refused() {
+    let (_db, pool) = pool().await;
+    let mut conn = pool.acquire().await.unwrap();
+    let live = OnceToken::issue(&pool, "p", "s", Duration::from_secs(60))
+        .await
+        .unwrap();
+    let redeem = |token, purpose: &'static str, subject: &'static str| {
+        let pool = pool.clone();
+        async move {
+            let mut conn = pool.acquire().await.unwrap();
+            OnceToken::redemption_in(&mut conn, token, purpose, subject)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(redeem(live, "p", "other").await, Redemption::Refused, "another subject");
+    assert_eq!(redeem(live, "other", "s").await, Redemption::Refused, "another purpose");
+    assert_eq!(redeem(live, "p", "s").await, Redemption::Redeemed);
+    assert_eq!(redeem(live, "p", "s").await, Redemption::Refused, "used");
+    assert_eq!(
+        redeem(uuid::Uuid::new_v4(), "p", "s").await,
+        Redemption::Refused,
+        "unknown"
+    );
+    let short = OnceToken::issue(&pool, "p", "s", Duration::from_millis(200))
+        .await
+        .unwrap();
+    // Its expiry passes (the database's clock decides).
+    sqlx::query("SELECT pg_sleep(0.4)").execute(&mut *conn).await.unwrap();
+    assert_eq!(
+        redeem(short, "p", "other").await,
+        Redemption::Refused,
+        "not this subject's"
+    );
+    assert_eq!(redeem(short, "p", "s").await, Redemption::Expired);
+    assert!(!OnceToken::redeem_in(&mut conn, short, "p", "s").await.unwrap());
 }
 
 #[tokio::test(flavor = "multi_thread")]

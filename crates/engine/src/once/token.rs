@@ -136,17 +136,57 @@ impl OnceToken {
         purpose: &str,
         subject: &str,
     ) -> Result<bool, EngineError> {
-        let done = sqlx::query(
-            "UPDATE settled_engine.once_tokens SET status = 'completed', reserved_at = now(), completed_at = now()
-             WHERE id = $1 AND purpose = $2 AND subject = $3 AND status = 'issued' AND expires_at > now()",
-        )
-        .bind(token) // $1
-        .bind(purpose) // $2
-        .bind(subject) // $3
-        .execute(conn)
-        .await
-        .map_err(EngineError::db("redeeming a token"))?
-        .rows_affected();
-        Ok(done == 1)
+        Ok(OnceToken::redemption_in(conn, token, purpose, subject).await? == Redemption::Redeemed)
+    }
+
+    /// As [`OnceToken::redeem_in`], saying why a redemption did nothing:
+    /// the token expired unused, or it is refused (unknown, for another
+    /// purpose or subject, or used). The statement is the database's
+    /// `settled_engine.redeem_once_token`, which an application's own SQL
+    /// function may call to redeem a token inside it.
+    pub async fn redemption_in(
+        conn: &mut PgConnection,
+        token: Uuid,
+        purpose: &str,
+        subject: &str,
+    ) -> Result<Redemption, EngineError> {
+        let answer: String = sqlx::query_scalar("SELECT settled_engine.redeem_once_token($1, $2, $3)")
+            .bind(token) // $1
+            .bind(purpose) // $2
+            .bind(subject) // $3
+            .fetch_one(conn)
+            .await
+            .map_err(EngineError::db("redeeming a token"))?;
+        Redemption::parse(&answer)
+            .ok_or_else(|| EngineError::Invariant(format!("redeem_once_token answered {answer:?}")))
+    }
+}
+
+/// What a redemption did (`settled_engine.redeem_once_token`'s answer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Redemption {
+    /// Used up now: of racing callers, exactly one.
+    Redeemed,
+    /// For that purpose and subject, unused, and past its expiry.
+    Expired,
+    /// Unknown, for another purpose or subject, or already used.
+    Refused,
+}
+
+impl Redemption {
+    /// The database's word for it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Redemption::Redeemed => "redeemed",
+            Redemption::Expired => "expired",
+            Redemption::Refused => "refused",
+        }
+    }
+
+    /// Reads the database's word (`redeemed`, `expired`, `refused`).
+    pub fn parse(word: &str) -> Option<Redemption> {
+        [Redemption::Redeemed, Redemption::Expired, Redemption::Refused]
+            .into_iter()
+            .find(|r| r.as_str() == word)
     }
 }

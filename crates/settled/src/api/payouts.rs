@@ -3,8 +3,10 @@
 //! payout row and its delivery job (the outbox) are one call of the
 //! database's `settlement.debit_for_payout` (the API's role may not change a
 //! balance itself), in the same transaction as the stored idempotent
-//! response. Every later state change is a conditional update
-//! ([`crate::payouts::move_payout`]).
+//! response. Confirming and cancelling are the database's
+//! `settlement.confirm_payout` (which redeems the one-time token and reads
+//! holds under the creator's lock) and `settlement.cancel_payout`; the API's
+//! role may not move a payout otherwise.
 
 use axum::body::Body;
 use axum::extract::{Path, State};
@@ -21,9 +23,9 @@ use tracing::Instrument;
 use super::{read_json, AppState, Authorized, Problem};
 use crate::address::CreatorAddress;
 use crate::money::Amount;
-use crate::payouts::{self, PayoutState, CONFIRMATION_PURPOSE};
+use crate::payouts::{self, CONFIRMATION_PURPOSE};
 use anyhow::Context;
-use settled_engine::once::token::OnceToken;
+use settled_engine::once::token::{OnceToken, Redemption};
 
 /// Idempotency scope of payouts.
 pub const PAYOUTS_SCOPE: &str = "payouts";
@@ -468,10 +470,12 @@ pub struct ConfirmRequest {
 }
 
 /// `POST /v1/payouts/{id}/confirm`: redeems the payout's one-time token and
-/// queues the payout for delivery, in one transaction. Of racing
-/// confirmations (on any number of servers) exactly one succeeds: the
-/// token's conditional update and the payout's are both decided by the
-/// database.
+/// queues the payout for delivery, in one call of
+/// `settlement.confirm_payout`. Of racing confirmations (on any number of
+/// servers) exactly one succeeds: the payout's row lock, the token's
+/// conditional update and the payout's are all the database's. While the
+/// creator is on hold the confirmation is refused (409
+/// `creator-on-hold`), nothing changes and the token stays usable.
 pub async fn confirm(
     State(state): State<AppState>,
     _: Authorized,
@@ -492,103 +496,104 @@ pub async fn confirm(
     }
 }
 
+/// What `settlement.confirm_payout` answered.
+#[derive(sqlx::FromRow)]
+struct Confirmation {
+    outcome: String,
+    payout_status: Option<String>,
+    active_hold: Option<i64>,
+}
+
 async fn confirm_in_tx(state: &AppState, id: i64, token: uuid::Uuid) -> anyhow::Result<Result<Payout, Problem>> {
     let mut tx = super::begin(state).await?;
-    let found: Option<(String, String)> =
-        sqlx::query_as("SELECT idempotency_key, status FROM settlement.payouts WHERE id = $1 AND kind = 'withdrawal'")
+    let answer: Confirmation =
+        sqlx::query_as("SELECT outcome, payout_status, active_hold FROM settlement.confirm_payout($1, $2)")
             .bind(id) // $1
-            .fetch_optional(&mut *tx)
+            .bind(token) // $2
+            .fetch_one(&mut *tx)
             .await?;
-    let Some((key, status)) = found else {
-        return Ok(Err(Problem::not_found("unknown-payout", format!("no payout {id}"))));
-    };
-    let redeemed = OnceToken::redeem_in(&mut tx, token, CONFIRMATION_PURPOSE, &key).await?;
-    let moved = redeemed
-        && payouts::move_payout(
-            &mut tx,
-            id,
-            &[PayoutState::Created],
-            PayoutState::Queued,
-            "confirmed",
-            None,
-        )
-        .await?;
-    if !moved {
+    if answer.outcome != "confirmed" {
         tx.rollback().await?;
-        return Ok(Err(not_confirmed(state, id, &status, token).await?));
+        return Ok(Err(not_confirmed(id, &answer)?));
     }
     let payout = one(&mut tx, id).await?.context("the payout just confirmed")?;
     super::commit(state, tx).await?;
     Ok(Ok(payout))
 }
 
-/// Why a confirmation did nothing: the payout is past confirming, the token
-/// expired, or the token is not this payout's (or was used).
-async fn not_confirmed(state: &AppState, id: i64, status: &str, token: uuid::Uuid) -> anyhow::Result<Problem> {
-    if status != PayoutState::Created.as_str() {
-        return Ok(Problem::new(
+/// Why a confirmation did nothing: no such payout, the payout is past
+/// confirming, its creator is on hold, the token expired, or the token is
+/// not this payout's (or was used): the engine's [`Redemption`] says which.
+fn not_confirmed(id: i64, answer: &Confirmation) -> anyhow::Result<Problem> {
+    let status = answer.payout_status.as_deref().unwrap_or_default();
+    Ok(match answer.outcome.as_str() {
+        "unknown_payout" => Problem::not_found("unknown-payout", format!("no payout {id}")),
+        "not_awaiting_confirmation" => Problem::new(
             StatusCode::CONFLICT,
             "payout-not-awaiting-confirmation",
             "The payout is not awaiting confirmation",
             format!("payout {id} is {status}"),
         )
-        .extra(serde_json::json!({ "status": status })));
-    }
-    let expired: bool = sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM settled_engine.once_tokens WHERE id = $1 AND expires_at <= now())",
-    )
-    .bind(token) // $1
-    .fetch_one(&state.pool)
-    .await?;
-    Ok(if expired {
-        Problem::new(
-            StatusCode::GONE,
-            "confirmation-expired",
-            "The confirmation expired",
-            format!("the token of payout {id} expired; the payout expires and its funds come back"),
-        )
-    } else {
-        Problem::new(
-            StatusCode::FORBIDDEN,
-            "token-refused",
-            "The token does not confirm this payout",
-            format!("the token is not payout {id}'s, or it was used"),
-        )
-        .field("token")
+        .extra(serde_json::json!({ "status": status })),
+        "on_hold" => {
+            let hold = answer.active_hold.unwrap_or_default();
+            Problem::new(
+                StatusCode::CONFLICT,
+                "creator-on-hold",
+                "The creator is on hold",
+                format!(
+                    "the creator of payout {id} has active hold {hold}; the payout stays awaiting confirmation, which may be sent again once the hold is released"
+                ),
+            )
+            .extra(serde_json::json!({ "hold": hold, "status": status }))
+        }
+        other => match Redemption::parse(other) {
+            Some(Redemption::Expired) => Problem::new(
+                StatusCode::GONE,
+                "confirmation-expired",
+                "The confirmation expired",
+                format!("the token of payout {id} expired; the payout expires and its funds come back"),
+            ),
+            Some(Redemption::Refused) => Problem::new(
+                StatusCode::FORBIDDEN,
+                "token-refused",
+                "The token does not confirm this payout",
+                format!("the token is not payout {id}'s, or it was used"),
+            )
+            .field("token"),
+            _ => anyhow::bail!("settlement.confirm_payout answered {other:?}"),
+        },
     })
 }
 
 /// `POST /v1/payouts/{id}/cancel`: cancels a payout still awaiting its
-/// confirmation; its funds come back in the same transaction.
+/// confirmation through `settlement.cancel_payout`; its funds come back in
+/// the same transaction.
 pub async fn cancel(State(state): State<AppState>, _: Authorized, Path(id): Path<String>) -> Result<Response, Problem> {
     let id = payout_id(&id)?;
     let result: anyhow::Result<Result<Payout, Problem>> = async {
         let mut tx = super::begin(&state).await?;
-        let moved = payouts::move_payout(
-            &mut tx,
-            id,
-            &[PayoutState::Created],
-            PayoutState::Cancelled,
-            "cancelled by request",
-            None,
-        )
-        .await?;
-        let payout = one(&mut tx, id).await?;
-        if !moved {
+        let (outcome, status): (String, Option<String>) =
+            sqlx::query_as("SELECT outcome, payout_status FROM settlement.cancel_payout($1)")
+                .bind(id) // $1
+                .fetch_one(&mut *tx)
+                .await?;
+        if outcome != "cancelled" {
             tx.rollback().await?;
-            return Ok(Err(match payout {
+            return Ok(Err(match status {
                 None => Problem::not_found("unknown-payout", format!("no payout {id}")),
-                Some(p) => Problem::new(
+                Some(status) => Problem::new(
                     StatusCode::CONFLICT,
                     "payout-not-cancellable",
                     "Only a payout awaiting confirmation can be cancelled",
-                    format!("payout {id} is {}", p.status),
+                    format!("payout {id} is {status}"),
                 )
-                .extra(serde_json::json!({ "status": p.status })),
+                .extra(serde_json::json!({ "status": status })),
             }));
         }
+        let payout = one(&mut tx, id).await?.context("the payout just cancelled")?;
         super::commit(&state, tx).await?;
-        Ok(Ok(payout.context("the payout just cancelled")?))
+        Ok(Ok(payout))
     }
     .await;
     match result.map_err(Problem::unavailable)? {

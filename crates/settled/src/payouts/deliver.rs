@@ -8,8 +8,10 @@
 //! The provider's limits hold for the whole fleet, in the database: a
 //! token bucket of calls per second, and a "down until" that every worker
 //! honours after the provider failed, raised once per outage (not per
-//! caller). A job that cannot call now is snoozed: it spends no attempt,
-//! and nothing spins. A refusal fails the payout and returns its funds.
+//! caller). A job that cannot call now, or whose creator is on hold, is
+//! snoozed: it spends no attempt, and nothing spins. A refusal fails the
+//! payout and returns its funds; a payment id another payout holds is a
+//! conflict and a dead letter, never a completion that fails again.
 //! Beside the workers: payouts sent long ago are looked up (a lost
 //! webhook), and unconfirmed ones expire.
 
@@ -20,7 +22,7 @@ use sqlx::{PgConnection, PgPool};
 
 use settled_engine::{ClaimedJob, HandlerError, LeasedJobHandler};
 
-use super::{apply_word, move_payout, PayoutState, ProviderWord, Source};
+use super::{apply_word, fail_refused, record_payment_clash, PayoutState, ProviderWord, Source};
 use crate::money::Amount;
 use crate::provider::{Payment, PaymentStatus, PayoutProvider, ProviderError};
 
@@ -222,7 +224,13 @@ struct ToDeliver {
     /// request under the key, so as lasting as the key (a withdrawal's
     /// provider key; the id for payouts keyed by their id).
     reference: String,
+    /// The creator's active hold, if any: nothing is sent meanwhile.
+    active_hold: Option<i64>,
 }
+
+/// How long a payout whose creator is on hold waits before delivery looks
+/// at its hold again (a snooze: it spends no attempt).
+pub const HOLD_RECHECK: Duration = Duration::from_secs(5);
 
 /// The delivery handler: calls the provider for each queued payout.
 pub struct Deliver<P> {
@@ -245,12 +253,31 @@ impl<P: PayoutProvider> Deliver<P> {
         Ok(sqlx::query_as(
             "SELECT status, creator, amount::text AS amount, provider_key,
                     CASE WHEN kind = 'withdrawal' AND NOT provider_key_from_id THEN provider_key
-                         ELSE id::text END AS reference
-             FROM settlement.payouts WHERE id = $1",
+                         ELSE id::text END AS reference,
+                    (SELECT h.id FROM settlement.creator_holds h
+                     WHERE h.creator = p.creator AND h.released_at IS NULL) AS active_hold
+             FROM settlement.payouts p WHERE id = $1",
         )
         .bind(id) // $1
         .fetch_optional(&self.pool)
         .await?)
+    }
+
+    /// A payment whose id another payout holds (a provider that restarted
+    /// its ids, a bridge moved to another provider) cannot be recorded: it
+    /// is a conflict for operators, and the job a dead letter that says so,
+    /// rather than a completion that fails on every retry.
+    async fn refuse_clash(&self, id: i64, payment: &Payment) -> Result<(), HandlerError> {
+        let mut conn = self.pool.acquire().await?;
+        let clash = record_payment_clash(&mut conn, id, &payment.id, payment.status.as_str(), Source::Delivery)
+            .await
+            .map_err(|e| HandlerError::Transient(format!("checking payout {id}'s payment id: {e:#}")))?;
+        match clash {
+            None => Ok(()),
+            Some(clash) => Err(HandlerError::Permanent(format!(
+                "payout {id}: {clash}; recorded as a conflict, the payout stays queued with its funds held"
+            ))),
+        }
     }
 }
 
@@ -290,6 +317,16 @@ impl<P: PayoutProvider + Clone> LeasedJobHandler for Deliver<P> {
         if payout.status != PayoutState::Queued.as_str() {
             return Ok(Delivered::Nothing);
         }
+        if let Some(hold) = payout.active_hold {
+            // Read right before the call: a call already made is not undone.
+            return Err(snooze(
+                HOLD_RECHECK,
+                format!(
+                    "creator {} has active hold {hold}: not sent until it is released",
+                    payout.creator
+                ),
+            ));
+        }
         let amount = Amount::parse_decimal(&payout.amount)
             .map_err(|e| HandlerError::Permanent(format!("payout {id}'s amount {:?}: {e}", payout.amount)))?;
         match self
@@ -324,6 +361,7 @@ impl<P: PayoutProvider + Clone> LeasedJobHandler for Deliver<P> {
                     .up()
                     .await
                     .map_err(|e| HandlerError::Transient(e.to_string()))?;
+                self.refuse_clash(id, &payment).await?;
                 Ok(Delivered::Word(word_of(&payment)))
             }
             Err(ProviderError::RateLimited { retry_after }) => {
@@ -350,16 +388,9 @@ impl<P: PayoutProvider + Clone> LeasedJobHandler for Deliver<P> {
             let id = payout_of(job)?;
             let applied = match delivered {
                 Delivered::Word(word) => apply_word(tx, id, word, Source::Delivery, None).await,
-                Delivered::Refused(why) => move_payout(
-                    tx,
-                    id,
-                    &[PayoutState::Queued],
-                    PayoutState::Failed,
-                    &format!("refused by the provider: {why}"),
-                    None,
-                )
-                .await
-                .map(|_| super::Applied::Moved),
+                Delivered::Refused(why) => fail_refused(tx, id, &format!("refused by the provider: {why}"))
+                    .await
+                    .map(|_| super::Applied::Moved),
                 Delivered::Nothing => Ok(super::Applied::Already),
             };
             applied.map_err(|e| HandlerError::Transient(format!("recording payout {id}'s delivery: {e:#}")))?;

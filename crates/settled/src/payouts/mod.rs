@@ -10,13 +10,16 @@
 //!    └──► expired   (funds returned: never confirmed)
 //! ```
 //!
-//! The database holds the rules (migration `20261203000501`): the allowed
-//! transitions are a table a trigger checks, every transition appends a
-//! history row, and a payout that ends without paying gets its amount back
-//! on the balance in the same transaction, once (the return's primary key).
-//! Here every move is one conditional update through
-//! `settlement.move_payout`, whose answer (moved or not) is the truth;
-//! nothing is decided from a state read earlier.
+//! The database holds the rules (migrations `20261203000501` and
+//! `20261205000102`): the allowed transitions are a table a trigger checks,
+//! every transition appends a history row, and a payout that ends without
+//! paying gets its amount back on the balance in the same transaction, once
+//! (the return's primary key). Each move is a one-purpose function of the
+//! database, whose answer is the truth: `settlement.confirm_payout` and
+//! `cancel_payout` (the API), `apply_provider_word` (the provider's word,
+//! from webhooks, delivery and polling), `fail_refused_payout` (delivery);
+//! nothing is decided from a state read earlier. `settlement.move_payout`,
+//! which makes any allowed move, is the owner's alone.
 
 use crate::provider::Payment;
 use sqlx::PgConnection;
@@ -29,7 +32,8 @@ pub mod reconcile;
 pub const DELIVERY_QUEUE: &str = "payout_delivery";
 /// Its table: one job per queued payout, keyed by the payout's id.
 pub const DELIVERY_TABLE: &str = "settlement.payout_jobs";
-/// What a confirmation token is for (`settled_engine.once_tokens.purpose`).
+/// What a confirmation token is for (the purpose of its one-time token;
+/// `settlement.confirm_payout` redeems it for this purpose).
 pub const CONFIRMATION_PURPOSE: &str = "payout-confirmation";
 /// How long a payout waits for its confirmation by default.
 pub const DEFAULT_CONFIRM_TTL_SECS: u64 = 900;
@@ -107,26 +111,35 @@ impl std::fmt::Display for PayoutState {
     }
 }
 
-/// Moves payout `id` from one of `from` to `to` in one conditional update
-/// on `conn` (with its history, and a return of funds for a payout that
-/// ends unpaid); false when it was in none of `from`.
-pub async fn move_payout(
-    conn: &mut PgConnection,
-    id: i64,
-    from: &[PayoutState],
-    to: PayoutState,
-    reason: &str,
-    provider_id: Option<&str>,
-) -> anyhow::Result<bool> {
-    let from: Vec<&str> = from.iter().map(|s| s.as_str()).collect();
-    Ok(sqlx::query_scalar("SELECT settlement.move_payout($1, $2, $3, $4, $5)")
+/// Fails queued payout `id` on the provider's refusal (its funds return in
+/// the same transaction); false when it was not queued.
+pub async fn fail_refused(conn: &mut PgConnection, id: i64, reason: &str) -> anyhow::Result<bool> {
+    Ok(sqlx::query_scalar("SELECT settlement.fail_refused_payout($1, $2)")
         .bind(id) // $1
-        .bind(from) // $2
-        .bind(to.as_str()) // $3
-        .bind(reason) // $4
-        .bind(provider_id) // $5
+        .bind(reason) // $2
         .fetch_one(conn)
         .await?)
+}
+
+/// Records a clash of the provider's payment `payment_id` with payout
+/// `id` (another payout holds that id, or the payout records another one)
+/// as a conflict, and says what clashed; None when nothing does.
+pub async fn record_payment_clash(
+    conn: &mut PgConnection,
+    id: i64,
+    payment_id: &str,
+    provider_status: &str,
+    source: Source,
+) -> anyhow::Result<Option<String>> {
+    Ok(
+        sqlx::query_scalar("SELECT settlement.record_payment_clash($1, $2, $3, $4, NULL)")
+            .bind(id) // $1
+            .bind(payment_id) // $2
+            .bind(provider_status) // $3
+            .bind(source.as_str()) // $4
+            .fetch_one(conn)
+            .await?,
+    )
 }
 
 /// What the provider says of a payment, from any source.
@@ -203,12 +216,21 @@ impl Applied {
             Applied::Conflict => "conflict",
         }
     }
+
+    /// Reads `settlement.apply_provider_word`'s answer.
+    fn parse(outcome: &str) -> Option<Applied> {
+        [Applied::Moved, Applied::Already, Applied::Conflict]
+            .into_iter()
+            .find(|a| a.as_str() == outcome)
+    }
 }
 
-/// Applies the provider's word about payout `id` on `conn`: each possible
-/// move is a conditional update, so a repeat or a late event changes
-/// nothing, and one that contradicts a final state is recorded as a
-/// conflict and never flips it.
+/// Applies the provider's word about payout `id` on `conn`, through
+/// `settlement.apply_provider_word`: each possible move is a conditional
+/// update, so a repeat or a late event changes nothing; a word that
+/// contradicts the payout (a final state, a payout still awaiting its
+/// confirmation, a payment id another payout holds or other than the one
+/// recorded) is recorded as a conflict and never applied.
 pub async fn apply_word(
     conn: &mut PgConnection,
     id: i64,
@@ -216,79 +238,39 @@ pub async fn apply_word(
     source: Source,
     event_id: Option<&str>,
 ) -> anyhow::Result<Applied> {
-    use PayoutState::{Failed, Paid, Queued, Sent};
-    let why = |what: &str| {
-        format!(
-            "{what} ({})",
-            event_id.map_or(source.as_str().to_string(), |e| format!("event {e}"))
-        )
+    let (provider_status, provider_id, what) = match word {
+        ProviderWord::Pending { provider_id } => ("pending", Some(provider_id), "accepted by the provider".to_string()),
+        ProviderWord::Paid { provider_id } => ("paid", Some(provider_id), "paid".to_string()),
+        ProviderWord::Failed { provider_id, reason } => ("failed", provider_id.as_ref(), format!("failed: {reason}")),
     };
-    let (moved, provider_status) = match word {
-        ProviderWord::Pending { provider_id } => (
-            move_payout(
-                conn,
-                id,
-                &[Queued],
-                Sent,
-                &why("accepted by the provider"),
-                Some(provider_id),
-            )
-            .await?,
-            "pending",
-        ),
-        ProviderWord::Paid { provider_id } => (
-            move_payout(conn, id, &[Queued, Sent], Paid, &why("paid"), Some(provider_id)).await?,
-            "paid",
-        ),
-        ProviderWord::Failed { provider_id, reason } => (
-            move_payout(
-                conn,
-                id,
-                &[Queued, Sent],
-                Failed,
-                &why(&format!("failed: {reason}")),
-                provider_id.as_deref(),
-            )
-            .await?,
-            "failed",
-        ),
+    let Some(provider_id) = provider_id else {
+        anyhow::bail!("the provider's word {provider_status} about payout {id} names no payment");
     };
-    if moved {
-        return Ok(Applied::Moved);
-    }
-    let state: String = sqlx::query_scalar("SELECT status FROM settlement.payouts WHERE id = $1")
+    let reason = format!(
+        "{what} ({})",
+        event_id.map_or(source.as_str().to_string(), |e| format!("event {e}"))
+    );
+    let outcome: String = sqlx::query_scalar("SELECT settlement.apply_provider_word($1, $2, $3, $4, $5, $6)")
         .bind(id) // $1
+        .bind(provider_status) // $2
+        .bind(provider_id) // $3
+        .bind(&reason) // $4
+        .bind(source.as_str()) // $5
+        .bind(event_id) // $6
         .fetch_one(&mut *conn)
         .await?;
-    let contradicts = matches!(
-        (state.as_str(), provider_status),
-        ("paid", "failed") | ("failed", "paid") | ("cancelled" | "expired", "paid" | "pending")
-    );
-    if !contradicts {
-        return Ok(Applied::Already);
+    let applied = Applied::parse(&outcome)
+        .ok_or_else(|| anyhow::anyhow!("settlement.apply_provider_word answered {outcome:?}"))?;
+    if applied == Applied::Conflict {
+        tracing::warn!(
+            payout = id,
+            provider_status,
+            provider_id = provider_id.as_str(),
+            source = source.as_str(),
+            "the provider's word contradicts its payout; recorded, not applied"
+        );
     }
-    sqlx::query(
-        "INSERT INTO settlement.payout_conflicts (payout_id, state, provider_status, source, event_id, detail)
-         VALUES ($1, $2, $3, $4, $5, $6)",
-    )
-    .bind(id) // $1
-    .bind(&state) // $2
-    .bind(provider_status) // $3
-    .bind(source.as_str()) // $4
-    .bind(event_id) // $5
-    .bind(format!(
-        "the provider says {provider_status} of a payout that is {state}"
-    )) // $6
-    .execute(&mut *conn)
-    .await?;
-    tracing::warn!(
-        payout = id,
-        state,
-        provider_status,
-        source = source.as_str(),
-        "the provider contradicts a final state; recorded, not applied"
-    );
-    Ok(Applied::Conflict)
+    Ok(applied)
 }
 
 /// A decimal amount without leading zeros, so "007" and "7" compare equal.

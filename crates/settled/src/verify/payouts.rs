@@ -110,6 +110,20 @@ LEFT JOIN per_payout h ON h.payout_id = p.id
 WHERE h.payout_id IS NULL OR h.first_fault IS NOT NULL OR h.last_state IS DISTINCT FROM p.status",
 };
 
+/// A queued payout's funds are held until its delivery sends it: its job
+/// is waiting, running, or a dead letter an operator can replay, never
+/// settled or cancelled while the payout is still queued (stranded).
+const DELIVERY_CHECK: CheckSql = CheckSql {
+    name: "queued_payouts_keep_their_delivery_job",
+    description: "every queued payout keeps its delivery job, waiting, running or a dead letter, never settled or cancelled while queued",
+    offenders: "SELECT 'payout ' || p.id || ' is queued, '
+                       || coalesce('its delivery job is ' || j.status, 'with no delivery job')
+                FROM settlement.payouts p
+                LEFT JOIN settlement.payout_jobs j ON j.payout_id = p.id
+                WHERE p.status = 'queued'
+                  AND (j.payout_id IS NULL OR j.status NOT IN ('eligible', 'processing', 'failed'))",
+};
+
 const RETURNS_CHECK: CheckSql = CheckSql {
     name: "returns_exactly_for_unpaid_endings",
     description: "funds came back exactly for the payouts that failed, were cancelled or expired, once, of the payout's amount to its creator",
@@ -178,7 +192,7 @@ async fn database_checks(conn: &mut PgConnection) -> anyhow::Result<(Totals, Vec
         },
     };
     let mut checks = vec![balances, total];
-    for check in [&STATES_CHECK, &HISTORY_CHECK, &RETURNS_CHECK] {
+    for check in [&STATES_CHECK, &HISTORY_CHECK, &RETURNS_CHECK, &DELIVERY_CHECK] {
         checks.push(run_check(conn, check, None).await?);
     }
     Ok((totals, checks))
