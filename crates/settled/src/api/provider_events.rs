@@ -302,3 +302,20 @@ fn word(event: &WebhookEvent) -> ProviderWord {
         },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_too_long_for_its_column_or_holding_a_nul_is_stored_as_its_digest() {
+        let at_limit = "é".repeat(EVENT_ID_CHARS_MAX);
+        assert_eq!(stored_text(&at_limit, EVENT_ID_CHARS_MAX), at_limit, "characters, not bytes");
+        // Computed apart from this crate: printf 'abc' | sha256sum.
+        let abc = "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+        assert_eq!(stored_text("abc", 2), abc);
+        assert_eq!(stored_text("a\0b", 10), format!("sha256:{}", sha256_hex(b"a\0b")));
+        let long = "e".repeat(EVENT_ID_CHARS_MAX + 1);
+        assert_eq!(stored_text(&long, EVENT_ID_CHARS_MAX).len(), "sha256:".len() + 64);
+    }
+}

@@ -338,6 +338,23 @@ mod tests {
     }
 
     #[test]
+    fn the_header_alone_is_judged_before_the_body_a_stale_one_whoever_signed_it() {
+        let tolerance = DEFAULT_TOLERANCE.as_secs() as i64;
+        let stale = sign(b"anyone", NOW - tolerance - 1, BODY);
+        assert!(matches!(
+            check_header(&stale, NOW, DEFAULT_TOLERANCE),
+            Err(SignatureError::OutsideTolerance { .. })
+        ));
+        assert!(matches!(
+            check_header("t=1", NOW, DEFAULT_TOLERANCE),
+            Err(SignatureError::Malformed(_))
+        ));
+        let fresh = check_header(&sign(b"s1", NOW, BODY), NOW, DEFAULT_TOLERANCE).unwrap();
+        assert_eq!(fresh.verify_body(BODY, &secrets(&["s1"])), Ok(()));
+        assert_eq!(fresh.verify_body(b"{}", &secrets(&["s1"])), Err(SignatureError::NoMatch));
+    }
+
+    #[test]
     fn malformed_headers_are_named() {
         let v1 = "ab".repeat(32);
         for (header, why) in [
