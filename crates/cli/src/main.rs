@@ -120,7 +120,9 @@ mod tests {
         for arg in command.get_arguments() {
             let id = arg.get_id().as_str().to_ascii_lowercase();
             let secret = ["secret", "password"].iter().any(|word| id.contains(word))
-                || ["token", "database_url", "direct_url"].iter().any(|end| id.ends_with(end));
+                || ["token", "database_url", "direct_url"]
+                    .iter()
+                    .any(|end| id.ends_with(end));
             if secret || arg.is_hide_env_values_set() {
                 found.push((path.to_vec(), arg.clone()));
             }
@@ -139,7 +141,13 @@ mod tests {
         let mut found = Vec::new();
         secret_arguments(&Cli::command(), &[], &mut found);
         let ids: Vec<&str> = found.iter().map(|(_, arg)| arg.get_id().as_str()).collect();
-        for expected in ["api_token", "provider_webhook_secret", "database_url", "direct_url", "webhook_secret"] {
+        for expected in [
+            "api_token",
+            "provider_webhook_secret",
+            "database_url",
+            "direct_url",
+            "webhook_secret",
+        ] {
             assert!(ids.contains(&expected), "{expected} not found among {ids:?}");
         }
         let values = [
@@ -155,7 +163,9 @@ mod tests {
                 assert!(arg.is_hide_env_values_set(), "{id}: --help would show ${env:?}");
             }
             let long = format!("--{}", arg.get_long().expect("a secret is a named flag"));
-            let name = arg.get_env().map_or(long.clone(), |env| env.to_string_lossy().into_owned());
+            let name = arg
+                .get_env()
+                .map_or(long.clone(), |env| env.to_string_lossy().into_owned());
             let mut refused = 0;
             for value in &values {
                 let mut argv: Vec<OsString> = vec!["settled".into()];

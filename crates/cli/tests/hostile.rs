@@ -943,7 +943,11 @@ async fn webhooks_with_a_bad_or_stale_signature_header_are_refused_before_their_
             "{signature}: answered without its body: {answer}"
         );
     }
-    let failures = metric(&server.base, "settled_webhook_signature_failures_total{reason=\"outside_tolerance\"}").await;
+    let failures = metric(
+        &server.base,
+        "settled_webhook_signature_failures_total{reason=\"outside_tolerance\"}",
+    )
+    .await;
     assert_eq!(failures, 40.0, "stale and future timestamps counted");
     // A header that holds until the body is checked: the body has the
     // webhook's own short time limit, then 408 and the connection closes.
@@ -986,24 +990,29 @@ async fn a_secret_serve_cannot_take_stops_it_with_one_line_naming_the_variable_n
     use std::os::unix::ffi::OsStrExt;
     let env = Env::new().await;
     let secret_var = "SETTLED_PROVIDER_WEBHOOK_SECRET";
-    let mut cases: Vec<(&str, &std::ffi::OsStr)> = [
-        "s3cretA,s3cretB ",
-        " s3cretA",
-        "s3cretA,",
-        "s3cretA,s3cretB,s3cretC",
-    ]
-    .into_iter()
-    .map(|v| (secret_var, std::ffi::OsStr::new(v)))
-    .collect();
+    let mut cases: Vec<(&str, &std::ffi::OsStr)> =
+        ["s3cretA,s3cretB ", " s3cretA", "s3cretA,", "s3cretA,s3cretB,s3cretC"]
+            .into_iter()
+            .map(|v| (secret_var, std::ffi::OsStr::new(v)))
+            .collect();
     for var in [secret_var, "SETTLED_API_TOKEN", "DATABASE_URL", "SETTLED_DIRECT_URL"] {
-        cases.push((var, std::ffi::OsStr::from_bytes(b"postgres://u:s3cretpw\xff@127.0.0.1/x")));
+        cases.push((
+            var,
+            std::ffi::OsStr::from_bytes(b"postgres://u:s3cretpw\xff@127.0.0.1/x"),
+        ));
     }
     for (var, value) in cases {
         let (code, stderr) = serve_refused(&env, var, value).await;
         assert_eq!(code, Some(2), "{var}={value:?}: {stderr}");
         assert_eq!(stderr.trim_end().lines().count(), 1, "{var}: one line: {stderr}");
-        assert!(stderr.contains(var), "{var}={value:?}: the error names the variable: {stderr}");
-        assert!(!stderr.contains("s3cret"), "{var}: the error repeats the secret: {stderr}");
+        assert!(
+            stderr.contains(var),
+            "{var}={value:?}: the error names the variable: {stderr}"
+        );
+        assert!(
+            !stderr.contains("s3cret"),
+            "{var}: the error repeats the secret: {stderr}"
+        );
     }
 }
 
@@ -1075,7 +1084,11 @@ async fn signed_events_settled_cannot_apply_are_stored_ignored_and_answered_200_
     let long_id = "e".repeat(300);
     let paid = json!({ "id": long_id, "type": "payment.paid", "created": 1, "data": payment });
     let (status, body) = post_event(b, &paid).await;
-    assert_eq!((status, body["outcome"].as_str()), (200, Some("unknown_payout")), "{body}");
+    assert_eq!(
+        (status, body["outcome"].as_str()),
+        (200, Some("unknown_payout")),
+        "{body}"
+    );
     let key = digest(long_id.clone()).await;
     assert_eq!(body["id"], key.as_str(), "{body}");
     let (_, outcome, _, rows) = stored(key.clone()).await.expect("stored under its digest");
@@ -1129,7 +1142,9 @@ async fn a_request_head_over_32_kib_is_refused_with_431_and_one_within_it_is_ser
     for size in [31 * 1024, limit] {
         let head = head_of(size);
         assert_eq!(head.len(), size);
-        let answer = answer_to_head(&target, &head, Duration::from_secs(30)).await.expect("an answer");
+        let answer = answer_to_head(&target, &head, Duration::from_secs(30))
+            .await
+            .expect("an answer");
         assert!(answer.starts_with("HTTP/1.1 200"), "a head of {size} bytes: {answer}");
     }
     for size in [limit + 1, 33 * 1024, 48 * 1024, 64 * 1024] {

@@ -310,7 +310,11 @@ mod tests {
     #[test]
     fn text_too_long_for_its_column_or_holding_a_nul_is_stored_as_its_digest() {
         let at_limit = "é".repeat(EVENT_ID_CHARS_MAX);
-        assert_eq!(stored_text(&at_limit, EVENT_ID_CHARS_MAX), at_limit, "characters, not bytes");
+        assert_eq!(
+            stored_text(&at_limit, EVENT_ID_CHARS_MAX),
+            at_limit,
+            "characters, not bytes"
+        );
         // Computed apart from this crate: printf 'abc' | sha256sum.
         let abc = "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
         assert_eq!(stored_text("abc", 2), abc);

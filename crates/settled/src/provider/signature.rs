@@ -351,7 +351,10 @@ mod tests {
         ));
         let fresh = check_header(&sign(b"s1", NOW, BODY), NOW, DEFAULT_TOLERANCE).unwrap();
         assert_eq!(fresh.verify_body(BODY, &secrets(&["s1"])), Ok(()));
-        assert_eq!(fresh.verify_body(b"{}", &secrets(&["s1"])), Err(SignatureError::NoMatch));
+        assert_eq!(
+            fresh.verify_body(b"{}", &secrets(&["s1"])),
+            Err(SignatureError::NoMatch)
+        );
     }
 
     #[test]
