@@ -283,15 +283,6 @@ async fn slow_bodies_get_401_unread_without_the_token_and_408_with_it_while_heal
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
     assert!(answer.to_ascii_lowercase().contains("connection: close"), "{answer}");
     assert!(sent < 1000, "the trickle was read to its end");
-    let answer = answer_to_head(&target, &head, Duration::from_secs(60))
-        .await
-        .expect("an answer");
-    let limit = settled::api::provider_events::WEBHOOK_BODY_READ_TIMEOUT;
-    assert!(limit < settled::api::BODY_READ_TIMEOUT);
-    assert!(
-        answer.starts_with("HTTP/1.1 408") && answer.contains(&format!("within {} ms", limit.as_millis())),
-        "the webhook's own body limit: {answer}"
-    );
 }
 
 /// Posts `body` to the dashboard's retry form as `content_type`, with
