@@ -114,4 +114,78 @@ mod tests {
     fn every_command_line_is_well_formed() {
         Cli::command().debug_assert();
     }
+
+    /// Every argument that carries a secret, with the subcommands leading to it.
+    fn secret_arguments(command: &clap::Command, path: &[String], found: &mut Vec<(Vec<String>, clap::Arg)>) {
+        for arg in command.get_arguments() {
+            let id = arg.get_id().as_str().to_ascii_lowercase();
+            let secret = ["secret", "password"].iter().any(|word| id.contains(word))
+                || ["token", "database_url", "direct_url"]
+                    .iter()
+                    .any(|end| id.ends_with(end));
+            if secret || arg.is_hide_env_values_set() {
+                found.push((path.to_vec(), arg.clone()));
+            }
+        }
+        for sub in command.get_subcommands() {
+            let mut path = path.to_vec();
+            path.push(sub.get_name().to_string());
+            secret_arguments(sub, &path, found);
+        }
+    }
+
+    #[test]
+    fn no_parse_error_repeats_a_secret_and_each_names_its_variable() {
+        use std::ffi::OsString;
+        use std::os::unix::ffi::OsStringExt;
+        let mut found = Vec::new();
+        secret_arguments(&Cli::command(), &[], &mut found);
+        let ids: Vec<&str> = found.iter().map(|(_, arg)| arg.get_id().as_str()).collect();
+        for expected in [
+            "api_token",
+            "provider_webhook_secret",
+            "database_url",
+            "direct_url",
+            "webhook_secret",
+        ] {
+            assert!(ids.contains(&expected), "{expected} not found among {ids:?}");
+        }
+        let values = [
+            OsString::from("s3cret-probe "),
+            OsString::from(" s3cret-probe"),
+            OsString::from("s3cret-probe,s3cret-probe,s3cret-probe"),
+            OsString::from("s3cret-probe\u{1b}"),
+            OsString::from_vec(b"s3cret-probe\xff".to_vec()),
+        ];
+        for (path, arg) in &found {
+            let id = arg.get_id().as_str();
+            if let Some(env) = arg.get_env() {
+                assert!(arg.is_hide_env_values_set(), "{id}: --help would show ${env:?}");
+            }
+            let long = format!("--{}", arg.get_long().expect("a secret is a named flag"));
+            let name = arg
+                .get_env()
+                .map_or(long.clone(), |env| env.to_string_lossy().into_owned());
+            let mut refused = 0;
+            for value in &values {
+                let mut argv: Vec<OsString> = vec!["settled".into()];
+                argv.extend(path.iter().map(OsString::from));
+                argv.extend([OsString::from(&long), value.clone()]);
+                let Err(error) = Cli::command().try_get_matches_from(argv) else {
+                    continue;
+                };
+                let text = error.to_string();
+                if error.kind() == clap::error::ErrorKind::MissingRequiredArgument
+                    || error.kind() == clap::error::ErrorKind::MissingSubcommand
+                    || error.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+                {
+                    continue; // the value was taken
+                }
+                refused += 1;
+                assert!(!text.contains("s3cret-probe"), "{id} {value:?}: {text}");
+                assert!(text.contains(&name), "{id} {value:?}: the error names {name}: {text}");
+            }
+            assert!(refused >= 1, "{id}: text that is not UTF-8 is refused");
+        }
+    }
 }

@@ -850,3 +850,305 @@ async fn a_token_loses_its_trailing_newline_and_one_no_request_could_carry_is_re
         assert!(!stderr.contains("s3"), "the error repeats the token: {stderr}");
     }
 }
+
+const WEBHOOK_SECRET: &str = "whsec-hostile";
+
+/// Sends `head` (announcing a body it never sends) and reads the answer's
+/// head, or what came before the server closed; None after `limit`.
+async fn answer_to_head(target: &str, head: &str, limit: Duration) -> Option<String> {
+    let mut conn = TcpStream::connect(target).await.expect("connect");
+    conn.write_all(head.as_bytes()).await.expect("send the head");
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = Instant::now() + limit;
+    loop {
+        let left = deadline.checked_duration_since(Instant::now())?;
+        match tokio::time::timeout(left, conn.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break,
+            Ok(Ok(n)) => {
+                answer.extend_from_slice(&buf[..n]);
+                if answer.windows(4).any(|w| w == b"\r\n\r\n") {
+                    // The problem's body follows in the same write or the next.
+                    let _ = tokio::time::timeout(Duration::from_millis(200), conn.read(&mut buf))
+                        .await
+                        .map(|r| r.map(|n| answer.extend_from_slice(&buf[..n])));
+                    break;
+                }
+            }
+            Err(_) => return None,
+        }
+    }
+    Some(String::from_utf8_lossy(&answer).into_owned())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn webhooks_with_a_bad_or_stale_signature_header_are_refused_before_their_body_while_healthz_answers() {
+    let env = Env::new().await;
+    let server = env
+        .serve_with(
+            TOKEN,
+            &[
+                "--provider-webhook-secret",
+                WEBHOOK_SECRET,
+                "--max-connections",
+                "64",
+                "--header-timeout-ms",
+                "60000",
+                "--request-timeout-ms",
+                "120000",
+            ],
+        )
+        .await;
+    let target = addr(&server);
+    let now = chrono::Utc::now().timestamp();
+    let v1 = "ab".repeat(32);
+    let headers = [
+        format!("t={},v1={v1}", now - 3_600),
+        format!("t={},v1={v1}", now + 3_600),
+        format!("t={now},v1=not-hex"),
+        format!("t={now}"),
+        "v1=abc".to_string(),
+    ];
+    // More clients than the cap, each sending a head whose signature header
+    // can be judged alone, announcing a body it never sends.
+    let mut clients = tokio::task::JoinSet::new();
+    for i in 0..100 {
+        let signature = headers[i % headers.len()].clone();
+        let head = format!(
+            "POST /v1/provider-events HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nProvider-Signature: {signature}\r\nContent-Length: 1000\r\n\r\n"
+        );
+        let target = target.clone();
+        clients.spawn(async move { (signature, answer_to_head(&target, &head, Duration::from_secs(60)).await) });
+    }
+    let client = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
+    assert_eq!(
+        healthz(&client, &server.base).await,
+        200,
+        "/healthz behind 100 webhooks with bad signature headers at a cap of 64"
+    );
+    while let Some(done) = clients.join_next().await {
+        let (signature, answer) = done.unwrap();
+        let answer = answer.unwrap_or_else(|| panic!("{signature}: no answer within 60 s"));
+        assert!(
+            answer.starts_with("HTTP/1.1 400") && answer.contains("/problems/bad-signature"),
+            "{signature}: answered without its body: {answer}"
+        );
+    }
+    let failures = metric(
+        &server.base,
+        "settled_webhook_signature_failures_total{reason=\"outside_tolerance\"}",
+    )
+    .await;
+    assert_eq!(failures, 40.0, "stale and future timestamps counted");
+    // A header that holds until the body is checked: the body has the
+    // webhook's own short time limit, then 408 and the connection closes.
+    let head = format!(
+        "POST /v1/provider-events HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nProvider-Signature: t={now},v1={v1}\r\nContent-Length: 1000\r\n\r\n"
+    );
+    let (answer, sent) = trickle_body(&target, &head, 1000).await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.to_ascii_lowercase().contains("connection: close"), "{answer}");
+    assert!(sent < 1000, "the trickle was read to its end");
+    let answer = answer_to_head(&target, &head, Duration::from_secs(60))
+        .await
+        .expect("an answer");
+    let limit = settled::api::provider_events::WEBHOOK_BODY_READ_TIMEOUT;
+    assert!(limit < settled::api::BODY_READ_TIMEOUT);
+    assert!(
+        answer.starts_with("HTTP/1.1 408") && answer.contains(&format!("within {} ms", limit.as_millis())),
+        "the webhook's own body limit: {answer}"
+    );
+}
+
+/// `settled serve` started with `var` set to `value`: its exit status and stderr.
+async fn serve_refused(env: &Env, var: &str, value: &std::ffi::OsStr) -> (Option<i32>, String) {
+    let port = common::free_port().to_string();
+    let mut child = env
+        .cmd(&["serve", "--bind", &format!("127.0.0.1:{port}")])
+        .env(var, value)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = tokio::task::block_in_place(|| wait_bounded(&mut child, 20));
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    (status.code(), stderr)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_secret_serve_cannot_take_stops_it_with_one_line_naming_the_variable_never_the_secret() {
+    use std::os::unix::ffi::OsStrExt;
+    let env = Env::new().await;
+    let secret_var = "SETTLED_PROVIDER_WEBHOOK_SECRET";
+    let mut cases: Vec<(&str, &std::ffi::OsStr)> =
+        ["s3cretA,s3cretB ", " s3cretA", "s3cretA,", "s3cretA,s3cretB,s3cretC"]
+            .into_iter()
+            .map(|v| (secret_var, std::ffi::OsStr::new(v)))
+            .collect();
+    for var in [secret_var, "SETTLED_API_TOKEN", "DATABASE_URL", "SETTLED_DIRECT_URL"] {
+        cases.push((
+            var,
+            std::ffi::OsStr::from_bytes(b"postgres://u:s3cretpw\xff@127.0.0.1/x"),
+        ));
+    }
+    for (var, value) in cases {
+        let (code, stderr) = serve_refused(&env, var, value).await;
+        assert_eq!(code, Some(2), "{var}={value:?}: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{var}: one line: {stderr}");
+        assert!(
+            stderr.contains(var),
+            "{var}={value:?}: the error names the variable: {stderr}"
+        );
+        assert!(
+            !stderr.contains("s3cret"),
+            "{var}: the error repeats the secret: {stderr}"
+        );
+    }
+}
+
+/// Posts `body` to the webhook route signed with the test's secret.
+async fn post_event(base: &str, body: &Value) -> (u16, Value) {
+    let raw = serde_json::to_vec(body).unwrap();
+    let header = settled::provider::signature::sign(WEBHOOK_SECRET.as_bytes(), chrono::Utc::now().timestamp(), &raw);
+    let r = reqwest::Client::new()
+        .post(format!("{base}/v1/provider-events"))
+        .header("Provider-Signature", header)
+        .header("Content-Type", "application/json")
+        .body(raw)
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.json().await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn signed_events_settled_cannot_apply_are_stored_ignored_and_answered_200_so_the_provider_stops_sending() {
+    let env = Env::new().await;
+    let server = env
+        .serve_with(TOKEN, &["--provider-webhook-secret", WEBHOOK_SECRET])
+        .await;
+    let b = &server.base;
+    let payment = json!({ "id": "pay_1", "idempotency_key": "payout-999999", "amount": "5",
+        "creator": format!("0x{}", "1".repeat(40)), "status": "paid" });
+    let stored = |id: String| {
+        let pool = env.pool.clone();
+        async move {
+            sqlx::query_as::<_, (String, String, Option<String>, i64)>(
+                "SELECT type, outcome, detail, count(*) OVER () FROM settlement.provider_events WHERE id = $1",
+            )
+            .bind(id)
+            .fetch_optional(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    let digest = |text: String| {
+        let pool = env.pool.clone();
+        async move {
+            let hex: String = sqlx::query_scalar("SELECT encode(sha256(convert_to($1, 'UTF8')), 'hex')")
+                .bind(text)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+            format!("sha256:{hex}")
+        }
+    };
+    // A type settled does not know: kept, ignored, and its repeat a duplicate.
+    let refund = json!({ "id": "ev-refund", "type": "payment.refunded", "created": 1, "data": payment });
+    let (status, body) = post_event(b, &refund).await;
+    assert_eq!((status, body["outcome"].as_str()), (200, Some("ignored")), "{body}");
+    let (kind, outcome, detail, _) = stored("ev-refund".into()).await.expect("stored");
+    assert_eq!((kind.as_str(), outcome.as_str()), ("payment.refunded", "ignored"));
+    assert!(detail.unwrap_or_default().contains("payment.refunded"));
+    let (status, body) = post_event(b, &refund).await;
+    assert_eq!((status, body["outcome"].as_str()), (200, Some("duplicate")), "{body}");
+    // A type longer than the column takes is kept by its digest.
+    let long_type = "x".repeat(150);
+    let odd = json!({ "id": "ev-odd", "type": long_type, "created": 1 });
+    let (status, body) = post_event(b, &odd).await;
+    assert_eq!((status, body["outcome"].as_str()), (200, Some("ignored")), "{body}");
+    let (kind, _, _, _) = stored("ev-odd".into()).await.expect("stored");
+    assert_eq!(kind, digest(long_type).await);
+    // An id longer than 255 characters is kept by its digest, applied as
+    // any event is, and a repeat of it is a duplicate.
+    let long_id = "e".repeat(300);
+    let paid = json!({ "id": long_id, "type": "payment.paid", "created": 1, "data": payment });
+    let (status, body) = post_event(b, &paid).await;
+    assert_eq!(
+        (status, body["outcome"].as_str()),
+        (200, Some("unknown_payout")),
+        "{body}"
+    );
+    let key = digest(long_id.clone()).await;
+    assert_eq!(body["id"], key.as_str(), "{body}");
+    let (_, outcome, _, rows) = stored(key.clone()).await.expect("stored under its digest");
+    assert_eq!((outcome.as_str(), rows), ("unknown_payout", 1));
+    let (status, body) = post_event(b, &paid).await;
+    assert_eq!((status, body["outcome"].as_str()), (200, Some("duplicate")), "{body}");
+    // An empty id names nothing a repeat could be matched by: ignored, kept
+    // under the digest of its body.
+    let nameless = json!({ "id": "", "type": "payment.paid", "created": 1, "data": payment });
+    let (status, body) = post_event(b, &nameless).await;
+    assert_eq!((status, body["outcome"].as_str()), (200, Some("ignored")), "{body}");
+    let key = format!(
+        "body-{}",
+        digest(String::from_utf8(serde_json::to_vec(&nameless).unwrap()).unwrap()).await
+    );
+    assert_eq!(body["id"], key.as_str(), "{body}");
+    let (_, outcome, detail, _) = stored(key).await.expect("stored under its body's digest");
+    assert_eq!(outcome, "ignored");
+    assert!(detail.unwrap_or_default().contains("empty"));
+    let (status, body) = post_event(b, &nameless).await;
+    assert_eq!((status, body["outcome"].as_str()), (200, Some("duplicate")), "{body}");
+    // The signature still comes first.
+    let r = reqwest::Client::new()
+        .post(format!("{b}/v1/provider-events"))
+        .header("Content-Type", "application/json")
+        .body(serde_json::to_vec(&refund).unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert_eq!(
+        env.scalar_i64("SELECT count(*) FROM settlement.provider_events").await,
+        4,
+        "each event stored once"
+    );
+    assert_eq!(env.scalar_i64("SELECT count(*) FROM settlement.payouts").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_request_head_over_32_kib_is_refused_with_431_and_one_within_it_is_served() {
+    let env = Env::new().await;
+    let server = env.serve(TOKEN).await;
+    let target = addr(&server);
+    let head_of = |size: usize| {
+        let start = "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Padding: ";
+        let end = "\r\n\r\n";
+        format!("{start}{}{end}", "a".repeat(size - start.len() - end.len()))
+    };
+    let limit = settled::api::server::MAX_HEAD_BYTES;
+    assert_eq!(limit, 32 * 1024, "the documented limit");
+    for size in [31 * 1024, limit] {
+        let head = head_of(size);
+        assert_eq!(head.len(), size);
+        let answer = answer_to_head(&target, &head, Duration::from_secs(30))
+            .await
+            .expect("an answer");
+        assert!(answer.starts_with("HTTP/1.1 200"), "a head of {size} bytes: {answer}");
+    }
+    for size in [limit + 1, 33 * 1024, 48 * 1024, 64 * 1024] {
+        let answer = answer_to_head(&target, &head_of(size), Duration::from_secs(30))
+            .await
+            .expect("an answer or a close");
+        // The 431 may be lost to a reset when the server closes with the
+        // rest of the head unread; never a 200.
+        assert!(
+            answer.starts_with("HTTP/1.1 431") || answer.is_empty(),
+            "a head of {size} bytes: {answer}"
+        );
+    }
+    let client = reqwest::Client::new();
+    assert_eq!(healthz(&client, &server.base).await, 200);
+}

@@ -33,7 +33,7 @@ pub struct Args {
     #[arg(long, requires = "webhook_secret")]
     webhook_url: Option<String>,
     /// The secret webhooks are signed with.
-    #[arg(long, requires = "webhook_url")]
+    #[arg(long, requires = "webhook_url", value_parser = settled::cmd::secret::SecretParser::text())]
     webhook_secret: Option<String>,
     #[command(flatten)]
     faults: Faults,

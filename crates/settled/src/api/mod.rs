@@ -334,15 +334,21 @@ pub async fn read_form<T: DeserializeOwned>(headers: &HeaderMap, body: Body) -> 
 /// Reads at most [`MAX_BODY_BYTES`] of `body` (413 beyond) within
 /// [`BODY_READ_TIMEOUT`] (408 after).
 async fn read_body(body: Body) -> Result<Bytes, Problem> {
-    let read = tokio::time::timeout(BODY_READ_TIMEOUT, axum::body::to_bytes(body, MAX_BODY_BYTES));
+    read_body_within(body, BODY_READ_TIMEOUT).await
+}
+
+/// Reads at most [`MAX_BODY_BYTES`] of `body` (413 beyond) within `limit`
+/// (408 after).
+async fn read_body_within(body: Body, limit: Duration) -> Result<Bytes, Problem> {
+    let read = tokio::time::timeout(limit, axum::body::to_bytes(body, MAX_BODY_BYTES));
     let Ok(read) = read.await else {
         return Err(Problem::new(
             StatusCode::REQUEST_TIMEOUT,
             "body-timeout",
             "The body took too long",
             format!(
-                "the whole body must arrive within {} s once the server reads it; nothing was done",
-                BODY_READ_TIMEOUT.as_secs()
+                "the whole body must arrive within {} ms once the server reads it; nothing was done",
+                limit.as_millis()
             ),
         ));
     };

@@ -1,9 +1,14 @@
 //! `POST /v1/provider-events`: the provider's webhooks. Each is signed
 //! (`Provider-Signature`, HMAC-SHA256 over the timestamp and the raw body,
 //! checked in constant time against one or two secrets, within a tolerance
-//! of the timestamp) and applied once: its event id is the primary key of
-//! `settlement.provider_events`, so a repeat finds its row, changes nothing
-//! and answers 200. The payout's state machine resolves order: a late or
+//! of the timestamp); the header alone is judged before the body is read,
+//! and the body has [`WEBHOOK_BODY_READ_TIMEOUT`], so a bad header cannot
+//! hold a connection. Each event is applied once: its event id is the
+//! primary key of `settlement.provider_events`, so a repeat finds its row,
+//! changes nothing and answers 200. A signed event settled cannot apply (a
+//! type it does not know, an empty id) is stored `ignored` and answered 200,
+//! so the provider stops sending it; an id longer than the column takes is
+//! stored as its digest ([`stored_text`]). The payout's state machine resolves order: a late or
 //! repeated event changes nothing, and one contradicting a final state is
 //! recorded as a conflict, never applied. Events for payouts settled does
 //! not know are kept for review. Any non-2xx answer makes the provider send
@@ -18,10 +23,25 @@ use axum::response::{IntoResponse, Response};
 use sqlx::PgConnection;
 use tracing::Instrument;
 
-use super::{read_body, AppState, Problem};
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+
+use super::{read_body_within, AppState, Problem};
 use crate::payouts::{self, deliver::word_of, Applied, ProviderWord, Source};
-use crate::provider::signature::{self, SIGNATURE_HEADER};
+use crate::provider::signature::{self, SignatureError, SignedHeader, SIGNATURE_HEADER};
 use crate::provider::{EventType, WebhookEvent};
+
+/// Time the provider has to send an event's whole body (at most
+/// [`super::MAX_BODY_BYTES`]) once its signature header passed: an event
+/// is small and sent at once, and a request whose body is read is never
+/// evicted at the connection cap.
+pub const WEBHOOK_BODY_READ_TIMEOUT: Duration = Duration::from_secs(1);
+/// Longest event id stored as it is (the column's check); a longer one is
+/// stored as its digest.
+pub const EVENT_ID_CHARS_MAX: usize = 255;
+/// Longest event type stored as it is (the column's check).
+pub const EVENT_TYPE_CHARS_MAX: usize = 100;
 
 /// Counts refused signatures, by reason (a metric operators alert on).
 fn signature_failed(reason: &'static str) {
@@ -38,12 +58,25 @@ pub async fn receive(State(state): State<AppState>, headers: HeaderMap, body: Bo
             "set SETTLED_PROVIDER_WEBHOOK_SECRET on this server; the provider will send the event again",
         ));
     };
-    // The signature's presence is checked before the body is read.
-    let Some(header) = headers
-        .get(SIGNATURE_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string)
-    else {
+    let signed = signature_header(&headers)?;
+    let raw = read_body_within(body, WEBHOOK_BODY_READ_TIMEOUT).await?;
+    signed.verify_body(&raw, &secrets).map_err(bad_signature)?;
+    let (id, outcome) = match Incoming::parse(&raw)? {
+        Incoming::Applicable(event) => (event.id.clone(), record(&state, &event, &raw).await),
+        Incoming::Ignored(ignored) => (ignored.id.clone(), store_ignored(&state, &ignored, &raw).await),
+    };
+    let outcome = outcome.map_err(Problem::unavailable)?;
+    Ok((
+        StatusCode::OK,
+        axum::Json(serde_json::json!({ "id": id, "outcome": outcome })),
+    )
+        .into_response())
+}
+
+/// The signature header, judged alone (present, well formed, dated within
+/// the tolerance) before the body is read.
+fn signature_header(headers: &HeaderMap) -> Result<SignedHeader, Problem> {
+    let Some(header) = headers.get(SIGNATURE_HEADER).and_then(|v| v.to_str().ok()) else {
         signature_failed("missing");
         return Err(Problem::bad_request(
             "missing-signature",
@@ -51,33 +84,124 @@ pub async fn receive(State(state): State<AppState>, headers: HeaderMap, body: Bo
         )
         .field(SIGNATURE_HEADER));
     };
-    let raw = read_body(body).await?;
     let now = chrono::Utc::now().timestamp();
-    if let Err(err) = signature::verify(&header, &raw, &secrets, now, signature::DEFAULT_TOLERANCE) {
-        signature_failed(err.kind());
-        return Err(Problem::new(
-            StatusCode::BAD_REQUEST,
-            "bad-signature",
-            "The signature does not hold",
-            err.to_string(),
-        )
-        .field(SIGNATURE_HEADER));
-    }
-    let event = parse(&raw)?;
-    let outcome = record(&state, &event, &raw).await.map_err(Problem::unavailable)?;
-    Ok((
-        StatusCode::OK,
-        axum::Json(serde_json::json!({ "id": event.id, "outcome": outcome })),
-    )
-        .into_response())
+    signature::check_header(header, now, signature::DEFAULT_TOLERANCE).map_err(bad_signature)
 }
 
-/// The event, read strictly (a member named twice is refused).
-fn parse(raw: &[u8]) -> Result<WebhookEvent, Problem> {
-    let object = crate::json::parse_object(raw)
-        .map_err(|e| Problem::bad_request("malformed-event", format!("the event is not valid: {e:?}")))?;
-    serde_path_to_error::deserialize(serde_json::Value::Object(object))
-        .map_err(|e| Problem::bad_request("malformed-event", format!("the event's {}: {}", e.path(), e.inner())))
+/// 400 `bad-signature`, counted by its reason.
+fn bad_signature(err: SignatureError) -> Problem {
+    signature_failed(err.kind());
+    Problem::new(
+        StatusCode::BAD_REQUEST,
+        "bad-signature",
+        "The signature does not hold",
+        err.to_string(),
+    )
+    .field(SIGNATURE_HEADER)
+}
+
+/// A signed event, as settled takes it.
+enum Incoming {
+    /// An event of a type settled applies, under the id it is stored by.
+    Applicable(WebhookEvent),
+    /// One it stores and does not apply.
+    Ignored(Ignored),
+}
+
+/// A signed event settled stores `ignored`, and why.
+struct Ignored {
+    id: String,
+    r#type: String,
+    created: i64,
+    detail: String,
+}
+
+/// The members every event has, whatever its type.
+#[derive(serde::Deserialize)]
+struct Envelope {
+    id: String,
+    r#type: String,
+    created: i64,
+}
+
+impl Incoming {
+    /// The event, read strictly (a member named twice is refused): its
+    /// envelope first, then, for a type settled applies, the whole event.
+    fn parse(raw: &[u8]) -> Result<Incoming, Problem> {
+        let object = crate::json::parse_object(raw)
+            .map_err(|e| Problem::bad_request("malformed-event", format!("the event is not valid: {e:?}")))?;
+        let value = serde_json::Value::Object(object);
+        let envelope: Envelope = serde_path_to_error::deserialize(&value).map_err(malformed)?;
+        if envelope.id.is_empty() {
+            return Ok(Incoming::Ignored(Ignored {
+                id: format!("body-sha256:{}", sha256_hex(raw)),
+                r#type: stored_text(&envelope.r#type, EVENT_TYPE_CHARS_MAX),
+                created: envelope.created,
+                detail: "the event's id is empty, so no repeat of it could be recognised".into(),
+            }));
+        }
+        let id = stored_text(&envelope.id, EVENT_ID_CHARS_MAX);
+        if serde_json::from_value::<EventType>(serde_json::Value::String(envelope.r#type.clone())).is_err() {
+            let r#type = stored_text(&envelope.r#type, EVENT_TYPE_CHARS_MAX);
+            let detail = format!("settled does not apply events of type {type:?}");
+            return Ok(Incoming::Ignored(Ignored {
+                id,
+                r#type,
+                created: envelope.created,
+                detail,
+            }));
+        }
+        let mut event: WebhookEvent = serde_path_to_error::deserialize(value).map_err(malformed)?;
+        event.id = id;
+        Ok(Incoming::Applicable(event))
+    }
+}
+
+/// 400 `malformed-event` naming the member at fault.
+fn malformed(e: serde_path_to_error::Error<serde_json::Error>) -> Problem {
+    Problem::bad_request("malformed-event", format!("the event's {}: {}", e.path(), e.inner()))
+}
+
+/// `text` as a column of at most `chars_max` characters stores it: itself,
+/// or `sha256:<hex>` of it when it is longer or holds a NUL (which no text
+/// column takes). The whole event stays in the stored body.
+pub fn stored_text(text: &str, chars_max: usize) -> String {
+    if text.chars().count() <= chars_max && !text.contains('\0') {
+        text.to_string()
+    } else {
+        format!("sha256:{}", sha256_hex(text.as_bytes()))
+    }
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Stores an event settled does not apply as `ignored`, once; a repeat
+/// (its id already stored) changes nothing. Returns the outcome.
+async fn store_ignored(state: &AppState, ignored: &Ignored, raw: &[u8]) -> anyhow::Result<&'static str> {
+    let body: serde_json::Value = serde_json::from_slice(raw)?;
+    let mut tx = super::begin(state).await?;
+    let stored = sqlx::query(
+        "INSERT INTO settlement.provider_events (id, type, created, outcome, detail, body)
+         VALUES ($1, $2, $3, 'ignored', $4, $5)
+         ON CONFLICT (id) DO NOTHING",
+    )
+    .bind(&ignored.id) // $1
+    .bind(&ignored.r#type) // $2
+    .bind(ignored.created) // $3
+    .bind(&ignored.detail) // $4
+    .bind(body) // $5
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    if stored == 0 {
+        tx.rollback().await?;
+        return Ok("duplicate");
+    }
+    super::commit(state, tx).await?;
+    tracing::warn!(event = %ignored.id, detail = %ignored.detail, "a provider event was stored and ignored");
+    Ok("ignored")
 }
 
 /// Applies `event` and stores it under its id, in one transaction; a
@@ -176,5 +300,26 @@ fn word(event: &WebhookEvent) -> ProviderWord {
                 reason: "the provider's event says failed".into(),
             },
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_too_long_for_its_column_or_holding_a_nul_is_stored_as_its_digest() {
+        let at_limit = "é".repeat(EVENT_ID_CHARS_MAX);
+        assert_eq!(
+            stored_text(&at_limit, EVENT_ID_CHARS_MAX),
+            at_limit,
+            "characters, not bytes"
+        );
+        // Computed apart from this crate: printf 'abc' | sha256sum.
+        let abc = "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+        assert_eq!(stored_text("abc", 2), abc);
+        assert_eq!(stored_text("a\0b", 10), format!("sha256:{}", sha256_hex(b"a\0b")));
+        let long = "e".repeat(EVENT_ID_CHARS_MAX + 1);
+        assert_eq!(stored_text(&long, EVENT_ID_CHARS_MAX).len(), "sha256:".len() + 64);
     }
 }

@@ -34,8 +34,12 @@ use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
-/// Largest request head (request line and headers) read, in bytes; a larger
-/// one is answered 431 by hyper.
+/// Largest request head (request line, headers and the blank line that
+/// ends them), in bytes; a larger one is answered 431 by hyper and its
+/// connection closed. hyper's `max_header_size` counts the parsed head
+/// exactly; its read buffer (`max_buf_size`, bounded too) may hold more
+/// than that after one read, so the buffer alone would let a head that
+/// arrived in one read through.
 pub const MAX_HEAD_BYTES: usize = 32 * 1024;
 /// File descriptors kept free for the database pools, logs and the accept
 /// itself when the connection cap is derived from the open-file limit.
@@ -214,6 +218,7 @@ pub async fn run(
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout)
+        .max_header_size(MAX_HEAD_BYTES)
         .max_buf_size(MAX_HEAD_BYTES)
         .keep_alive(true);
     tokio::pin!(shutdown);

@@ -18,6 +18,7 @@ pub mod reconcile;
 pub mod retry;
 pub mod run;
 pub mod runs;
+pub mod secret;
 pub mod seed;
 pub mod serve;
 pub mod status;
@@ -46,7 +47,7 @@ pub const DEFAULT_LEASED_CHUNK: u32 = 100;
 #[derive(Debug, Clone, clap::Args)]
 pub struct Global {
     /// PostgreSQL URL. Unset: start a private server in --data-dir.
-    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
+    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true, value_parser = secret::SecretParser::text())]
     pub database_url: Option<String>,
 
     /// Data directory of the private PostgreSQL (used when DATABASE_URL is unset).
@@ -71,7 +72,8 @@ pub struct Global {
 
     /// A URL that reaches PostgreSQL without the transaction pooler, for what
     /// needs a session: migrations (a session advisory lock) and LISTEN.
-    #[arg(long, env = "SETTLED_DIRECT_URL", global = true, hide_env_values = true)]
+    #[arg(long, env = "SETTLED_DIRECT_URL", global = true, hide_env_values = true,
+          value_parser = secret::SecretParser::text())]
     pub direct_url: Option<String>,
 
     /// Log format on stderr: human, or json (one object per line).

@@ -6,6 +6,7 @@ use std::time::Duration;
 use anyhow::Context;
 
 use crate::api::{AllowedHosts, HttpLimits};
+use crate::cmd::secret::SecretParser;
 use crate::cmd::{DbCommand, Outcome};
 use crate::db::{Access, Database};
 
@@ -25,7 +26,7 @@ pub struct Args {
     /// Bearer token for mutating endpoints (one trailing newline, as a
     /// secret file has, is dropped; a blank token, or one with whitespace at
     /// either end or a control character, is refused at start).
-    #[arg(long, env = "SETTLED_API_TOKEN", hide_env_values = true, value_parser = ApiTokenParser)]
+    #[arg(long, env = "SETTLED_API_TOKEN", hide_env_values = true, value_parser = SecretParser::new(crate::api::auth::parse_api_token))]
     api_token: Option<Arc<str>>,
     /// How long idempotency keys and their responses are kept, in hours
     /// (then pruned). A key used again after that answers its payout, never
@@ -43,7 +44,7 @@ pub struct Args {
     /// accepted, while rotating. Unset: webhooks answer 503 and the
     /// provider sends them again later.
     #[arg(long, env = "SETTLED_PROVIDER_WEBHOOK_SECRET", hide_env_values = true,
-          value_parser = parse_webhook_secrets)]
+          value_parser = SecretParser::new(parse_webhook_secrets))]
     provider_webhook_secret: Option<WebhookSecrets>,
     /// Host names the pages and API answer (the Host header, port ignored;
     /// repeatable). Default: the loopback names when bound to loopback,
@@ -135,29 +136,6 @@ impl DbCommand for Args {
         eprintln!("settled serve on http://{}", listener.local_addr()?);
         crate::api::serve(listener, state).await?;
         Ok(std::process::ExitCode::SUCCESS)
-    }
-}
-
-/// Parses the API token with [`crate::api::auth::parse_api_token`]; its
-/// error is clap's usage error (exit 2) in one line that, unlike clap's own
-/// "invalid value", never repeats the token.
-#[derive(Clone)]
-struct ApiTokenParser;
-
-impl clap::builder::TypedValueParser for ApiTokenParser {
-    type Value = Arc<str>;
-
-    fn parse_ref(
-        &self,
-        _cmd: &clap::Command,
-        _arg: Option<&clap::Arg>,
-        value: &std::ffi::OsStr,
-    ) -> Result<Arc<str>, clap::Error> {
-        let refuse = |why: String| clap::Error::raw(clap::error::ErrorKind::ValueValidation, format!("{why}\n"));
-        let text = value
-            .to_str()
-            .ok_or_else(|| refuse("SETTLED_API_TOKEN (--api-token) is not valid UTF-8".into()))?;
-        crate::api::auth::parse_api_token(text).map_err(refuse)
     }
 }
 

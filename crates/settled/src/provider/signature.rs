@@ -2,8 +2,10 @@
 //! shared secret, `Provider-Signature: t=<unix>,v1=<hex HMAC-SHA256(secret,
 //! "<t>.<raw body>")>`, and the receiver verifies it in constant time,
 //! within a tolerance around its own clock, against one or two secrets (two
-//! while a secret is rotated). This module only signs and verifies: what an
-//! event does is the receiver's business.
+//! while a secret is rotated). The header alone is judged first (its form,
+//! its timestamp), so a receiver refuses a bad one before reading the body.
+//! This module only signs and verifies: what an event does is the
+//! receiver's business.
 
 use std::time::Duration;
 
@@ -69,9 +71,9 @@ pub fn sign(secret: &[u8], timestamp: i64, body: &[u8]) -> String {
     format!("t={timestamp},v1={hex}")
 }
 
-/// Checks that `header` signs `body` under one of `secrets` (any of its
-/// `v1` values may match; comparisons are constant-time), and then that its
-/// timestamp is within `tolerance` of `now` (unix seconds), either way.
+/// Checks that `header` is well formed and dated within `tolerance` of
+/// `now` (unix seconds), either way ([`check_header`]), and then that it
+/// signs `body` under one of `secrets` ([`SignedHeader::verify_body`]).
 pub fn verify(
     header: &str,
     body: &[u8],
@@ -79,17 +81,15 @@ pub fn verify(
     now: i64,
     tolerance: Duration,
 ) -> Result<(), SignatureError> {
+    check_header(header, now, tolerance)?.verify_body(body, secrets)
+}
+
+/// What can be judged of `header` without the body: that it is well formed
+/// and its timestamp within `tolerance` of `now` (unix seconds), either way.
+/// A stale header is refused whether or not it is authentic: the provider
+/// signs each attempt afresh.
+pub fn check_header(header: &str, now: i64, tolerance: Duration) -> Result<SignedHeader, SignatureError> {
     let parsed = parse_header(header)?;
-    let signed = secrets.iter().any(|secret| {
-        let mac = mac_of(secret, parsed.timestamp, body);
-        parsed
-            .signatures
-            .iter()
-            .any(|candidate| mac.clone().verify_slice(candidate).is_ok())
-    });
-    if !signed {
-        return Err(SignatureError::NoMatch);
-    }
     let distance_secs = now.abs_diff(parsed.timestamp);
     if distance_secs > tolerance.as_secs() {
         return Err(SignatureError::OutsideTolerance {
@@ -99,7 +99,7 @@ pub fn verify(
             tolerance_secs: tolerance.as_secs(),
         });
     }
-    Ok(())
+    Ok(parsed)
 }
 
 /// The secrets in `SETTLED_PROVIDER_WEBHOOK_SECRET`'s `value`: one, or two
@@ -138,14 +138,35 @@ pub fn secrets_from_env(value: &str) -> Result<Vec<Vec<u8>>, String> {
         .collect()
 }
 
-struct ParsedHeader {
+/// A signature header that is well formed and dated within the tolerance
+/// ([`check_header`]); whether it signs the body is [`SignedHeader::verify_body`]'s.
+#[derive(Debug, Clone)]
+pub struct SignedHeader {
     timestamp: i64,
     signatures: Vec<Vec<u8>>,
 }
 
+impl SignedHeader {
+    /// Checks that one of the header's `v1` values is the HMAC of `body`
+    /// under one of `secrets`, each compared in constant time.
+    pub fn verify_body(&self, body: &[u8], secrets: &[Vec<u8>]) -> Result<(), SignatureError> {
+        let signed = secrets.iter().any(|secret| {
+            let mac = mac_of(secret, self.timestamp, body);
+            self.signatures
+                .iter()
+                .any(|candidate| mac.clone().verify_slice(candidate).is_ok())
+        });
+        if signed {
+            Ok(())
+        } else {
+            Err(SignatureError::NoMatch)
+        }
+    }
+}
+
 /// `t=<unix>` exactly once, `v1=<64 hex digits>` at least once; other
 /// schemes (a later `v2`) are skipped, so a provider can add one.
-fn parse_header(header: &str) -> Result<ParsedHeader, SignatureError> {
+fn parse_header(header: &str) -> Result<SignedHeader, SignatureError> {
     let malformed = |why: String| Err(SignatureError::Malformed(why));
     if header.len() > HEADER_BYTES_MAX {
         return malformed(format!("longer than {HEADER_BYTES_MAX} bytes"));
@@ -172,7 +193,7 @@ fn parse_header(header: &str) -> Result<ParsedHeader, SignatureError> {
     match (timestamp, signatures.is_empty()) {
         (None, _) => malformed("no t=".into()),
         (Some(_), true) => malformed("no v1=".into()),
-        (Some(timestamp), false) => Ok(ParsedHeader { timestamp, signatures }),
+        (Some(timestamp), false) => Ok(SignedHeader { timestamp, signatures }),
     }
 }
 
@@ -314,6 +335,26 @@ mod tests {
             check(&extreme, BODY, &["s1"]),
             Err(SignatureError::OutsideTolerance { .. })
         ));
+    }
+
+    #[test]
+    fn the_header_alone_is_judged_before_the_body_a_stale_one_whoever_signed_it() {
+        let tolerance = DEFAULT_TOLERANCE.as_secs() as i64;
+        let stale = sign(b"anyone", NOW - tolerance - 1, BODY);
+        assert!(matches!(
+            check_header(&stale, NOW, DEFAULT_TOLERANCE),
+            Err(SignatureError::OutsideTolerance { .. })
+        ));
+        assert!(matches!(
+            check_header("t=1", NOW, DEFAULT_TOLERANCE),
+            Err(SignatureError::Malformed(_))
+        ));
+        let fresh = check_header(&sign(b"s1", NOW, BODY), NOW, DEFAULT_TOLERANCE).unwrap();
+        assert_eq!(fresh.verify_body(BODY, &secrets(&["s1"])), Ok(()));
+        assert_eq!(
+            fresh.verify_body(b"{}", &secrets(&["s1"])),
+            Err(SignatureError::NoMatch)
+        );
     }
 
     #[test]
