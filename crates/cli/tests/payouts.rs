@@ -459,7 +459,7 @@ async fn each_word_of_the_provider_moves_a_payout_from_every_state_as_the_word_t
     let mut conn = env.pool.acquire().await.unwrap();
     let mut checked = 0;
     for state in PayoutState::ALL {
-        for (n, word) in words(0).iter().enumerate() {
+        for n in 0..words(0).len() {
             let id = payout_in(&env, &server.base, &creator, state, &format!("word-{state}-{n}")).await;
             let word = &words(id)[n];
             settled::payouts::apply_word(&mut conn, id, word, Source::Poll, None)

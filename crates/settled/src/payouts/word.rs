@@ -331,7 +331,8 @@ mod tests {
 
     #[test]
     fn a_payment_under_another_key_or_paying_otherwise_is_not_the_payouts() {
-        let cases: [(fn(&mut Payment), &str); 4] = [
+        type Change = fn(&mut Payment);
+        let cases: [(Change, &str); 4] = [
             (|p| p.idempotency_key = "other".into(), "under another key"),
             (|p| p.amount = "1001".into(), "pays 1001 to"),
             (|p| p.amount = "1e3".into(), "pays 1e3 to"),
