@@ -1,12 +1,16 @@
 //! The payout lifecycle on the API side, with real servers: the outbox
 //! (debit, payout row and delivery job in one transaction), confirmation
-//! tokens raced on two servers, cancel and expiry returning funds once, and
-//! the database refusing any transition the state machine does not allow.
+//! tokens raced on two servers, cancel and expiry returning funds once, the
+//! database refusing any transition the state machine does not allow, each
+//! of the provider's words moving a payout as the word table says, and a
+//! bad stored value named by its column.
 
 mod common;
 
 use common::Env;
 use serde_json::{json, Value};
+use settled::payouts::word::REFUSAL;
+use settled::payouts::{PayoutRow, PayoutState, ProviderWord, Source};
 
 const TOKEN: &str = "test-token";
 
@@ -392,4 +396,122 @@ async fn a_confirmation_waits_for_a_hold_being_placed_and_then_sees_it() {
             .await,
         "created"
     );
+}
+
+/// Payout `id`'s state.
+async fn state_of(env: &Env, id: i64) -> PayoutState {
+    let state = env
+        .scalar_text(&format!("SELECT status FROM settlement.payouts WHERE id = {id}"))
+        .await;
+    PayoutState::parse(&state).unwrap()
+}
+
+/// A payout of 1 to `creator` brought to `state` along allowed moves.
+async fn payout_in(env: &Env, server: &str, creator: &str, state: PayoutState, key: &str) -> i64 {
+    use PayoutState as S;
+    let confirm = matches!(state, S::Created | S::Cancelled | S::Expired);
+    let (status, payout) = post(
+        &format!("{server}/v1/payouts"),
+        Some(key),
+        &json!({ "creator": creator, "amount": "1", "confirm": confirm }),
+    )
+    .await;
+    assert_eq!(status, 201, "{payout}");
+    let id = payout["id"].as_i64().unwrap();
+    let from = if confirm { "created" } else { "queued" };
+    if !matches!(state, S::Created | S::Queued) {
+        let moved: bool = sqlx::query_scalar("SELECT settlement.move_payout($1, ARRAY[$2], $3, 'test', $4)")
+            .bind(id) // $1
+            .bind(from) // $2
+            .bind(state.as_str()) // $3
+            .bind((!confirm).then(|| format!("pay-{id}"))) // $4
+            .fetch_one(&env.pool)
+            .await
+            .unwrap();
+        assert!(moved, "payout {id} to {state}");
+    }
+    assert_eq!(state_of(env, id).await, state);
+    id
+}
+
+/// The table in `payouts/word.rs` (the move each of the provider's words
+/// and a refusal asks for) is what the database's one-purpose functions
+/// do, from every state: the move when the payout is in one of its `from`
+/// states, nothing otherwise.
+#[tokio::test(flavor = "multi_thread")]
+async fn each_word_of_the_provider_moves_a_payout_from_every_state_as_the_word_table_says() {
+    let (env, creator, _) = settled_env("20").await;
+    let server = env.serve(TOKEN).await;
+    let words = |id: i64| {
+        [
+            ProviderWord::Pending {
+                provider_id: format!("pay-{id}"),
+            },
+            ProviderWord::Paid {
+                provider_id: format!("pay-{id}"),
+            },
+            ProviderWord::Failed {
+                provider_id: Some(format!("pay-{id}")),
+                reason: "account closed".into(),
+            },
+        ]
+    };
+    let mut conn = env.pool.acquire().await.unwrap();
+    let mut checked = 0;
+    for state in PayoutState::ALL {
+        for n in 0..words(0).len() {
+            let id = payout_in(&env, &server.base, &creator, state, &format!("word-{state}-{n}")).await;
+            let word = &words(id)[n];
+            settled::payouts::apply_word(&mut conn, id, word, Source::Poll, None)
+                .await
+                .unwrap();
+            let moves = word.transition();
+            let expected = if moves.from.contains(&state) { moves.to } else { state };
+            assert_eq!(state_of(&env, id).await, expected, "{word:?} of a {state} payout");
+            checked += 1;
+        }
+        let id = payout_in(&env, &server.base, &creator, state, &format!("refused-{state}")).await;
+        settled::payouts::fail_refused(&mut conn, id, "refused by the provider: 400")
+            .await
+            .unwrap();
+        let expected = if REFUSAL.from.contains(&state) {
+            REFUSAL.to
+        } else {
+            state
+        };
+        assert_eq!(state_of(&env, id).await, expected, "a refusal of a {state} payout");
+        checked += 1;
+    }
+    assert_eq!(checked, 28);
+    env.run_ok(&["verify", "--payouts"]);
+}
+
+/// A payout read through the one row type: a stored value that is not
+/// what its column holds is an error naming the payout and the column.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_payout_row_with_a_bad_stored_value_is_an_error_naming_its_column() {
+    let env = Env::new().await;
+    let row = |status: &str, amount: &str| {
+        format!(
+            "SELECT 12::bigint AS id, 'withdrawal' AS kind, '0x00000000000000000000000000000000000000aa' AS creator,
+                    '{amount}' AS amount, '{status}' AS status, 'withdrawal-k' AS provider_key,
+                    'withdrawal-k' AS reference, 'k' AS idempotency_key, NULL::text AS provider_id"
+        )
+    };
+    let good: PayoutRow = sqlx::query_as(&row("sent", "10")).fetch_one(&env.pool).await.unwrap();
+    assert_eq!(
+        (good.id, good.state, good.amount.to_string()),
+        (12, PayoutState::Sent, "10".into())
+    );
+    for (sql, says) in [
+        (row("in_transit", "10"), "column \"status\""),
+        (row("sent", "1.5"), "column \"amount\""),
+    ] {
+        let err = sqlx::query_as::<_, PayoutRow>(&sql)
+            .fetch_one(&env.pool)
+            .await
+            .expect_err(&sql)
+            .to_string();
+        assert!(err.contains(says) && err.contains("payout 12's"), "{err}");
+    }
 }

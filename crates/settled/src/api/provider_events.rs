@@ -28,7 +28,7 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 
 use super::{read_body_within, AppState, Problem};
-use crate::payouts::{self, deliver::word_of, Applied, ProviderWord, Source};
+use crate::payouts::{self, word::word_of_event, Applied, Source};
 use crate::provider::signature::{self, SignatureError, SignedHeader, SIGNATURE_HEADER};
 use crate::provider::{EventType, WebhookEvent};
 
@@ -256,7 +256,7 @@ async fn apply(
         Some(id) if !payouts::payment_matches(&mut tx, id, &event.data, Source::Webhook, Some(&event.id)).await? => {
             Applied::Conflict.as_str()
         }
-        Some(id) => payouts::apply_word(&mut tx, id, &word(event), Source::Webhook, Some(&event.id))
+        Some(id) => payouts::apply_word(&mut tx, id, &word_of_event(event), Source::Webhook, Some(&event.id))
             .await?
             .as_str(),
     };
@@ -285,22 +285,6 @@ async fn apply(
         tracing::warn!(event = %event.id, key = %key, outcome, "a provider event needs review");
     }
     Ok(outcome)
-}
-
-/// What the event says, as the payout state machine's word.
-fn word(event: &WebhookEvent) -> ProviderWord {
-    match event.r#type {
-        EventType::PaymentPaid => ProviderWord::Paid {
-            provider_id: event.data.id.clone(),
-        },
-        EventType::PaymentFailed => match word_of(&event.data) {
-            failed @ ProviderWord::Failed { .. } => failed,
-            _ => ProviderWord::Failed {
-                provider_id: Some(event.data.id.clone()),
-                reason: "the provider's event says failed".into(),
-            },
-        },
-    }
 }
 
 #[cfg(test)]

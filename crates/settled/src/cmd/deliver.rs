@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::cmd::{DbCommand, Outcome};
 use crate::db::Database;
-use crate::payouts::deliver::{DeliveryOptions, Limits};
+use crate::payouts::deliver::{DeliveryFlags, DeliveryOptions, Serving};
 
 /// Deliver queued payouts to the payment provider, until SIGTERM or SIGINT.
 ///
@@ -23,12 +23,6 @@ pub struct Args {
     /// The payment provider (e.g. http://127.0.0.1:9100).
     #[arg(long, env = "SETTLED_PROVIDER_URL")]
     pub provider_url: String,
-    /// Provider call timeout in milliseconds.
-    #[arg(long, default_value_t = crate::provider::DEFAULT_PROVIDER_TIMEOUT_MS, value_parser = clap::value_parser!(u64).range(1..=600_000))]
-    pub provider_timeout_ms: u64,
-    /// Calls per second to the provider, over every delivering process.
-    #[arg(long, env = "SETTLED_PROVIDER_RATE", default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
-    pub provider_rate: u32,
     /// Calls that may go at once after a quiet spell (default: one second's worth).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub provider_burst: Option<u32>,
@@ -38,19 +32,6 @@ pub struct Args {
     /// Payouts per claim, 1..=10000.
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub batch: u32,
-    /// Provider calls in flight at once in this process, 1..=1024.
-    #[arg(long, env = "SETTLED_PROVIDER_CONCURRENCY", default_value_t = settled_engine::raw::DEFAULT_CALLS_IN_FLIGHT as u32,
-          value_parser = clap::value_parser!(u32).range(1..=settled_engine::raw::MAX_CALLS_IN_FLIGHT as i64))]
-    pub provider_concurrency: u32,
-    /// Lease time to live in milliseconds, renewed every ttl/3.
-    #[arg(long, env = "SETTLED_LEASE_TTL_MS", default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(300..=3_600_000))]
-    pub lease_ttl_ms: u64,
-    /// How often expired leases are looked for, in milliseconds.
-    #[arg(long, env = "SETTLED_RESCUE_INTERVAL_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(50..=3_600_000))]
-    pub rescue_interval_ms: u64,
-    /// On SIGTERM/SIGINT, how long calls in flight may finish, in milliseconds.
-    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(0..=600_000))]
-    pub shutdown_grace_ms: u64,
     /// A payout accepted by the provider this many seconds ago and still not
     /// paid or failed (its webhook lost) is looked up.
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=86_400))]
@@ -59,40 +40,27 @@ pub struct Args {
     /// (it wakes at once on a new payout's notification).
     #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(10..=60_000))]
     pub max_poll_ms: u64,
+    /// How this process calls the provider and holds its leases.
+    #[command(flatten)]
+    pub delivery: DeliveryFlags,
 }
 
 impl Args {
+    /// How the delivery queue is served, from the flags.
+    pub fn serving(&self) -> Serving {
+        Serving {
+            concurrency: self.concurrency,
+            batch: self.batch,
+            burst: self.provider_burst,
+            poll_after: Duration::from_secs(self.poll_after_secs),
+            max_poll: Duration::from_millis(self.max_poll_ms),
+        }
+    }
+
     /// What delivery does, from the flags; `wake` is how idle loops learn
     /// of new payouts.
     pub fn options(&self, wake: settled_engine::continuous::Wake) -> DeliveryOptions {
-        let mut serve = settled_engine::ServeConfig {
-            concurrency: self.concurrency,
-            batch: self.batch,
-            wake,
-            poll: Duration::from_millis(self.max_poll_ms),
-            lease: settled_engine::LeaseConfig {
-                ttl: Duration::from_millis(self.lease_ttl_ms),
-                rescue_interval: Duration::from_millis(self.rescue_interval_ms),
-                shutdown_grace: Duration::from_millis(self.shutdown_grace_ms),
-                calls_in_flight: self.provider_concurrency as usize,
-            },
-            ..settled_engine::ServeConfig::default()
-        };
-        // A delivery is retried until the provider answers: its failures
-        // that are not the provider's word (a bug, a lost connection) end
-        // as dead letters an operator replays, the payout still queued.
-        serve.retry.max_attempts = 25;
-        DeliveryOptions {
-            provider_url: self.provider_url.clone(),
-            provider_timeout: Duration::from_millis(self.provider_timeout_ms),
-            limits: Limits {
-                per_second: f64::from(self.provider_rate),
-                burst: f64::from(self.provider_burst.unwrap_or(self.provider_rate)),
-                ..Limits::default()
-            },
-            serve,
-            poll_after: Duration::from_secs(self.poll_after_secs),
-        }
+        self.delivery.options(&self.provider_url, &self.serving(), wake)
     }
 }
 

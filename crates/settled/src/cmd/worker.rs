@@ -10,6 +10,7 @@ use settled_engine::{LeaseConfig, WorkOutcome};
 
 use crate::cmd::{DbCommand, Outcome, DEFAULT_CHUNK, DEFAULT_CONCURRENCY, DEFAULT_LEASED_CHUNK};
 use crate::db::Database;
+use crate::payouts::deliver::{DeliveryFlags, DeliveryOptions, Serving};
 use crate::period::Period;
 use crate::worker::{Mode, WorkerOptions, WorkerOutcome};
 
@@ -157,15 +158,6 @@ pub struct EngineFlags {
     /// The payment provider of leased mode (e.g. http://127.0.0.1:9100).
     #[arg(long, env = "SETTLED_PROVIDER_URL")]
     pub provider_url: Option<String>,
-    /// Provider call timeout in milliseconds.
-    #[arg(long, default_value_t = crate::provider::DEFAULT_PROVIDER_TIMEOUT_MS)]
-    pub provider_timeout_ms: u64,
-    /// Lease time to live in milliseconds (leased mode), renewed every ttl/3.
-    #[arg(long, env = "SETTLED_LEASE_TTL_MS", default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(300..=3_600_000))]
-    pub lease_ttl_ms: u64,
-    /// How often the rescuer looks for expired leases, in milliseconds.
-    #[arg(long, env = "SETTLED_RESCUE_INTERVAL_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(50..=3_600_000))]
-    pub rescue_interval_ms: u64,
     /// Attempts before an item goes to failed.
     #[arg(long, env = "SETTLED_MAX_ATTEMPTS", default_value_t = settled_engine::raw::DEFAULT_MAX_ATTEMPTS, value_parser = clap::value_parser!(i32).range(1..=1000))]
     pub max_attempts: i32,
@@ -175,50 +167,22 @@ pub struct EngineFlags {
     /// Longest retry backoff in milliseconds.
     #[arg(long, default_value_t = 300_000)]
     pub backoff_cap_ms: u64,
-    /// On SIGTERM/SIGINT, how long in-flight work may finish before the
-    /// rest is given back, in milliseconds.
-    #[arg(long, default_value_t = 10_000)]
-    pub shutdown_grace_ms: u64,
-    /// Leased mode: provider calls in flight at once per worker process, over
-    /// all its claim loops (a chunk's calls run concurrently), 1..=1024.
-    #[arg(long, env = "SETTLED_PROVIDER_CONCURRENCY", default_value_t = settled_engine::raw::DEFAULT_CALLS_IN_FLIGHT as u32,
-          value_parser = clap::value_parser!(u32).range(1..=settled_engine::raw::MAX_CALLS_IN_FLIGHT as i64))]
-    pub provider_concurrency: u32,
-    /// Calls per second to the provider, over every process that calls it
-    /// (the daemon's payout delivery, `settled deliver`).
-    #[arg(long, env = "SETTLED_PROVIDER_RATE", default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
-    pub provider_rate: u32,
+    /// How this process calls the provider and holds its leases (leased
+    /// mode, and the daemon's payout delivery).
+    #[command(flatten)]
+    pub delivery: DeliveryFlags,
 }
 
 impl EngineFlags {
     /// The daemon's payout delivery, when it has a provider.
-    pub fn delivery(&self, wake: settled_engine::continuous::Wake) -> Option<crate::payouts::deliver::DeliveryOptions> {
-        let url = self.provider_url.clone()?;
-        let args = crate::cmd::deliver::Args {
-            provider_url: url,
-            provider_timeout_ms: self.provider_timeout_ms,
-            provider_rate: self.provider_rate,
-            provider_burst: None,
-            concurrency: 2,
-            batch: 50,
-            provider_concurrency: self.provider_concurrency,
-            lease_ttl_ms: self.lease_ttl_ms,
-            rescue_interval_ms: self.rescue_interval_ms,
-            shutdown_grace_ms: self.shutdown_grace_ms,
-            poll_after_secs: 300,
-            max_poll_ms: 1_000,
-        };
-        Some(args.options(wake))
+    pub fn daemon_delivery(&self, wake: settled_engine::continuous::Wake) -> Option<DeliveryOptions> {
+        let url = self.provider_url.as_deref()?;
+        Some(self.delivery.options(url, &Serving::DAEMON, wake))
     }
 
     /// Lease timings.
     pub fn leases(&self) -> LeaseConfig {
-        LeaseConfig {
-            ttl: Duration::from_millis(self.lease_ttl_ms),
-            rescue_interval: Duration::from_millis(self.rescue_interval_ms),
-            shutdown_grace: Duration::from_millis(self.shutdown_grace_ms),
-            calls_in_flight: self.provider_concurrency as usize,
-        }
+        self.delivery.leases()
     }
 
     /// Retry policy.
@@ -232,7 +196,7 @@ impl EngineFlags {
 
     /// The provider call timeout.
     pub fn provider_timeout(&self) -> Duration {
-        Duration::from_millis(self.provider_timeout_ms)
+        self.delivery.provider_timeout()
     }
 }
 
@@ -267,7 +231,7 @@ impl Args {
                 .archive_after_days
                 .map(|days| tokio::spawn(archive_loop(db.pool.clone(), days, self.archive_dir.clone())));
             // With a provider, the daemon delivers payouts too.
-            let delivery = self.engine.delivery(db.wake().await?).map(|opts| {
+            let delivery = self.engine.daemon_delivery(db.wake().await?).map(|opts| {
                 let (pool, stats) = (db.pool.clone(), Arc::new(settled_engine::ServeStats::default()));
                 let handle = tokio::spawn({
                     let stats = stats.clone();

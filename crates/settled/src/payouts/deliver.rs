@@ -22,9 +22,9 @@ use sqlx::{PgConnection, PgPool};
 
 use settled_engine::{ClaimedJob, HandlerError, LeasedJobHandler};
 
-use super::{apply_word, fail_refused, record_payment_clash, PayoutState, ProviderWord, Source};
-use crate::money::Amount;
-use crate::provider::{Payment, PaymentStatus, PayoutProvider, ProviderError};
+use super::word::{self, Reading};
+use super::{apply_word, fail_refused, record_payment_clash, PayoutRow, PayoutState, ProviderWord, Rail, Source};
+use crate::provider::Payment;
 
 /// The fleet's limits on calls to one provider.
 #[derive(Debug, Clone)]
@@ -194,36 +194,11 @@ pub enum Delivered {
     Nothing,
 }
 
-/// The provider's payment as the payout state machine's word.
-pub fn word_of(payment: &Payment) -> ProviderWord {
-    match payment.status {
-        PaymentStatus::Pending => ProviderWord::Pending {
-            provider_id: payment.id.clone(),
-        },
-        PaymentStatus::Paid => ProviderWord::Paid {
-            provider_id: payment.id.clone(),
-        },
-        PaymentStatus::Failed => ProviderWord::Failed {
-            provider_id: Some(payment.id.clone()),
-            reason: payment
-                .failure_reason
-                .clone()
-                .unwrap_or_else(|| "no reason given".into()),
-        },
-    }
-}
-
 /// A queued payout, as delivery reads it.
 #[derive(sqlx::FromRow)]
 struct ToDeliver {
-    status: String,
-    creator: String,
-    amount: String,
-    provider_key: String,
-    /// What the provider shows as the payment's reference: part of the
-    /// request under the key, so as lasting as the key (a withdrawal's
-    /// provider key; the id for payouts keyed by their id).
-    reference: String,
+    #[sqlx(flatten)]
+    payout: PayoutRow,
     /// The creator's active hold, if any: nothing is sent meanwhile.
     active_hold: Option<i64>,
 }
@@ -232,32 +207,28 @@ struct ToDeliver {
 /// at its hold again (a snooze: it spends no attempt).
 pub const HOLD_RECHECK: Duration = Duration::from_secs(5);
 
-/// The delivery handler: calls the provider for each queued payout.
-pub struct Deliver<P> {
-    provider: P,
+/// The delivery handler: sends each queued payout through its rail.
+pub struct Deliver<R> {
+    rail: R,
     pool: PgPool,
     limiter: Arc<Limiter>,
 }
 
-impl<P: PayoutProvider> Deliver<P> {
-    /// A handler calling `provider`, within the fleet's `limiter`.
-    pub fn new(provider: P, pool: PgPool, limiter: Arc<Limiter>) -> Deliver<P> {
-        Deliver {
-            provider,
-            pool,
-            limiter,
-        }
+impl<R: Rail> Deliver<R> {
+    /// A handler sending through `rail`, within the fleet's `limiter`.
+    pub fn new(rail: R, pool: PgPool, limiter: Arc<Limiter>) -> Deliver<R> {
+        Deliver { rail, pool, limiter }
     }
+}
 
+impl<R> Deliver<R> {
     async fn load(&self, id: i64) -> Result<Option<ToDeliver>, HandlerError> {
-        Ok(sqlx::query_as(
-            "SELECT status, creator, amount::text AS amount, provider_key,
-                    CASE WHEN kind = 'withdrawal' AND NOT provider_key_from_id THEN provider_key
-                         ELSE id::text END AS reference,
-                    (SELECT h.id FROM settlement.creator_holds h
-                     WHERE h.creator = p.creator AND h.released_at IS NULL) AS active_hold
-             FROM settlement.payouts p WHERE id = $1",
-        )
+        Ok(sqlx::query_as(&format!(
+            "SELECT {}, (SELECT h.id FROM settlement.creator_holds h
+                         WHERE h.creator = p.creator AND h.released_at IS NULL) AS active_hold
+             FROM settlement.payouts p WHERE p.id = $1",
+            super::PAYOUT_COLUMNS
+        ))
         .bind(id) // $1
         .fetch_optional(&self.pool)
         .await?)
@@ -267,9 +238,12 @@ impl<P: PayoutProvider> Deliver<P> {
     /// its ids, a bridge moved to another provider) cannot be recorded: it
     /// is a conflict for operators, and the job a dead letter that says so,
     /// rather than a completion that fails on every retry.
-    async fn refuse_clash(&self, id: i64, payment: &Payment) -> Result<(), HandlerError> {
+    async fn refuse_clash(&self, id: i64, word: &ProviderWord) -> Result<(), HandlerError> {
+        let Some(payment_id) = word.provider_id() else {
+            return Ok(());
+        };
         let mut conn = self.pool.acquire().await?;
-        let clash = record_payment_clash(&mut conn, id, &payment.id, payment.status.as_str(), Source::Delivery)
+        let clash = record_payment_clash(&mut conn, id, payment_id, word.provider_status(), Source::Delivery)
             .await
             .map_err(|e| HandlerError::Transient(format!("checking payout {id}'s payment id: {e:#}")))?;
         match clash {
@@ -279,9 +253,7 @@ impl<P: PayoutProvider> Deliver<P> {
             ))),
         }
     }
-}
 
-impl<P> Deliver<P> {
     /// Records in `settlement.payout_conflicts` that the provider answered
     /// payout `id`'s key with `payment`, which is not its payment.
     async fn record_conflict(&self, id: i64, payment: &Payment) -> Result<(), HandlerError> {
@@ -290,6 +262,44 @@ impl<P> Deliver<P> {
             .await
             .map_err(|e| HandlerError::Transient(format!("recording payout {id}'s conflict: {e:#}")))?;
         Ok(())
+    }
+
+    /// What the rail's answer about `payout`, read, makes of its job.
+    async fn act_on(&self, payout: &PayoutRow, reading: Reading) -> Result<Delivered, HandlerError> {
+        let id = payout.id;
+        match reading {
+            Reading::Word(word) => {
+                self.limiter
+                    .up()
+                    .await
+                    .map_err(|e| HandlerError::Transient(e.to_string()))?;
+                self.refuse_clash(id, &word).await?;
+                Ok(Delivered::Word(word))
+            }
+            Reading::NotItsPayment { payment, detail } => {
+                // The rail answered the payout's key with another payment
+                // (another key, creator or amount): nothing is applied, the
+                // payout stays queued with its funds held, the conflict is
+                // recorded, and the job is a dead letter for operators
+                // (reconcile names the payout).
+                self.record_conflict(id, &payment).await?;
+                Err(HandlerError::Permanent(format!("payout {id}: {detail}")))
+            }
+            Reading::RateLimited(wait) => Err(snooze(wait, "the provider is rate limiting")),
+            Reading::Unavailable(why) => {
+                let wait = self
+                    .limiter
+                    .down()
+                    .await
+                    .map_err(|e| HandlerError::Transient(e.to_string()))?;
+                Err(snooze(wait, format!("the provider is unavailable: {why}")))
+            }
+            Reading::Refused(why) => Ok(Delivered::Refused(why)),
+            Reading::KeyConflict(why) => Err(HandlerError::Permanent(format!(
+                "the provider has key {} for a different request: {why}",
+                payout.provider_key
+            ))),
+        }
     }
 }
 
@@ -306,18 +316,18 @@ fn snooze(after: Duration, reason: impl Into<String>) -> HandlerError {
     }
 }
 
-impl<P: PayoutProvider + Clone> LeasedJobHandler for Deliver<P> {
+impl<R: Rail> LeasedJobHandler for Deliver<R> {
     type Output = Delivered;
 
     async fn work(&self, job: &ClaimedJob) -> Result<Delivered, HandlerError> {
         let id = payout_of(job)?;
-        let Some(payout) = self.load(id).await? else {
+        let Some(ToDeliver { payout, active_hold }) = self.load(id).await? else {
             return Err(HandlerError::Permanent(format!("payout {id} does not exist")));
         };
-        if payout.status != PayoutState::Queued.as_str() {
+        if payout.state != PayoutState::Queued {
             return Ok(Delivered::Nothing);
         }
-        if let Some(hold) = payout.active_hold {
+        if let Some(hold) = active_hold {
             // Read right before the call: a call already made is not undone.
             return Err(snooze(
                 HOLD_RECHECK,
@@ -327,8 +337,6 @@ impl<P: PayoutProvider + Clone> LeasedJobHandler for Deliver<P> {
                 ),
             ));
         }
-        let amount = Amount::parse_decimal(&payout.amount)
-            .map_err(|e| HandlerError::Permanent(format!("payout {id}'s amount {:?}: {e}", payout.amount)))?;
         match self
             .limiter
             .take()
@@ -340,47 +348,8 @@ impl<P: PayoutProvider + Clone> LeasedJobHandler for Deliver<P> {
         }
         // The call carries the payout request's trace (its own span's, a
         // descendant, when traces are exported).
-        let answer = self
-            .provider
-            .with_traceparent(job.traceparent.as_deref())
-            .pay(&payout.provider_key, &payout.creator, amount, Some(&payout.reference))
-            .await;
-        match answer {
-            Ok((payment, _created)) => {
-                let differs = super::payment_differs(&payout.provider_key, &payout.amount, &payout.creator, &payment);
-                if let Some(detail) = differs {
-                    // The provider answered the payout's key with another
-                    // payment (another key, creator or amount): nothing is
-                    // applied, the payout stays queued with its funds held,
-                    // the conflict is recorded, and the job is a dead letter
-                    // for operators (reconcile names the payout).
-                    self.record_conflict(id, &payment).await?;
-                    return Err(HandlerError::Permanent(format!("payout {id}: {detail}")));
-                }
-                self.limiter
-                    .up()
-                    .await
-                    .map_err(|e| HandlerError::Transient(e.to_string()))?;
-                self.refuse_clash(id, &payment).await?;
-                Ok(Delivered::Word(word_of(&payment)))
-            }
-            Err(ProviderError::RateLimited { retry_after }) => {
-                Err(snooze(retry_after, "the provider is rate limiting"))
-            }
-            Err(ProviderError::Transient(e)) => {
-                let wait = self
-                    .limiter
-                    .down()
-                    .await
-                    .map_err(|e| HandlerError::Transient(e.to_string()))?;
-                Err(snooze(wait, format!("the provider is unavailable: {e}")))
-            }
-            Err(ProviderError::Refused(e)) => Ok(Delivered::Refused(e)),
-            Err(ProviderError::KeyConflict(e)) => Err(HandlerError::Permanent(format!(
-                "the provider has key {} for a different request: {e}",
-                payout.provider_key
-            ))),
-        }
+        let answer = self.rail.send(&payout, job.traceparent.as_deref()).await;
+        self.act_on(&payout, word::read(&payout, answer)).await
     }
 
     async fn complete(&self, tx: &mut PgConnection, done: &[(ClaimedJob, Delivered)]) -> Result<(), HandlerError> {
@@ -400,33 +369,30 @@ impl<P: PayoutProvider + Clone> LeasedJobHandler for Deliver<P> {
 }
 
 /// Payouts sent at least `after` ago (or last asked about that long ago),
-/// up to `batch`, looked up at the provider and moved by its answer; the
-/// number looked up. A payout the provider has no record of is recorded as
-/// a conflict for operators.
-pub async fn poll_sent<P: PayoutProvider>(
-    pool: &PgPool,
-    provider: &P,
-    after: Duration,
-    batch: i64,
-) -> anyhow::Result<usize> {
-    let due: Vec<(i64, String)> = sqlx::query_as(
+/// up to `batch`, looked up on their rail and moved by its answer; the
+/// number looked up. A payout the rail has no record of is recorded as a
+/// conflict for operators.
+pub async fn poll_sent<R: Rail>(pool: &PgPool, rail: &R, after: Duration, batch: i64) -> anyhow::Result<usize> {
+    let due: Vec<PayoutRow> = sqlx::query_as(&format!(
         "WITH due AS (
              SELECT id FROM settlement.payouts
              WHERE status = 'sent' AND coalesce(polled_at, sent_at) < now() - $1 * interval '1 millisecond'
              ORDER BY coalesce(polled_at, sent_at) LIMIT $2
              FOR NO KEY UPDATE SKIP LOCKED)
          UPDATE settlement.payouts p SET polled_at = now() FROM due WHERE p.id = due.id
-         RETURNING p.id, p.provider_key",
-    )
+         RETURNING {}",
+        super::PAYOUT_COLUMNS
+    ))
     .bind(after.as_millis() as i64) // $1
     .bind(batch) // $2
     .fetch_all(pool)
     .await?;
-    for (id, key) in &due {
-        let payment = match provider.lookup(key).await {
+    for payout in &due {
+        let id = payout.id;
+        let payment = match rail.look_up(payout).await {
             Ok(Some(payment)) => payment,
             Ok(None) => {
-                record_missing(pool, *id).await?;
+                record_missing(pool, id).await?;
                 continue;
             }
             Err(err) => {
@@ -435,8 +401,8 @@ pub async fn poll_sent<P: PayoutProvider>(
             }
         };
         let mut tx = pool.begin().await?;
-        if super::payment_matches(&mut tx, *id, &payment, Source::Poll, None).await? {
-            apply_word(&mut tx, *id, &word_of(&payment), Source::Poll, None).await?;
+        if super::payment_matches(&mut tx, id, &payment, Source::Poll, None).await? {
+            apply_word(&mut tx, id, &word::word_of(&payment), Source::Poll, None).await?;
         }
         tx.commit().await?;
     }
@@ -476,6 +442,117 @@ pub struct DeliveryOptions {
     pub poll_after: Duration,
 }
 
+/// Delivery's flags, the ones `settled deliver` and `settled worker` share
+/// (flattened into both): how this process calls the provider and holds
+/// its leases. The worker's leased settlement calls the provider and holds
+/// its leases with them too.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DeliveryFlags {
+    /// Provider call timeout in milliseconds.
+    #[arg(long, default_value_t = crate::provider::DEFAULT_PROVIDER_TIMEOUT_MS, value_parser = clap::value_parser!(u64).range(1..=600_000))]
+    pub provider_timeout_ms: u64,
+    /// Calls per second to the provider, over every process that calls it
+    /// (`settled deliver`, and the payout delivery of `settled worker`'s daemon).
+    #[arg(long, env = "SETTLED_PROVIDER_RATE", default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub provider_rate: u32,
+    /// Provider calls in flight at once in this process, over all its claim
+    /// loops (a claim's calls run concurrently), 1..=1024.
+    #[arg(long, env = "SETTLED_PROVIDER_CONCURRENCY", default_value_t = settled_engine::raw::DEFAULT_CALLS_IN_FLIGHT as u32,
+          value_parser = clap::value_parser!(u32).range(1..=settled_engine::raw::MAX_CALLS_IN_FLIGHT as i64))]
+    pub provider_concurrency: u32,
+    /// Lease time to live in milliseconds, renewed every ttl/3.
+    #[arg(long, env = "SETTLED_LEASE_TTL_MS", default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(300..=3_600_000))]
+    pub lease_ttl_ms: u64,
+    /// How often expired leases are looked for, in milliseconds.
+    #[arg(long, env = "SETTLED_RESCUE_INTERVAL_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(50..=3_600_000))]
+    pub rescue_interval_ms: u64,
+    /// On SIGTERM/SIGINT, how long work in flight may finish before the rest
+    /// is given back, in milliseconds.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(0..=600_000))]
+    pub shutdown_grace_ms: u64,
+}
+
+/// How delivery's queue is served: what only `settled deliver` sets by
+/// flags. The payout delivery of `settled worker`'s daemon serves as
+/// [`Serving::DAEMON`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Serving {
+    /// Claim loops.
+    pub concurrency: u32,
+    /// Payouts per claim.
+    pub batch: u32,
+    /// Calls that may go at once after a quiet spell (None: one second's worth).
+    pub burst: Option<u32>,
+    /// A payout accepted this long ago and still not paid or failed is looked up.
+    pub poll_after: Duration,
+    /// Longest pause of an idle loop between two looks.
+    pub max_poll: Duration,
+}
+
+impl Serving {
+    /// The worker daemon's delivery, beside its settlement.
+    pub const DAEMON: Serving = Serving {
+        concurrency: 2,
+        batch: 50,
+        burst: None,
+        poll_after: Duration::from_secs(300),
+        max_poll: Duration::from_millis(1_000),
+    };
+}
+
+/// Retries of one delivery: it is retried until the provider answers, and
+/// its failures that are not the provider's word (a bug, a lost
+/// connection) end as dead letters an operator replays, the payout still
+/// queued.
+pub const DELIVERY_ATTEMPTS_MAX: i32 = 25;
+
+impl DeliveryFlags {
+    /// The leases of this process's claims.
+    pub fn leases(&self) -> settled_engine::LeaseConfig {
+        settled_engine::LeaseConfig {
+            ttl: Duration::from_millis(self.lease_ttl_ms),
+            rescue_interval: Duration::from_millis(self.rescue_interval_ms),
+            shutdown_grace: Duration::from_millis(self.shutdown_grace_ms),
+            calls_in_flight: self.provider_concurrency as usize,
+        }
+    }
+
+    /// A provider call's timeout.
+    pub fn provider_timeout(&self) -> Duration {
+        Duration::from_millis(self.provider_timeout_ms)
+    }
+
+    /// Delivery through the provider at `provider_url`, its queue served as
+    /// `serving` says; `wake` is how idle loops learn of new payouts.
+    pub fn options(
+        &self,
+        provider_url: &str,
+        serving: &Serving,
+        wake: settled_engine::continuous::Wake,
+    ) -> DeliveryOptions {
+        let mut serve = settled_engine::ServeConfig {
+            concurrency: serving.concurrency,
+            batch: serving.batch,
+            wake,
+            poll: serving.max_poll,
+            lease: self.leases(),
+            ..settled_engine::ServeConfig::default()
+        };
+        serve.retry.max_attempts = DELIVERY_ATTEMPTS_MAX;
+        DeliveryOptions {
+            provider_url: provider_url.to_string(),
+            provider_timeout: self.provider_timeout(),
+            limits: Limits {
+                per_second: f64::from(self.provider_rate),
+                burst: f64::from(serving.burst.unwrap_or(self.provider_rate)),
+                ..Limits::default()
+            },
+            serve,
+            poll_after: serving.poll_after,
+        }
+    }
+}
+
 /// How often the housekeeping beside delivery runs (expiry, polling).
 pub const HOUSEKEEPING_EVERY: Duration = Duration::from_secs(5);
 /// Payouts looked up or expired per housekeeping round.
@@ -501,7 +578,7 @@ pub async fn run_delivery(
 
 /// Expires unconfirmed payouts and looks up long-sent ones, every
 /// [`HOUSEKEEPING_EVERY`], until aborted.
-async fn housekeeping<P: PayoutProvider>(pool: PgPool, provider: P, poll_after: Duration) {
+async fn housekeeping<R: Rail>(pool: PgPool, rail: R, poll_after: Duration) {
     let mut tick = tokio::time::interval(HOUSEKEEPING_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -516,7 +593,7 @@ async fn housekeeping<P: PayoutProvider>(pool: PgPool, provider: P, poll_after: 
             Ok(n) => tracing::info!(expired = n, "unconfirmed payouts expired; funds returned"),
             Err(err) => tracing::warn!(error = %format!("{err:#}"), "expiring unconfirmed payouts failed"),
         }
-        if let Err(err) = poll_sent(&pool, &provider, poll_after, HOUSEKEEPING_BATCH).await {
+        if let Err(err) = poll_sent(&pool, &rail, poll_after, HOUSEKEEPING_BATCH).await {
             tracing::warn!(error = %format!("{err:#}"), "looking up sent payouts failed");
         }
     }

@@ -20,13 +20,26 @@
 //! from webhooks, delivery and polling), `fail_refused_payout` (delivery);
 //! nothing is decided from a state read earlier. `settlement.move_payout`,
 //! which makes any allowed move, is the owner's alone.
+//!
+//! Beside the moves: a payout as settled reads it (`row.rs`: one typed
+//! row, one column list), what a rail's answer means for it (`word.rs`),
+//! the one interface delivery calls a rail through (`rail.rs`), delivery
+//! itself (`deliver.rs`), reconciliation (`reconcile.rs`) and what
+//! operators watch (`overview.rs`).
 
 use crate::provider::Payment;
 use sqlx::PgConnection;
 
 pub mod deliver;
 pub mod overview;
+pub mod rail;
 pub mod reconcile;
+pub mod row;
+pub mod word;
+
+pub use rail::Rail;
+pub use row::{PayoutKind, PayoutRow, PAYOUT_COLUMNS};
+pub use word::ProviderWord;
 
 /// The delivery queue's name (a continuous queue of the engine).
 pub const DELIVERY_QUEUE: &str = "payout_delivery";
@@ -142,28 +155,6 @@ pub async fn record_payment_clash(
     )
 }
 
-/// What the provider says of a payment, from any source.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ProviderWord {
-    /// Accepted, not paid yet.
-    Pending {
-        /// The provider's id.
-        provider_id: String,
-    },
-    /// Paid.
-    Paid {
-        /// The provider's id.
-        provider_id: String,
-    },
-    /// Failed after acceptance, or refused.
-    Failed {
-        /// The provider's id, when it has one.
-        provider_id: Option<String>,
-        /// Why.
-        reason: String,
-    },
-}
-
 /// Where the provider's word came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
@@ -238,12 +229,13 @@ pub async fn apply_word(
     source: Source,
     event_id: Option<&str>,
 ) -> anyhow::Result<Applied> {
-    let (provider_status, provider_id, what) = match word {
-        ProviderWord::Pending { provider_id } => ("pending", Some(provider_id), "accepted by the provider".to_string()),
-        ProviderWord::Paid { provider_id } => ("paid", Some(provider_id), "paid".to_string()),
-        ProviderWord::Failed { provider_id, reason } => ("failed", provider_id.as_ref(), format!("failed: {reason}")),
+    let provider_status = word.provider_status();
+    let what = match word {
+        ProviderWord::Pending { .. } => "accepted by the provider".to_string(),
+        ProviderWord::Paid { .. } => "paid".to_string(),
+        ProviderWord::Failed { reason, .. } => format!("failed: {reason}"),
     };
-    let Some(provider_id) = provider_id else {
+    let Some(provider_id) = word.provider_id() else {
         anyhow::bail!("the provider's word {provider_status} about payout {id} names no payment");
     };
     let reason = format!(
@@ -265,42 +257,12 @@ pub async fn apply_word(
         tracing::warn!(
             payout = id,
             provider_status,
-            provider_id = provider_id.as_str(),
+            provider_id,
             source = source.as_str(),
             "the provider's word contradicts its payout; recorded, not applied"
         );
     }
     Ok(applied)
-}
-
-/// A decimal amount without leading zeros, so "007" and "7" compare equal.
-pub(crate) fn canonical(amount: &str) -> &str {
-    let trimmed = amount.trim_start_matches('0');
-    if trimmed.is_empty() && !amount.is_empty() {
-        "0"
-    } else {
-        trimmed
-    }
-}
-
-/// What differs between payout `amount` to `creator` under provider key
-/// `key` and the provider's `payment` given for that key, in words; None
-/// when it is under that key and pays exactly that.
-pub fn payment_differs(key: &str, amount: &str, creator: &str, payment: &Payment) -> Option<String> {
-    if payment.idempotency_key != key {
-        return Some(format!(
-            "the provider answered for the payout's key {key:?} with its payment {:?} under another key {:?}",
-            payment.id, payment.idempotency_key
-        ));
-    }
-    let amount_differs = canonical(amount) != canonical(&payment.amount);
-    let creator_differs = !creator.eq_ignore_ascii_case(&payment.creator);
-    (amount_differs || creator_differs).then(|| {
-        format!(
-            "the payout pays {amount} to {creator}, the provider's payment {} under its key pays {} to {}",
-            payment.id, payment.amount, payment.creator
-        )
-    })
 }
 
 /// Checks that the provider's `payment` given for payout `id`'s key is
@@ -316,12 +278,10 @@ pub async fn payment_matches(
     source: Source,
     event_id: Option<&str>,
 ) -> anyhow::Result<bool> {
-    let (state, amount, creator, key): (String, String, String, String) =
-        sqlx::query_as("SELECT status, amount::text, creator, provider_key FROM settlement.payouts WHERE id = $1")
-            .bind(id) // $1
-            .fetch_one(&mut *conn)
-            .await?;
-    let Some(detail) = payment_differs(&key, &amount, &creator, payment) else {
+    let payout = row::load(conn, id)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("payout {id} does not exist"))?;
+    let Some(detail) = word::differs(&payout, payment) else {
         return Ok(true);
     };
     sqlx::query(
@@ -329,7 +289,7 @@ pub async fn payment_matches(
          VALUES ($1, $2, $3, $4, $5, $6)",
     )
     .bind(id) // $1
-    .bind(&state) // $2
+    .bind(payout.state.as_str()) // $2
     .bind(payment.status.as_str()) // $3
     .bind(source.as_str()) // $4
     .bind(event_id) // $5
@@ -338,7 +298,7 @@ pub async fn payment_matches(
     .await?;
     tracing::warn!(
         payout = id,
-        state,
+        state = payout.state.as_str(),
         source = source.as_str(),
         detail,
         "the provider's payment does not match its payout; recorded, not applied"

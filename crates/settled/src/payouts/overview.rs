@@ -53,7 +53,7 @@ impl Overview {
 
 #[derive(sqlx::FromRow)]
 struct StateRow {
-    status: String,
+    status: PayoutState,
     count: i64,
     amount: String,
     oldest_secs: Option<f64>,
@@ -72,7 +72,7 @@ pub async fn overview(conn: &mut PgConnection) -> anyhow::Result<Overview> {
     .await?;
     let states = PayoutState::ALL
         .into_iter()
-        .map(|state| match rows.iter().find(|r| r.status == state.as_str()) {
+        .map(|state| match rows.iter().find(|r| r.status == state) {
             Some(row) => StateTotals {
                 state,
                 count: row.count,

@@ -37,26 +37,19 @@ use std::collections::{HashMap, HashSet};
 use serde::Serialize;
 use sqlx::PgConnection;
 
-use super::{canonical, PayoutState};
+use super::word::same_amount;
+use super::{row, PayoutKind, PayoutRow, PayoutState};
+use crate::money::Amount;
 use crate::period::Period;
 use crate::provider::{payout_key, HttpProvider, Payment, PaymentStatus};
 use crate::verify::{Check, MAX_OFFENDERS};
 
 /// A payout as reconciliation reads it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct PayoutRecord {
-    /// Its id.
-    pub id: i64,
-    /// `withdrawal` or `settlement`.
-    pub kind: String,
-    /// Who it pays.
-    pub creator: String,
-    /// Base units, a decimal string.
-    pub amount: String,
-    /// Where it is.
-    pub state: PayoutState,
-    /// The key settled sends the provider.
-    pub provider_key: String,
+    /// The payout.
+    #[sqlx(flatten)]
+    pub payout: PayoutRow,
     /// For a queued payout that nothing will send: why (its delivery job
     /// is a dead letter, or gone). None while delivery will send it.
     pub stranded: Option<String>,
@@ -278,10 +271,10 @@ pub fn compare(payouts: &[PayoutRecord], payments: &[Payment]) -> Comparison {
         ..Comparison::default()
     };
     for payout in payouts {
-        let found = by_key.get(payout.provider_key.as_str()).map(Vec::as_slice);
+        let found = by_key.get(payout.payout.provider_key.as_str()).map(Vec::as_slice);
         compare_one(payout, found.and_then(|p| p.first().copied()), &mut out);
     }
-    let known: HashSet<&str> = payouts.iter().map(|p| p.provider_key.as_str()).collect();
+    let known: HashSet<&str> = payouts.iter().map(|p| p.payout.provider_key.as_str()).collect();
     for payment in payments.iter().filter(|p| !known.contains(p.idempotency_key.as_str())) {
         out.mismatches.push(Mismatch {
             kind: MismatchKind::UnknownToSettled,
@@ -315,7 +308,8 @@ pub fn compare(payouts: &[PayoutRecord], payments: &[Payment]) -> Comparison {
 
 /// One payout against the payment under its key (the first, when the
 /// provider lists several: [`paid_twice`] reports the others).
-fn compare_one(payout: &PayoutRecord, payment: Option<&Payment>, out: &mut Comparison) {
+fn compare_one(record: &PayoutRecord, payment: Option<&Payment>, out: &mut Comparison) {
+    let payout = &record.payout;
     let mismatch = |kind, provider_ids: Vec<String>, detail: String| Mismatch {
         kind,
         payout_id: Some(payout.id),
@@ -323,8 +317,8 @@ fn compare_one(payout: &PayoutRecord, payment: Option<&Payment>, out: &mut Compa
         provider_ids,
         detail,
     };
-    let stranded = payout.state == PayoutState::Queued && payout.stranded.is_some();
-    if let (true, Some(why)) = (stranded, &payout.stranded) {
+    let stranded = payout.state == PayoutState::Queued && record.stranded.is_some();
+    if let (true, Some(why)) = (stranded, &record.stranded) {
         out.mismatches.push(mismatch(
             MismatchKind::Stranded,
             payment.map(|p| vec![p.id.clone()]).unwrap_or_default(),
@@ -369,9 +363,9 @@ fn compare_one(payout: &PayoutRecord, payment: Option<&Payment>, out: &mut Compa
 
 /// What differs between a payout and the payment under its key: amount,
 /// creator, and states that contradict each other.
-fn differences(payout: &PayoutRecord, payment: &Payment) -> Vec<(MismatchKind, String)> {
+fn differences(payout: &PayoutRow, payment: &Payment) -> Vec<(MismatchKind, String)> {
     let mut found = Vec::new();
-    if canonical(&payment.amount) != canonical(&payout.amount) {
+    if !same_amount(&payment.amount, payout.amount) {
         found.push((
             MismatchKind::AmountDiffers,
             format!(
@@ -380,7 +374,7 @@ fn differences(payout: &PayoutRecord, payment: &Payment) -> Vec<(MismatchKind, S
             ),
         ));
     }
-    if !payment.creator.eq_ignore_ascii_case(&payout.creator) {
+    if !payment.creator.eq_ignore_ascii_case(payout.creator.as_str()) {
         found.push((
             MismatchKind::CreatorDiffers,
             format!(
@@ -412,8 +406,11 @@ fn differences(payout: &PayoutRecord, payment: &Payment) -> Vec<(MismatchKind, S
 /// The payouts claimed by more than one payment that has not failed, and
 /// payments naming no payout that share creator and reference.
 fn paid_twice(payouts: &[PayoutRecord], payments: &[Payment]) -> Vec<Mismatch> {
-    let by_key: HashMap<&str, &PayoutRecord> = payouts.iter().map(|p| (p.provider_key.as_str(), p)).collect();
-    let by_id: HashMap<i64, &PayoutRecord> = payouts.iter().map(|p| (p.id, p)).collect();
+    let by_key: HashMap<&str, &PayoutRow> = payouts
+        .iter()
+        .map(|p| (p.payout.provider_key.as_str(), &p.payout))
+        .collect();
+    let by_id: HashMap<i64, &PayoutRow> = payouts.iter().map(|p| (p.payout.id, &p.payout)).collect();
     let mut claims: HashMap<i64, Vec<&Payment>> = HashMap::new();
     let mut loose: HashMap<(String, &str), Vec<&Payment>> = HashMap::new();
     for payment in payments.iter().filter(|p| p.status != PaymentStatus::Failed) {
@@ -423,12 +420,12 @@ fn paid_twice(payouts: &[PayoutRecord], payments: &[Payment]) -> Vec<Mismatch> {
         let by_reference = payment.reference.as_deref().and_then(|r| {
             by_key
                 .get(r)
-                .filter(|p| p.kind == "withdrawal")
+                .filter(|p| p.kind == PayoutKind::Withdrawal)
                 .map(|p| p.id)
                 .or_else(|| {
                     r.parse::<i64>()
                         .ok()
-                        .filter(|id| by_id.get(id).is_some_and(|p| p.kind == "withdrawal"))
+                        .filter(|id| by_id.get(id).is_some_and(|p| p.kind == PayoutKind::Withdrawal))
                 })
         });
         let mut claimed: Vec<i64> = by_its_key.into_iter().chain(by_reference).collect();
@@ -490,25 +487,14 @@ pub enum Scope {
     Period(Period),
 }
 
-#[derive(sqlx::FromRow)]
-struct PayoutRow {
-    id: i64,
-    kind: String,
-    creator: String,
-    amount: String,
-    status: String,
-    provider_key: String,
-    stranded: Option<String>,
-}
-
 /// The payouts in `scope`, in one statement (one snapshot).
 pub async fn load_payouts(conn: &mut PgConnection, scope: Scope) -> anyhow::Result<Vec<PayoutRecord>> {
     let period = match scope {
         Scope::All => None,
         Scope::Period(p) => Some(p.date()),
     };
-    let rows: Vec<PayoutRow> = sqlx::query_as(
-        "SELECT p.id, p.kind, p.creator, p.amount::text AS amount, p.status, p.provider_key,
+    Ok(sqlx::query_as(&format!(
+        "SELECT {},
                 CASE WHEN p.status <> 'queued' OR p.kind <> 'withdrawal' THEN NULL
                      WHEN j.payout_id IS NULL THEN 'it has no delivery job'
                      WHEN j.status = 'failed' THEN 'its delivery job is a dead letter after '
@@ -519,25 +505,11 @@ pub async fn load_payouts(conn: &mut PgConnection, scope: Scope) -> anyhow::Resu
          FROM settlement.payouts p LEFT JOIN settlement.payout_jobs j ON j.payout_id = p.id
          WHERE $1::date IS NULL OR (p.kind = 'settlement' AND p.period = $1::date)
          ORDER BY p.id",
-    )
+        super::PAYOUT_COLUMNS
+    ))
     .bind(period) // $1
     .fetch_all(conn)
-    .await?;
-    rows.into_iter()
-        .map(|row| {
-            let state = PayoutState::parse(&row.status)
-                .ok_or_else(|| anyhow::anyhow!("payout {} is in unknown state {:?}", row.id, row.status))?;
-            Ok(PayoutRecord {
-                id: row.id,
-                kind: row.kind,
-                creator: row.creator,
-                amount: row.amount,
-                state,
-                provider_key: row.provider_key,
-                stranded: row.stranded,
-            })
-        })
-        .collect()
+    .await?)
 }
 
 /// Reads settled's payouts in `scope`, then every payment of the
@@ -565,11 +537,7 @@ async fn explain_unknown(conn: &mut PgConnection, out: &mut Comparison, payments
     if unknown.is_empty() {
         return Ok(());
     }
-    let made_since: Vec<(String, i64, String)> =
-        sqlx::query_as("SELECT provider_key, id, status FROM settlement.payouts WHERE provider_key = ANY($1)")
-            .bind(&unknown) // $1
-            .fetch_all(&mut *conn)
-            .await?;
+    let made_since = row::load_by_provider_keys(conn, &unknown).await?;
     let (mut periods, mut creators, mut keys) = (Vec::new(), Vec::new(), Vec::new());
     for key in &unknown {
         let Some((period, creator)) = key.strip_prefix("settled:").and_then(|rest| rest.split_once(':')) else {
@@ -597,19 +565,19 @@ async fn explain_unknown(conn: &mut PgConnection, out: &mut Comparison, payments
         .collect();
     let zero_paid: HashSet<&str> = payments
         .iter()
-        .filter(|p| canonical(&p.amount) == "0")
+        .filter(|p| same_amount(&p.amount, Amount::ZERO))
         .map(|p| p.idempotency_key.as_str())
         .collect();
     let mut explained: HashSet<String> = HashSet::new();
-    for (key, id, state) in made_since {
-        if let (Some(state), Some(status)) = (PayoutState::parse(&state), status_of.get(key.as_str())) {
+    for payout in made_since {
+        if let Some(status) = status_of.get(payout.provider_key.as_str()) {
             out.in_flight.push(Lag {
-                payout_id: id,
-                key: key.clone(),
-                state,
+                payout_id: payout.id,
+                key: payout.provider_key.clone(),
+                state: payout.state,
                 provider_status: *status,
             });
-            explained.insert(key);
+            explained.insert(payout.provider_key);
         }
     }
     for key in zero.into_iter().filter(|k| zero_paid.contains(k.as_str())) {
@@ -625,14 +593,22 @@ async fn explain_unknown(conn: &mut PgConnection, out: &mut Comparison, payments
 mod tests {
     use super::*;
 
+    const CREATOR: &str = "0x00000000000000000000000000000000000000aa";
+    const OTHER_CREATOR: &str = "0x00000000000000000000000000000000000000bb";
+
     fn payout(id: i64, state: PayoutState, amount: &str) -> PayoutRecord {
         PayoutRecord {
-            id,
-            kind: "withdrawal".into(),
-            creator: "0xaa".into(),
-            amount: amount.into(),
-            state,
-            provider_key: format!("payout-{id}"),
+            payout: PayoutRow {
+                id,
+                kind: PayoutKind::Withdrawal,
+                creator: crate::address::CreatorAddress::parse(CREATOR).unwrap(),
+                amount: Amount::parse_decimal(amount).unwrap(),
+                state,
+                provider_key: format!("payout-{id}"),
+                reference: id.to_string(),
+                idempotency_key: None,
+                provider_id: None,
+            },
             stranded: None,
         }
     }
@@ -641,7 +617,7 @@ mod tests {
         Payment {
             id: format!("pay_{n}"),
             idempotency_key: key.into(),
-            creator: "0xaa".into(),
+            creator: CREATOR.into(),
             amount: amount.into(),
             status,
             failure_reason: None,
@@ -692,7 +668,7 @@ mod tests {
             },
         ];
         let mut other_creator = payment(4, "payout-4", P::Paid, "10", Some("4"));
-        other_creator.creator = "0xbb".into();
+        other_creator.creator = OTHER_CREATOR.into();
         let payments = vec![
             payment(1, "payout-1", P::Paid, "010", Some("1")),
             payment(3, "payout-3", P::Paid, "11", Some("3")),

@@ -12,6 +12,9 @@
 //! up to a cap, so a provider cannot make settled hold more than that.
 //! Only a request that could not be built, and so never left, is refused;
 //! whatever fails after sending leaves the outcome unknown.
+//!
+//! It is payout delivery's rail ([`Rail`]) as well as the settlement's
+//! provider ([`PayoutProvider`]).
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -23,6 +26,7 @@ use tracing::Instrument;
 
 use super::{Payment, PaymentRequest, PayoutProvider, ProviderError};
 use crate::money::Amount;
+use crate::payouts::{PayoutRow, Rail};
 
 /// The wait after a 429 without a readable `Retry-After`.
 pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -258,6 +262,27 @@ impl PayoutProvider for HttpProvider {
 
     fn with_traceparent(&self, traceparent: Option<&str>) -> HttpProvider {
         HttpProvider::with_traceparent(self, traceparent)
+    }
+}
+
+/// Delivery's rail: a payout's payment is `POST /v1/payments` under its
+/// provider key, with its reference; its look-up is by that key.
+impl Rail for HttpProvider {
+    async fn send(&self, payout: &PayoutRow, traceparent: Option<&str>) -> Result<Payment, ProviderError> {
+        let (payment, _created) = self
+            .with_traceparent(traceparent)
+            .pay(
+                &payout.provider_key,
+                payout.creator.as_str(),
+                payout.amount,
+                Some(&payout.reference),
+            )
+            .await?;
+        Ok(payment)
+    }
+
+    async fn look_up(&self, payout: &PayoutRow) -> Result<Option<Payment>, ProviderError> {
+        self.lookup(&payout.provider_key).await
     }
 }
 

@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use sqlx::PgConnection;
 
+use settled::payouts::{PayoutRow, PayoutState, PAYOUT_COLUMNS};
 use settled::provider::{Payment, PaymentStatus};
 
 use super::clients::{Answer, ConfirmPlan, Intent, IntentLog};
@@ -113,15 +114,7 @@ impl PayoutCounts {
 }
 
 /// A payout as the checks read it.
-#[derive(Debug, sqlx::FromRow)]
-struct Row {
-    id: i64,
-    idempotency_key: Option<String>,
-    creator: String,
-    amount: String,
-    status: String,
-    provider_key: String,
-}
+type Row = PayoutRow;
 
 /// Everything the checks read.
 pub(super) struct Evidence<'a> {
@@ -151,10 +144,9 @@ pub(super) async fn check(
     conn: &mut PgConnection,
     evidence: &Evidence<'_>,
 ) -> anyhow::Result<(Vec<Invariant>, PayoutCounts)> {
-    let rows: Vec<Row> = sqlx::query_as(
-        "SELECT id, idempotency_key, creator, amount::text AS amount, status, provider_key
-         FROM settlement.payouts ORDER BY id",
-    )
+    let rows: Vec<Row> = sqlx::query_as(&format!(
+        "SELECT {PAYOUT_COLUMNS} FROM settlement.payouts p ORDER BY p.id"
+    ))
     .fetch_all(&mut *conn)
     .await?;
     let returns: HashMap<i64, String> =
@@ -192,8 +184,8 @@ pub(super) async fn check(
 fn no_payout_stuck(rows: &[Row]) -> Invariant {
     let stuck = rows
         .iter()
-        .filter(|r| matches!(r.status.as_str(), "created" | "queued" | "sent"))
-        .map(|r| format!("payout {} is {}", r.id, r.status))
+        .filter(|r| matches!(r.state, PayoutState::Created | PayoutState::Queued | PayoutState::Sent))
+        .map(|r| format!("payout {} is {}", r.id, r.state))
         .collect();
     invariant(
         "no_payout_stuck",
@@ -213,9 +205,12 @@ fn by_key(payments: &[Payment]) -> HashMap<&str, Vec<&Payment>> {
 fn paid_once_at_the_provider(rows: &[Row], payments: &[Payment]) -> Invariant {
     let at_provider = by_key(payments);
     let mut offenders = Vec::new();
-    for r in rows.iter().filter(|r| r.status == "paid") {
+    for r in rows.iter().filter(|r| r.state == PayoutState::Paid) {
         match at_provider.get(r.provider_key.as_str()).map(Vec::as_slice) {
-            Some([p]) if p.status == PaymentStatus::Paid && p.amount == r.amount && p.creator == r.creator => {}
+            Some([p])
+                if p.status == PaymentStatus::Paid
+                    && p.amount == r.amount.to_string()
+                    && p.creator == r.creator.as_str() => {}
             Some([p]) => offenders.push(format!(
                 "payout {} ({} to {}) is paid, the provider has {} of {} to {}",
                 r.id,
@@ -241,15 +236,15 @@ fn unpaid_never_paid(rows: &[Row], payments: &[Payment]) -> Invariant {
     let mut offenders = Vec::new();
     for r in rows.iter() {
         let found = at_provider.get(r.provider_key.as_str());
-        let bad = match r.status.as_str() {
-            "failed" => found.is_some_and(|ps| ps.iter().any(|p| p.status != PaymentStatus::Failed)),
-            "cancelled" | "expired" => found.is_some(),
+        let bad = match r.state {
+            PayoutState::Failed => found.is_some_and(|ps| ps.iter().any(|p| p.status != PaymentStatus::Failed)),
+            PayoutState::Cancelled | PayoutState::Expired => found.is_some(),
             _ => false,
         };
         if bad {
             offenders.push(format!(
                 "payout {} is {} but the provider has a payment under its key",
-                r.id, r.status
+                r.id, r.state
             ));
         }
     }
@@ -273,12 +268,12 @@ fn provider_payments_match(rows: &[Row], payments: &[Payment]) -> Invariant {
                 "payment {} under key {} has no payout",
                 p.id, p.idempotency_key
             )),
-            Some(r) if r.status != p.status.as_str() => offenders.push(format!(
+            Some(r) if r.state.as_str() != p.status.as_str() => offenders.push(format!(
                 "payment {} is {}, payout {} is {}",
                 p.id,
                 p.status.as_str(),
                 r.id,
-                r.status
+                r.state
             )),
             Some(_) => {}
         }
@@ -293,12 +288,15 @@ fn provider_payments_match(rows: &[Row], payments: &[Payment]) -> Invariant {
 fn returned_exactly_once(rows: &[Row], returns: &HashMap<i64, String>) -> Invariant {
     let mut offenders = Vec::new();
     for r in rows {
-        let unpaid = matches!(r.status.as_str(), "failed" | "cancelled" | "expired");
+        let unpaid = matches!(
+            r.state,
+            PayoutState::Failed | PayoutState::Cancelled | PayoutState::Expired
+        );
         match (unpaid, returns.get(&r.id)) {
-            (true, Some(amount)) if *amount == r.amount => {}
+            (true, Some(amount)) if *amount == r.amount.to_string() => {}
             (true, Some(amount)) => offenders.push(format!("payout {} of {} returned {amount}", r.id, r.amount)),
-            (true, None) => offenders.push(format!("payout {} is {} and was not returned", r.id, r.status)),
-            (false, Some(_)) => offenders.push(format!("payout {} is {} and was returned", r.id, r.status)),
+            (true, None) => offenders.push(format!("payout {} is {} and was not returned", r.id, r.state)),
+            (false, Some(_)) => offenders.push(format!("payout {} is {} and was returned", r.id, r.state)),
             (false, None) => {}
         }
     }
@@ -341,7 +339,9 @@ fn one_payout_per_request(rows: &[Row], evidence: &Evidence<'_>) -> Invariant {
             (0, Some(_)) if log.answers.is_empty() => {}
             (0, Some(r)) => offenders.push(format!("{}: refused, yet payout {} exists", intent.key, r.id)),
             (1, Some(r)) if ids.contains(&r.id) => {
-                if r.creator != intent.creator.to_lowercase() || r.amount != intent.amount.to_string() {
+                if r.creator.as_str() != intent.creator.to_lowercase()
+                    || r.amount.to_string() != intent.amount.to_string()
+                {
                     offenders.push(format!(
                         "{}: payout {} pays another creator or amount",
                         intent.key, r.id
@@ -372,7 +372,7 @@ fn confirmations_have_one_winner(rows: &[Row], evidence: &Evidence<'_>) -> Invar
         let (Some(plan), Some(r)) = (intent.confirm, by_request.get(intent.key.as_str())) else {
             continue;
         };
-        let status = r.status.as_str();
+        let status = r.state.as_str();
         let wins = log.confirmed + log.cancelled;
         let bad = if wins > 1 {
             Some(format!("{wins} of the racing requests succeeded"))
@@ -433,7 +433,7 @@ async fn counts(
 ) -> anyhow::Result<PayoutCounts> {
     let mut by_state = BTreeMap::new();
     for r in rows {
-        *by_state.entry(r.status.clone()).or_insert(0) += 1;
+        *by_state.entry(r.state.as_str().to_string()).or_insert(0) += 1;
     }
     let events: BTreeMap<String, i64> =
         sqlx::query_as::<_, (String, i64)>("SELECT outcome, count(*) FROM settlement.provider_events GROUP BY outcome")
