@@ -46,8 +46,9 @@ pub fn delivery_queue() -> settled_engine::Queue {
         .expect("the delivery queue's names are valid")
 }
 
-/// Where a payout stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+/// Where a payout stands (the API serializes it, and the OpenAPI document
+/// lists its values, from this enum).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum PayoutState {
     /// Debited, awaiting its confirmation.
@@ -108,6 +109,25 @@ impl PayoutState {
 impl std::fmt::Display for PayoutState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+/// Read from a text column (a stored state): a value that is not a state
+/// is an error, never a default.
+impl sqlx::Type<sqlx::Postgres> for PayoutState {
+    fn type_info() -> sqlx::postgres::PgTypeInfo {
+        <&str as sqlx::Type<sqlx::Postgres>>::type_info()
+    }
+
+    fn compatible(ty: &sqlx::postgres::PgTypeInfo) -> bool {
+        <&str as sqlx::Type<sqlx::Postgres>>::compatible(ty)
+    }
+}
+
+impl<'r> sqlx::Decode<'r, sqlx::Postgres> for PayoutState {
+    fn decode(value: sqlx::postgres::PgValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
+        let text = <&str as sqlx::Decode<sqlx::Postgres>>::decode(value)?;
+        PayoutState::parse(text).ok_or_else(|| format!("{text:?} is not a payout state").into())
     }
 }
 
