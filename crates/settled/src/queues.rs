@@ -33,10 +33,13 @@ pub struct QueueView {
     /// True while paused (no claims).
     pub paused: bool,
     /// Since when.
+    #[schema(required = true)]
     pub paused_at: Option<DateTime<Utc>>,
-    /// Its jobs by state, exact (None when `error` says why not).
+    /// Its jobs by state, exact (null when `error` says why not).
+    #[schema(required = true)]
     pub stats: Option<QueueStats>,
     /// Why its table cannot be read: missing, not conforming, no privilege.
+    #[schema(required = true)]
     pub error: Option<String>,
 }
 
@@ -207,6 +210,7 @@ pub struct DeadLetter {
     /// Attempts counted toward the queue's limit (since its last replay).
     pub attempts: i32,
     /// Why its last attempt failed.
+    #[schema(required = true)]
     pub last_error: Option<String>,
     /// When it failed for good.
     pub failed_at: DateTime<Utc>,
@@ -216,8 +220,8 @@ pub struct DeadLetter {
     pub history: serde_json::Value,
 }
 
-/// One failed attempt of a dead letter, as the engine records it (the
-/// work table's `errors`): documents [`DeadLetter::history`].
+/// One failed attempt of a dead letter, as the engine records it in the
+/// work table's `errors` (the shape of [`DeadLetter::history`]).
 #[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
 pub struct Attempt {
     /// Which attempt (since the job's last replay).
@@ -225,6 +229,7 @@ pub struct Attempt {
     /// When it failed.
     pub at: DateTime<Utc>,
     /// Why.
+    #[schema(required = true)]
     pub error: Option<String>,
 }
 

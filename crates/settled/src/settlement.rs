@@ -506,7 +506,8 @@ pub struct Hold {
     pub reason: String,
     /// When it was placed.
     pub created_at: chrono::DateTime<chrono::Utc>,
-    /// When it was released (None while active).
+    /// When it was released (null while active).
+    #[schema(required = true)]
     pub released_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 

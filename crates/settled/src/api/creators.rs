@@ -55,6 +55,7 @@ pub struct CreatorHold {
     /// When it was placed.
     pub created_at: chrono::DateTime<chrono::Utc>,
     /// When it was released (null while active).
+    #[schema(required = true)]
     pub released_at: Option<chrono::DateTime<chrono::Utc>>,
     /// True until it is released.
     pub active: bool,

@@ -25,8 +25,11 @@ pub struct HoldRequest {
     pub creator: String,
     /// Why (1..=500 characters): one line of text, no control characters
     /// or direction overrides.
-    #[schema(min_length = 1, max_length = 500,
-        pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f\\u202a-\\u202e\\u2066-\\u2069]*\\S[^\\u0000-\\u001f\\u007f-\\u009f\\u202a-\\u202e\\u2066-\\u2069]*$")]
+    #[schema(
+        min_length = 1,
+        max_length = 500,
+        pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f\\u202a-\\u202e\\u2066-\\u2069]*\\S[^\\u0000-\\u001f\\u007f-\\u009f\\u202a-\\u202e\\u2066-\\u2069]*$"
+    )]
     pub reason: String,
 }
 
@@ -88,7 +91,9 @@ pub async fn create(
         .await
         .map_err(Problem::unavailable)?
     {
-        return Err(Problem::not_found(ProblemType::UnknownCreator, format!("creator {creator} is unknown")).field("creator"));
+        return Err(
+            Problem::not_found(ProblemType::UnknownCreator, format!("creator {creator} is unknown")).field("creator"),
+        );
     }
     let inserted = place_hold(state, &creator, reason).await;
     match inserted {
@@ -154,6 +159,8 @@ pub async fn release(
             "The hold was already released",
             format!("hold {id} was already released"),
         )),
-        crate::settlement::Released::NotFound => Err(Problem::not_found(ProblemType::UnknownHold, format!("no hold {id}"))),
+        crate::settlement::Released::NotFound => {
+            Err(Problem::not_found(ProblemType::UnknownHold, format!("no hold {id}")))
+        }
     }
 }

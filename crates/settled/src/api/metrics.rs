@@ -356,7 +356,10 @@ pub async fn ready(State(state): State<AppState>) -> Response {
             };
             (StatusCode::OK, axum::Json(ready)).into_response()
         }
-        Ok(pending) => not_ready(ProblemType::NotMigrated, format!("{}; run `settled migrate`", pending.describe())),
+        Ok(pending) => not_ready(
+            ProblemType::NotMigrated,
+            format!("{}; run `settled migrate`", pending.describe()),
+        ),
         Err(err) => Problem::unavailable(err).into_response(),
     }
 }

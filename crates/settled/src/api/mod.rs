@@ -365,9 +365,10 @@ pub async fn read_json<T: DeserializeOwned>(headers: &HeaderMap, body: Body) -> 
     }
     let bytes = read_body(body).await?;
     let object = crate::json::parse_object(&bytes).map_err(|e| match e {
-        ObjectError::Syntax(e) => {
-            Problem::bad_request(ProblemType::MalformedJson, format!("the body is not a valid request: {e}"))
-        }
+        ObjectError::Syntax(e) => Problem::bad_request(
+            ProblemType::MalformedJson,
+            format!("the body is not a valid request: {e}"),
+        ),
         ObjectError::NotAnObject => Problem::bad_request(ProblemType::MalformedJson, "the body must be a JSON object"),
         ObjectError::Duplicate(path) => Problem::bad_request(
             ProblemType::DuplicateField,

@@ -67,7 +67,10 @@ const BODY_ANSWERS: [(&str, &str); 5] = [
         "the body did not arrive in time (body-timeout); the connection is closed and nothing was done",
     ),
     ("413", "body too large (body-too-large)"),
-    ("415", "the body is not sent as application/json (unsupported-media-type)"),
+    (
+        "415",
+        "the body is not sent as application/json (unsupported-media-type)",
+    ),
     ("422", "invalid field (invalid-field, naming it)"),
 ];
 const UNAUTHORIZED: &str = "missing or wrong bearer token (unauthorized)";
@@ -253,3 +256,153 @@ impl PartialSchema for IdempotencyKeyHeader {
 }
 
 impl ToSchema for IdempotencyKeyHeader {}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use axum::body::Body;
+    use axum::http::{header, Method, Request, StatusCode};
+    use axum::Router;
+
+    use super::*;
+    use crate::api::problem::ProblemType;
+    use crate::payouts::PayoutState;
+
+    /// The served router, over a pool that never connects (no handler runs:
+    /// every probe is answered by the router itself).
+    fn served() -> Router {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .connect_lazy("postgres://nobody@127.0.0.1:1/none")
+            .expect("a lazy pool");
+        crate::api::router(AppState::new(pool.clone(), pool))
+    }
+
+    /// The path templates of a router's routes. axum lists them only in
+    /// its Debug form (`paths: {RouteId(0): "/healthz", ...}` of its path
+    /// router, before its fallback router's).
+    fn route_paths<S>(router: &Router<S>) -> BTreeSet<String> {
+        let listing = format!("{router:?}");
+        let start = listing
+            .find("path_router")
+            .expect("a router's Debug names its path router");
+        let end = listing.find("fallback_router").unwrap_or(listing.len());
+        listing[start..end]
+            .split('"')
+            .skip(1)
+            .step_by(2)
+            .filter(|quoted| quoted.starts_with('/') && !quoted.contains("__private__"))
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// The methods the router serves at `template` (GET's HEAD aside), from
+    /// the `Allow` header of its 405 to a method no route takes; None when
+    /// no route matches the path.
+    async fn methods_at(app: &Router, template: &str) -> Option<BTreeSet<String>> {
+        let path: String = template
+            .split('/')
+            .map(|part| if part.starts_with('{') { "1" } else { part })
+            .collect::<Vec<_>>()
+            .join("/");
+        let probe = Request::builder()
+            .method(Method::from_bytes(b"PROBE").expect("a method name"))
+            .uri(&path)
+            .header(header::HOST, "localhost")
+            .body(Body::empty())
+            .expect("a request");
+        let answer = tower_service::Service::call(&mut app.clone(), probe)
+            .await
+            .expect("the router answers");
+        match answer.status() {
+            StatusCode::NOT_FOUND => None,
+            StatusCode::METHOD_NOT_ALLOWED => {
+                let allow = answer.headers().get(header::ALLOW).expect("a 405 says what is allowed");
+                let allow = allow.to_str().expect("ASCII");
+                Some(
+                    allow
+                        .split(',')
+                        .map(|m| m.trim().to_ascii_lowercase())
+                        .filter(|m| m != "head" || !allow.contains("GET"))
+                        .collect(),
+                )
+            }
+            other => panic!("{path}: a method no route takes was answered {other}"),
+        }
+    }
+
+    /// Each path of the document with its methods.
+    fn documented(doc: &Value) -> BTreeMap<String, BTreeSet<String>> {
+        let paths = doc["paths"].as_object().expect("the document has paths");
+        paths
+            .iter()
+            .map(|(path, item)| {
+                let item = item.as_object().expect("a path item");
+                (path.clone(), item.keys().cloned().collect())
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn every_served_route_is_in_the_openapi_document_and_every_documented_route_is_served() {
+        let app = served();
+        let pages = route_paths(&crate::api::dashboard_routes());
+        let mut serving = BTreeMap::new();
+        for path in route_paths(&app).difference(&pages) {
+            let methods = methods_at(&app, path).await.unwrap_or_default();
+            serving.insert(path.clone(), methods);
+        }
+        let documented = documented(&document(24));
+        let mut differences = Vec::new();
+        for (path, methods) in &documented {
+            let served = serving.get(path).cloned().unwrap_or_default();
+            for method in methods.difference(&served) {
+                differences.push(format!("documented, not served: {} {path}", method.to_uppercase()));
+            }
+        }
+        for (path, methods) in &serving {
+            let listed = documented.get(path).cloned().unwrap_or_default();
+            for method in methods.difference(&listed) {
+                differences.push(format!("served, not documented: {} {path}", method.to_uppercase()));
+            }
+        }
+        assert!(differences.is_empty(), "{}", differences.join("\n"));
+        for wanted in [
+            "/v1/payouts/{id}/confirm",
+            "/v1/payouts/{id}/cancel",
+            "/v1/provider-events",
+        ] {
+            assert!(serving.contains_key(wanted), "{wanted} is served and documented");
+        }
+    }
+
+    #[test]
+    fn the_document_lists_every_payout_state_and_every_problem_type_from_their_enums() {
+        let doc = document(24);
+        let schemas = &doc["components"]["schemas"];
+        let states: Vec<&str> = PayoutState::ALL.iter().map(|s| s.as_str()).collect();
+        assert_eq!(
+            schemas["PayoutState"]["enum"],
+            json!(states),
+            "{}",
+            schemas["PayoutState"]
+        );
+        assert_eq!(
+            schemas["Payout"]["properties"]["status"]["$ref"],
+            "#/components/schemas/PayoutState"
+        );
+        let types: Vec<String> = ProblemType::ALL.iter().map(|t| t.uri()).collect();
+        assert_eq!(
+            schemas["ProblemType"]["enum"],
+            json!(types),
+            "{}",
+            schemas["ProblemType"]
+        );
+        let problem = &schemas["Problem"]["properties"];
+        assert_eq!(
+            problem["status"]["type"], "integer",
+            "RFC 9457: status is the HTTP status"
+        );
+        assert_eq!(problem["payout_status"]["$ref"], "#/components/schemas/PayoutState");
+    }
+}

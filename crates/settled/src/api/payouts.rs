@@ -13,8 +13,8 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
 use settled_engine::once::idempotency::{self, Begin, MAX_IDEMPOTENCY_KEY_CHARS};
+use utoipa::ToSchema;
 
 use super::problem::json_response;
 use sqlx::PgConnection;
@@ -62,10 +62,13 @@ pub struct Payout {
     /// Where the payout is.
     pub status: PayoutState,
     /// Why its last transition happened.
+    #[schema(required = true)]
     pub reason: Option<String>,
     /// The provider's id, once it accepted the payment.
+    #[schema(required = true)]
     pub provider_id: Option<String>,
     /// When an unconfirmed payout expires.
+    #[schema(required = true)]
     pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
     /// When it was made.
     pub created_at: chrono::DateTime<chrono::Utc>,
@@ -86,15 +89,20 @@ pub struct MadePayout {
     /// The one-time token that confirms it (only when made with
     /// `"confirm": true`, and only in this answer).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub confirm_token: Option<uuid::Uuid>,
 }
 
 fn idempotency_key(headers: &HeaderMap) -> Result<String, Problem> {
     let missing = || {
-        Problem::bad_request(ProblemType::MissingIdempotencyKey, "the Idempotency-Key header is required")
-            .field("Idempotency-Key")
+        Problem::bad_request(
+            ProblemType::MissingIdempotencyKey,
+            "the Idempotency-Key header is required",
+        )
+        .field("Idempotency-Key")
     };
-    let invalid = |detail: &str| Problem::bad_request(ProblemType::InvalidIdempotencyKey, detail).field("Idempotency-Key");
+    let invalid =
+        |detail: &str| Problem::bad_request(ProblemType::InvalidIdempotencyKey, detail).field("Idempotency-Key");
     let mut all = headers.get_all("idempotency-key").iter();
     let key = all.next().ok_or_else(missing)?;
     if all.next().is_some() {
@@ -419,9 +427,11 @@ async fn debit(
             payout: one(&mut *tx, id).await?.context("the payout just made")?,
             confirm_token: token,
         }),
-        ("unknown_creator", ..) => {
-            Err(Problem::not_found(ProblemType::UnknownCreator, format!("creator {creator} has no balance")).field("creator"))
-        }
+        ("unknown_creator", ..) => Err(Problem::not_found(
+            ProblemType::UnknownCreator,
+            format!("creator {creator} has no balance"),
+        )
+        .field("creator")),
         ("on_hold", ..) => {
             let hold = debit.active_hold.unwrap_or_default();
             Err(Problem::new(
@@ -464,10 +474,12 @@ fn payout_id(id: &str) -> Result<i64, Problem> {
 #[derive(Debug, Serialize, sqlx::FromRow, ToSchema)]
 pub struct Transition {
     /// The state it left (none for the first).
+    #[schema(required = true)]
     pub from_state: Option<PayoutState>,
     /// The state it entered.
     pub to_state: PayoutState,
     /// Why.
+    #[schema(required = true)]
     pub reason: Option<String>,
     /// When.
     pub at: chrono::DateTime<chrono::Utc>,

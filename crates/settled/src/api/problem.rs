@@ -189,19 +189,24 @@ pub struct ProblemBody {
     pub detail: String,
     /// The request member, header or parameter at fault.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub field: Option<String>,
     /// The creator's balance, in base units (`insufficient-funds`).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub balance: Option<String>,
     /// The creator's active hold (`creator-on-hold`).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub hold: Option<i64>,
     /// The creator's active hold (`hold-exists`), when it is still active.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub existing_hold_id: Option<i64>,
     /// Where the payout is (`payout-not-awaiting-confirmation`,
     /// `payout-not-cancellable`, `creator-on-hold` of a confirmation).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub payout_status: Option<PayoutState>,
 }
 

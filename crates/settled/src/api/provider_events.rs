@@ -221,7 +221,10 @@ impl Incoming {
 
 /// 400 `malformed-event` naming the member at fault.
 fn malformed(e: serde_path_to_error::Error<serde_json::Error>) -> Problem {
-    Problem::bad_request(ProblemType::MalformedEvent, format!("the event's {}: {}", e.path(), e.inner()))
+    Problem::bad_request(
+        ProblemType::MalformedEvent,
+        format!("the event's {}: {}", e.path(), e.inner()),
+    )
 }
 
 /// `text` as a column of at most `chars_max` characters stores it: itself,

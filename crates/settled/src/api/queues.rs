@@ -337,9 +337,11 @@ pub async fn cancel(
                 cancelled: true,
             }))
         }
-        Cancelled::NoSuchJob => {
-            Err(Problem::not_found(ProblemType::UnknownJob, format!("queue {name} has no job {:?}", b.key)).field("key"))
-        }
+        Cancelled::NoSuchJob => Err(Problem::not_found(
+            ProblemType::UnknownJob,
+            format!("queue {name} has no job {:?}", b.key),
+        )
+        .field("key")),
         Cancelled::Refused(why) => Err(Problem::new(
             StatusCode::CONFLICT,
             ProblemType::JobStarted,
