@@ -376,9 +376,35 @@ pub async fn read_json<T: DeserializeOwned>(headers: &HeaderMap, body: Body) -> 
         )
         .field(path),
     })?;
+    if let Some(path) = nul_at(&object) {
+        return Err(Problem::invalid(
+            &path,
+            format!("{path} holds a NUL character, which no text in the database can hold"),
+        ));
+    }
     let value = serde_path_to_error::deserialize::<_, T>(serde_json::Value::Object(object))
         .map_err(|e| problem_at(e, ProblemType::MalformedJson, "the body"))?;
     Ok((value, bytes))
+}
+
+/// The path (`key`, `a.b`, `a[0]`) of the first string in `object`, at any
+/// depth, that holds a NUL (U+0000): PostgreSQL's text cannot.
+fn nul_at(object: &serde_json::Map<String, serde_json::Value>) -> Option<String> {
+    fn walk(value: &serde_json::Value, path: String) -> Option<String> {
+        match value {
+            serde_json::Value::String(text) => text.contains('\0').then_some(path),
+            serde_json::Value::Array(items) => items
+                .iter()
+                .enumerate()
+                .find_map(|(i, item)| walk(item, format!("{path}[{i}]"))),
+            serde_json::Value::Object(members) => members.iter().find_map(|(key, member)| {
+                let inner = if path.is_empty() { key.clone() } else { format!("{path}.{key}") };
+                walk(member, inner)
+            }),
+            _ => None,
+        }
+    }
+    object.iter().find_map(|(key, member)| walk(member, key.clone()))
 }
 
 /// Reads the body (at most [`MAX_BODY_BYTES`]) of a form posted as
