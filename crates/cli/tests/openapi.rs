@@ -49,7 +49,10 @@ impl Contract {
         };
         // The document's own answer holds to it too.
         let (status, _) = contract
-            .send("/openapi.json", contract.client.get(format!("{}/openapi.json", server.base)))
+            .send(
+                "/openapi.json",
+                contract.client.get(format!("{}/openapi.json", server.base)),
+            )
             .await;
         assert_eq!(status, 200);
         contract
@@ -73,7 +76,10 @@ impl Contract {
         let operation = &self.doc["paths"][template][&method];
         assert!(operation.is_object(), "{what}: the document has no such operation");
         let documented = &operation["responses"][status.to_string()];
-        assert!(documented.is_object(), "{what}, which the document does not list: {text}");
+        assert!(
+            documented.is_object(),
+            "{what}, which the document does not list: {text}"
+        );
         if documented["headers"]["Retry-After"].is_object() {
             assert!(retry_after, "{what} without its documented Retry-After");
         }
@@ -145,7 +151,10 @@ async fn make_queues(env: &Env) {
     sqlx::query("CREATE SCHEMA jobs").execute(&mut *conn).await.unwrap();
     let queue = Queue::new("mail", "jobs.mail").unwrap();
     queue.create_table(&mut conn).await.unwrap();
-    let jobs: Vec<NewJob> = ["r1", "r2", "r3", "p1", "d1", "d2"].into_iter().map(NewJob::new).collect();
+    let jobs: Vec<NewJob> = ["r1", "r2", "r3", "p1", "d1", "d2"]
+        .into_iter()
+        .map(NewJob::new)
+        .collect();
     queue.enqueue_many(&mut conn, &jobs).await.unwrap();
     sqlx::raw_sql(
         "UPDATE jobs.mail SET status = 'processing', attempt = 1, lease_owner = gen_random_uuid(),
@@ -175,9 +184,7 @@ async fn every_answer_to_real_payouts_holds_queues_and_webhooks_holds_to_the_ope
             .await
             .unwrap();
     let (rich, held, other) = (&creators[0], &creators[1], &creators[2]);
-    let server = env
-        .serve_with(TOKEN, &["--provider-webhook-secret", SECRET])
-        .await;
+    let server = env.serve_with(TOKEN, &["--provider-webhook-secret", SECRET]).await;
     let brief = env.serve_with(TOKEN, &["--confirm-ttl-secs", "1"]).await;
     // Payments stay pending at the provider: the test says when they end,
     // with signed events.
@@ -198,12 +205,21 @@ async fn every_answer_to_real_payouts_holds_queues_and_webhooks_holds_to_the_ope
             let (c, base) = (c.clone(), server.base.clone());
             let url = url.clone();
             async move {
-                let body: Value = c.get(format!("{base}{url}")).send().await.unwrap().json().await.unwrap();
+                let body: Value = c
+                    .get(format!("{base}{url}"))
+                    .send()
+                    .await
+                    .unwrap()
+                    .json()
+                    .await
+                    .unwrap();
                 body["status"] == "sent"
             }
         })
         .await;
-        let (status, sent) = api.send("/v1/payouts/{id}", c.get(format!("{}{url}", server.base))).await;
+        let (status, sent) = api
+            .send("/v1/payouts/{id}", c.get(format!("{}{url}", server.base)))
+            .await;
         assert_eq!((status, sent["status"].as_str()), (200, Some("sent")), "{sent}");
     }
     provider_events(&mut api, &c, &server, &env, paid, failed).await;
@@ -219,7 +235,10 @@ async fn every_answer_to_real_payouts_holds_queues_and_webhooks_holds_to_the_ope
     .await;
     common::stop(&mut deliverer);
     let (status, body) = api
-        .send("/v1/payouts/{id}", c.get(format!("{}/v1/payouts/{expired}", server.base)))
+        .send(
+            "/v1/payouts/{id}",
+            c.get(format!("{}/v1/payouts/{expired}", server.base)),
+        )
         .await;
     assert_eq!((status, body["status"].as_str()), (200, Some("expired")), "{body}");
 
@@ -242,7 +261,10 @@ async fn server_routes(api: &mut Contract, c: &reqwest::Client, server: &Server)
     assert_eq!(status, 200);
     assert!(text.as_str().unwrap().contains("settled_payouts_total"));
     let (status, _) = api
-        .send("/openapi.json", c.get(format!("{base}/openapi.json")).header("Host", "evil.example"))
+        .send(
+            "/openapi.json",
+            c.get(format!("{base}/openapi.json")).header("Host", "evil.example"),
+        )
         .await;
     assert_eq!(status, 421, "a loopback server answers only loopback names");
 }
@@ -263,15 +285,28 @@ async fn creators_and_holds(api: &mut Contract, c: &reqwest::Client, server: &Se
     assert_eq!(status, 201, "{placed}");
     let hold_id = placed["id"].as_i64().unwrap();
     let (status, again) = api.send(t, hold(held, "again")).await;
-    assert_eq!((status, again["existing_hold_id"].as_i64()), (409, Some(hold_id)), "{again}");
+    assert_eq!(
+        (status, again["existing_hold_id"].as_i64()),
+        (409, Some(hold_id)),
+        "{again}"
+    );
     assert_eq!(api.send(t, hold(held, "a\nb")).await.0, 422);
     assert_eq!(api.send(t, hold(&unknown, "who")).await.0, 404);
     let (status, _) = api
-        .send(t, c.post(format!("{base}{t}")).json(&json!({ "creator": other, "reason": "no token" })))
+        .send(
+            t,
+            c.post(format!("{base}{t}"))
+                .json(&json!({ "creator": other, "reason": "no token" })),
+        )
         .await;
     assert_eq!(status, 401);
     let (status, _) = api
-        .send(t, authed(c, Method::POST, server, t).header("Content-Type", "text/plain").body("{}"))
+        .send(
+            t,
+            authed(c, Method::POST, server, t)
+                .header("Content-Type", "text/plain")
+                .body("{}"),
+        )
         .await;
     assert_eq!(status, 415);
     let (status, _) = api
@@ -330,7 +365,11 @@ async fn payouts(api: &mut Contract, c: &reqwest::Client, server: &Server, brief
     let (status, again) = api
         .send(t, make(server, "oa-paid", json!({ "creator": rich, "amount": "1000" })))
         .await;
-    assert_eq!((status, &again["id"]), (201, &first["id"]), "a repeat answers the payout");
+    assert_eq!(
+        (status, &again["id"]),
+        (201, &first["id"]),
+        "a repeat answers the payout"
+    );
     let (status, body) = api
         .send(t, make(server, "oa-paid", json!({ "creator": rich, "amount": "7" })))
         .await;
@@ -339,11 +378,17 @@ async fn payouts(api: &mut Contract, c: &reqwest::Client, server: &Server, brief
         (422, Some("/problems/idempotency-key-reused"))
     );
     let (status, failing) = api
-        .send(t, make(server, "oa-fails", json!({ "creator": rich, "amount": "2000" })))
+        .send(
+            t,
+            make(server, "oa-fails", json!({ "creator": rich, "amount": "2000" })),
+        )
         .await;
     assert_eq!(status, 201, "{failing}");
     let (status, body) = api
-        .send(t, make(server, "oa-poor", json!({ "creator": rich, "amount": "9".repeat(60) })))
+        .send(
+            t,
+            make(server, "oa-poor", json!({ "creator": rich, "amount": "9".repeat(60) })),
+        )
         .await;
     assert_eq!((status, body["balance"].is_string()), (409, true), "{body}");
     let unknown = format!("0x{}", "cd".repeat(20));
@@ -356,7 +401,10 @@ async fn payouts(api: &mut Contract, c: &reqwest::Client, server: &Server, brief
         .await;
     assert_eq!(status, 422);
     let (status, _) = api
-        .send(t, authed(c, Method::POST, server, t).json(&json!({ "creator": rich, "amount": "1" })))
+        .send(
+            t,
+            authed(c, Method::POST, server, t).json(&json!({ "creator": rich, "amount": "1" })),
+        )
         .await;
     assert_eq!(status, 400, "no Idempotency-Key");
 
@@ -364,10 +412,18 @@ async fn payouts(api: &mut Contract, c: &reqwest::Client, server: &Server, brief
     let (status, created) = api
         .send(
             t,
-            make(server, "oa-confirm", json!({ "creator": rich, "amount": "30", "confirm": true })),
+            make(
+                server,
+                "oa-confirm",
+                json!({ "creator": rich, "amount": "30", "confirm": true }),
+            ),
         )
         .await;
-    assert_eq!((status, created["status"].as_str()), (201, Some("created")), "{created}");
+    assert_eq!(
+        (status, created["status"].as_str()),
+        (201, Some("created")),
+        "{created}"
+    );
     let (id, token) = (created["id"].as_i64().unwrap(), created["confirm_token"].clone());
     let t = "/v1/payouts/{id}/confirm";
     let confirm = |id: i64, token: &Value| {
@@ -391,7 +447,11 @@ async fn payouts(api: &mut Contract, c: &reqwest::Client, server: &Server, brief
     let (_, to_cancel) = api
         .send(
             "/v1/payouts",
-            make(server, "oa-cancel", json!({ "creator": rich, "amount": "40", "confirm": true })),
+            make(
+                server,
+                "oa-cancel",
+                json!({ "creator": rich, "amount": "40", "confirm": true }),
+            ),
         )
         .await;
     let cancelled = to_cancel["id"].as_i64().unwrap();
@@ -405,7 +465,11 @@ async fn payouts(api: &mut Contract, c: &reqwest::Client, server: &Server, brief
     );
     assert_eq!(api.send(t, cancel(999_999)).await.0, 404);
     let (status, _) = api
-        .send(t, c.post(format!("{}/v1/payouts/x/cancel", server.base)).bearer_auth(TOKEN))
+        .send(
+            t,
+            c.post(format!("{}/v1/payouts/x/cancel", server.base))
+                .bearer_auth(TOKEN),
+        )
         .await;
     assert_eq!(status, 400);
     let (status, _) = api
@@ -417,16 +481,30 @@ async fn payouts(api: &mut Contract, c: &reqwest::Client, server: &Server, brief
     let (status, _) = api
         .send(
             "/v1/payouts",
-            make(brief, "oa-expires", json!({ "creator": rich, "amount": "50", "confirm": true })),
+            make(
+                brief,
+                "oa-expires",
+                json!({ "creator": rich, "amount": "50", "confirm": true }),
+            ),
         )
         .await;
     assert_eq!(status, 201);
 
     let t = "/v1/payouts/{id}";
     let (status, shown) = api.send(t, c.get(format!("{}/v1/payouts/{id}", server.base))).await;
-    assert_eq!((status, shown["history"].as_array().map(Vec::len)), (200, Some(2)), "{shown}");
-    assert_eq!(api.send(t, c.get(format!("{}/v1/payouts/999999", server.base))).await.0, 404);
-    assert_eq!(api.send(t, c.get(format!("{}/v1/payouts/abc", server.base))).await.0, 400);
+    assert_eq!(
+        (status, shown["history"].as_array().map(Vec::len)),
+        (200, Some(2)),
+        "{shown}"
+    );
+    assert_eq!(
+        api.send(t, c.get(format!("{}/v1/payouts/999999", server.base))).await.0,
+        404
+    );
+    assert_eq!(
+        api.send(t, c.get(format!("{}/v1/payouts/abc", server.base))).await.0,
+        400
+    );
     (first["id"].as_i64().unwrap(), failing["id"].as_i64().unwrap())
 }
 
@@ -477,28 +555,45 @@ async fn provider_events(api: &mut Contract, c: &reqwest::Client, server: &Serve
     let stray = json!({ "id": "evt-stray", "type": "payment.paid", "created": 1, "data": {
         "id": "pay_x", "idempotency_key": "nobody", "creator": "0x", "amount": "1", "status": "paid" } });
     let (status, body) = api.send(t, signed(&stray, SECRET)).await;
-    assert_eq!((status, body["outcome"].as_str()), (200, Some("unknown_payout")), "{body}");
+    assert_eq!(
+        (status, body["outcome"].as_str()),
+        (200, Some("unknown_payout")),
+        "{body}"
+    );
     assert_eq!(api.send(t, signed(&other, "not-the-secret")).await.0, 400);
-    let (status, _) = api
-        .send(t, c.post(format!("{}{t}", server.base)).json(&other))
-        .await;
+    let (status, _) = api.send(t, c.post(format!("{}{t}", server.base)).json(&other)).await;
     assert_eq!(status, 400, "no signature");
-    let (status, _) = api.send(t, signed(&json!({ "id": "evt-bad", "type": "payment.paid" }), SECRET)).await;
+    let (status, _) = api
+        .send(t, signed(&json!({ "id": "evt-bad", "type": "payment.paid" }), SECRET))
+        .await;
     assert_eq!(status, 400, "a signed event without its members");
 }
 
 async fn queues(api: &mut Contract, c: &reqwest::Client, server: &Server) {
     let base = &server.base;
     let (status, all) = api.send("/v1/queues", c.get(format!("{base}/v1/queues"))).await;
-    assert_eq!((status, all["queues"].as_array().map(Vec::len)), (200, Some(3)), "{all}");
+    assert_eq!(
+        (status, all["queues"].as_array().map(Vec::len)),
+        (200, Some(3)),
+        "{all}"
+    );
     let t = "/v1/queues/{name}";
     assert_eq!(api.send(t, c.get(format!("{base}/v1/queues/mail"))).await.0, 200);
     assert_eq!(api.send(t, c.get(format!("{base}/v1/queues/nope"))).await.0, 404);
 
     let t = "/v1/queues/{name}/dead";
     let (status, dead) = api.send(t, c.get(format!("{base}/v1/queues/mail/dead"))).await;
-    assert_eq!((status, dead["dead_letters"].as_array().map(Vec::len)), (200, Some(2)), "{dead}");
-    assert_eq!(api.send(t, c.get(format!("{base}/v1/queues/mail/dead?limit=0"))).await.0, 400);
+    assert_eq!(
+        (status, dead["dead_letters"].as_array().map(Vec::len)),
+        (200, Some(2)),
+        "{dead}"
+    );
+    assert_eq!(
+        api.send(t, c.get(format!("{base}/v1/queues/mail/dead?limit=0")))
+            .await
+            .0,
+        400
+    );
     assert_eq!(api.send(t, c.get(format!("{base}/v1/queues/ghost/dead"))).await.0, 409);
     assert_eq!(api.send(t, c.get(format!("{base}/v1/queues/nope/dead"))).await.0, 404);
 
@@ -515,9 +610,8 @@ async fn queues(api: &mut Contract, c: &reqwest::Client, server: &Server) {
     }
 
     let t = "/v1/queues/{name}/replay";
-    let replay = |name: &str, body: Value| {
-        authed(c, Method::POST, server, &format!("/v1/queues/{name}/replay")).json(&body)
-    };
+    let replay =
+        |name: &str, body: Value| authed(c, Method::POST, server, &format!("/v1/queues/{name}/replay")).json(&body);
     let (status, body) = api.send(t, replay("mail", json!({ "key": "d1" }))).await;
     assert_eq!((status, body["replayed"].as_u64()), (200, Some(1)), "{body}");
     // A count written with a zero fraction is the same count (JSON Schema
@@ -574,7 +668,17 @@ fn the_documents_address_and_amount_patterns_accept_only_what_the_parsers_accept
     }
     let all_upper = format!("0x{}", "AB".repeat(20));
     assert!(address.is_valid(&json!(all_upper)));
-    let amounts = ["1", "007", "0", "", "1.5", "-1", "1e3", &"9".repeat(77), &"9".repeat(78)];
+    let amounts = [
+        "1",
+        "007",
+        "0",
+        "",
+        "1.5",
+        "-1",
+        "1e3",
+        &"9".repeat(77),
+        &"9".repeat(78),
+    ];
     for text in amounts {
         if amount.is_valid(&json!(text)) {
             let parsed = settled::money::Amount::parse_decimal(text);

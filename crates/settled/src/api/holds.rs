@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use utoipa::ToSchema;
 
-use super::openapi::TAG_CREATORS;
+use super::openapi::{EXAMPLE_HELD_CREATOR, TAG_CREATORS};
 use super::{read_json, AppState, Authorized, Problem, ProblemType};
 use crate::address::CreatorAddress;
 
@@ -54,7 +54,7 @@ async fn place_hold(state: &AppState, creator: &CreatorAddress, reason: &str) ->
 /// `POST /v1/holds`.
 #[utoipa::path(post, path = "/v1/holds", operation_id = "place_hold", tag = TAG_CREATORS,
     summary = "Put a creator on hold (at most one active hold per creator)",
-    request_body = HoldRequest,
+    request_body(content = HoldRequest, example = json!({ "creator": EXAMPLE_HELD_CREATOR, "reason": "KYC review" })),
     security(("bearer" = [])),
     responses(
         (status = 201, description = "the hold", body = Hold),

@@ -398,7 +398,11 @@ fn nul_at(object: &serde_json::Map<String, serde_json::Value>) -> Option<String>
                 .enumerate()
                 .find_map(|(i, item)| walk(item, format!("{path}[{i}]"))),
             serde_json::Value::Object(members) => members.iter().find_map(|(key, member)| {
-                let inner = if path.is_empty() { key.clone() } else { format!("{path}.{key}") };
+                let inner = if path.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{path}.{key}")
+                };
                 walk(member, inner)
             }),
             _ => None,

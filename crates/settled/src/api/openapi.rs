@@ -32,15 +32,20 @@ pub const TAG_PROVIDER: &str = "provider";
 /// Tag of health, metrics and this document.
 pub const TAG_SERVER: &str = "server";
 
-/// An example creator: the first that `settled seed` makes (with the
-/// default seed), so a tool that sends the examples reaches a real balance.
+/// The example creator of payouts: creator 64 of `settled seed` (default
+/// seed), the one the docs' sessions pay, so a tool that sends the
+/// document's examples to a seeded database reaches a real balance.
 pub const EXAMPLE_CREATOR: &str = "0x08453dd433f2499c722f3b8973bfd99a17093840";
+/// The example creator of holds: creator 1 of `settled seed` (default
+/// seed), another than the payouts' so that the examples' holds do not
+/// refuse the examples' payouts.
+pub const EXAMPLE_HELD_CREATOR: &str = "0x1140e4ea9e0e8e4b21c0de5c4bb8997990c3e972";
 
 /// The document's fixed parts; the operations come from the routes.
 #[derive(OpenApi)]
 #[openapi(
     info(title = "settled API"),
-    components(schemas(ProblemBody)),
+    components(schemas(ProblemBody, QueueName, IdempotencyKeyHeader)),
     tags(
         (name = "payouts", description = "withdrawals that never pay twice"),
         (name = "creators", description = "balances, ledger entries and holds"),
@@ -93,7 +98,7 @@ pub fn document(retention_hours: u64) -> Value {
             }
         }
     }
-    link_payouts(&mut doc);
+    link_operations(&mut doc);
     doc
 }
 
@@ -136,8 +141,17 @@ fn add_common_answers(path: &str, operation: &mut Map<String, Value>) {
 }
 
 /// Links from a payout just made to reading, confirming and cancelling it,
-/// so a client (or a test generator) can follow one payout through.
-fn link_payouts(doc: &mut Value) {
+/// and from a hold placed to its release, so a client (or a test
+/// generator) can follow one payout or hold through.
+fn link_operations(doc: &mut Value) {
+    let placed = &mut doc["paths"]["/v1/holds"]["post"]["responses"]["201"];
+    if placed.is_object() {
+        placed["links"] = json!({ "ReleaseHold": {
+            "operationId": "release_hold",
+            "parameters": { "id": "$response.body#/id" },
+            "description": "release the hold just placed"
+        } });
+    }
     let made = &mut doc["paths"]["/v1/payouts"]["post"]["responses"]["201"];
     if !made.is_object() {
         return;
@@ -183,7 +197,6 @@ impl PartialSchema for CreatorAddress {
             .description(Some(
                 "0x + 40 hex digits. Mixed case is also accepted when it is a valid EIP-55 checksum.",
             ))
-            .examples([EXAMPLE_CREATOR])
             .into()
     }
 }
@@ -255,7 +268,11 @@ impl PartialSchema for IdempotencyKeyHeader {
     }
 }
 
-impl ToSchema for IdempotencyKeyHeader {}
+impl ToSchema for IdempotencyKeyHeader {
+    fn name() -> std::borrow::Cow<'static, str> {
+        "IdempotencyKey".into()
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -374,6 +391,36 @@ mod tests {
         ] {
             assert!(serving.contains_key(wanted), "{wanted} is served and documented");
         }
+    }
+
+    /// Every `$ref` under `value`.
+    fn references(value: &Value, found: &mut Vec<String>) {
+        match value {
+            Value::Object(members) => {
+                if let Some(Value::String(target)) = members.get("$ref") {
+                    found.push(target.clone());
+                }
+                members.values().for_each(|member| references(member, found));
+            }
+            Value::Array(items) => items.iter().for_each(|item| references(item, found)),
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn every_reference_in_the_document_resolves() {
+        let doc = document(24);
+        let mut found = Vec::new();
+        references(&doc, &mut found);
+        assert!(found.len() > 20, "the document refers to its schemas: {found:?}");
+        let dangling: BTreeSet<&String> = found
+            .iter()
+            .filter(|target| {
+                let pointer = target.strip_prefix('#').unwrap_or("not a local reference");
+                doc.pointer(pointer).is_none()
+            })
+            .collect();
+        assert!(dangling.is_empty(), "references to nothing: {dangling:?}");
     }
 
     #[test]

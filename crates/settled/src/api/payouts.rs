@@ -166,7 +166,7 @@ pub fn validate(request: &PayoutRequest) -> Result<(CreatorAddress, Amount), Pro
 #[utoipa::path(post, path = "/v1/payouts", operation_id = "create_payout", tag = TAG_PAYOUTS,
     summary = "Withdraw from a creator's balance, exactly once per Idempotency-Key",
     params(
-        ("Idempotency-Key" = IdempotencyKeyHeader, Header,
+        ("Idempotency-Key" = IdempotencyKeyHeader, Header, example = "example-payout-1",
          description = "an sf-string (\"abc\") or the bare token (abc), the same key either way; at most 255 characters"),
         ("traceparent" = Option<String>, Header,
          description = "W3C trace context the payout's delivery continues (a malformed one is ignored)"),
