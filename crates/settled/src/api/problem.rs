@@ -215,8 +215,9 @@ pub struct ProblemBody {
 pub struct Problem {
     /// HTTP status.
     pub status: StatusCode,
-    /// Its body: its kind, title, detail and the extra members set.
-    pub body: ProblemBody,
+    /// Its body: its kind, title, detail and the extra members set
+    /// (boxed: a `Result` carrying a problem stays small).
+    pub body: Box<ProblemBody>,
 }
 
 impl Problem {
@@ -224,7 +225,7 @@ impl Problem {
     pub fn new(status: StatusCode, kind: ProblemType, title: &'static str, detail: impl Into<String>) -> Problem {
         Problem {
             status,
-            body: ProblemBody {
+            body: Box::new(ProblemBody {
                 r#type: kind,
                 title,
                 status: status.as_u16(),
@@ -234,7 +235,7 @@ impl Problem {
                 hold: None,
                 existing_hold_id: None,
                 payout_status: None,
-            },
+            }),
         }
     }
 
