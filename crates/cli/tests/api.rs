@@ -638,7 +638,7 @@ async fn bad_requests_get_problems_that_name_the_field() {
         .json()
         .await
         .unwrap();
-    assert_eq!(doc["openapi"], "3.0.3");
+    assert_eq!(doc["openapi"], "3.1.0");
     assert_eq!(
         env.scalar_i64("SELECT count(*) FROM settlement.payouts").await,
         0,

@@ -23,7 +23,8 @@ const BAD_KEY_STATES: [&str; 3] = ["22P02", "22003", "22007"];
 const REFUSED_BY_GUARD: &str = "55006";
 
 /// A registered queue and what it holds now, or why that cannot be read.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+#[schema(as = Queue)]
 pub struct QueueView {
     /// The queue's name.
     pub name: String,
@@ -32,10 +33,13 @@ pub struct QueueView {
     /// True while paused (no claims).
     pub paused: bool,
     /// Since when.
+    #[schema(required = true)]
     pub paused_at: Option<DateTime<Utc>>,
-    /// Its jobs by state, exact (None when `error` says why not).
+    /// Its jobs by state, exact (null when `error` says why not).
+    #[schema(required = true)]
     pub stats: Option<QueueStats>,
     /// Why its table cannot be read: missing, not conforming, no privilege.
+    #[schema(required = true)]
     pub error: Option<String>,
 }
 
@@ -199,18 +203,34 @@ fn sqlstate(err: &sqlx::Error) -> Option<String> {
 }
 
 /// A dead letter: a job that failed for good, with its attempt history.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
 pub struct DeadLetter {
     /// The job's key.
     pub key: String,
     /// Attempts counted toward the queue's limit (since its last replay).
     pub attempts: i32,
     /// Why its last attempt failed.
+    #[schema(required = true)]
     pub last_error: Option<String>,
     /// When it failed for good.
     pub failed_at: DateTime<Utc>,
-    /// Its attempt history, oldest first: `{attempt, at, error}` each.
+    /// Its attempt history, oldest first: `{attempt, at, error}` each, as
+    /// the engine appends them.
+    #[schema(value_type = Vec<Attempt>)]
     pub history: serde_json::Value,
+}
+
+/// One failed attempt of a dead letter, as the engine records it in the
+/// work table's `errors` (the shape of [`DeadLetter::history`]).
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+pub struct Attempt {
+    /// Which attempt (since the job's last replay).
+    pub attempt: i64,
+    /// When it failed.
+    pub at: DateTime<Utc>,
+    /// Why.
+    #[schema(required = true)]
+    pub error: Option<String>,
 }
 
 #[derive(sqlx::FromRow)]

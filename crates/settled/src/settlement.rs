@@ -495,8 +495,8 @@ pub async fn retry_failed(pool: &PgPool, period: Period, creator: Option<&Creato
         .await?)
 }
 
-/// A hold as stored.
-#[derive(Debug, Clone, serde::Serialize, sqlx::FromRow)]
+/// A hold as stored (and as the API shows it).
+#[derive(Debug, Clone, serde::Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct Hold {
     /// Hold id.
     pub id: i64,
@@ -506,7 +506,8 @@ pub struct Hold {
     pub reason: String,
     /// When it was placed.
     pub created_at: chrono::DateTime<chrono::Utc>,
-    /// When it was released (None while active).
+    /// When it was released (null while active).
+    #[schema(required = true)]
     pub released_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 

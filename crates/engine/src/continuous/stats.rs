@@ -9,6 +9,7 @@ use crate::EngineError;
 
 /// What a queue holds now.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, sqlx::FromRow)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct QueueStats {
     /// Eligible and runnable now.
     pub ready: i64,

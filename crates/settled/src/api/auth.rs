@@ -11,7 +11,7 @@ use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
-use super::{AppState, Problem};
+use super::{AppState, Problem, ProblemType};
 
 /// Proof that the request carried the API token as `Authorization: Bearer`.
 #[derive(Debug, Clone, Copy)]
@@ -41,7 +41,7 @@ impl FromRequestParts<AppState> for DashboardAuthorized {
         if let Some(origin) = foreign_origin(&parts.headers) {
             return Err(Problem::new(
                 StatusCode::FORBIDDEN,
-                "cross-origin-form",
+                ProblemType::CrossOriginForm,
                 "A form from another site",
                 format!("the dashboard's forms are accepted only from its own pages, not from {origin}"),
             )
@@ -122,7 +122,7 @@ pub fn check_token(state: &AppState, given: &str) -> Result<(), Problem> {
     let Some(expected) = &state.api_token else {
         return Err(Problem::new(
             StatusCode::UNAUTHORIZED,
-            "unauthorized",
+            ProblemType::Unauthorized,
             "Unauthorized",
             "this server has no API token configured (set SETTLED_API_TOKEN); mutating endpoints are disabled",
         ));
@@ -140,7 +140,7 @@ pub fn check_token(state: &AppState, given: &str) -> Result<(), Problem> {
     } else {
         Err(Problem::new(
             StatusCode::UNAUTHORIZED,
-            "unauthorized",
+            ProblemType::Unauthorized,
             "Unauthorized",
             "a valid `Authorization: Bearer <token>` header is required",
         ))

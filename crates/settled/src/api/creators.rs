@@ -3,9 +3,12 @@
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use serde::Serialize;
 use sqlx::PgPool;
+use utoipa::ToSchema;
 
-use super::{AppState, Problem};
+use super::openapi::TAG_CREATORS;
+use super::{AppState, Problem, ProblemType};
 use crate::address::CreatorAddress;
 
 /// Ledger entries shown per creator (newest first).
@@ -29,14 +32,51 @@ pub async fn known(pool: &PgPool, creator: &CreatorAddress) -> Result<bool, sqlx
     .await
 }
 
+/// A creator as the API shows it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Creator {
+    /// The creator (lower case).
+    pub creator: String,
+    /// Its balance, in base units (a decimal string).
+    pub balance: String,
+    /// Its newest holds, newest first (at most 50).
+    pub holds: Vec<CreatorHold>,
+    /// Its ledger entries of the newest periods, newest first.
+    pub ledger: Vec<LedgerEntry>,
+}
+
+/// A hold of a creator.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CreatorHold {
+    /// Hold id.
+    pub id: i64,
+    /// Why.
+    pub reason: String,
+    /// When it was placed.
+    pub created_at: chrono::DateTime<chrono::Utc>,
+    /// When it was released (null while active).
+    #[schema(required = true)]
+    pub released_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// True until it is released.
+    pub active: bool,
+}
+
 /// `GET /v1/creators/{address}`.
+#[utoipa::path(get, path = "/v1/creators/{address}", operation_id = "get_creator", tag = TAG_CREATORS,
+    summary = "A creator's balance, holds and ledger entries",
+    params(("address" = CreatorAddress, Path, description = "the creator")),
+    responses(
+        (status = 200, description = "the creator", body = Creator),
+        (status = 400, description = "not an address (invalid-address)"),
+        (status = 404, description = "unknown creator (unknown-creator)"),
+    ))]
 pub async fn show(State(state): State<AppState>, Path(address): Path<String>) -> Result<Response, Problem> {
     let creator = CreatorAddress::parse(&address)
-        .map_err(|e| Problem::bad_request("invalid-address", format!("address {e}")).field("address"))?;
+        .map_err(|e| Problem::bad_request(ProblemType::InvalidAddress, format!("address {e}")).field("address"))?;
     let pool = &state.reads;
     if !known(pool, &creator).await.map_err(Problem::unavailable)? {
         return Err(Problem::not_found(
-            "unknown-creator",
+            ProblemType::UnknownCreator,
             format!("creator {creator} is unknown"),
         ));
     }
@@ -66,23 +106,33 @@ pub async fn show(State(state): State<AppState>, Path(address): Path<String>) ->
     .fetch_all(pool)
     .await
     .map_err(Problem::unavailable)?;
-    let body = serde_json::json!({
-        "creator": creator.as_str(),
-        "balance": balance.unwrap_or_else(|| "0".into()),
-        "holds": holds.iter().map(|h| serde_json::json!({
-            "id": h.id, "reason": h.reason, "created_at": h.created_at, "released_at": h.released_at,
-            "active": h.released_at.is_none(),
-        })).collect::<Vec<_>>(),
-        "ledger": ledger,
-    });
+    let body = Creator {
+        creator: creator.as_str().to_string(),
+        balance: balance.unwrap_or_else(|| "0".into()),
+        holds: holds
+            .into_iter()
+            .map(|h| CreatorHold {
+                active: h.released_at.is_none(),
+                id: h.id,
+                reason: h.reason,
+                created_at: h.created_at,
+                released_at: h.released_at,
+            })
+            .collect(),
+        ledger,
+    };
     Ok((StatusCode::OK, axum::Json(body)).into_response())
 }
 
 /// One ledger row of a creator, as the API shows it.
-#[derive(Debug, serde::Serialize, sqlx::FromRow)]
-struct LedgerEntry {
-    period: chrono::NaiveDate,
-    amount: String,
-    run_id: i64,
-    created_at: chrono::DateTime<chrono::Utc>,
+#[derive(Debug, Serialize, sqlx::FromRow, ToSchema)]
+pub struct LedgerEntry {
+    /// The period it settles.
+    pub period: chrono::NaiveDate,
+    /// Base units credited (a decimal string).
+    pub amount: String,
+    /// The run that settled it.
+    pub run_id: i64,
+    /// When.
+    pub created_at: chrono::DateTime<chrono::Utc>,
 }

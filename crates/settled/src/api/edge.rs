@@ -9,7 +9,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use tracing::Instrument;
 
-use super::{AppState, Problem};
+use super::{AppState, Problem, ProblemType};
 
 /// Headers set on every response that does not set its own.
 pub const SECURITY_HEADERS: [(&str, &str); 5] = [
@@ -90,13 +90,13 @@ pub async fn check_host(State(state): State<AppState>, request: Request, next: N
         Some(host) if state.allowed_hosts.allows(host) => next.run(request).await,
         Some(_) => Problem::new(
             StatusCode::MISDIRECTED_REQUEST,
-            "unknown-host",
+            ProblemType::UnknownHost,
             "Host not served here",
             "the Host header names a host this server does not serve (see --allowed-host)",
         )
         .field("Host")
         .into_response(),
-        None => Problem::bad_request("missing-host", "the Host header is required")
+        None => Problem::bad_request(ProblemType::MissingHost, "the Host header is required")
             .field("Host")
             .into_response(),
     }
@@ -119,12 +119,12 @@ pub async fn problem_for_bare_errors(response: Response) -> Response {
     let text = String::from_utf8_lossy(&text).trim().to_string();
     let (kind, title, detail) = match status {
         StatusCode::NOT_FOUND => (
-            "no-such-route",
+            ProblemType::NoSuchRoute,
             "Not found",
             "no such endpoint; see /openapi.json".to_string(),
         ),
         StatusCode::METHOD_NOT_ALLOWED => (
-            "method-not-allowed",
+            ProblemType::MethodNotAllowed,
             "Method not allowed",
             format!(
                 "this endpoint does not take this method (allowed: {})",
@@ -136,19 +136,19 @@ pub async fn problem_for_bare_errors(response: Response) -> Response {
             ),
         ),
         StatusCode::PAYLOAD_TOO_LARGE => (
-            "body-too-large",
+            ProblemType::BodyTooLarge,
             "Request body too large",
             format!("the body must be at most {} bytes", super::MAX_BODY_BYTES),
         ),
         StatusCode::REQUEST_TIMEOUT | StatusCode::SERVICE_UNAVAILABLE if text.is_empty() => {
             (
-                "request-timeout",
+                ProblemType::RequestTimeout,
                 "The request took too long",
                 "the request was stopped; it may or may not have taken effect: retry it with the same Idempotency-Key to learn its outcome".to_string(),
             )
         }
-        s if s.is_client_error() => ("bad-request", "Bad request", text),
-        _ => ("server-error", "Server error", text),
+        s if s.is_client_error() => (ProblemType::BadRequest, "Bad request", text),
+        _ => (ProblemType::ServerError, "Server error", text),
     };
     let problem = Problem::new(status, kind, title, detail);
     let mut fresh = problem.into_response();

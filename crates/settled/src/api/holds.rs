@@ -7,20 +7,29 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
+use utoipa::ToSchema;
 
-use super::{read_json, AppState, Authorized, Problem};
+use super::openapi::{EXAMPLE_HELD_CREATOR, TAG_CREATORS};
+use super::{read_json, AppState, Authorized, Problem, ProblemType};
 use crate::address::CreatorAddress;
 
 /// Longest hold reason, in characters.
 pub const MAX_HOLD_REASON_CHARS: usize = 500;
 
 /// The request body.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HoldRequest {
     /// The creator, `0x` + 40 hex digits.
+    #[schema(value_type = CreatorAddress)]
     pub creator: String,
-    /// Why (1..=500 characters).
+    /// Why (1..=500 characters): one line of text, no control characters
+    /// or direction overrides.
+    #[schema(
+        min_length = 1,
+        max_length = 500,
+        pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f\\u202a-\\u202e\\u2066-\\u2069]*\\S[^\\u0000-\\u001f\\u007f-\\u009f\\u202a-\\u202e\\u2066-\\u2069]*$"
+    )]
     pub reason: String,
 }
 
@@ -43,6 +52,15 @@ async fn place_hold(state: &AppState, creator: &CreatorAddress, reason: &str) ->
 }
 
 /// `POST /v1/holds`.
+#[utoipa::path(post, path = "/v1/holds", operation_id = "place_hold", tag = TAG_CREATORS,
+    summary = "Put a creator on hold (at most one active hold per creator)",
+    request_body(content = HoldRequest, example = json!({ "creator": EXAMPLE_HELD_CREATOR, "reason": "KYC review" })),
+    security(("bearer" = [])),
+    responses(
+        (status = 201, description = "the hold", body = Hold),
+        (status = 404, description = "unknown creator (unknown-creator)"),
+        (status = 409, description = "the creator already has an active hold (hold-exists, with `existing_hold_id`)"),
+    ))]
 pub async fn create(
     State(state): State<AppState>,
     _: Authorized,
@@ -73,7 +91,9 @@ pub async fn create(
         .await
         .map_err(Problem::unavailable)?
     {
-        return Err(Problem::not_found("unknown-creator", format!("creator {creator} is unknown")).field("creator"));
+        return Err(
+            Problem::not_found(ProblemType::UnknownCreator, format!("creator {creator} is unknown")).field("creator"),
+        );
     }
     let inserted = place_hold(state, &creator, reason).await;
     match inserted {
@@ -92,14 +112,14 @@ pub async fn create(
             .map_err(Problem::unavailable)?;
             Err(Problem::new(
                 StatusCode::CONFLICT,
-                "hold-exists",
+                ProblemType::HoldExists,
                 "The creator already has an active hold",
                 format!(
                     "creator {creator} already has active hold {}; release it first",
                     existing.map_or_else(|| "?".to_string(), |id| id.to_string())
                 ),
             )
-            .extra(serde_json::json!({ "existing_hold_id": existing })))
+            .existing_hold(existing))
         }
         Err(err) => Err(Problem::unavailable(err)),
     }
@@ -108,6 +128,16 @@ pub async fn create(
 /// `POST /v1/holds/{id}/release`: releases the hold, and the creator's held
 /// items become eligible again (paid once, by their period's run, which a
 /// worker reopens).
+#[utoipa::path(post, path = "/v1/holds/{id}/release", operation_id = "release_hold", tag = TAG_CREATORS,
+    summary = "Release a hold; the creator's held items are paid by their runs",
+    params(("id" = i64, Path, minimum = 1, description = "the hold's id")),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "the released hold", body = Hold),
+        (status = 400, description = "the id is not an integer (invalid-id)"),
+        (status = 404, description = "no such hold (unknown-hold)"),
+        (status = 409, description = "already released (hold-already-released)"),
+    ))]
 pub async fn release(
     State(state): State<AppState>,
     _: Authorized,
@@ -116,7 +146,7 @@ pub async fn release(
     let state = &state;
     let id: i64 = id
         .parse()
-        .map_err(|_| Problem::bad_request("invalid-id", "hold id must be an integer").field("id"))?;
+        .map_err(|_| Problem::bad_request(ProblemType::InvalidId, "hold id must be an integer").field("id"))?;
     let tx = super::begin(state).await.map_err(Problem::unavailable)?;
     let released = crate::settlement::release_hold(&state.pool, tx, id)
         .await
@@ -125,10 +155,12 @@ pub async fn release(
         crate::settlement::Released::Released(row) => Ok((StatusCode::OK, axum::Json(row)).into_response()),
         crate::settlement::Released::AlreadyReleased => Err(Problem::new(
             StatusCode::CONFLICT,
-            "hold-already-released",
+            ProblemType::HoldAlreadyReleased,
             "The hold was already released",
             format!("hold {id} was already released"),
         )),
-        crate::settlement::Released::NotFound => Err(Problem::not_found("unknown-hold", format!("no hold {id}"))),
+        crate::settlement::Released::NotFound => {
+            Err(Problem::not_found(ProblemType::UnknownHold, format!("no hold {id}")))
+        }
     }
 }

@@ -27,7 +27,7 @@ use settled_engine::raw::ItemStatus;
 use settled_engine::raw::StatusCounts;
 
 use super::dashboard::queries::StoredReport;
-use super::{AppState, Problem};
+use super::{AppState, Problem, ProblemType};
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
@@ -112,6 +112,9 @@ async fn snapshot(state: &AppState) -> anyhow::Result<Snapshot> {
 
 /// `GET /metrics`. While the database does not answer, only
 /// `settled_database_up 0` (a scrape that fails would hide why).
+#[utoipa::path(get, path = "/metrics", operation_id = "metrics", tag = super::openapi::TAG_SERVER,
+    summary = "Prometheus metrics (text format), computed from the database's exact state",
+    responses((status = 200, description = "metrics", body = String, content_type = "text/plain")))]
 pub async fn serve(State(state): State<AppState>) -> Response {
     if !crate::watch::database_up(&state.reads).await {
         return text_response(crate::watch::database_up_text(false));
@@ -326,15 +329,21 @@ fn pickup_in(text: &str, queue: &str) -> Option<Pickup> {
 /// version needs, and takes writes; else 503 saying which (a standby, or
 /// `default_transaction_read_only`, answers reads but every payout and hold
 /// would fail, so an orchestrator must not route writes to it).
+#[utoipa::path(get, path = "/readyz", operation_id = "ready", tag = super::openapi::TAG_SERVER,
+    summary = "Readiness: 200 once the database answers, is migrated, and takes writes",
+    responses(
+        (status = 200, description = "ready", body = super::Healthy),
+        (status = 503, description = "not ready: the database is unreachable, lacks migrations (not-migrated), or takes no writes (read-only: a standby, or default_transaction_read_only)"),
+    ))]
 pub async fn ready(State(state): State<AppState>) -> Response {
-    let not_ready = |kind: &'static str, detail: String| {
+    let not_ready = |kind: ProblemType, detail: String| {
         Problem::new(StatusCode::SERVICE_UNAVAILABLE, kind, "Not ready", detail).into_response()
     };
     match crate::db::read_only_reason(&state.pool).await {
         Ok(None) => {}
         Ok(Some(reason)) => {
             return not_ready(
-                "read-only",
+                ProblemType::ReadOnly,
                 format!("this server is read-only (a standby?): {reason}; payouts and holds cannot succeed here"),
             )
         }
@@ -342,9 +351,15 @@ pub async fn ready(State(state): State<AppState>) -> Response {
     }
     match crate::db::pending_migrations(&state.pool).await {
         Ok(pending) if pending.is_empty() => {
-            (StatusCode::OK, axum::Json(serde_json::json!({"status": "ready"}))).into_response()
+            let ready = super::Healthy {
+                status: super::Health::Ready,
+            };
+            (StatusCode::OK, axum::Json(ready)).into_response()
         }
-        Ok(pending) => not_ready("not-migrated", format!("{}; run `settled migrate`", pending.describe())),
+        Ok(pending) => not_ready(
+            ProblemType::NotMigrated,
+            format!("{}; run `settled migrate`", pending.describe()),
+        ),
         Err(err) => Problem::unavailable(err).into_response(),
     }
 }

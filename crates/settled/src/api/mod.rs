@@ -30,15 +30,18 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use serde::de::DeserializeOwned;
+use serde::{Deserialize, Deserializer, Serialize};
 use settled_engine::once::idempotency::IdempotencyConfig;
 use sqlx::PgPool;
 use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::set_header::SetResponseHeaderLayer;
 use tower_http::timeout::TimeoutLayer;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 pub use auth::Authorized;
 pub use edge::AllowedHosts;
-pub use problem::Problem;
+pub use problem::{Problem, ProblemType};
 pub use server::HttpLimits;
 
 /// Largest request body read, in bytes.
@@ -112,9 +115,37 @@ impl AppState {
     }
 }
 
-/// The API's routes.
-pub fn router(state: AppState) -> Router {
-    let mut router = Router::new()
+/// The API's routes, each a handler with its `#[utoipa::path]`: the one
+/// list that both the server ([`router`]) and `/openapi.json`
+/// ([`openapi::document`]) are made from.
+pub fn api_routes() -> OpenApiRouter<AppState> {
+    use utoipa::OpenApi;
+    OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
+        .routes(routes!(healthz))
+        .routes(routes!(metrics::ready))
+        .routes(routes!(metrics::serve))
+        .routes(routes!(openapi::serve))
+        .routes(routes!(payouts::create))
+        .routes(routes!(payouts::show))
+        .routes(routes!(payouts::confirm))
+        .routes(routes!(payouts::cancel))
+        .routes(routes!(provider_events::receive))
+        .routes(routes!(creators::show))
+        .routes(routes!(holds::create))
+        .routes(routes!(holds::release))
+        .routes(routes!(queues::list))
+        .routes(routes!(queues::show))
+        .routes(routes!(queues::dead))
+        .routes(routes!(queues::pause))
+        .routes(routes!(queues::resume))
+        .routes(routes!(queues::replay))
+        .routes(routes!(queues::cancel))
+}
+
+/// The dashboard's pages and forms: HTML for people, not part of the API
+/// (docs/api.md lists them).
+pub fn dashboard_routes() -> Router<AppState> {
+    Router::new()
         .route("/", get(dashboard::runs))
         .route("/runs/{id}", get(dashboard::run_report))
         .route("/workers", get(dashboard::workers))
@@ -127,26 +158,15 @@ pub fn router(state: AppState) -> Router {
         .route("/dashboard/queues/{name}/replay", post(dashboard::queues::replay))
         .route("/dashboard/queues/{name}/pause", post(dashboard::queues::pause))
         .route("/dashboard/queues/{name}/resume", post(dashboard::queues::resume))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(metrics::ready))
-        .route("/metrics", get(metrics::serve))
-        .route("/openapi.json", get(openapi::serve))
-        .route("/v1/payouts", post(payouts::create))
-        .route("/v1/payouts/{id}", get(payouts::show))
-        .route("/v1/payouts/{id}/confirm", post(payouts::confirm))
-        .route("/v1/payouts/{id}/cancel", post(payouts::cancel))
-        .route("/v1/provider-events", post(provider_events::receive))
-        .route("/v1/creators/{address}", get(creators::show))
-        .route("/v1/holds", post(holds::create))
-        .route("/v1/holds/{id}/release", post(holds::release))
-        .route("/v1/queues", get(queues::list))
-        .route("/v1/queues/{name}", get(queues::show))
-        .route("/v1/queues/{name}/dead", get(queues::dead))
-        .route("/v1/queues/{name}/pause", post(queues::pause))
-        .route("/v1/queues/{name}/resume", post(queues::resume))
-        .route("/v1/queues/{name}/replay", post(queues::replay))
-        .route("/v1/queues/{name}/cancel", post(queues::cancel))
-        .fallback(|| async { Problem::not_found("no-such-route", "no such endpoint; see /openapi.json") })
+}
+
+/// Everything the server serves: the API, the dashboard, and a
+/// problem+json 404 for any other path, behind the edge's layers.
+pub fn router(state: AppState) -> Router {
+    let (api, _) = api_routes().split_for_parts();
+    let mut router = dashboard_routes()
+        .merge(api)
+        .fallback(|| async { Problem::not_found(ProblemType::NoSuchRoute, "no such endpoint; see /openapi.json") })
         .layer(axum::middleware::from_fn_with_state(state.clone(), edge::check_host))
         .layer(TimeoutLayer::with_status_code(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -208,10 +228,53 @@ async fn shutdown_signal() {
     }
 }
 
+/// What `/healthz` and `/readyz` answer when all is well.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct Healthy {
+    /// `ok` (`/healthz`) or `ready` (`/readyz`).
+    pub status: Health,
+}
+
+/// The state a probe reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Health {
+    /// The server reaches the database.
+    Ok,
+    /// It is migrated and takes writes too.
+    Ready,
+}
+
+/// `GET /healthz`.
+#[utoipa::path(get, path = "/healthz", operation_id = "health", tag = openapi::TAG_SERVER,
+    summary = "Liveness: 200 once the server can reach the database",
+    responses(
+        (status = 200, description = "healthy", body = Healthy),
+        (status = 503, description = "retry: the database is unreachable (database-unavailable)"),
+    ))]
 async fn healthz(State(state): State<AppState>) -> Response {
     match sqlx::query_scalar::<_, i32>("SELECT 1").fetch_one(&state.pool).await {
-        Ok(_) => (StatusCode::OK, axum::Json(serde_json::json!({"status": "ok"}))).into_response(),
+        Ok(_) => (StatusCode::OK, axum::Json(Healthy { status: Health::Ok })).into_response(),
         Err(err) => Problem::unavailable(err).into_response(),
+    }
+}
+
+/// Reads an optional count that JSON may write as `3546` or `3546.0` (JSON
+/// Schema counts both as integers, so a client generated from the document
+/// may send either); a fraction or a negative number is refused.
+pub fn integral<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<u64>, D::Error> {
+    let Some(number) = Option::<serde_json::Number>::deserialize(deserializer)? else {
+        return Ok(None);
+    };
+    if let Some(n) = number.as_u64() {
+        return Ok(Some(n));
+    }
+    match number.as_f64() {
+        // Exact below 2^53; any count the API takes is far below.
+        Some(f) if f.fract() == 0.0 && (0.0..9_007_199_254_740_992.0).contains(&f) => Ok(Some(f as u64)),
+        _ => Err(serde::de::Error::custom(format!(
+            "invalid value: {number}, expected a non-negative integer"
+        ))),
     }
 }
 
@@ -302,19 +365,50 @@ pub async fn read_json<T: DeserializeOwned>(headers: &HeaderMap, body: Body) -> 
     }
     let bytes = read_body(body).await?;
     let object = crate::json::parse_object(&bytes).map_err(|e| match e {
-        ObjectError::Syntax(e) => {
-            Problem::bad_request("malformed-json", format!("the body is not a valid request: {e}"))
-        }
-        ObjectError::NotAnObject => Problem::bad_request("malformed-json", "the body must be a JSON object"),
+        ObjectError::Syntax(e) => Problem::bad_request(
+            ProblemType::MalformedJson,
+            format!("the body is not a valid request: {e}"),
+        ),
+        ObjectError::NotAnObject => Problem::bad_request(ProblemType::MalformedJson, "the body must be a JSON object"),
         ObjectError::Duplicate(path) => Problem::bad_request(
-            "duplicate-field",
+            ProblemType::DuplicateField,
             format!("the body names `{path}` more than once; send each field once"),
         )
         .field(path),
     })?;
+    if let Some(path) = nul_at(&object) {
+        return Err(Problem::invalid(
+            &path,
+            format!("{path} holds a NUL character, which no text in the database can hold"),
+        ));
+    }
     let value = serde_path_to_error::deserialize::<_, T>(serde_json::Value::Object(object))
-        .map_err(|e| problem_at(e, "malformed-json", "the body"))?;
+        .map_err(|e| problem_at(e, ProblemType::MalformedJson, "the body"))?;
     Ok((value, bytes))
+}
+
+/// The path (`key`, `a.b`, `a[0]`) of the first string in `object`, at any
+/// depth, that holds a NUL (U+0000): PostgreSQL's text cannot.
+fn nul_at(object: &serde_json::Map<String, serde_json::Value>) -> Option<String> {
+    fn walk(value: &serde_json::Value, path: String) -> Option<String> {
+        match value {
+            serde_json::Value::String(text) => text.contains('\0').then_some(path),
+            serde_json::Value::Array(items) => items
+                .iter()
+                .enumerate()
+                .find_map(|(i, item)| walk(item, format!("{path}[{i}]"))),
+            serde_json::Value::Object(members) => members.iter().find_map(|(key, member)| {
+                let inner = if path.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{path}.{key}")
+                };
+                walk(member, inner)
+            }),
+            _ => None,
+        }
+    }
+    object.iter().find_map(|(key, member)| walk(member, key.clone()))
 }
 
 /// Reads the body (at most [`MAX_BODY_BYTES`]) of a form posted as
@@ -328,7 +422,7 @@ pub async fn read_form<T: DeserializeOwned>(headers: &HeaderMap, body: Body) -> 
     }
     let bytes = read_body(body).await?;
     let fields = serde_urlencoded::Deserializer::new(form_urlencoded::parse(&bytes));
-    serde_path_to_error::deserialize::<_, T>(fields).map_err(|e| problem_at(e, "malformed-form", "the form"))
+    serde_path_to_error::deserialize::<_, T>(fields).map_err(|e| problem_at(e, ProblemType::MalformedForm, "the form"))
 }
 
 /// Reads at most [`MAX_BODY_BYTES`] of `body` (413 beyond) within
@@ -344,7 +438,7 @@ async fn read_body_within(body: Body, limit: Duration) -> Result<Bytes, Problem>
     let Ok(read) = read.await else {
         return Err(Problem::new(
             StatusCode::REQUEST_TIMEOUT,
-            "body-timeout",
+            ProblemType::BodyTimeout,
             "The body took too long",
             format!(
                 "the whole body must arrive within {} ms once the server reads it; nothing was done",
@@ -355,7 +449,7 @@ async fn read_body_within(body: Body, limit: Duration) -> Result<Bytes, Problem>
     read.map_err(|_| {
         Problem::new(
             StatusCode::PAYLOAD_TOO_LARGE,
-            "body-too-large",
+            ProblemType::BodyTooLarge,
             "Request body too large",
             format!("the body must be at most {MAX_BODY_BYTES} bytes"),
         )
@@ -365,7 +459,7 @@ async fn read_body_within(body: Body, limit: Duration) -> Result<Bytes, Problem>
 /// A 400 naming the field a deserializer failed on: the path to a value of
 /// the wrong type, or the one serde names for an unknown or missing field
 /// ("unknown field `x`").
-fn problem_at<E: std::fmt::Display>(e: serde_path_to_error::Error<E>, kind: &'static str, what: &str) -> Problem {
+fn problem_at<E: std::fmt::Display>(e: serde_path_to_error::Error<E>, kind: ProblemType, what: &str) -> Problem {
     let message = e.inner().to_string();
     let path = e.path().to_string();
     let field = if path != "." {
@@ -384,7 +478,7 @@ fn problem_at<E: std::fmt::Display>(e: serde_path_to_error::Error<E>, kind: &'st
 fn unsupported_media_type(detail: &str) -> Problem {
     Problem::new(
         StatusCode::UNSUPPORTED_MEDIA_TYPE,
-        "unsupported-media-type",
+        ProblemType::UnsupportedMediaType,
         "Unsupported media type",
         detail,
     )

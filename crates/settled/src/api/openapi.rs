@@ -1,436 +1,455 @@
-//! `GET /openapi.json`: the API's OpenAPI 3.0 document.
+//! `GET /openapi.json`: the API's OpenAPI 3.1 document, derived from the
+//! code. Each operation is the `#[utoipa::path]` beside its handler; each
+//! schema is the type a handler reads or serializes (`ToSchema`); the paths
+//! are those [`super::api_routes`] serves, the one list of routes. This file
+//! adds only what holds for every route, once: an error answer is
+//! problem+json ([`super::Problem`]), a 503 carries `Retry-After`, the
+//! answers the HTTP layers give any route (421, 503; 400, 408, 413, 415 and
+//! 422 to a route that reads a body; 401 to one that needs the token), and
+//! the links from a payout made to the operations on it. Never: a schema or
+//! a path written here by hand.
 
+use axum::extract::State;
 use axum::response::{IntoResponse, Response};
+use serde_json::{json, Map, Value};
+use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Schema, Type};
+use utoipa::openapi::RefOr;
+use utoipa::{OpenApi, PartialSchema, ToSchema};
 
-use super::problem::json_response;
+use super::problem::{json_response, ProblemBody};
+use super::AppState;
+use crate::address::CreatorAddress;
+use crate::money::Amount;
 
-/// The OpenAPI document, with this server's idempotency-key retention.
-pub fn document(retention_hours: u64) -> serde_json::Value {
-    let problem = |description: &str| {
-        let mut answer = serde_json::json!({
-            "description": description,
-            "content": { "application/problem+json": { "schema": { "$ref": "#/components/schemas/Problem" } } }
-        });
-        if description.starts_with("retry") {
-            answer["headers"] = serde_json::json!({
-                "Retry-After": { "description": "seconds to wait before retrying", "schema": { "type": "integer" } }
+/// Tag of the payout operations.
+pub const TAG_PAYOUTS: &str = "payouts";
+/// Tag of the creator and hold operations.
+pub const TAG_CREATORS: &str = "creators";
+/// Tag of the continuous queues' operations.
+pub const TAG_QUEUES: &str = "queues";
+/// Tag of the provider's webhooks.
+pub const TAG_PROVIDER: &str = "provider";
+/// Tag of health, metrics and this document.
+pub const TAG_SERVER: &str = "server";
+
+/// The example creator of payouts: creator 64 of `settled seed` (default
+/// seed), the one the docs' sessions pay, so a tool that sends the
+/// document's examples to a seeded database reaches a real balance.
+pub const EXAMPLE_CREATOR: &str = "0x08453dd433f2499c722f3b8973bfd99a17093840";
+/// The example creator of holds: creator 1 of `settled seed` (default
+/// seed), another than the payouts' so that the examples' holds do not
+/// refuse the examples' payouts.
+pub const EXAMPLE_HELD_CREATOR: &str = "0x1140e4ea9e0e8e4b21c0de5c4bb8997990c3e972";
+
+/// The document's fixed parts; the operations come from the routes.
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "settled API"),
+    components(schemas(ProblemBody, QueueName, IdempotencyKeyHeader)),
+    tags(
+        (name = "payouts", description = "withdrawals that never pay twice"),
+        (name = "creators", description = "balances, ledger entries and holds"),
+        (name = "queues", description = "continuous queues for operators"),
+        (name = "provider", description = "the payment provider's signed webhooks"),
+        (name = "server", description = "health, readiness, metrics and this document"),
+    )
+)]
+pub struct ApiDoc;
+
+const INTRODUCTION: &str = "Withdrawals that never pay twice, holds, creators, continuous queues. Amounts are decimal strings of token base units (they exceed 2^53). Errors are application/problem+json (RFC 9457) with a stable `type` (the Problem schema lists every one). Bodies are application/json objects that name each field once. Idempotency-Key (IETF draft-ietf-httpapi-idempotency-key-header) is an sf-string, quoted or bare; this server keeps a key and its response for {hours} h (then prunes them), and a payout for ever. A key belongs to the request that used it first while any trace of that request is kept (its stored response, even past the retention, until pruned; the payout it made, for ever): another request with it gets 422 idempotency-key-reused, and a repeat of the request, however late, gets its answer or, once the answer is pruned, the payout it made; never a second payout. A key whose request was refused is free once its response is pruned.";
+
+const WRONG_HOST: &str = "the Host header names a host this server does not serve (unknown-host)";
+const UNAVAILABLE: &str = "retry: the database failed or a lock or statement took longer than the API waits (database-busy), or the request took longer than the server's request timeout (request-timeout)";
+const UNAVAILABLE_WRITE: &str = "retry: the database failed or a lock or statement took longer than the API waits (database-busy), and the request had no effect; or the answer to its COMMIT was lost (outcome-unknown), or the request took longer than the server's request timeout (request-timeout), and it may or may not have taken effect: retrying is safe (a payout with the same Idempotency-Key answers its outcome; a repeated hold or release answers 409 if the first took effect)";
+/// What the HTTP layers answer to a route that reads a JSON body.
+const BODY_ANSWERS: [(&str, &str); 5] = [
+    (
+        "400",
+        "malformed body (malformed-json; a field named twice: duplicate-field, naming it)",
+    ),
+    (
+        "408",
+        "the body did not arrive in time (body-timeout); the connection is closed and nothing was done",
+    ),
+    ("413", "body too large (body-too-large)"),
+    (
+        "415",
+        "the body is not sent as application/json (unsupported-media-type)",
+    ),
+    ("422", "invalid field (invalid-field, naming it)"),
+];
+const UNAUTHORIZED: &str = "missing or wrong bearer token (unauthorized)";
+/// The probes answer any Host (orchestrators send the address they dialled).
+const ANY_HOST: [&str; 2] = ["/healthz", "/readyz"];
+
+/// The document, with this server's idempotency-key retention.
+pub fn document(retention_hours: u64) -> Value {
+    let spec = super::api_routes().into_openapi();
+    let mut doc = serde_json::to_value(spec).expect("an OpenAPI document is plain JSON");
+    doc["info"]["version"] = json!(env!("CARGO_PKG_VERSION"));
+    doc["info"]["description"] = json!(INTRODUCTION.replace("{hours}", &retention_hours.to_string()));
+    doc["servers"] = json!([{ "url": "/" }]);
+    doc["components"]["securitySchemes"] = json!({ "bearer": { "type": "http", "scheme": "bearer" } });
+    if let Some(Value::Object(paths)) = doc.get_mut("paths") {
+        for (path, item) in paths.iter_mut() {
+            let Some(item) = item.as_object_mut() else { continue };
+            for operation in item.values_mut().filter_map(Value::as_object_mut) {
+                add_common_answers(path, operation);
+            }
+        }
+    }
+    link_operations(&mut doc);
+    doc
+}
+
+/// The answers every route may give, and problem+json for every error.
+fn add_common_answers(path: &str, operation: &mut Map<String, Value>) {
+    let writes = operation.contains_key("security") || operation.contains_key("requestBody");
+    let mut common: Vec<(&str, &str)> = vec![("503", if writes { UNAVAILABLE_WRITE } else { UNAVAILABLE })];
+    if !ANY_HOST.contains(&path) {
+        common.push(("421", WRONG_HOST));
+    }
+    if operation.contains_key("requestBody") {
+        common.extend(BODY_ANSWERS);
+    }
+    if operation.contains_key("security") {
+        common.push(("401", UNAUTHORIZED));
+    }
+    let responses = operation
+        .entry("responses")
+        .or_insert_with(|| json!({}))
+        .as_object_mut()
+        .expect("responses are an object");
+    for (status, description) in common {
+        responses
+            .entry(status)
+            .or_insert_with(|| json!({ "description": description }));
+    }
+    for (status, answer) in responses.iter_mut() {
+        if status.starts_with('4') || status.starts_with('5') {
+            answer["content"] = json!({
+                "application/problem+json": { "schema": { "$ref": "#/components/schemas/Problem" } }
             });
         }
-        answer
-    };
-    let unavailable = "retry: the database failed or a lock or statement took longer than the API waits (database-busy); the request had no effect";
-    let unavailable_write = "retry: the database failed or a lock or statement took longer than the API waits (database-busy), and the request had no effect; or the answer to its COMMIT was lost (outcome-unknown), and it may or may not have taken effect: retrying is safe (a payout with the same Idempotency-Key answers its outcome; a repeated hold or release answers 409 if the first took effect)";
-    let wrong_host = "the Host header names a host this server does not serve";
-    let queue_name = serde_json::json!({
-        "name": "name", "in": "path", "required": true,
-        "schema": { "type": "string", "pattern": "^[a-z_][a-z0-9_]*$", "maxLength": 63 }
-    });
-    let json = |description: &str, schema: &str| {
-        serde_json::json!({
-            "description": description,
-            "content": { "application/json": { "schema": { "$ref": format!("#/components/schemas/{schema}") } } }
-        })
-    };
-    serde_json::json!({
-        "openapi": "3.0.3",
-        "info": {
-            "title": "settled API",
-            "version": env!("CARGO_PKG_VERSION"),
-            "description": format!("Withdrawals that never pay twice, holds, creators, continuous queues. Amounts are decimal strings of token base units (they exceed 2^53). Errors are application/problem+json with a stable `type`. Bodies are application/json objects that name each field once. Idempotency-Key (IETF draft-ietf-httpapi-idempotency-key-header) is an sf-string, quoted or bare; this server keeps a key and its response for {retention_hours} h (then prunes them), and a payout for ever. A key belongs to the request that used it first while any trace of that request is kept (its stored response, even past the retention, until pruned; the payout it made, for ever): another request with it gets 422 idempotency-key-reused, and a repeat of the request, however late, gets its answer or, once the answer is pruned, the payout it made; never a second payout. A key whose request was refused is free once its response is pruned.")
-        },
-        "servers": [{ "url": "/" }],
-        "components": {
-            "securitySchemes": { "bearer": { "type": "http", "scheme": "bearer" } },
-            "schemas": {
-                "Problem": {
-                    "type": "object",
-                    "required": ["type", "title", "status", "detail"],
-                    "properties": {
-                        "type": { "type": "string" },
-                        "title": { "type": "string" },
-                        "status": { "type": "integer" },
-                        "detail": { "type": "string" },
-                        "field": { "type": "string" },
-                        "balance": { "type": "string" },
-                        "hold": { "type": "integer" },
-                        "existing_hold_id": { "type": "integer", "nullable": true }
-                    }
-                },
-                "Address": {
-                    "type": "string",
-                    "pattern": "^0x([0-9a-f]{40}|[0-9A-F]{40})$",
-                    "description": "0x + 40 hex digits. Mixed case is also accepted when it is a valid EIP-55 checksum."
-                },
-                "Amount": {
-                    "type": "string",
-                    "pattern": "^0*[1-9][0-9]{0,76}$",
-                    "description": "Token base units, a decimal integer from 1 to 2^256 - 1 (78-digit values up to 2^256 - 1 are accepted too)."
-                },
-                "PayoutRequest": {
-                    "type": "object",
-                    "additionalProperties": false,
-                    "required": ["creator", "amount"],
-                    "properties": {
-                        "creator": { "$ref": "#/components/schemas/Address" },
-                        "amount": { "$ref": "#/components/schemas/Amount" }
-                    }
-                },
-                "Payout": {
-                    "type": "object",
-                    "required": ["id", "creator", "amount", "status", "created_at"],
-                    "properties": {
-                        "id": { "type": "integer" },
-                        "creator": { "type": "string" },
-                        "amount": { "type": "string" },
-                        "status": { "type": "string", "enum": ["completed"] },
-                        "created_at": { "type": "string", "format": "date-time" }
-                    }
-                },
-                "HoldRequest": {
-                    "type": "object",
-                    "additionalProperties": false,
-                    "required": ["creator", "reason"],
-                    "properties": {
-                        "creator": { "$ref": "#/components/schemas/Address" },
-                        "reason": { "type": "string", "minLength": 1, "maxLength": 500, "pattern": "^[^\\u0000-\\u001f\\u007f-\\u009f\\u202a-\\u202e\\u2066-\\u2069]*\\S[^\\u0000-\\u001f\\u007f-\\u009f\\u202a-\\u202e\\u2066-\\u2069]*$", "description": "one line of text: no control characters or direction overrides" }
-                    }
-                },
-                "Hold": {
-                    "type": "object",
-                    "required": ["id", "creator", "reason", "created_at", "released_at"],
-                    "properties": {
-                        "id": { "type": "integer" },
-                        "creator": { "type": "string" },
-                        "reason": { "type": "string" },
-                        "created_at": { "type": "string", "format": "date-time" },
-                        "released_at": { "type": "string", "format": "date-time", "nullable": true }
-                    }
-                },
-                "QueueStats": {
-                    "type": "object",
-                    "required": ["ready", "scheduled", "processing", "failed", "oldest_ready_secs", "paused"],
-                    "properties": {
-                        "ready": { "type": "integer", "description": "eligible and runnable now" },
-                        "scheduled": { "type": "integer", "description": "eligible, not before a later time (scheduled or backing off)" },
-                        "processing": { "type": "integer", "description": "claimed under a lease" },
-                        "failed": { "type": "integer", "description": "dead letters" },
-                        "oldest_ready_secs": { "type": "number", "description": "seconds since the oldest ready job could run (0 when none)" },
-                        "paused": { "type": "boolean" }
-                    }
-                },
-                "Queue": {
-                    "type": "object",
-                    "required": ["name", "table", "paused", "paused_at", "stats", "error"],
-                    "properties": {
-                        "name": { "type": "string" },
-                        "table": { "type": "string" },
-                        "paused": { "type": "boolean" },
-                        "paused_at": { "type": "string", "format": "date-time", "nullable": true },
-                        "stats": { "allOf": [{ "$ref": "#/components/schemas/QueueStats" }], "nullable": true, "description": "exact counts; null when `error` says why they cannot be read" },
-                        "error": { "type": "string", "nullable": true, "description": "why the queue's table cannot be read (missing, not conforming, no privilege)" }
-                    }
-                },
-                "DeadLetter": {
-                    "type": "object",
-                    "required": ["key", "attempts", "last_error", "failed_at", "history"],
-                    "properties": {
-                        "key": { "type": "string" },
-                        "attempts": { "type": "integer", "description": "attempts counted toward the queue's limit (since its last replay)" },
-                        "last_error": { "type": "string", "nullable": true },
-                        "failed_at": { "type": "string", "format": "date-time" },
-                        "history": { "type": "array", "description": "the attempt history, oldest first", "items": {
-                            "type": "object",
-                            "properties": {
-                                "attempt": { "type": "integer" },
-                                "at": { "type": "string", "format": "date-time" },
-                                "error": { "type": "string" }
-                            }
-                        } }
-                    }
-                },
-                "ReplayRequest": {
-                    "type": "object",
-                    "additionalProperties": false,
-                    "description": "every member optional; those that are set must all hold; none: every dead letter (up to limit)",
-                    "properties": {
-                        "key": { "type": "string", "minLength": 1 },
-                        "error_contains": { "type": "string", "minLength": 1 },
-                        "failed_since": { "type": "string", "format": "date-time", "description": "RFC 3339; failed at or after" },
-                        "failed_before": { "type": "string", "format": "date-time", "description": "RFC 3339; failed before (later than failed_since)" },
-                        "limit": { "type": "integer", "minimum": 1, "maximum": 10000, "description": "oldest failure first; 10000 by default" }
-                    }
-                },
-                "CancelRequest": {
-                    "type": "object",
-                    "additionalProperties": false,
-                    "required": ["key"],
-                    "properties": { "key": { "type": "string" } }
-                },
-                "QueuePause": {
-                    "type": "object",
-                    "required": ["queue", "paused", "changed"],
-                    "properties": {
-                        "queue": { "type": "string" },
-                        "paused": { "type": "boolean" },
-                        "changed": { "type": "boolean", "description": "false when the queue already was so" }
-                    }
-                },
-                "Creator": {
-                    "type": "object",
-                    "required": ["creator", "balance", "holds", "ledger"],
-                    "properties": {
-                        "creator": { "type": "string" },
-                        "balance": { "type": "string" },
-                        "holds": { "type": "array", "items": {
-                            "type": "object",
-                            "required": ["id", "reason", "created_at", "released_at", "active"],
-                            "properties": {
-                                "id": { "type": "integer" },
-                                "reason": { "type": "string" },
-                                "created_at": { "type": "string", "format": "date-time" },
-                                "released_at": { "type": "string", "format": "date-time", "nullable": true },
-                                "active": { "type": "boolean" }
-                            }
-                        } },
-                        "ledger": { "type": "array", "items": {
-                            "type": "object",
-                            "required": ["period", "amount", "run_id", "created_at"],
-                            "properties": {
-                                "period": { "type": "string", "format": "date" },
-                                "amount": { "type": "string" },
-                                "run_id": { "type": "integer" },
-                                "created_at": { "type": "string", "format": "date-time" }
-                            }
-                        } }
-                    }
-                }
-            }
-        },
-        "paths": {
-            "/healthz": { "get": {
-                "summary": "Liveness: 200 once the server can reach the database",
-                "responses": {
-                    "200": { "description": "healthy", "content": { "application/json": { "schema": {
-                        "type": "object", "required": ["status"], "properties": { "status": { "type": "string" } } } } } },
-                    "503": problem("retry: the database is unreachable")
-                }
-            } },
-            "/readyz": { "get": {
-                "summary": "Readiness: 200 once the database answers, is migrated, and takes writes",
-                "responses": {
-                    "200": { "description": "ready", "content": { "application/json": { "schema": {
-                        "type": "object", "required": ["status"], "properties": { "status": { "type": "string" } } } } } },
-                    "503": problem("not ready: the database is unreachable, lacks migrations (not-migrated), or takes no writes (read-only: a standby, or default_transaction_read_only)")
-                }
-            } },
-            "/metrics": { "get": {
-                "summary": "Prometheus metrics (text format), computed from the database's exact state",
-                "responses": {
-                    "200": { "description": "metrics", "content": { "text/plain": { "schema": { "type": "string" } } } },
-                    "421": problem(wrong_host),
-                    "503": problem(unavailable)
-                }
-            } },
-            "/v1/payouts": { "post": {
-                "summary": "Withdraw from a creator's balance, exactly once per Idempotency-Key",
-                "security": [{ "bearer": [] }],
-                "parameters": [{
-                    "name": "Idempotency-Key", "in": "header", "required": true,
-                    "schema": { "oneOf": [
-                        { "type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[!#-\\[\\]-~]([ !#-\\[\\]-~]*[!#-\\[\\]-~])?$" },
-                        { "type": "string", "minLength": 3, "maxLength": 257, "pattern": "^\"([ !#-\\[\\]-~]|\\\\[\"\\\\])+\"$" }
-                    ] },
-                    "description": format!("an sf-string (\"abc\") or the bare token (abc), the same key either way; at most 255 characters; kept {retention_hours} h")
-                }],
-                "requestBody": { "required": true, "content": { "application/json": { "schema": { "$ref": "#/components/schemas/PayoutRequest" } } } },
-                "responses": {
-                    "201": json("the payout (a repeat with the same key and body returns it again)", "Payout"),
-                    "400": problem("malformed body (a field named twice: duplicate-field, naming it), or a missing or over-long Idempotency-Key"),
-                    "401": problem("missing or wrong bearer token"),
-                    "404": problem("unknown creator"),
-                    "409": problem("insufficient funds, an active hold on the creator (creator-on-hold), or a request with this key is still in progress (request-in-progress)"),
-                    "408": problem("the body did not arrive in time (body-timeout); the connection is closed and nothing was done"),
-                    "413": problem("body too large"),
-                    "415": problem("the body is not sent as application/json"),
-                    "421": problem(wrong_host),
-                    "422": problem("invalid field, or the key belongs to a different request (idempotency-key-reused)"),
-                    "503": problem(unavailable_write)
-                }
-            } },
-            "/v1/payouts/{id}": { "get": {
-                "summary": "A payout",
-                "parameters": [{ "name": "id", "in": "path", "required": true, "schema": { "type": "integer", "format": "int64", "minimum": 1, "maximum": 9_223_372_036_854_775_807i64 } }],
-                "responses": {
-                    "200": json("the payout", "Payout"),
-                    "400": problem("the id is not an integer"),
-                    "404": problem("no such payout"),
-                    "421": problem(wrong_host),
-                    "503": problem(unavailable)
-                }
-            } },
-            "/v1/creators/{address}": { "get": {
-                "summary": "A creator's balance, holds and ledger entries",
-                "parameters": [{ "name": "address", "in": "path", "required": true, "schema": { "$ref": "#/components/schemas/Address" } }],
-                "responses": {
-                    "200": json("the creator", "Creator"),
-                    "400": problem("not an address"),
-                    "404": problem("unknown creator"),
-                    "421": problem(wrong_host),
-                    "503": problem(unavailable)
-                }
-            } },
-            "/v1/queues": { "get": {
-                "summary": "Every registered continuous queue with its exact state (a queue whose table cannot be read carries the error)",
-                "responses": {
-                    "200": { "description": "the queues, by name", "content": { "application/json": { "schema": {
-                        "type": "object", "required": ["queues"],
-                        "properties": { "queues": { "type": "array", "items": { "$ref": "#/components/schemas/Queue" } } } } } } },
-                    "421": problem(wrong_host),
-                    "503": problem(unavailable)
-                }
-            } },
-            "/v1/queues/{name}": { "get": {
-                "summary": "A continuous queue's exact state",
-                "parameters": [queue_name.clone()],
-                "responses": {
-                    "200": json("the queue", "Queue"),
-                    "404": problem("no such queue (unknown-queue)"),
-                    "421": problem(wrong_host),
-                    "503": problem(unavailable)
-                }
-            } },
-            "/v1/queues/{name}/dead": { "get": {
-                "summary": "A queue's dead letters, newest failure first",
-                "parameters": [queue_name.clone(), {
-                    "name": "limit", "in": "query", "required": false,
-                    "schema": { "type": "integer", "minimum": 1, "maximum": 1000, "default": 50 }
-                }],
-                "responses": {
-                    "200": { "description": "the dead letters", "content": { "application/json": { "schema": {
-                        "type": "object", "required": ["queue", "dead_letters"],
-                        "properties": {
-                            "queue": { "type": "string" },
-                            "dead_letters": { "type": "array", "items": { "$ref": "#/components/schemas/DeadLetter" } }
-                        } } } } },
-                    "400": problem("limit is not an integer 1..=1000 (invalid-limit)"),
-                    "404": problem("no such queue (unknown-queue)"),
-                    "409": problem("the queue's table is missing, does not conform or cannot be read (queue-unusable)"),
-                    "421": problem(wrong_host),
-                    "503": problem(unavailable)
-                }
-            } },
-            "/v1/queues/{name}/pause": { "post": {
-                "summary": "Pause a queue: its workers claim nothing until it is resumed",
-                "security": [{ "bearer": [] }],
-                "parameters": [queue_name.clone()],
-                "responses": {
-                    "200": json("paused (changed: false when it already was)", "QueuePause"),
-                    "401": problem("missing or wrong bearer token"),
-                    "404": problem("no such queue (unknown-queue)"),
-                    "421": problem(wrong_host),
-                    "503": problem(unavailable_write)
-                }
-            } },
-            "/v1/queues/{name}/resume": { "post": {
-                "summary": "Resume a paused queue and wake its workers",
-                "security": [{ "bearer": [] }],
-                "parameters": [queue_name.clone()],
-                "responses": {
-                    "200": json("serving (changed: false when it was not paused)", "QueuePause"),
-                    "401": problem("missing or wrong bearer token"),
-                    "404": problem("no such queue (unknown-queue)"),
-                    "421": problem(wrong_host),
-                    "503": problem(unavailable_write)
-                }
-            } },
-            "/v1/queues/{name}/replay": { "post": {
-                "summary": "Make dead letters eligible again with a fresh count of attempts: one by key, or those a filter selects",
-                "security": [{ "bearer": [] }],
-                "parameters": [queue_name.clone()],
-                "requestBody": { "required": true, "content": { "application/json": { "schema": { "$ref": "#/components/schemas/ReplayRequest" } } } },
-                "responses": {
-                    "200": { "description": "how many were replayed", "content": { "application/json": { "schema": {
-                        "type": "object", "required": ["queue", "replayed", "limit_reached"],
-                        "properties": {
-                            "queue": { "type": "string" },
-                            "replayed": { "type": "integer", "minimum": 1 },
-                            "limit_reached": { "type": "boolean", "description": "as many as the limit: more may match" }
-                        } } } } },
-                    "400": problem("malformed body (a field named twice: duplicate-field, naming it)"),
-                    "401": problem("missing or wrong bearer token"),
-                    "404": problem("no such queue (unknown-queue), or no dead letter matches (no-dead-letter-matched)"),
-                    "408": problem("the body did not arrive in time (body-timeout); the connection is closed and nothing was done"),
-                    "409": problem("the queue's table is missing, does not conform or cannot be read (queue-unusable)"),
-                    "413": problem("body too large"),
-                    "415": problem("the body is not sent as application/json"),
-                    "421": problem(wrong_host),
-                    "422": problem("invalid field (named)"),
-                    "503": problem(unavailable_write)
-                }
-            } },
-            "/v1/queues/{name}/cancel": { "post": {
-                "summary": "Cancel a job that has not started",
-                "security": [{ "bearer": [] }],
-                "parameters": [queue_name],
-                "requestBody": { "required": true, "content": { "application/json": { "schema": { "$ref": "#/components/schemas/CancelRequest" } } } },
-                "responses": {
-                    "200": { "description": "the job will not run", "content": { "application/json": { "schema": {
-                        "type": "object", "required": ["queue", "key", "cancelled"],
-                        "properties": {
-                            "queue": { "type": "string" },
-                            "key": { "type": "string" },
-                            "cancelled": { "type": "boolean", "enum": [true] }
-                        } } } } },
-                    "400": problem("malformed body (a field named twice: duplicate-field, naming it)"),
-                    "401": problem("missing or wrong bearer token"),
-                    "404": problem("no such queue (unknown-queue) or job (unknown-job)"),
-                    "408": problem("the body did not arrive in time (body-timeout); the connection is closed and nothing was done"),
-                    "409": problem("the job has started or ended (job-started), or the queue's table cannot serve (queue-unusable)"),
-                    "413": problem("body too large"),
-                    "415": problem("the body is not sent as application/json"),
-                    "421": problem(wrong_host),
-                    "422": problem("the key is not a value of the queue's key type"),
-                    "503": problem(unavailable_write)
-                }
-            } },
-            "/v1/holds": { "post": {
-                "summary": "Put a creator on hold (at most one active hold per creator)",
-                "security": [{ "bearer": [] }],
-                "requestBody": { "required": true, "content": { "application/json": { "schema": { "$ref": "#/components/schemas/HoldRequest" } } } },
-                "responses": {
-                    "201": json("the hold", "Hold"),
-                    "400": problem("malformed body (a field named twice: duplicate-field, naming it)"),
-                    "401": problem("missing or wrong bearer token"),
-                    "404": problem("unknown creator"),
-                    "409": problem("the creator already has an active hold (named in the answer)"),
-                    "408": problem("the body did not arrive in time (body-timeout); the connection is closed and nothing was done"),
-                    "413": problem("body too large"),
-                    "415": problem("the body is not sent as application/json"),
-                    "421": problem(wrong_host),
-                    "422": problem("invalid field"),
-                    "503": problem(unavailable_write)
-                }
-            } },
-            "/v1/holds/{id}/release": { "post": {
-                "summary": "Release a hold; the creator's held items are paid by their runs",
-                "security": [{ "bearer": [] }],
-                "parameters": [{ "name": "id", "in": "path", "required": true, "schema": { "type": "integer", "format": "int64", "minimum": 1, "maximum": 9_223_372_036_854_775_807i64 } }],
-                "responses": {
-                    "200": json("the released hold", "Hold"),
-                    "400": problem("the id is not an integer"),
-                    "401": problem("missing or wrong bearer token"),
-                    "404": problem("no such hold"),
-                    "409": problem("already released"),
-                    "421": problem(wrong_host),
-                    "503": problem(unavailable_write)
-                }
-            } }
+        if status == "503" {
+            answer["headers"] = json!({ "Retry-After": {
+                "description": "seconds to wait before retrying",
+                "schema": { "type": "integer", "minimum": 0 }
+            } });
         }
-    })
+    }
+}
+
+/// Links from a payout just made to reading, confirming and cancelling it,
+/// and from a hold placed to its release, so a client (or a test
+/// generator) can follow one payout or hold through.
+fn link_operations(doc: &mut Value) {
+    let placed = &mut doc["paths"]["/v1/holds"]["post"]["responses"]["201"];
+    if placed.is_object() {
+        placed["links"] = json!({ "ReleaseHold": {
+            "operationId": "release_hold",
+            "parameters": { "id": "$response.body#/id" },
+            "description": "release the hold just placed"
+        } });
+    }
+    let made = &mut doc["paths"]["/v1/payouts"]["post"]["responses"]["201"];
+    if !made.is_object() {
+        return;
+    }
+    made["links"] = json!({
+        "GetPayout": {
+            "operationId": "get_payout",
+            "parameters": { "id": "$response.body#/id" },
+            "description": "the payout just made"
+        },
+        "ConfirmPayout": {
+            "operationId": "confirm_payout",
+            "parameters": { "id": "$response.body#/id" },
+            "requestBody": { "token": "$response.body#/confirm_token" },
+            "description": "confirm it with the token its creation answered (made with \"confirm\": true)"
+        },
+        "CancelPayout": {
+            "operationId": "cancel_payout",
+            "parameters": { "id": "$response.body#/id" },
+            "description": "cancel it while it awaits its confirmation"
+        }
+    });
 }
 
 /// `GET /openapi.json`.
-pub async fn serve(axum::extract::State(state): axum::extract::State<super::AppState>) -> Response {
+#[utoipa::path(get, path = "/openapi.json", operation_id = "openapi", tag = TAG_SERVER,
+    summary = "This document (OpenAPI 3.1)",
+    responses((status = 200, description = "the OpenAPI document", body = Object)))]
+pub async fn serve(State(state): State<AppState>) -> Response {
     let hours = state.idempotency.retention.as_secs() / 3600;
     json_response(axum::http::StatusCode::OK, "application/json", &document(hours)).into_response()
+}
+
+/// `0x` and 40 hex digits, in one case (mixed case must be a valid
+/// EIP-55 checksum, which a pattern cannot say).
+pub const ADDRESS_PATTERN: &str = "^0x([0-9a-f]{40}|[0-9A-F]{40})$";
+
+impl PartialSchema for CreatorAddress {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .pattern(Some(ADDRESS_PATTERN))
+            .description(Some(
+                "0x + 40 hex digits. Mixed case is also accepted when it is a valid EIP-55 checksum.",
+            ))
+            .into()
+    }
+}
+
+impl ToSchema for CreatorAddress {
+    fn name() -> std::borrow::Cow<'static, str> {
+        "Address".into()
+    }
+}
+
+/// A positive amount of at most 77 significant digits (78-digit values up
+/// to 2^256 - 1 are accepted too, which a pattern cannot say).
+pub const AMOUNT_PATTERN: &str = "^0*[1-9][0-9]{0,76}$";
+
+impl PartialSchema for Amount {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .pattern(Some(AMOUNT_PATTERN))
+            .description(Some(
+                "Token base units, a decimal integer from 1 to 2^256 - 1 (a string: amounts exceed 2^53).",
+            ))
+            .examples(["1"])
+            .into()
+    }
+}
+
+impl ToSchema for Amount {}
+
+/// The `name` of a continuous queue in a path: a plain SQL identifier, as
+/// the engine registers queues.
+pub struct QueueName;
+
+impl PartialSchema for QueueName {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .pattern(Some("^[a-z_][a-z0-9_]*$"))
+            .max_length(Some(63))
+            .into()
+    }
+}
+
+impl ToSchema for QueueName {}
+
+/// The `Idempotency-Key` header: an sf-string (`"abc"`) or the bare token
+/// (`abc`), the same key either way, of visible ASCII.
+pub struct IdempotencyKeyHeader;
+
+impl PartialSchema for IdempotencyKeyHeader {
+    fn schema() -> RefOr<Schema> {
+        let max = settled_engine::once::idempotency::MAX_IDEMPOTENCY_KEY_CHARS;
+        OneOfBuilder::new()
+            .item(
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .min_length(Some(1))
+                    .max_length(Some(max))
+                    .pattern(Some(r"^[!#-\[\]-~]([ !#-\[\]-~]*[!#-\[\]-~])?$")),
+            )
+            .item(
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .min_length(Some(3))
+                    .max_length(Some(max + 2))
+                    .pattern(Some(r#"^"([ !#-\[\]-~]|\\["\\])+"$"#)),
+            )
+            .into()
+    }
+}
+
+impl ToSchema for IdempotencyKeyHeader {
+    fn name() -> std::borrow::Cow<'static, str> {
+        "IdempotencyKey".into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use axum::body::Body;
+    use axum::http::{header, Method, Request, StatusCode};
+    use axum::Router;
+
+    use super::*;
+    use crate::api::problem::ProblemType;
+    use crate::payouts::PayoutState;
+
+    /// The served router, over a pool that never connects (no handler runs:
+    /// every probe is answered by the router itself).
+    fn served() -> Router {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .connect_lazy("postgres://nobody@127.0.0.1:1/none")
+            .expect("a lazy pool");
+        crate::api::router(AppState::new(pool.clone(), pool))
+    }
+
+    /// The path templates of a router's routes. axum lists them only in
+    /// its Debug form (`paths: {RouteId(0): "/healthz", ...}` of its path
+    /// router, before its fallback router's).
+    fn route_paths<S>(router: &Router<S>) -> BTreeSet<String> {
+        let listing = format!("{router:?}");
+        let start = listing
+            .find("path_router")
+            .expect("a router's Debug names its path router");
+        let end = listing.find("fallback_router").unwrap_or(listing.len());
+        listing[start..end]
+            .split('"')
+            .skip(1)
+            .step_by(2)
+            .filter(|quoted| quoted.starts_with('/') && !quoted.contains("__private__"))
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// The methods the router serves at `template` (GET's HEAD aside), from
+    /// the `Allow` header of its 405 to a method no route takes; None when
+    /// no route matches the path.
+    async fn methods_at(app: &Router, template: &str) -> Option<BTreeSet<String>> {
+        let path: String = template
+            .split('/')
+            .map(|part| if part.starts_with('{') { "1" } else { part })
+            .collect::<Vec<_>>()
+            .join("/");
+        let probe = Request::builder()
+            .method(Method::from_bytes(b"PROBE").expect("a method name"))
+            .uri(&path)
+            .header(header::HOST, "localhost")
+            .body(Body::empty())
+            .expect("a request");
+        let answer = tower_service::Service::call(&mut app.clone(), probe)
+            .await
+            .expect("the router answers");
+        match answer.status() {
+            StatusCode::NOT_FOUND => None,
+            StatusCode::METHOD_NOT_ALLOWED => {
+                let allow = answer.headers().get(header::ALLOW).expect("a 405 says what is allowed");
+                let allow = allow.to_str().expect("ASCII");
+                Some(
+                    allow
+                        .split(',')
+                        .map(|m| m.trim().to_ascii_lowercase())
+                        .filter(|m| m != "head" || !allow.contains("GET"))
+                        .collect(),
+                )
+            }
+            other => panic!("{path}: a method no route takes was answered {other}"),
+        }
+    }
+
+    /// Each path of the document with its methods.
+    fn documented(doc: &Value) -> BTreeMap<String, BTreeSet<String>> {
+        let paths = doc["paths"].as_object().expect("the document has paths");
+        paths
+            .iter()
+            .map(|(path, item)| {
+                let item = item.as_object().expect("a path item");
+                (path.clone(), item.keys().cloned().collect())
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn every_served_route_is_in_the_openapi_document_and_every_documented_route_is_served() {
+        let app = served();
+        let pages = route_paths(&crate::api::dashboard_routes());
+        let mut serving = BTreeMap::new();
+        for path in route_paths(&app).difference(&pages) {
+            let methods = methods_at(&app, path).await.unwrap_or_default();
+            serving.insert(path.clone(), methods);
+        }
+        let documented = documented(&document(24));
+        let mut differences = Vec::new();
+        for (path, methods) in &documented {
+            let served = serving.get(path).cloned().unwrap_or_default();
+            for method in methods.difference(&served) {
+                differences.push(format!("documented, not served: {} {path}", method.to_uppercase()));
+            }
+        }
+        for (path, methods) in &serving {
+            let listed = documented.get(path).cloned().unwrap_or_default();
+            for method in methods.difference(&listed) {
+                differences.push(format!("served, not documented: {} {path}", method.to_uppercase()));
+            }
+        }
+        assert!(differences.is_empty(), "{}", differences.join("\n"));
+        for wanted in [
+            "/v1/payouts/{id}/confirm",
+            "/v1/payouts/{id}/cancel",
+            "/v1/provider-events",
+        ] {
+            assert!(serving.contains_key(wanted), "{wanted} is served and documented");
+        }
+    }
+
+    /// Every `$ref` under `value`.
+    fn references(value: &Value, found: &mut Vec<String>) {
+        match value {
+            Value::Object(members) => {
+                if let Some(Value::String(target)) = members.get("$ref") {
+                    found.push(target.clone());
+                }
+                members.values().for_each(|member| references(member, found));
+            }
+            Value::Array(items) => items.iter().for_each(|item| references(item, found)),
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn every_reference_in_the_document_resolves() {
+        let doc = document(24);
+        let mut found = Vec::new();
+        references(&doc, &mut found);
+        assert!(found.len() > 20, "the document refers to its schemas: {found:?}");
+        let dangling: BTreeSet<&String> = found
+            .iter()
+            .filter(|target| {
+                let pointer = target.strip_prefix('#').unwrap_or("not a local reference");
+                doc.pointer(pointer).is_none()
+            })
+            .collect();
+        assert!(dangling.is_empty(), "references to nothing: {dangling:?}");
+    }
+
+    #[test]
+    fn the_document_lists_every_payout_state_and_every_problem_type_from_their_enums() {
+        let doc = document(24);
+        let schemas = &doc["components"]["schemas"];
+        let states: Vec<&str> = PayoutState::ALL.iter().map(|s| s.as_str()).collect();
+        assert_eq!(
+            schemas["PayoutState"]["enum"],
+            json!(states),
+            "{}",
+            schemas["PayoutState"]
+        );
+        assert_eq!(
+            schemas["Payout"]["properties"]["status"]["$ref"],
+            "#/components/schemas/PayoutState"
+        );
+        let types: Vec<String> = ProblemType::ALL.iter().map(|t| t.uri()).collect();
+        assert_eq!(
+            schemas["ProblemType"]["enum"],
+            json!(types),
+            "{}",
+            schemas["ProblemType"]
+        );
+        let problem = &schemas["Problem"]["properties"];
+        assert_eq!(
+            problem["status"]["type"], "integer",
+            "RFC 9457: status is the HTTP status"
+        );
+        assert_eq!(problem["payout_status"]["$ref"], "#/components/schemas/PayoutState");
+    }
 }

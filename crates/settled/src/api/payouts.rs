@@ -14,16 +14,18 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use settled_engine::once::idempotency::{self, Begin, MAX_IDEMPOTENCY_KEY_CHARS};
+use utoipa::ToSchema;
 
 use super::problem::json_response;
 use sqlx::PgConnection;
 use tracing::field::Empty;
 use tracing::Instrument;
 
-use super::{read_json, AppState, Authorized, Problem};
+use super::openapi::{IdempotencyKeyHeader, EXAMPLE_CREATOR, TAG_PAYOUTS};
+use super::{read_json, AppState, Authorized, Problem, ProblemType};
 use crate::address::CreatorAddress;
 use crate::money::Amount;
-use crate::payouts::{self, CONFIRMATION_PURPOSE};
+use crate::payouts::{self, PayoutState, CONFIRMATION_PURPOSE};
 use anyhow::Context;
 use settled_engine::once::token::{OnceToken, Redemption};
 
@@ -31,12 +33,14 @@ use settled_engine::once::token::{OnceToken, Redemption};
 pub const PAYOUTS_SCOPE: &str = "payouts";
 
 /// The request body.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PayoutRequest {
     /// The creator, `0x` + 40 hex digits.
+    #[schema(value_type = CreatorAddress)]
     pub creator: String,
     /// Base units as a decimal string (amounts exceed 2^53).
+    #[schema(value_type = Amount)]
     pub amount: String,
     /// Hold the payout until `POST /v1/payouts/{id}/confirm` redeems the
     /// one-time token this answer carries (it expires otherwise, and its
@@ -46,21 +50,25 @@ pub struct PayoutRequest {
 }
 
 /// A payout as the API shows it.
-#[derive(Debug, Serialize, sqlx::FromRow)]
+#[derive(Debug, Serialize, sqlx::FromRow, ToSchema)]
 pub struct Payout {
     /// Payout id.
+    #[schema(minimum = 1)]
     pub id: i64,
     /// The creator (lower case).
     pub creator: String,
     /// Base units, decimal string.
     pub amount: String,
-    /// `created`, `queued`, `sent`, `paid`, `failed`, `cancelled` or `expired`.
-    pub status: String,
+    /// Where the payout is.
+    pub status: PayoutState,
     /// Why its last transition happened.
+    #[schema(required = true)]
     pub reason: Option<String>,
     /// The provider's id, once it accepted the payment.
+    #[schema(required = true)]
     pub provider_id: Option<String>,
     /// When an unconfirmed payout expires.
+    #[schema(required = true)]
     pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
     /// When it was made.
     pub created_at: chrono::DateTime<chrono::Utc>,
@@ -73,20 +81,28 @@ const PAYOUT_COLUMNS: &str =
     "id, creator, amount::text AS amount, status, reason, provider_id, expires_at, created_at, updated_at";
 
 /// A payout just made: with its one-time confirmation token when asked for.
-#[derive(Debug, Serialize)]
-struct Made {
+#[derive(Debug, Serialize, ToSchema)]
+pub struct MadePayout {
+    /// The payout.
     #[serde(flatten)]
-    payout: Payout,
+    pub payout: Payout,
+    /// The one-time token that confirms it (only when made with
+    /// `"confirm": true`, and only in this answer).
     #[serde(skip_serializing_if = "Option::is_none")]
-    confirm_token: Option<uuid::Uuid>,
+    #[schema(nullable = false)]
+    pub confirm_token: Option<uuid::Uuid>,
 }
 
 fn idempotency_key(headers: &HeaderMap) -> Result<String, Problem> {
     let missing = || {
-        Problem::bad_request("missing-idempotency-key", "the Idempotency-Key header is required")
-            .field("Idempotency-Key")
+        Problem::bad_request(
+            ProblemType::MissingIdempotencyKey,
+            "the Idempotency-Key header is required",
+        )
+        .field("Idempotency-Key")
     };
-    let invalid = |detail: &str| Problem::bad_request("invalid-idempotency-key", detail).field("Idempotency-Key");
+    let invalid =
+        |detail: &str| Problem::bad_request(ProblemType::InvalidIdempotencyKey, detail).field("Idempotency-Key");
     let mut all = headers.get_all("idempotency-key").iter();
     let key = all.next().ok_or_else(missing)?;
     if all.next().is_some() {
@@ -104,7 +120,7 @@ fn idempotency_key(headers: &HeaderMap) -> Result<String, Problem> {
     }
     if key.chars().count() > MAX_IDEMPOTENCY_KEY_CHARS {
         return Err(Problem::bad_request(
-            "invalid-idempotency-key",
+            ProblemType::InvalidIdempotencyKey,
             format!("Idempotency-Key must be at most {MAX_IDEMPOTENCY_KEY_CHARS} characters"),
         )
         .field("Idempotency-Key"));
@@ -147,6 +163,26 @@ pub fn validate(request: &PayoutRequest) -> Result<(CreatorAddress, Amount), Pro
 }
 
 /// `POST /v1/payouts`.
+#[utoipa::path(post, path = "/v1/payouts", operation_id = "create_payout", tag = TAG_PAYOUTS,
+    summary = "Withdraw from a creator's balance, exactly once per Idempotency-Key",
+    params(
+        ("Idempotency-Key" = IdempotencyKeyHeader, Header, example = "example-payout-1",
+         description = "an sf-string (\"abc\") or the bare token (abc), the same key either way; at most 255 characters"),
+        ("traceparent" = Option<String>, Header,
+         description = "W3C trace context the payout's delivery continues (a malformed one is ignored)"),
+    ),
+    request_body(content = PayoutRequest, examples(
+        ("awaiting confirmation" = (value = json!({ "creator": EXAMPLE_CREATOR, "amount": "1", "confirm": true }))),
+        ("queued at once" = (value = json!({ "creator": EXAMPLE_CREATOR, "amount": "1" }))),
+    )),
+    security(("bearer" = [])),
+    responses(
+        (status = 201, description = "the payout (a repeat with the same key and body returns it again, with `Idempotent-Replayed: true`)", body = MadePayout),
+        (status = 400, description = "malformed body (a field named twice: duplicate-field, naming it), or a missing, repeated or invalid Idempotency-Key"),
+        (status = 404, description = "unknown creator (unknown-creator)"),
+        (status = 409, description = "insufficient funds (insufficient-funds, with `balance`), an active hold on the creator (creator-on-hold, with `hold`), or a request with this key is still in progress (request-in-progress)"),
+        (status = 422, description = "invalid field (invalid-field, naming it), or the key belongs to a different request (idempotency-key-reused)"),
+    ))]
 pub async fn create(
     State(state): State<AppState>,
     _: Authorized,
@@ -188,7 +224,7 @@ pub async fn create(
         }
         Begin::InProgress => Err(Problem::new(
             StatusCode::CONFLICT,
-            "request-in-progress",
+            ProblemType::RequestInProgress,
             "A request with this Idempotency-Key is in progress",
             "the first request with this key has not finished; retry later to get its response",
         )),
@@ -232,7 +268,7 @@ struct Answer {
 fn key_reused(detail: impl Into<String>) -> Problem {
     Problem::new(
         StatusCode::UNPROCESSABLE_ENTITY,
-        "idempotency-key-reused",
+        ProblemType::IdempotencyKeyReused,
         "Idempotency-Key reused with a different request",
         detail,
     )
@@ -341,7 +377,7 @@ async fn debit(
     key: &str,
     fingerprint: &str,
     made: &Making<'_>,
-) -> anyhow::Result<Result<Made, Problem>> {
+) -> anyhow::Result<Result<MadePayout, Problem>> {
     let (creator, amount) = (made.creator, made.amount);
     let token = if made.confirm {
         Some(OnceToken::issue_in(&mut *tx, CONFIRMATION_PURPOSE, key, state.confirm_ttl).await?)
@@ -387,32 +423,34 @@ async fn debit(
     span.record("payout.status", debit.payout_status.as_deref());
     let balance = debit.balance_before.unwrap_or_default();
     Ok(match (debit.outcome.as_str(), debit.payout_id) {
-        ("paid", Some(id)) => Ok(Made {
+        ("paid", Some(id)) => Ok(MadePayout {
             payout: one(&mut *tx, id).await?.context("the payout just made")?,
             confirm_token: token,
         }),
-        ("unknown_creator", ..) => {
-            Err(Problem::not_found("unknown-creator", format!("creator {creator} has no balance")).field("creator"))
-        }
+        ("unknown_creator", ..) => Err(Problem::not_found(
+            ProblemType::UnknownCreator,
+            format!("creator {creator} has no balance"),
+        )
+        .field("creator")),
         ("on_hold", ..) => {
             let hold = debit.active_hold.unwrap_or_default();
             Err(Problem::new(
                 StatusCode::CONFLICT,
-                "creator-on-hold",
+                ProblemType::CreatorOnHold,
                 "The creator is on hold",
                 format!("creator {creator} has active hold {hold}; nothing is paid out until it is released"),
             )
             .field("creator")
-            .extra(serde_json::json!({ "hold": hold })))
+            .hold(hold))
         }
         ("insufficient_funds", ..) => Err(Problem::new(
             StatusCode::CONFLICT,
-            "insufficient-funds",
+            ProblemType::InsufficientFunds,
             "Insufficient funds",
             format!("creator {creator} has a balance of {balance}, less than the {amount} requested"),
         )
         .field("amount")
-        .extra(serde_json::json!({ "balance": balance }))),
+        .balance(balance)),
         (outcome, ..) => anyhow::bail!("settlement.debit_for_payout answered {outcome:?} without its payout"),
     })
 }
@@ -429,26 +467,50 @@ async fn one(conn: &mut PgConnection, id: i64) -> anyhow::Result<Option<Payout>>
 
 fn payout_id(id: &str) -> Result<i64, Problem> {
     id.parse()
-        .map_err(|_| Problem::bad_request("invalid-id", "payout id must be an integer").field("id"))
+        .map_err(|_| Problem::bad_request(ProblemType::InvalidId, "payout id must be an integer").field("id"))
 }
 
 /// A transition of a payout, as `GET /v1/payouts/{id}` lists them.
-#[derive(Debug, Serialize, sqlx::FromRow)]
-struct Transition {
-    from_state: Option<String>,
-    to_state: String,
-    reason: Option<String>,
-    at: chrono::DateTime<chrono::Utc>,
+#[derive(Debug, Serialize, sqlx::FromRow, ToSchema)]
+pub struct Transition {
+    /// The state it left (none for the first).
+    #[schema(required = true)]
+    pub from_state: Option<PayoutState>,
+    /// The state it entered.
+    pub to_state: PayoutState,
+    /// Why.
+    #[schema(required = true)]
+    pub reason: Option<String>,
+    /// When.
+    pub at: chrono::DateTime<chrono::Utc>,
+}
+
+/// A payout with its history, oldest transition first.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PayoutWithHistory {
+    /// The payout.
+    #[serde(flatten)]
+    pub payout: Payout,
+    /// Every transition it made.
+    pub history: Vec<Transition>,
 }
 
 /// `GET /v1/payouts/{id}`: the payout and its history.
+#[utoipa::path(get, path = "/v1/payouts/{id}", operation_id = "get_payout", tag = TAG_PAYOUTS,
+    summary = "A payout and its history",
+    params(("id" = i64, Path, minimum = 1, description = "the payout's id")),
+    responses(
+        (status = 200, description = "the payout", body = PayoutWithHistory),
+        (status = 400, description = "the id is not an integer (invalid-id)"),
+        (status = 404, description = "no such payout (unknown-payout)"),
+    ))]
 pub async fn show(State(state): State<AppState>, Path(id): Path<String>) -> Result<Response, Problem> {
     let id = payout_id(&id)?;
     let mut conn = state.reads.acquire().await.map_err(Problem::unavailable)?;
     let payout = one(&mut conn, id)
         .await
         .map_err(Problem::unavailable)?
-        .ok_or_else(|| Problem::not_found("unknown-payout", format!("no payout {id}")))?;
+        .ok_or_else(|| Problem::not_found(ProblemType::UnknownPayout, format!("no payout {id}")))?;
     let history: Vec<Transition> = sqlx::query_as(
         "SELECT from_state, to_state, reason, at FROM settlement.payout_history WHERE payout_id = $1 ORDER BY id",
     )
@@ -456,16 +518,15 @@ pub async fn show(State(state): State<AppState>, Path(id): Path<String>) -> Resu
     .fetch_all(&mut *conn)
     .await
     .map_err(Problem::unavailable)?;
-    let mut body = serde_json::to_value(&payout).map_err(|e| Problem::unavailable(anyhow::Error::new(e)))?;
-    body["history"] = serde_json::to_value(history).map_err(|e| Problem::unavailable(anyhow::Error::new(e)))?;
-    Ok((StatusCode::OK, axum::Json(body)).into_response())
+    Ok((StatusCode::OK, axum::Json(PayoutWithHistory { payout, history })).into_response())
 }
 
 /// The body of a confirmation.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ConfirmRequest {
     /// The one-time token the payout's creation answered with.
+    #[schema(format = Uuid)]
     pub token: String,
 }
 
@@ -476,6 +537,19 @@ pub struct ConfirmRequest {
 /// conditional update and the payout's are all the database's. While the
 /// creator is on hold the confirmation is refused (409
 /// `creator-on-hold`), nothing changes and the token stays usable.
+#[utoipa::path(post, path = "/v1/payouts/{id}/confirm", operation_id = "confirm_payout", tag = TAG_PAYOUTS,
+    summary = "Confirm a payout made with \"confirm\": true; it is queued for delivery",
+    params(("id" = i64, Path, minimum = 1, description = "the payout's id")),
+    request_body = ConfirmRequest,
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "confirmed: the payout, queued", body = Payout),
+        (status = 400, description = "the id is not an integer (invalid-id), or a malformed body"),
+        (status = 403, description = "the token is not this payout's, or it was used (token-refused)"),
+        (status = 404, description = "no such payout (unknown-payout)"),
+        (status = 409, description = "the payout is not awaiting confirmation (payout-not-awaiting-confirmation), or its creator has an active hold (creator-on-hold: the token stays usable); `payout_status` says where the payout is"),
+        (status = 410, description = "the token expired (confirmation-expired); the payout expires and its funds come back"),
+    ))]
 pub async fn confirm(
     State(state): State<AppState>,
     _: Authorized,
@@ -500,7 +574,7 @@ pub async fn confirm(
 #[derive(sqlx::FromRow)]
 struct Confirmation {
     outcome: String,
-    payout_status: Option<String>,
+    payout_status: Option<PayoutState>,
     active_hold: Option<i64>,
 }
 
@@ -525,38 +599,40 @@ async fn confirm_in_tx(state: &AppState, id: i64, token: uuid::Uuid) -> anyhow::
 /// confirming, its creator is on hold, the token expired, or the token is
 /// not this payout's (or was used): the engine's [`Redemption`] says which.
 fn not_confirmed(id: i64, answer: &Confirmation) -> anyhow::Result<Problem> {
-    let status = answer.payout_status.as_deref().unwrap_or_default();
+    let status = answer.payout_status;
+    let shown = status.map_or("unknown", PayoutState::as_str);
     Ok(match answer.outcome.as_str() {
-        "unknown_payout" => Problem::not_found("unknown-payout", format!("no payout {id}")),
+        "unknown_payout" => Problem::not_found(ProblemType::UnknownPayout, format!("no payout {id}")),
         "not_awaiting_confirmation" => Problem::new(
             StatusCode::CONFLICT,
-            "payout-not-awaiting-confirmation",
+            ProblemType::PayoutNotAwaitingConfirmation,
             "The payout is not awaiting confirmation",
-            format!("payout {id} is {status}"),
+            format!("payout {id} is {shown}"),
         )
-        .extra(serde_json::json!({ "status": status })),
+        .payout_status(status),
         "on_hold" => {
             let hold = answer.active_hold.unwrap_or_default();
             Problem::new(
                 StatusCode::CONFLICT,
-                "creator-on-hold",
+                ProblemType::CreatorOnHold,
                 "The creator is on hold",
                 format!(
                     "the creator of payout {id} has active hold {hold}; the payout stays awaiting confirmation, which may be sent again once the hold is released"
                 ),
             )
-            .extra(serde_json::json!({ "hold": hold, "status": status }))
+            .hold(hold)
+            .payout_status(status)
         }
         other => match Redemption::parse(other) {
             Some(Redemption::Expired) => Problem::new(
                 StatusCode::GONE,
-                "confirmation-expired",
+                ProblemType::ConfirmationExpired,
                 "The confirmation expired",
                 format!("the token of payout {id} expired; the payout expires and its funds come back"),
             ),
             Some(Redemption::Refused) => Problem::new(
                 StatusCode::FORBIDDEN,
-                "token-refused",
+                ProblemType::TokenRefused,
                 "The token does not confirm this payout",
                 format!("the token is not payout {id}'s, or it was used"),
             )
@@ -569,11 +645,21 @@ fn not_confirmed(id: i64, answer: &Confirmation) -> anyhow::Result<Problem> {
 /// `POST /v1/payouts/{id}/cancel`: cancels a payout still awaiting its
 /// confirmation through `settlement.cancel_payout`; its funds come back in
 /// the same transaction.
+#[utoipa::path(post, path = "/v1/payouts/{id}/cancel", operation_id = "cancel_payout", tag = TAG_PAYOUTS,
+    summary = "Cancel a payout awaiting its confirmation; its funds come back",
+    params(("id" = i64, Path, minimum = 1, description = "the payout's id")),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "cancelled: the payout", body = Payout),
+        (status = 400, description = "the id is not an integer (invalid-id)"),
+        (status = 404, description = "no such payout (unknown-payout)"),
+        (status = 409, description = "only a payout awaiting confirmation can be cancelled (payout-not-cancellable); `payout_status` says where it is"),
+    ))]
 pub async fn cancel(State(state): State<AppState>, _: Authorized, Path(id): Path<String>) -> Result<Response, Problem> {
     let id = payout_id(&id)?;
     let result: anyhow::Result<Result<Payout, Problem>> = async {
         let mut tx = super::begin(&state).await?;
-        let (outcome, status): (String, Option<String>) =
+        let (outcome, status): (String, Option<PayoutState>) =
             sqlx::query_as("SELECT outcome, payout_status FROM settlement.cancel_payout($1)")
                 .bind(id) // $1
                 .fetch_one(&mut *tx)
@@ -581,14 +667,14 @@ pub async fn cancel(State(state): State<AppState>, _: Authorized, Path(id): Path
         if outcome != "cancelled" {
             tx.rollback().await?;
             return Ok(Err(match status {
-                None => Problem::not_found("unknown-payout", format!("no payout {id}")),
+                None => Problem::not_found(ProblemType::UnknownPayout, format!("no payout {id}")),
                 Some(status) => Problem::new(
                     StatusCode::CONFLICT,
-                    "payout-not-cancellable",
+                    ProblemType::PayoutNotCancellable,
                     "Only a payout awaiting confirmation can be cancelled",
                     format!("payout {id} is {status}"),
                 )
-                .extra(serde_json::json!({ "status": status })),
+                .payout_status(Some(status)),
             }));
         }
         let payout = one(&mut tx, id).await?.context("the payout just cancelled")?;

@@ -27,7 +27,8 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use super::{read_body_within, AppState, Problem};
+use super::openapi::TAG_PROVIDER;
+use super::{read_body_within, AppState, Problem, ProblemType};
 use crate::payouts::{self, word::word_of_event, Applied, Source};
 use crate::provider::signature::{self, SignatureError, SignedHeader, SIGNATURE_HEADER};
 use crate::provider::{EventType, WebhookEvent};
@@ -48,12 +49,77 @@ fn signature_failed(reason: &'static str) {
     metrics::counter!("settled_webhook_signature_failures_total", "reason" => reason).increment(1);
 }
 
+/// What became of an event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum EventOutcome {
+    /// Its payout moved.
+    Applied,
+    /// It said nothing new about its payout (a repeat, or a late word).
+    Already,
+    /// It contradicts its payout's final state: recorded, not applied.
+    Conflict,
+    /// No payout of settled's has its idempotency key: kept for review.
+    UnknownPayout,
+    /// Settled does not apply events of its type (or its id is empty): stored.
+    Ignored,
+    /// Its id was stored before: nothing changed.
+    Duplicate,
+}
+
+impl EventOutcome {
+    /// As stored in `settlement.provider_events.outcome` (all but
+    /// `duplicate`, which stores nothing).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventOutcome::Applied => Applied::Moved.as_str(),
+            EventOutcome::Already => Applied::Already.as_str(),
+            EventOutcome::Conflict => Applied::Conflict.as_str(),
+            EventOutcome::UnknownPayout => "unknown_payout",
+            EventOutcome::Ignored => "ignored",
+            EventOutcome::Duplicate => "duplicate",
+        }
+    }
+}
+
+impl From<Applied> for EventOutcome {
+    fn from(applied: Applied) -> EventOutcome {
+        match applied {
+            Applied::Moved => EventOutcome::Applied,
+            Applied::Already => EventOutcome::Already,
+            Applied::Conflict => EventOutcome::Conflict,
+        }
+    }
+}
+
+/// The answer to an event: its id (as stored) and what became of it.
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+pub struct EventReceived {
+    /// The event's id as stored (a digest for one too long or empty).
+    pub id: String,
+    /// What became of it.
+    pub outcome: EventOutcome,
+}
+
 /// `POST /v1/provider-events`.
+#[utoipa::path(post, path = "/v1/provider-events", operation_id = "receive_provider_event", tag = TAG_PROVIDER,
+    summary = "The provider's signed webhook: applied to its payout once per event id",
+    params(("Provider-Signature" = String, Header,
+        description = "t=<unix seconds>,v1=<hex HMAC-SHA256 of \"<t>.<raw body>\"> (one v1 per secret while rotating)")),
+    request_body(content = WebhookEvent,
+        description = "the event; one of a type settled does not apply is stored as ignored and answered 200"),
+    responses(
+        (status = 200, description = "recorded (a repeat changes nothing)", body = EventReceived),
+        (status = 400, description = "the signature header is missing (missing-signature) or does not hold (bad-signature), or the signed event is not valid (malformed-event)"),
+        (status = 408, description = "the body did not arrive in time (body-timeout); the connection is closed"),
+        (status = 413, description = "body too large (body-too-large)"),
+        (status = 503, description = "retry: webhooks are not configured here (webhooks-not-configured), or the database failed; the provider sends the event again"),
+    ))]
 pub async fn receive(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Result<Response, Problem> {
     let Some(secrets) = state.webhook_secrets.clone() else {
         return Err(Problem::new(
             StatusCode::SERVICE_UNAVAILABLE,
-            "webhooks-not-configured",
+            ProblemType::WebhooksNotConfigured,
             "Webhooks are not configured",
             "set SETTLED_PROVIDER_WEBHOOK_SECRET on this server; the provider will send the event again",
         ));
@@ -66,11 +132,7 @@ pub async fn receive(State(state): State<AppState>, headers: HeaderMap, body: Bo
         Incoming::Ignored(ignored) => (ignored.id.clone(), store_ignored(&state, &ignored, &raw).await),
     };
     let outcome = outcome.map_err(Problem::unavailable)?;
-    Ok((
-        StatusCode::OK,
-        axum::Json(serde_json::json!({ "id": id, "outcome": outcome })),
-    )
-        .into_response())
+    Ok((StatusCode::OK, axum::Json(EventReceived { id, outcome })).into_response())
 }
 
 /// The signature header, judged alone (present, well formed, dated within
@@ -79,7 +141,7 @@ fn signature_header(headers: &HeaderMap) -> Result<SignedHeader, Problem> {
     let Some(header) = headers.get(SIGNATURE_HEADER).and_then(|v| v.to_str().ok()) else {
         signature_failed("missing");
         return Err(Problem::bad_request(
-            "missing-signature",
+            ProblemType::MissingSignature,
             format!("the {SIGNATURE_HEADER} header is required"),
         )
         .field(SIGNATURE_HEADER));
@@ -93,7 +155,7 @@ fn bad_signature(err: SignatureError) -> Problem {
     signature_failed(err.kind());
     Problem::new(
         StatusCode::BAD_REQUEST,
-        "bad-signature",
+        ProblemType::BadSignature,
         "The signature does not hold",
         err.to_string(),
     )
@@ -129,7 +191,7 @@ impl Incoming {
     /// envelope first, then, for a type settled applies, the whole event.
     fn parse(raw: &[u8]) -> Result<Incoming, Problem> {
         let object = crate::json::parse_object(raw)
-            .map_err(|e| Problem::bad_request("malformed-event", format!("the event is not valid: {e:?}")))?;
+            .map_err(|e| Problem::bad_request(ProblemType::MalformedEvent, format!("the event is not valid: {e:?}")))?;
         let value = serde_json::Value::Object(object);
         let envelope: Envelope = serde_path_to_error::deserialize(&value).map_err(malformed)?;
         if envelope.id.is_empty() {
@@ -159,7 +221,10 @@ impl Incoming {
 
 /// 400 `malformed-event` naming the member at fault.
 fn malformed(e: serde_path_to_error::Error<serde_json::Error>) -> Problem {
-    Problem::bad_request("malformed-event", format!("the event's {}: {}", e.path(), e.inner()))
+    Problem::bad_request(
+        ProblemType::MalformedEvent,
+        format!("the event's {}: {}", e.path(), e.inner()),
+    )
 }
 
 /// `text` as a column of at most `chars_max` characters stores it: itself,
@@ -179,7 +244,7 @@ fn sha256_hex(bytes: &[u8]) -> String {
 
 /// Stores an event settled does not apply as `ignored`, once; a repeat
 /// (its id already stored) changes nothing. Returns the outcome.
-async fn store_ignored(state: &AppState, ignored: &Ignored, raw: &[u8]) -> anyhow::Result<&'static str> {
+async fn store_ignored(state: &AppState, ignored: &Ignored, raw: &[u8]) -> anyhow::Result<EventOutcome> {
     let body: serde_json::Value = serde_json::from_slice(raw)?;
     let mut tx = super::begin(state).await?;
     let stored = sqlx::query(
@@ -197,21 +262,21 @@ async fn store_ignored(state: &AppState, ignored: &Ignored, raw: &[u8]) -> anyho
     .rows_affected();
     if stored == 0 {
         tx.rollback().await?;
-        return Ok("duplicate");
+        return Ok(EventOutcome::Duplicate);
     }
     super::commit(state, tx).await?;
     tracing::warn!(event = %ignored.id, detail = %ignored.detail, "a provider event was stored and ignored");
-    Ok("ignored")
+    Ok(EventOutcome::Ignored)
 }
 
 /// Applies `event` and stores it under its id, in one transaction; a
 /// repeat (its id already stored) changes nothing. Returns the outcome.
-async fn record(state: &AppState, event: &WebhookEvent, raw: &[u8]) -> anyhow::Result<&'static str> {
+async fn record(state: &AppState, event: &WebhookEvent, raw: &[u8]) -> anyhow::Result<EventOutcome> {
     let mut tx = super::begin(state).await?;
     let payout = payouts::by_provider_key(&mut tx, &event.data.idempotency_key).await?;
     let span = event_span(&mut tx, event, payout).await?;
     let outcome = apply(state, tx, event, raw, payout).instrument(span.clone()).await?;
-    span.record("outcome", outcome);
+    span.record("outcome", outcome.as_str());
     Ok(outcome)
 }
 
@@ -249,16 +314,16 @@ async fn apply(
     event: &WebhookEvent,
     raw: &[u8],
     payout: Option<i64>,
-) -> anyhow::Result<&'static str> {
+) -> anyhow::Result<EventOutcome> {
     let key = &event.data.idempotency_key;
     let outcome = match payout {
-        None => "unknown_payout",
+        None => EventOutcome::UnknownPayout,
         Some(id) if !payouts::payment_matches(&mut tx, id, &event.data, Source::Webhook, Some(&event.id)).await? => {
-            Applied::Conflict.as_str()
+            EventOutcome::Conflict
         }
         Some(id) => payouts::apply_word(&mut tx, id, &word_of_event(event), Source::Webhook, Some(&event.id))
             .await?
-            .as_str(),
+            .into(),
     };
     let body: serde_json::Value = serde_json::from_slice(raw)?;
     let stored = sqlx::query(
@@ -271,18 +336,18 @@ async fn apply(
     .bind(event.created) // $3
     .bind(key) // $4
     .bind(payout) // $5
-    .bind(outcome) // $6
+    .bind(outcome.as_str()) // $6
     .bind(body) // $7
     .execute(&mut *tx)
     .await?
     .rows_affected();
     if stored == 0 {
         tx.rollback().await?;
-        return Ok("duplicate");
+        return Ok(EventOutcome::Duplicate);
     }
     super::commit(state, tx).await?;
-    if outcome == Applied::Conflict.as_str() || outcome == "unknown_payout" {
-        tracing::warn!(event = %event.id, key = %key, outcome, "a provider event needs review");
+    if matches!(outcome, EventOutcome::Conflict | EventOutcome::UnknownPayout) {
+        tracing::warn!(event = %event.id, key = %key, outcome = outcome.as_str(), "a provider event needs review");
     }
     Ok(outcome)
 }

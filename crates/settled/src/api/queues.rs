@@ -8,20 +8,23 @@ use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
-use serde_json::json;
+use serde::{Deserialize, Serialize};
 use settled_engine::continuous::ReplayFilter;
+use utoipa::ToSchema;
 
-use super::{read_json, AppState, Authorized, Problem};
-use crate::queues::{self, Cancelled, QueueError, ReplayRequest, DEAD_LETTERS_SHOWN, MAX_DEAD_LETTERS_SHOWN};
+use super::openapi::{QueueName, TAG_QUEUES};
+use super::{read_json, AppState, Authorized, Problem, ProblemType};
+use crate::queues::{
+    self, Cancelled, DeadLetter, QueueError, QueueView, ReplayRequest, DEAD_LETTERS_SHOWN, MAX_DEAD_LETTERS_SHOWN,
+};
 
 /// A queue error as the API answers it.
 pub fn problem(err: QueueError) -> Problem {
     match err {
-        QueueError::Unknown { .. } => Problem::not_found("unknown-queue", err.to_string()).field("name"),
+        QueueError::Unknown { .. } => Problem::not_found(ProblemType::UnknownQueue, err.to_string()).field("name"),
         QueueError::Unusable { .. } => Problem::new(
             StatusCode::CONFLICT,
-            "queue-unusable",
+            ProblemType::QueueUnusable,
             "The queue's table cannot serve",
             err.to_string(),
         ),
@@ -30,22 +33,39 @@ pub fn problem(err: QueueError) -> Problem {
     }
 }
 
-fn ok(body: serde_json::Value) -> Response {
+fn ok(body: impl Serialize) -> Response {
     (StatusCode::OK, axum::Json(body)).into_response()
 }
 
+/// Every registered queue.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct QueueList {
+    /// The queues, by name.
+    pub queues: Vec<QueueView>,
+}
+
 /// `GET /v1/queues`.
+#[utoipa::path(get, path = "/v1/queues", operation_id = "list_queues", tag = TAG_QUEUES,
+    summary = "Every registered continuous queue with its exact state (a queue whose table cannot be read carries the error)",
+    responses((status = 200, description = "the queues, by name", body = QueueList)))]
 pub async fn list(State(state): State<AppState>) -> Result<Response, Problem> {
     let mut conn = state.reads.acquire().await.map_err(Problem::unavailable)?;
-    let views = queues::overview(&mut conn).await.map_err(Problem::unavailable)?;
-    Ok(ok(json!({ "queues": views })))
+    let queues = queues::overview(&mut conn).await.map_err(Problem::unavailable)?;
+    Ok(ok(QueueList { queues }))
 }
 
 /// `GET /v1/queues/{name}`.
+#[utoipa::path(get, path = "/v1/queues/{name}", operation_id = "get_queue", tag = TAG_QUEUES,
+    summary = "A continuous queue's exact state",
+    params(("name" = QueueName, Path, description = "the queue")),
+    responses(
+        (status = 200, description = "the queue", body = QueueView),
+        (status = 404, description = "no such queue (unknown-queue)"),
+    ))]
 pub async fn show(State(state): State<AppState>, Path(name): Path<String>) -> Result<Response, Problem> {
     let mut conn = state.reads.acquire().await.map_err(Problem::unavailable)?;
     let view = queues::view(&mut conn, &name).await.map_err(problem)?;
-    Ok(ok(json!(view)))
+    Ok(ok(view))
 }
 
 /// Query of the dead-letter listing.
@@ -54,7 +74,28 @@ pub struct DeadQuery {
     limit: Option<String>,
 }
 
+/// A queue's dead letters.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DeadLetters {
+    /// The queue.
+    pub queue: String,
+    /// Its dead letters, newest failure first.
+    pub dead_letters: Vec<DeadLetter>,
+}
+
 /// `GET /v1/queues/{name}/dead?limit=N`.
+#[utoipa::path(get, path = "/v1/queues/{name}/dead", operation_id = "list_dead_letters", tag = TAG_QUEUES,
+    summary = "A queue's dead letters, newest failure first",
+    params(
+        ("name" = QueueName, Path, description = "the queue"),
+        ("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "how many (50 by default)"),
+    ),
+    responses(
+        (status = 200, description = "the dead letters", body = DeadLetters),
+        (status = 400, description = "limit is not an integer 1..=1000 (invalid-limit), or a query parameter named twice"),
+        (status = 404, description = "no such queue (unknown-queue)"),
+        (status = 409, description = "the queue's table is missing, does not conform or cannot be read (queue-unusable)"),
+    ))]
 pub async fn dead(
     State(state): State<AppState>,
     Path(name): Path<String>,
@@ -68,7 +109,7 @@ pub async fn dead(
             .filter(|n| (1..=MAX_DEAD_LETTERS_SHOWN).contains(n))
             .ok_or_else(|| {
                 Problem::bad_request(
-                    "invalid-limit",
+                    ProblemType::InvalidLimit,
                     format!("limit must be an integer 1..={MAX_DEAD_LETTERS_SHOWN}, not {text:?}"),
                 )
                 .field("limit")
@@ -77,10 +118,32 @@ pub async fn dead(
     let mut conn = state.reads.acquire().await.map_err(Problem::unavailable)?;
     let found = queues::find_usable(&mut conn, &name).await.map_err(problem)?;
     let letters = queues::dead_letters(&mut conn, &found, limit).await.map_err(problem)?;
-    Ok(ok(json!({ "queue": name, "dead_letters": letters })))
+    Ok(ok(DeadLetters {
+        queue: name,
+        dead_letters: letters,
+    }))
+}
+
+/// A queue paused or resumed.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct QueuePaused {
+    /// The queue.
+    pub queue: String,
+    /// True: paused; false: serving.
+    pub paused: bool,
+    /// False when the queue already was so.
+    pub changed: bool,
 }
 
 /// `POST /v1/queues/{name}/pause`.
+#[utoipa::path(post, path = "/v1/queues/{name}/pause", operation_id = "pause_queue", tag = TAG_QUEUES,
+    summary = "Pause a queue: its workers claim nothing until it is resumed",
+    params(("name" = QueueName, Path, description = "the queue")),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "paused (changed: false when it already was)", body = QueuePaused),
+        (status = 404, description = "no such queue (unknown-queue)"),
+    ))]
 pub async fn pause(
     State(state): State<AppState>,
     _: Authorized,
@@ -90,6 +153,14 @@ pub async fn pause(
 }
 
 /// `POST /v1/queues/{name}/resume`.
+#[utoipa::path(post, path = "/v1/queues/{name}/resume", operation_id = "resume_queue", tag = TAG_QUEUES,
+    summary = "Resume a paused queue and wake its workers",
+    params(("name" = QueueName, Path, description = "the queue")),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "serving (changed: false when it was not paused)", body = QueuePaused),
+        (status = 404, description = "no such queue (unknown-queue)"),
+    ))]
 pub async fn resume(
     State(state): State<AppState>,
     _: Authorized,
@@ -115,7 +186,11 @@ pub async fn set_paused(state: &AppState, name: &str, paused: bool) -> Result<bo
 
 async fn answer_paused(state: &AppState, name: &str, paused: bool) -> Result<Response, Problem> {
     let changed = set_paused(state, name, paused).await?;
-    Ok(ok(json!({ "queue": name, "paused": paused, "changed": changed })))
+    Ok(ok(QueuePaused {
+        queue: name.to_string(),
+        paused,
+        changed,
+    }))
 }
 
 /// Replays the dead letters `filter` selects in one API write transaction;
@@ -128,19 +203,53 @@ pub async fn replay_committed(state: &AppState, name: &str, filter: &ReplayFilte
     Ok(replayed)
 }
 
-/// The body of a replay: every member optional; all that are set must hold.
-#[derive(Debug, Deserialize)]
+/// The body of a replay: every member optional; all that are set must hold;
+/// none: every dead letter (up to `limit`).
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReplayBody {
+    /// This job only.
+    #[schema(min_length = 1)]
     key: Option<String>,
+    /// Jobs whose last error contains this text.
+    #[schema(min_length = 1)]
     error_contains: Option<String>,
+    /// Jobs that failed at or after this time (RFC 3339).
+    #[schema(format = DateTime)]
     failed_since: Option<String>,
+    /// Jobs that failed before this time (RFC 3339; later than `failed_since`).
+    #[schema(format = DateTime)]
     failed_before: Option<String>,
+    /// At most this many, oldest failure first (10,000 by default).
+    #[serde(default, deserialize_with = "super::integral")]
+    #[schema(minimum = 1, maximum = 10000)]
     limit: Option<u64>,
+}
+
+/// How many dead letters a replay made eligible again.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Replayed {
+    /// The queue.
+    pub queue: String,
+    /// How many.
+    #[schema(minimum = 1)]
+    pub replayed: u64,
+    /// As many as the limit: more may match.
+    pub limit_reached: bool,
 }
 
 /// `POST /v1/queues/{name}/replay`: 200 with how many dead letters are
 /// eligible again; 404 `no-dead-letter-matched` when the filter selects none.
+#[utoipa::path(post, path = "/v1/queues/{name}/replay", operation_id = "replay_dead_letters", tag = TAG_QUEUES,
+    summary = "Make dead letters eligible again with a fresh count of attempts: one by key, or those a filter selects",
+    params(("name" = QueueName, Path, description = "the queue")),
+    request_body = ReplayBody,
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "how many were replayed", body = Replayed),
+        (status = 404, description = "no such queue (unknown-queue), or no dead letter matches (no-dead-letter-matched)"),
+        (status = 409, description = "the queue's table is missing, does not conform or cannot be read (queue-unusable)"),
+    ))]
 pub async fn replay(
     State(state): State<AppState>,
     _: Authorized,
@@ -162,7 +271,7 @@ pub async fn replay(
     let replayed = replay_committed(&state, &name, &filter).await?;
     if replayed == 0 {
         return Err(Problem::not_found(
-            "no-dead-letter-matched",
+            ProblemType::NoDeadLetterMatched,
             format!(
                 "no dead letter of queue {name} matches ({}); nothing changed",
                 queues::describe(&filter)
@@ -170,20 +279,44 @@ pub async fn replay(
         ));
     }
     let limit_reached = replayed == u64::from(filter.limit);
-    Ok(ok(
-        json!({ "queue": name, "replayed": replayed, "limit_reached": limit_reached }),
-    ))
+    Ok(ok(Replayed {
+        queue: name,
+        replayed,
+        limit_reached,
+    }))
 }
 
 /// The body of a cancel.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CancelBody {
+    /// The job's key, as text (a value of the queue's key type).
     key: String,
+}
+
+/// A job cancelled.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct JobCancelled {
+    /// The queue.
+    pub queue: String,
+    /// The job's key.
+    pub key: String,
+    /// Always true: the job will not run.
+    pub cancelled: bool,
 }
 
 /// `POST /v1/queues/{name}/cancel`: 200 when the job will not run; 404
 /// `unknown-job`; 409 `job-started` when it has started or ended.
+#[utoipa::path(post, path = "/v1/queues/{name}/cancel", operation_id = "cancel_job", tag = TAG_QUEUES,
+    summary = "Cancel a job that has not started",
+    params(("name" = QueueName, Path, description = "the queue")),
+    request_body = CancelBody,
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "the job will not run", body = JobCancelled),
+        (status = 404, description = "no such queue (unknown-queue) or job (unknown-job)"),
+        (status = 409, description = "the job has started or ended (job-started), or the queue's table cannot serve (queue-unusable)"),
+    ))]
 pub async fn cancel(
     State(state): State<AppState>,
     _: Authorized,
@@ -198,14 +331,20 @@ pub async fn cancel(
     match outcome {
         Cancelled::Cancelled => {
             super::commit(&state, tx).await.map_err(Problem::unavailable)?;
-            Ok(ok(json!({ "queue": name, "key": b.key, "cancelled": true })))
+            Ok(ok(JobCancelled {
+                queue: name,
+                key: b.key,
+                cancelled: true,
+            }))
         }
-        Cancelled::NoSuchJob => {
-            Err(Problem::not_found("unknown-job", format!("queue {name} has no job {:?}", b.key)).field("key"))
-        }
+        Cancelled::NoSuchJob => Err(Problem::not_found(
+            ProblemType::UnknownJob,
+            format!("queue {name} has no job {:?}", b.key),
+        )
+        .field("key")),
         Cancelled::Refused(why) => Err(Problem::new(
             StatusCode::CONFLICT,
-            "job-started",
+            ProblemType::JobStarted,
             "The job has started",
             format!("job {:?} of queue {name} was not cancelled: {why}", b.key),
         )),

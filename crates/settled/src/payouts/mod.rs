@@ -59,8 +59,9 @@ pub fn delivery_queue() -> settled_engine::Queue {
         .expect("the delivery queue's names are valid")
 }
 
-/// Where a payout stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+/// Where a payout stands (the API serializes it, and the OpenAPI document
+/// lists its values, from this enum).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum PayoutState {
     /// Debited, awaiting its confirmation.

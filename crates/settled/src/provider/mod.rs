@@ -36,7 +36,7 @@ pub fn payout_key(period: Period, creator: &str) -> String {
 
 /// Where a payment is in the provider's own state machine: `pending`, then
 /// `paid` or `failed`, and a final state never changes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum PaymentStatus {
     /// Accepted, not yet paid or failed.
@@ -70,7 +70,7 @@ impl std::fmt::Display for PaymentStatus {
 }
 
 /// One payment as the provider records it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Payment {
     /// The provider's id; ids sort in the order the provider lists them.
     pub id: String,
@@ -105,7 +105,7 @@ pub struct PaymentRequest {
 }
 
 /// The type of a webhook event: the final state a payment reached.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 pub enum EventType {
     /// `payment.paid`.
     #[serde(rename = "payment.paid")]
@@ -144,7 +144,7 @@ impl EventType {
 
 /// The body the provider POSTs to `POST /v1/provider-events`, signed in the
 /// `Provider-Signature` header ([`signature`]).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct WebhookEvent {
     /// The event's id: the same id when the provider sends it again.
     pub id: String,

@@ -24,7 +24,7 @@ use maud::Markup;
 use serde::Deserialize;
 use settled_engine::raw::{ItemStatus, RunState};
 
-use super::{AppState, Problem};
+use super::{AppState, Problem, ProblemType};
 use crate::period::Period;
 use crate::verify::VerifyReport;
 
@@ -126,13 +126,13 @@ impl Verifications {
 pub async fn run_report(State(state): State<AppState>, Path(id): Path<String>) -> Page {
     let id: i64 = id
         .parse()
-        .map_err(|_| Problem::bad_request("invalid-id", "run id must be an integer").field("id"))?;
+        .map_err(|_| Problem::bad_request(ProblemType::InvalidId, "run id must be an integer").field("id"))?;
     let pool = &state.reads;
     let run = crate::settlement::job()
         .get_run(pool, id)
         .await
         .map_err(Problem::unavailable)?
-        .ok_or_else(|| Problem::not_found("unknown-run", format!("no run {id}")))?;
+        .ok_or_else(|| Problem::not_found(ProblemType::UnknownRun, format!("no run {id}")))?;
     let items = queries::StoredReport::of(&run).map(|r| r.counts.total());
     let items = match items {
         Some(n) => n,
