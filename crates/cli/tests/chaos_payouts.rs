@@ -1,5 +1,6 @@
 //! A short seeded payout storm: `settled chaos --payouts` runs two API
-//! servers, four deliverers and the provider simulator under every fault,
+//! servers, four deliverers and the provider simulator under every fault
+//! (returns of paid payments and forgotten keys among them),
 //! then checks every invariant itself; here the report is read back and
 //! each fault, and each kind of duplicate, is required to have happened.
 
@@ -85,11 +86,19 @@ fn a_payout_storm_under_every_fault_pays_each_payout_once_or_returns_it() {
     assert!(count(counts, "payouts") > 0, "{counts:#}");
     let paid = counts["by_state"]["paid"].as_u64().unwrap_or(0);
     assert!(paid > 0, "{counts:#}");
-    // Each provider application is one paid or failed payout: nothing applied twice.
+    // Each provider application is one paid, failed or returned payout:
+    // nothing applied twice, though the provider forgot every key.
     let failed_at_provider = counts["by_state"]["failed"].as_u64().unwrap_or(0);
+    let returned = counts["by_state"]["returned"].as_u64().unwrap_or(0);
     assert!(
-        count(counts, "provider_applications") <= paid + failed_at_provider,
+        count(counts, "provider_applications") <= paid + failed_at_provider + returned,
         "{counts:#}"
+    );
+    assert!(returned > 0, "no payout returned after paid: {counts:#}");
+    assert_eq!(
+        count(counts, "returned_after_paid"),
+        count(counts, "provider_returns"),
+        "every return the provider made, and no other, came back to a balance: {counts:#}"
     );
     for field in [
         "returned",
@@ -99,6 +108,7 @@ fn a_payout_storm_under_every_fault_pays_each_payout_once_or_returns_it() {
         "webhooks_reordered",
         "webhooks_lost",
         "lookups",
+        "reference_lookups",
         "provider_503s",
         "provider_429s",
         "late_applies",

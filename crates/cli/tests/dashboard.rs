@@ -333,9 +333,9 @@ async fn the_payouts_page_and_metrics_show_states_amounts_returns_conflicts_and_
     for (i, (amount, confirm)) in [
         (101, false), // stays queued
         (102, false), // sent
-        (103, false), // paid, then contradicted by a webhook
+        (103, false), // paid, then returned by its bank (a webhook)
         (103, false), // paid
-        (104, false), // failed: returned
+        (104, false), // failed: returned; then a webhook says paid (a conflict)
         (105, true),  // cancelled: returned
         (106, true),  // expired: returned
         (107, true),  // stays created
@@ -387,21 +387,30 @@ async fn the_payouts_page_and_metrics_show_states_amounts_returns_conflicts_and_
         env.scalar_i64("SELECT settlement.expire_unconfirmed_payouts(10)").await,
         1
     );
-    // The provider says a paid payout failed (a conflict), speaks of a
-    // payout settled never made, and one event is signed wrong.
-    let event = |id: &str, key: String, status: &str| {
+    // The provider returns a paid payout, says a failed one was paid (a
+    // conflict), speaks of a payout settled never made, and one event is
+    // signed wrong.
+    let event = |id: &str, payout: usize, key: String, status: &str, amount: &str| {
         serde_json::json!({ "id": id, "type": format!("payment.{status}"), "created": 1, "data": {
-            "id": "pay_paid_1", "idempotency_key": key, "creator": creators[2], "amount": "103",
+            "id": format!("pay_{payout}"), "idempotency_key": key, "creator": creators[payout], "amount": amount,
             "status": status, "failure_reason": "account_closed" } })
     };
-    let paid_key: String = sqlx::query_scalar("SELECT provider_key FROM settlement.payouts WHERE id = $1")
-        .bind(made[2])
-        .fetch_one(&env.pool)
-        .await
-        .unwrap();
-    let contradiction = event("evt_1", paid_key, "failed");
+    let key_of = |id: i64| {
+        let pool = env.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, String>("SELECT provider_key FROM settlement.payouts WHERE id = $1")
+                .bind(id)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    let mut returned = event("evt_0", 2, key_of(made[2]).await, "returned", "103");
+    returned["data"]["id"] = "pay_paid_1".into();
+    assert_eq!(post_event(&server.base, SECRET, returned).await, 200);
+    let contradiction = event("evt_1", 4, key_of(made[4]).await, "paid", "104");
     assert_eq!(post_event(&server.base, SECRET, contradiction).await, 200);
-    let stranger = event("evt_2", "payout-999999".into(), "paid");
+    let stranger = event("evt_2", 2, "payout-999999".into(), "paid", "103");
     assert_eq!(post_event(&server.base, SECRET, stranger.clone()).await, 200);
     assert_eq!(post_event(&server.base, "not-the-secret", stranger).await, 400);
 
@@ -411,8 +420,9 @@ async fn the_payouts_page_and_metrics_show_states_amounts_returns_conflicts_and_
         ("created", 1, "107"),
         ("queued", 1, "101"),
         ("sent", 1, "102"),
-        ("paid", 2, "206"),
+        ("paid", 1, "103"),
         ("failed", 1, "104"),
+        ("returned", 1, "103"),
         ("cancelled", 1, "105"),
         ("expired", 1, "106"),
     ] {
@@ -424,10 +434,10 @@ async fn the_payouts_page_and_metrics_show_states_amounts_returns_conflicts_and_
         assert!(!row.contains("data-oldest=\"\""), "{state} has an age: {row}");
     }
     assert!(page.contains("data-total=\"8\""), "{page}");
-    assert!(page.contains("data-returned=\"315\""), "104 + 105 + 106: {page}");
+    assert!(page.contains("data-returned=\"418\""), "104 + 103 + 105 + 106: {page}");
     let conflicts = &page[page.find("id=\"conflicts\"").expect("a conflicts table")..];
     assert!(
-        conflicts.contains(&format!("data-payout=\"{}\"", made[2])) && conflicts.contains("webhook"),
+        conflicts.contains(&format!("data-payout=\"{}\"", made[4])) && conflicts.contains("webhook"),
         "{conflicts}"
     );
     let unknown = &page[page.find("id=\"unknown-events\"").expect("an unknown events table")..];
@@ -442,15 +452,17 @@ async fn the_payouts_page_and_metrics_show_states_amounts_returns_conflicts_and_
     assert_eq!(status, 200);
     prometheus_parse::Scrape::parse(metrics.lines().map(|l| Ok(l.to_string()))).expect("Prometheus text");
     for line in [
-        "settled_payouts{state=\"paid\"} 2",
+        "settled_payouts{state=\"paid\"} 1",
+        "settled_payouts{state=\"returned\"} 1",
         "settled_payouts{state=\"created\"} 1",
         "settled_payouts{state=\"expired\"} 1",
-        "settled_payouts_amount{state=\"paid\"} 206",
+        "settled_payouts_amount{state=\"paid\"} 103",
         "settled_payouts_amount{state=\"queued\"} 101",
-        "settled_payouts_returned_total 315",
-        "settled_payouts_returned_count_total 3",
+        "settled_payouts_returned_total 418",
+        "settled_payouts_returned_count_total 4",
         "settled_payout_conflicts_total 1",
         "settled_provider_events_unknown_total 1",
+        "settled_provider_keys_awaiting_operator 0",
         "settled_webhook_signature_failures_total{reason=\"no_match\"} 1",
     ] {
         assert!(metrics.lines().any(|l| l == line), "{line} in:\n{metrics}");

@@ -329,16 +329,21 @@ async fn webhooks_are_checked_applied_once_and_a_contradiction_or_a_payment_of_a
     assert_eq!((status, body["outcome"].as_str()), (200, Some("applied")), "{body}");
     let (status, body) = post(event("ev-1", "payment.paid"), SECRET).await;
     assert_eq!((status, body["outcome"].as_str()), (200, Some("duplicate")), "{body}");
-    // Failed after paid: a conflict, recorded, never a flip (no return).
+    // Failed after paid (a provider without a returned status): a return,
+    // its funds back once (tests/returns.rs has every order of it).
     let (status, body) = post(event("ev-2", "payment.failed"), SECRET).await;
-    assert_eq!((status, body["outcome"].as_str()), (200, Some("conflict")), "{body}");
+    assert_eq!((status, body["outcome"].as_str()), (200, Some("applied")), "{body}");
     assert_eq!(
         env.scalar_text(&format!("SELECT status FROM settlement.payouts WHERE id = {}", ids[0]))
             .await,
-        "paid"
+        "returned"
     );
-    assert_eq!(count(&env, "SELECT count(*) FROM settlement.payout_returns").await, 0);
-    assert_eq!(count(&env, "SELECT count(*) FROM settlement.payout_conflicts").await, 3);
+    assert_eq!(count(&env, "SELECT count(*) FROM settlement.payout_returns").await, 1);
+    // Paid after that: old news, not a flip back.
+    let (status, body) = post(event("ev-2b", "payment.paid"), SECRET).await;
+    assert_eq!((status, body["outcome"].as_str()), (200, Some("already")), "{body}");
+    assert_eq!(count(&env, "SELECT count(*) FROM settlement.payout_returns").await, 1);
+    assert_eq!(count(&env, "SELECT count(*) FROM settlement.payout_conflicts").await, 2);
     // An event for a payout settled never made is kept for review.
     let mut unknown = event("ev-3", "payment.paid");
     unknown["data"]["idempotency_key"] = json!("payout-999999");
@@ -423,8 +428,8 @@ async fn leased_settlement_pays_through_the_provider_and_a_failed_payment_return
     env.run_ok(&["verify", "--period", "2026-11-28", "--provider-url", &sim.url]);
     env.run_ok(&["verify", "--payouts", "--provider-url", &sim.url]);
     env.run_ok(&["reconcile", "--provider-url", &sim.url]);
-    // The provider now says a paid settlement payment failed: the period's
-    // reconciliation reads statuses, not only keys and amounts.
+    // The provider now says a paid settlement payment is pending: the
+    // period's reconciliation reads statuses, not only keys and amounts.
     let (id, key): (i64, String) = sqlx::query_as(
         "SELECT id, provider_key FROM settlement.payouts WHERE kind = 'settlement' AND status = 'paid' ORDER BY id LIMIT 1",
     )
@@ -438,7 +443,7 @@ async fn leased_settlement_pays_through_the_provider_and_a_failed_payment_return
         .expect("the payment");
     let r = reqwest::Client::new()
         .patch(format!("{}/v1/payments/{}", sim.url, payment.id))
-        .json(&json!({ "status": "failed" }))
+        .json(&json!({ "status": "pending" }))
         .send()
         .await
         .unwrap();

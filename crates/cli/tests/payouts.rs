@@ -406,7 +406,8 @@ async fn state_of(env: &Env, id: i64) -> PayoutState {
     PayoutState::parse(&state).unwrap()
 }
 
-/// A payout of 1 to `creator` brought to `state` along allowed moves.
+/// A payout of 1 to `creator` brought to `state` along allowed moves (a
+/// returned one by way of paid).
 async fn payout_in(env: &Env, server: &str, creator: &str, state: PayoutState, key: &str) -> i64 {
     use PayoutState as S;
     let confirm = matches!(state, S::Created | S::Cancelled | S::Expired);
@@ -419,25 +420,31 @@ async fn payout_in(env: &Env, server: &str, creator: &str, state: PayoutState, k
     assert_eq!(status, 201, "{payout}");
     let id = payout["id"].as_i64().unwrap();
     let from = if confirm { "created" } else { "queued" };
-    if !matches!(state, S::Created | S::Queued) {
+    let steps: &[(&str, PayoutState)] = match state {
+        S::Created | S::Queued => &[],
+        S::Returned => &[(from, S::Paid), ("paid", S::Returned)],
+        _ => &[(from, state)],
+    };
+    for (from, to) in steps {
         let moved: bool = sqlx::query_scalar("SELECT settlement.move_payout($1, ARRAY[$2], $3, 'test', $4)")
             .bind(id) // $1
             .bind(from) // $2
-            .bind(state.as_str()) // $3
+            .bind(to.as_str()) // $3
             .bind((!confirm).then(|| format!("pay-{id}"))) // $4
             .fetch_one(&env.pool)
             .await
             .unwrap();
-        assert!(moved, "payout {id} to {state}");
+        assert!(moved, "payout {id} to {to}");
     }
     assert_eq!(state_of(env, id).await, state);
     id
 }
 
-/// The table in `payouts/word.rs` (the move each of the provider's words
+/// The table in `payouts/word.rs` (the moves each of the provider's words
 /// and a refusal asks for) is what the database's one-purpose functions
-/// do, from every state: the move when the payout is in one of its `from`
-/// states, nothing otherwise.
+/// do, from every state: the move from the payout's state when there is
+/// one, nothing otherwise; and it is `settlement.provider_word_moves`, row
+/// for row.
 #[tokio::test(flavor = "multi_thread")]
 async fn each_word_of_the_provider_moves_a_payout_from_every_state_as_the_word_table_says() {
     let (env, creator, _) = settled_env("20").await;
@@ -454,8 +461,33 @@ async fn each_word_of_the_provider_moves_a_payout_from_every_state_as_the_word_t
                 provider_id: Some(format!("pay-{id}")),
                 reason: "account closed".into(),
             },
+            ProviderWord::Returned {
+                provider_id: format!("pay-{id}"),
+                reason: "account closed".into(),
+            },
         ]
     };
+    let mut in_database: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT provider_status, from_state, to_state FROM settlement.provider_word_moves ORDER BY 1, 2",
+    )
+    .fetch_all(&env.pool)
+    .await
+    .unwrap();
+    let mut in_rust: Vec<(String, String, String)> = ProviderWord::table()
+        .iter()
+        .flat_map(|(status, moves)| {
+            moves
+                .0
+                .iter()
+                .map(|m| (status.to_string(), m.from.to_string(), m.to.to_string()))
+        })
+        .collect();
+    in_database.sort();
+    in_rust.sort();
+    assert_eq!(
+        in_rust, in_database,
+        "payouts/word.rs and settlement.provider_word_moves"
+    );
     let mut conn = env.pool.acquire().await.unwrap();
     let mut checked = 0;
     for state in PayoutState::ALL {
@@ -465,8 +497,7 @@ async fn each_word_of_the_provider_moves_a_payout_from_every_state_as_the_word_t
             settled::payouts::apply_word(&mut conn, id, word, Source::Poll, None)
                 .await
                 .unwrap();
-            let moves = word.transition();
-            let expected = if moves.from.contains(&state) { moves.to } else { state };
+            let expected = word.moves().from(state).unwrap_or(state);
             assert_eq!(state_of(&env, id).await, expected, "{word:?} of a {state} payout");
             checked += 1;
         }
@@ -474,15 +505,11 @@ async fn each_word_of_the_provider_moves_a_payout_from_every_state_as_the_word_t
         settled::payouts::fail_refused(&mut conn, id, "refused by the provider: 400")
             .await
             .unwrap();
-        let expected = if REFUSAL.from.contains(&state) {
-            REFUSAL.to
-        } else {
-            state
-        };
+        let expected = REFUSAL.from(state).unwrap_or(state);
         assert_eq!(state_of(&env, id).await, expected, "a refusal of a {state} payout");
         checked += 1;
     }
-    assert_eq!(checked, 28);
+    assert_eq!(checked, 40);
     env.run_ok(&["verify", "--payouts"]);
 }
 

@@ -114,6 +114,14 @@ impl PayoutProvider for LabProvider {
             LabProvider::Nothing => Ok(None),
         }
     }
+
+    /// Nothing outside records a payment, so none is found.
+    async fn find_by_reference(&self, reference: &str) -> Result<Vec<Payment>, ProviderError> {
+        match self {
+            LabProvider::Http(http) => http.find_by_reference(reference).await,
+            LabProvider::Nothing => Ok(Vec::new()),
+        }
+    }
 }
 
 /// The lab's drainer: the product's handlers inside [`SimulatedWork`].

@@ -11,6 +11,9 @@
 //! expired), each move checked against `settlement.payout_transitions`;
 //! confirmation tokens redeemed by racing requests and expiring; the
 //! creator's cancel and the sweeper's expiry of unconfirmed payouts;
+//! a paid payment the provider returns later (`payment.returned`, applied by
+//! its webhook or a look-up of paid payouts, or before its `paid` was
+//! heard: sent straight to returned), its funds back once;
 //! delivery in leased mode on the continuous queue `payout_delivery`, with
 //! the payout's own provider key, crashes and paused zombies rescued,
 //! snoozes that spend no attempt, and a dead letter (attempts spent) that
@@ -29,7 +32,10 @@
 //! transition into its read and its write. With it the read decides
 //! nothing, so the two are one step.
 //!
-//! Left out: settlement payouts (`record_settlement_payment` makes them in
+//! Left out: `failed` after `paid` from a provider without a returned
+//! status (the database reads it as the same return; the model's provider
+//! says `returned`), the provider's key window (tests/key_window.rs in the
+//! CLI's tests drives it), settlement payouts (`record_settlement_payment` makes them in
 //! the leased completion's transaction as `sent`, `paid` or `failed`; from
 //! there they are this machine's sent payouts, without a delivery job),
 //! holds, the provider's rate limits (a snooze, like a 503), and operators
@@ -60,6 +66,8 @@ pub struct Faults {
     pub webhook_duplicates: u8,
     /// A webhook never delivered.
     pub webhook_losses: u8,
+    /// A paid payment the provider returns later (`payment.returned`).
+    pub returns: u8,
     /// Requests redeeming a payout's confirmation token (racing ones too).
     pub redemptions: u8,
     /// A creator cancelling an unconfirmed payout.
@@ -159,13 +167,15 @@ pub enum PayoutState {
     Cancelled,
     /// `expired` (funds returned)
     Expired,
+    /// `returned`: paid, then the provider took it back (funds returned)
+    Returned,
 }
 
-use PayoutState::{Cancelled, Created, Expired, Failed, Paid, Queued, Sent};
+use PayoutState::{Cancelled, Created, Expired, Failed, Paid, Queued, Returned, Sent};
 
 impl PayoutState {
     fn returns_funds(self) -> bool {
-        matches!(self, Failed | Cancelled | Expired)
+        matches!(self, Failed | Returned | Cancelled | Expired)
     }
 
     /// The states `settlement.payout_transitions` lets a payout move to
@@ -176,6 +186,7 @@ impl PayoutState {
             Queued => &[Created],
             Sent => &[Queued],
             Paid | Failed => &[Queued, Sent],
+            Returned => &[Queued, Sent, Paid],
             Cancelled | Expired => &[Created],
         }
     }
@@ -282,6 +293,27 @@ pub enum ProviderStatus {
     Failed,
     /// Refused at creation (stored under the key): no money left.
     Refused,
+    /// Paid, then returned by the bank: the money came back.
+    Returned,
+}
+
+/// The webhook event a payment's change sends: `payment.paid` or
+/// `payment.failed` when it settles (event `2 * payment`), and
+/// `payment.returned` when it comes back (event `2 * payment + 1`).
+pub fn event_of(payment: u8, returned: bool) -> u8 {
+    payment * 2 + u8::from(returned)
+}
+
+/// Event `event`'s payment, and whether it is the return.
+fn event_parts(event: u8) -> (u8, bool) {
+    (event / 2, event % 2 == 1)
+}
+
+/// How an event is written in traces: `e0` (payment 0 settled), `e0r`
+/// (payment 0 returned).
+pub fn event_name(event: u8) -> String {
+    let (payment, returned) = event_parts(event);
+    format!("e{payment}{}", if returned { "r" } else { "" })
 }
 
 /// What a delivery's `work` hands to its completion (`Delivered`).
@@ -371,7 +403,7 @@ pub struct State {
     pub payouts: Vec<PayoutRow>,
     /// `settlement.payout_jobs`.
     pub jobs: Vec<JobRow>,
-    /// Payments at the provider (an event id is a payment's index).
+    /// Payments at the provider (each with two event ids: [`event_of`]).
     pub payments: Vec<Payment>,
     /// Webhook deliveries in flight (event ids, sorted: any order).
     pub inflight: Vec<u8>,
@@ -493,6 +525,12 @@ pub enum Action {
         /// Paid (else failed).
         paid: bool,
     },
+    /// The bank returns a paid payment: it is `returned` at the provider,
+    /// and its webhook (`payment.returned`) sent.
+    ProviderReturns {
+        /// The payment.
+        payment: u8,
+    },
     /// The network delivers a webhook once more.
     DuplicateWebhook {
         /// The event.
@@ -511,8 +549,9 @@ pub enum Action {
         /// The event.
         event: u8,
     },
-    /// `poll_sent`: a payout still `sent` looked up by its key and moved by
-    /// `apply_word`. Without the conditional update, this is its read.
+    /// `deliver::poll`: a payout still `sent`, or `paid` within the returns
+    /// watch, looked up and moved by `apply_word`. Without the conditional
+    /// update, this is its read.
     Poll {
         /// The payout.
         payout: u8,
@@ -588,10 +627,17 @@ impl fmt::Display for Action {
                 let outcome = if paid { "paid" } else { "failed" };
                 write!(f, "provider: payment {payment} {outcome}, webhook e{payment} sent")
             }
-            Action::DuplicateWebhook { event } => write!(f, "network duplicates webhook e{event}"),
-            Action::LoseWebhook { event } => write!(f, "network loses webhook e{event}"),
-            Action::ReceiveWebhook { event } => write!(f, "POST /v1/provider-events (e{event})"),
-            Action::Poll { payout } => write!(f, "poll_sent looks up payout {payout}"),
+            Action::ProviderReturns { payment } => {
+                write!(
+                    f,
+                    "provider: payment {payment} returned, webhook {} sent",
+                    event_name(event_of(payment, true))
+                )
+            }
+            Action::DuplicateWebhook { event } => write!(f, "network duplicates webhook {}", event_name(event)),
+            Action::LoseWebhook { event } => write!(f, "network loses webhook {}", event_name(event)),
+            Action::ReceiveWebhook { event } => write!(f, "POST /v1/provider-events ({})", event_name(event)),
+            Action::Poll { payout } => write!(f, "poll looks up payout {payout}"),
             Action::Write { intent } => write!(
                 f,
                 "{:?} writes payout {} {:?} (blind)",
@@ -623,7 +669,8 @@ pub mod property {
     /// Safety.
     pub const TOKEN_ONCE: &str = "a confirmation token is redeemed at most once";
     /// Liveness.
-    pub const EVERY_PAYOUT_ENDS: &str = "every request is answered and every payout ends paid or returned";
+    pub const EVERY_PAYOUT_ENDS: &str =
+        "every request is answered and every payout ends paid, or with its funds returned (a payment the provider returned, returned)";
 }
 
 /// What a write of a payout's state came to.
@@ -664,6 +711,7 @@ impl Payouts {
                 cancels: 1,
                 request_repeats: 0,
                 key_lock_expiries: 0,
+                returns: 0,
             },
             guards: Guards::ALL,
         }
@@ -707,6 +755,46 @@ impl Payouts {
                 ..Faults::default()
             },
             guards: Guards::ALL,
+        }
+    }
+
+    /// Bounds `cargo test` checks: one payout, its payment paid and then
+    /// returned by the bank (or failed), the webhooks (its paid, its
+    /// returned) duplicated and lost, in any order, so the return is heard
+    /// before its paid, twice, or only by a look-up.
+    pub fn ci_returned() -> Payouts {
+        Payouts {
+            requests: 1,
+            credit: 1,
+            confirm: false,
+            workers: 1,
+            max_attempts: 1,
+            faults: Faults {
+                applied_then_timed_out: 1,
+                provider_failures: 1,
+                webhook_duplicates: 1,
+                webhook_losses: 1,
+                returns: 1,
+                ..Faults::default()
+            },
+            guards: Guards::ALL,
+        }
+    }
+
+    /// Deeper bounds: two payouts, both returned, every delivery fault.
+    pub fn deep_returned() -> Payouts {
+        Payouts {
+            requests: 2,
+            credit: 2,
+            workers: 2,
+            faults: Faults {
+                crashes: 1,
+                provider_failures: 1,
+                webhook_duplicates: 2,
+                returns: 2,
+                ..Payouts::ci_returned().faults
+            },
+            ..Payouts::ci_returned()
         }
     }
 
@@ -911,9 +999,17 @@ impl Payouts {
                     actions.push(Action::Cancel { payout: p });
                 }
             }
-            let final_at_provider = Self::payment_of(state, p)
-                .is_some_and(|pay| matches!(pay.status, ProviderStatus::Paid | ProviderStatus::Failed));
-            if row.state == Sent && final_at_provider && readable(Source::Poll) {
+            let at_provider = Self::payment_of(state, p).map(|pay| pay.status);
+            let news = match row.state {
+                Sent => matches!(
+                    at_provider,
+                    Some(ProviderStatus::Paid | ProviderStatus::Failed | ProviderStatus::Returned)
+                ),
+                // Paid payouts are looked up again for a while: a return.
+                Paid => at_provider == Some(ProviderStatus::Returned),
+                _ => false,
+            };
+            if news && readable(Source::Poll) {
                 actions.push(Action::Poll { payout: p });
             }
         }
@@ -1000,6 +1096,13 @@ impl Payouts {
                         payment: i as u8,
                         paid: false,
                     });
+                }
+            }
+        }
+        if state.budget.returns > 0 {
+            for (i, payment) in state.payments.iter().enumerate() {
+                if payment.status == ProviderStatus::Paid {
+                    actions.push(Action::ProviderReturns { payment: i as u8 });
                 }
             }
         }
@@ -1185,6 +1288,7 @@ impl Payouts {
             Delivered::Nothing => (&[], Queued),
             Delivered::Word(ProviderStatus::Pending) => (&[Queued], Sent),
             Delivered::Word(ProviderStatus::Paid) => (&[Queued, Sent], Paid),
+            Delivered::Word(ProviderStatus::Returned) => (&[Queued, Sent], Returned),
             Delivered::Word(_) => (&[Queued, Sent], Failed),
             Delivered::Refused => (&[Queued], Failed),
         };
@@ -1206,13 +1310,18 @@ impl Payouts {
     fn receive_webhook(&self, s: &mut State, event: u8) {
         let at = s.inflight.iter().position(|e| *e == event).expect("in flight");
         s.inflight.remove(at);
-        let payment = s.payments[event as usize];
-        let to = if payment.status == ProviderStatus::Paid {
-            Paid
+        let (index, returned) = event_parts(event);
+        let payment = s.payments[index as usize];
+        // The event says what the payment was when it was made: a settle
+        // event of a payment returned since said paid.
+        let (from, to): (&[PayoutState], PayoutState) = if returned {
+            (&[Queued, Sent, Paid], Returned)
+        } else if payment.status == ProviderStatus::Failed {
+            (&[Queued, Sent], Failed)
         } else {
-            Failed
+            (&[Queued, Sent], Paid)
         };
-        self.decide(s, payment.payout, &[Queued, Sent], to, Source::Webhook(event));
+        self.decide(s, payment.payout, from, to, Source::Webhook(event));
     }
 }
 
@@ -1316,8 +1425,15 @@ impl Model for Payouts {
                 } else {
                     ProviderStatus::Failed
                 };
-                s.events.resize(s.payments.len(), 0);
-                s.inflight.push(payment);
+                s.events.resize(2 * s.payments.len(), 0);
+                s.inflight.push(event_of(payment, false));
+                s.inflight.sort();
+            }
+            Action::ProviderReturns { payment } => {
+                s.budget.returns -= 1;
+                s.payments[payment as usize].status = ProviderStatus::Returned;
+                s.events.resize(2 * s.payments.len(), 0);
+                s.inflight.push(event_of(payment, true));
                 s.inflight.sort();
             }
             Action::DuplicateWebhook { event } => {
@@ -1333,12 +1449,12 @@ impl Model for Payouts {
             Action::ReceiveWebhook { event } => self.receive_webhook(&mut s, event),
             Action::Poll { payout } => {
                 let payment = Self::payment_of(&s, payout).expect("a payment to look up");
-                let to = if payment.status == ProviderStatus::Paid {
-                    Paid
-                } else {
-                    Failed
+                let (from, to): (&[PayoutState], PayoutState) = match payment.status {
+                    ProviderStatus::Paid => (&[Queued, Sent], Paid),
+                    ProviderStatus::Returned => (&[Queued, Sent, Paid], Returned),
+                    _ => (&[Queued, Sent], Failed),
                 };
-                self.decide(&mut s, payout, &[Queued, Sent], to, Source::Poll);
+                self.decide(&mut s, payout, from, to, Source::Poll);
             }
             Action::Write { intent } => {
                 let at = s.intents.iter().position(|i| *i == intent).expect("an intent");
@@ -1402,8 +1518,11 @@ impl Model for Payouts {
                 let answered = (0..m.requests).all(|r| s.requests[r as usize].posted && Self::answered(s, r));
                 answered
                     && s.posts.is_empty()
-                    && s.payouts.iter().all(|row| {
-                        (row.state == Paid && row.returned == 0) || (row.state.returns_funds() && row.returned >= 1)
+                    && s.payouts.iter().enumerate().all(|(p, row)| {
+                        let came_back =
+                            Self::payment_of(s, p as u8).is_some_and(|pay| pay.status == ProviderStatus::Returned);
+                        (row.state == Paid && row.returned == 0 && !came_back)
+                            || (row.state.returns_funds() && row.returned >= 1)
                     })
             }),
             Property::sometimes("a payout is paid", |_, s: &State| {
@@ -1413,6 +1532,18 @@ impl Model for Payouts {
                 s.payouts.iter().any(|r| r.state == Failed && r.returned == 1)
             }),
         ];
+        if self.faults.returns > 0 {
+            properties.push(Property::sometimes(
+                "a paid payout is returned by its bank and its funds come back",
+                |_, s: &State| {
+                    s.payouts.iter().enumerate().any(|(p, r)| {
+                        r.state == Returned
+                            && r.returned == 1
+                            && Self::payment_of(s, p as u8).is_some_and(|pay| pay.status == ProviderStatus::Returned)
+                    })
+                },
+            ));
+        }
         if self.confirm {
             properties.push(Property::always(property::TOKEN_ONCE, |_, s: &State| {
                 s.payouts.iter().all(|row| row.confirmed <= 1)
@@ -1478,7 +1609,7 @@ impl Described for Payouts {
         format!(
             "payouts ({} request(s){}, balance {}, {} delivery worker(s), {} attempt(s); {} crash, {} pause, {} 503, \
              {} applied-then-timed-out, {} refusal, {} failed payment, {} duplicated and {} lost webhook, \
-             {} redemptions, {} cancel, {} repeated request, {} key lock passing{guards})",
+             {} redemptions, {} cancel, {} repeated request, {} key lock passing, {} return{guards})",
             self.requests,
             if self.confirm { " with confirmation" } else { "" },
             self.credit,
@@ -1495,7 +1626,8 @@ impl Described for Payouts {
             f.redemptions,
             f.cancels,
             f.request_repeats,
-            f.key_lock_expiries
+            f.key_lock_expiries,
+            f.returns
         )
     }
 
@@ -1554,7 +1686,7 @@ impl Described for Payouts {
                 )
             })
             .collect();
-        let inflight: Vec<String> = s.inflight.iter().map(|e| format!("e{e}")).collect();
+        let inflight: Vec<String> = s.inflight.iter().map(|e| event_name(*e)).collect();
         let mut out = format!(
             "balance {} requests [{}] payouts [{}] jobs [{}] provider [{}] webhooks in flight [{}]",
             s.balance,
@@ -1570,7 +1702,7 @@ impl Described for Payouts {
                 .iter()
                 .enumerate()
                 .filter(|(_, n)| **n > 0)
-                .map(|(e, n)| format!("e{e} x{n}"))
+                .map(|(e, n)| format!("{} x{n}", event_name(e as u8)))
                 .collect();
             out.push_str(&format!(" events stored [{}]", events.join(", ")));
         }

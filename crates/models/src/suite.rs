@@ -96,11 +96,13 @@ pub fn payouts_models(bounds: Bounds) -> Vec<payouts::Payouts> {
             payouts::Payouts::ci_confirmed(),
             payouts::Payouts::ci_two_payouts(),
             payouts::Payouts::ci_repeated_request(),
+            payouts::Payouts::ci_returned(),
         ],
         Bounds::Deep => vec![
             payouts::Payouts::deep_confirmed(),
             payouts::Payouts::deep_two_payouts(),
             payouts::Payouts::deep_repeated_requests(),
+            payouts::Payouts::deep_returned(),
         ],
     }
 }
@@ -285,6 +287,36 @@ pub fn without_state_guards() -> Counterexample {
     )
 }
 
+/// The return's guards removed (the conditional update of
+/// `apply_provider_word`, the transitions table, payout_returns' primary
+/// key): a return heard before its paid, and heard again, gives the money
+/// back twice.
+pub fn without_return_guards() -> Counterexample {
+    payouts_case(
+        "the return's conditional update (apply_provider_word along provider_word_moves), the transitions table and payout_returns' primary key",
+        payouts::property::RETURNED_AT_MOST_ONCE,
+        "tests/replay_payouts.rs: without_the_returns_guards_a_return_gives_the_money_back_twice",
+        one_return().without(payouts::Guards {
+            state_condition: false,
+            transition_table: false,
+            one_return: false,
+            ..payouts::Guards::ALL
+        }),
+    )
+}
+
+/// One payout without confirmation, one delivery worker, its payment paid
+/// and then returned.
+fn one_return() -> payouts::Payouts {
+    payouts::Payouts {
+        faults: payouts::Faults {
+            returns: 1,
+            ..payouts::Faults::default()
+        },
+        ..one_webhook()
+    }
+}
+
 /// The token's condition (`redeem_in`) and the conditional update,
 /// removed: two confirmations both redeem the token.
 pub fn without_token_conditions() -> Counterexample {
@@ -463,6 +495,7 @@ pub fn counterexamples() -> Vec<Counterexample> {
         without_idempotency_key(),
         without_state_condition_and_transitions(),
         without_state_guards(),
+        without_return_guards(),
         without_token_conditions(),
         without_event_id(),
         without_request_key(),

@@ -97,6 +97,12 @@ fn without_the_three_state_guards_a_payout_is_returned_twice() {
 }
 
 #[test]
+fn without_the_returns_guards_a_return_gives_the_money_back_twice() {
+    let trace = assert_counterexample(&suite::without_return_guards());
+    assert!(trace.contains("returned"), "{trace}");
+}
+
+#[test]
 fn without_the_token_and_state_conditions_a_token_is_redeemed_twice() {
     assert_counterexample(&suite::without_token_conditions());
 }

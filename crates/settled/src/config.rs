@@ -16,6 +16,7 @@ pub const CONFIG_KEYS: &[(&str, &str)] = &[
     ("chunk", "SETTLED_CHUNK"),
     ("mode", "SETTLED_MODE"),
     ("provider_url", "SETTLED_PROVIDER_URL"),
+    ("provider_key_window", "SETTLED_PROVIDER_KEY_WINDOW"),
     ("lease_ttl_ms", "SETTLED_LEASE_TTL_MS"),
     ("rescue_interval_ms", "SETTLED_RESCUE_INTERVAL_MS"),
     ("max_attempts", "SETTLED_MAX_ATTEMPTS"),

@@ -21,6 +21,7 @@ use sqlx::{PgConnection, PgPool};
 
 use crate::address::CreatorAddress;
 use crate::money::{Amount, FeeBps};
+use crate::payouts::key_window::{self, Found, KeyUse};
 use crate::period::Period;
 use crate::provider::{payout_key, Payment, PaymentStatus, PayoutProvider, ProviderError};
 
@@ -285,13 +286,16 @@ async fn pay_chunk(tx: &mut PgConnection, chunk: &Chunk) -> Result<(), HandlerEr
 }
 
 /// The settlement handler for leased mode: each creator is paid through the
-/// provider (idempotency key from period and creator) outside any
-/// transaction; at completion, for the items whose fence still holds, the
-/// ledger rows and balance credits, and each payment as a payout of the
-/// credited reward (`kind = 'settlement'`, debited at once) in the state the
-/// provider answered: `sent`, `paid`, or `failed` with the reward back on
-/// the balance. A payment that fails later (its webhook, a lookup) returns
-/// the reward to the balance the same way, so money is never lost.
+/// provider (idempotency key from period and creator, the key its
+/// reference too) outside any transaction; at completion, for the items
+/// whose fence still holds, the ledger rows and balance credits, and each
+/// payment as a payout of the credited reward (`kind = 'settlement'`,
+/// debited at once) in the state the provider answered: `sent`, `paid`, or
+/// `failed` with the reward back on the balance. A payment that fails or
+/// comes back later (its webhook, a lookup) returns the reward to the
+/// balance the same way, so money is never lost. A key first used longer
+/// ago than the provider's key window is not sent under again before the
+/// payment is found by its reference (`payouts::key_window`).
 #[derive(Debug, Clone)]
 pub struct SettleWithProvider<P> {
     /// The provider.
@@ -300,6 +304,8 @@ pub struct SettleWithProvider<P> {
     /// completion (an answer lost on the way records the payment `sent`,
     /// and a lookup settles it).
     answers: Arc<std::sync::Mutex<std::collections::HashMap<String, (Payment, std::time::Instant)>>>,
+    /// How long the provider keeps a key.
+    key_window: std::time::Duration,
 }
 
 /// Answers kept at most this long for a completion (a completion refused
@@ -307,11 +313,21 @@ pub struct SettleWithProvider<P> {
 const ANSWER_KEPT: std::time::Duration = std::time::Duration::from_secs(3_600);
 
 impl<P> SettleWithProvider<P> {
-    /// A handler paying through `provider`.
+    /// A handler paying through `provider`, which keeps keys
+    /// [`key_window::DEFAULT_PROVIDER_KEY_WINDOW`].
     pub fn new(provider: P) -> SettleWithProvider<P> {
         SettleWithProvider {
             provider,
             answers: Arc::default(),
+            key_window: key_window::DEFAULT_PROVIDER_KEY_WINDOW,
+        }
+    }
+
+    /// The same handler, for a provider that keeps keys `window`.
+    pub fn with_key_window(self, window: std::time::Duration) -> SettleWithProvider<P> {
+        SettleWithProvider {
+            key_window: window,
+            ..self
         }
     }
 
@@ -333,6 +349,10 @@ pub struct LeasedBatch {
     period: Period,
     amounts: std::collections::HashMap<String, Amount>,
     held: Vec<String>,
+    /// What settled knows of each payment key, its first use noted before
+    /// any call under it.
+    keys: std::collections::HashMap<String, KeyUse>,
+    pool: PgPool,
 }
 
 #[derive(sqlx::FromRow)]
@@ -369,7 +389,22 @@ impl<P: PayoutProvider> LeasedHandler for SettleWithProvider<P> {
                     .map_err(|e| HandlerError::Permanent(format!("reward {:?} is not an amount: {e}", row.reward)))
             })
             .collect::<Result<_, _>>()?;
-        Ok(LeasedBatch { period, amounts, held })
+        let keys: Vec<String> = chunk
+            .items
+            .iter()
+            .filter(|i| !held.contains(&i.key))
+            .map(|i| payout_key(period, &i.key))
+            .collect();
+        let keys = key_window::note_uses(pool, &keys)
+            .await
+            .map_err(|e| HandlerError::Transient(format!("noting the chunk's payment keys: {e:#}")))?;
+        Ok(LeasedBatch {
+            period,
+            amounts,
+            held,
+            keys,
+            pool: pool.clone(),
+        })
     }
 
     async fn work_item(&self, batch: &Self::Batch, chunk: &Chunk, item: &ClaimedItem) -> Result<(), HandlerError> {
@@ -377,7 +412,11 @@ impl<P: PayoutProvider> LeasedHandler for SettleWithProvider<P> {
             HandlerError::Permanent(format!("creator {} has no reward for {}", item.key, chunk.scope))
         })?;
         let key = payout_key(batch.period, &item.key);
-        match self.provider.pay(&key, &item.key, amount, None).await {
+        if let Some(payment) = self.found_past_window(batch, &key, &item.key, amount).await? {
+            self.keep(key, payment);
+            return Ok(());
+        }
+        match self.provider.pay(&key, &item.key, amount, Some(&key)).await {
             Ok((payment, _)) => {
                 self.keep(key, payment);
                 Ok(())
@@ -389,6 +428,45 @@ impl<P: PayoutProvider> LeasedHandler for SettleWithProvider<P> {
     async fn commit(&self, tx: &mut PgConnection, chunk: &Chunk) -> Result<(), HandlerError> {
         pay_chunk(tx, chunk).await?;
         record_payments(tx, chunk, |key| self.take(key)).await
+    }
+}
+
+impl<P: PayoutProvider> SettleWithProvider<P> {
+    /// Key `key`'s payment of `amount` to `creator`, found by its reference
+    /// when the key is past the provider's key window; None when it is
+    /// not past (or the provider certainly has none): the payment is sent.
+    /// Err when nothing may be sent: the key waits for an operator (or the
+    /// provider cannot answer now).
+    async fn found_past_window(
+        &self,
+        batch: &LeasedBatch,
+        key: &str,
+        creator: &str,
+        amount: Amount,
+    ) -> Result<Option<Payment>, HandlerError> {
+        // A key missing from the batch was not noted: taken as past the window.
+        let noted = batch.keys.get(key).cloned().unwrap_or_else(KeyUse::unknown);
+        if let Some(detail) = noted.awaiting_operator {
+            return Err(HandlerError::Permanent(key_window::waits(key, &detail)));
+        }
+        // Asked right before the call: the chunk's items wait their turn.
+        if !noted.past(self.key_window) {
+            return Ok(None);
+        }
+        let detail = match key_window::judge(key, self.provider.find_by_reference(key).await) {
+            Found::Nothing => return Ok(None),
+            Found::Payment(payment) if key_window::is_owed(&payment, key, creator, amount) => return Ok(Some(payment)),
+            Found::Later(error) => return Err(item_error(error)),
+            Found::Payment(payment) => format!(
+                "the provider's payment {} for reference {key:?} is not the one owed (under key {:?}, {} to {})",
+                payment.id, payment.idempotency_key, payment.amount, payment.creator
+            ),
+            Found::CannotSay(detail) => detail,
+        };
+        key_window::await_operator(&batch.pool, key, &detail)
+            .await
+            .map_err(|e| HandlerError::Transient(format!("recording key {key}'s wait: {e:#}")))?;
+        Err(HandlerError::Permanent(key_window::waits(key, &detail)))
     }
 }
 
@@ -419,7 +497,10 @@ async fn record_payments(
                 ),
             ),
             Some(PaymentStatus::Pending) => ("sent", "accepted by the provider".to_string()),
-            None => ("sent", "accepted by the provider; its answer is looked up".to_string()),
+            // Found, long after, paid and returned: a look-up moves it on.
+            Some(PaymentStatus::Returned) | None => {
+                ("sent", "accepted by the provider; its answer is looked up".to_string())
+            }
         };
         creators.push(item.key.clone());
         keys.push(key);

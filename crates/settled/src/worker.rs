@@ -31,19 +31,22 @@ pub enum Mode {
 pub type SettlementDrainer = ByMode<SettleRewards, SettleWithProvider<HttpProvider>>;
 
 /// Builds the production drainer. Leased mode pays through a provider, so it
-/// needs one.
+/// needs one (which keeps keys `key_window`).
 pub fn drainer(
     mode: Mode,
     provider_url: Option<&str>,
     provider_timeout: Duration,
     leases: LeaseConfig,
+    key_window: Duration,
 ) -> anyhow::Result<SettlementDrainer> {
     Ok(match mode {
         Mode::Tx => ByMode::InTransaction(InTransaction(Arc::new(SettleRewards))),
         Mode::Leased => {
             let url = provider_url.context("leased mode pays through a payment provider: give --provider-url")?;
             ByMode::Leased(Leased {
-                handler: Arc::new(SettleWithProvider::new(HttpProvider::new(url, provider_timeout)?)),
+                handler: Arc::new(
+                    SettleWithProvider::new(HttpProvider::new(url, provider_timeout)?).with_key_window(key_window),
+                ),
                 leases,
             })
         }

@@ -12,9 +12,13 @@ use crate::provider_sim::{Faults, Options, WebhookEndpoint};
 /// Run a local payment provider that speaks the provider protocol
 /// (docs/api.md), for tests, demos and chaos runs.
 ///
-/// Payments are accepted pending and end paid or failed; a repeat under a
-/// key answers the first payment and pays nothing more. Every paid or
-/// failed payment is POSTed as a signed webhook to --webhook-url. Each
+/// Payments are accepted pending and end paid or failed, and a share of the
+/// paid ones is returned later (--return-rate); a repeat under a key
+/// answers the first payment and pays nothing more, until the key is
+/// forgotten (--forget-keys-after-ms). GET /v1/payments?reference=R finds
+/// payments by their reference. Every paid, failed or returned payment is
+/// POSTed as a signed webhook to --webhook-url; POST
+/// /v1/payments/{id}/return returns a paid payment now. Each
 /// fault below can also be changed while it runs with POST /v1/faults (a
 /// JSON object of the flags' names with underscores), the webhook endpoint
 /// with POST /v1/webhook-endpoint; GET /v1/counters says what it did.

@@ -78,6 +78,27 @@ pub struct Faults {
     /// Sends of one webhook before the simulator gives it up.
     #[arg(long, default_value_t = DEFAULT_WEBHOOK_ATTEMPTS)]
     pub webhook_attempts_max: u32,
+    /// Share of paid payments their bank returns, --return-delay-ms after
+    /// they were paid (with a `payment.returned` webhook).
+    #[arg(long, default_value_t = 0.0)]
+    pub return_rate: f64,
+    /// Time from a payment's `paid` to its return, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    pub return_delay_ms: u64,
+    /// Speak as a provider without a returned status: a returned payment
+    /// reads `failed` (after `paid`), its webhook `payment.failed`.
+    #[arg(long)]
+    pub returns_as_failed: bool,
+    /// Forget an idempotency key this long after its first use, in
+    /// milliseconds (0: keep keys for ever): a create under a forgotten key
+    /// makes a new payment, and a look-up by the key finds none. The
+    /// payments themselves are kept (listed, and found by reference).
+    #[arg(long, default_value_t = 0)]
+    pub forget_keys_after_ms: u64,
+    /// Answer every look-up by reference with 400: the provider cannot say
+    /// whether it holds a payment for a reference.
+    #[arg(long)]
+    pub no_reference_lookup: bool,
 }
 
 impl Default for Faults {
@@ -99,6 +120,11 @@ impl Default for Faults {
             webhook_retry_base_ms: DEFAULT_WEBHOOK_RETRY_BASE_MS,
             webhook_retry_max_ms: DEFAULT_WEBHOOK_RETRY_MAX_MS,
             webhook_attempts_max: DEFAULT_WEBHOOK_ATTEMPTS,
+            return_rate: 0.0,
+            return_delay_ms: 0,
+            returns_as_failed: false,
+            forget_keys_after_ms: 0,
+            no_reference_lookup: false,
         }
     }
 }
@@ -116,6 +142,7 @@ impl Faults {
             ("webhook_duplicate_rate", self.webhook_duplicate_rate),
             ("webhook_reorder_rate", self.webhook_reorder_rate),
             ("webhook_loss_rate", self.webhook_loss_rate),
+            ("return_rate", self.return_rate),
         ];
         if let Some((name, rate)) = rates.iter().find(|(_, rate)| !(0.0..=1.0).contains(rate)) {
             return Err(format!("{name} must be within 0..=1, not {rate}"));
@@ -131,6 +158,8 @@ impl Faults {
             ("webhook_reorder_max_ms", self.webhook_reorder_max_ms),
             ("webhook_retry_base_ms", self.webhook_retry_base_ms),
             ("webhook_retry_max_ms", self.webhook_retry_max_ms),
+            ("return_delay_ms", self.return_delay_ms),
+            ("forget_keys_after_ms", self.forget_keys_after_ms),
         ];
         if let Some((name, ms)) = delays.iter().find(|(_, ms)| *ms > DELAY_MS_MAX) {
             return Err(format!("{name} must be at most {DELAY_MS_MAX}, not {ms}"));
@@ -180,6 +209,8 @@ mod tests {
             (r#"{"settle_delay_ms": 86400001}"#, "settle_delay_ms"),
             (r#"{"webhook_attempts_max": 0}"#, "webhook_attempts_max"),
             (r#"{"retry_after_secs": 3601}"#, "retry_after_secs"),
+            (r#"{"return_rate": 2}"#, "return_rate"),
+            (r#"{"forget_keys_after_ms": 86400001}"#, "forget_keys_after_ms"),
         ] {
             let faults: Faults = serde_json::from_str(body).unwrap();
             let error = faults.validate().unwrap_err();

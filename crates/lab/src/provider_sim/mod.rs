@@ -3,9 +3,11 @@
 //! chaos runs, and misbehaves on demand as real providers do.
 //!
 //! - `payments.rs`: create (201 new, 200 replay, 422 for another body under
-//!   a key), look up, list; the provider's own state machine (pending, then
-//!   paid or failed, never back); the faults on those calls.
-//! - `webhooks.rs`: a signed event for every paid or failed payment,
+//!   a key), look up (by key or by reference), list; the provider's own
+//!   state machine (pending, then paid or failed; paid, then maybe
+//!   returned; never back); keys forgotten after a window; the faults on
+//!   those calls.
+//! - `webhooks.rs`: a signed event for every paid, failed or returned payment,
 //!   retried with backoff until acknowledged, duplicated, held back or
 //!   lost at the set rates.
 //! - `faults.rs`: every behaviour, as flags and as `POST /v1/faults`.
@@ -78,7 +80,13 @@ pub struct SimCounters {
     pub failed: u64,
     /// Look-ups by idempotency key.
     pub lookups: u64,
-    /// Webhook events made (one per paid or failed payment).
+    /// Look-ups by reference.
+    pub reference_lookups: u64,
+    /// Paid payments returned (by their bank, or by hand).
+    pub returned: u64,
+    /// Idempotency keys forgotten (a create under one is a new payment).
+    pub keys_forgotten: u64,
+    /// Webhook events made (one per paid, failed or returned payment).
     pub events: u64,
     /// Events not sent because no webhook endpoint was set.
     pub webhooks_unsent: u64,
@@ -134,6 +142,7 @@ pub fn router(options: Options) -> Router {
     Router::new()
         .route("/v1/payments", post(payments::create).get(payments::get))
         .route("/v1/payments/{id}", delete(tamper::forget).patch(tamper::alter))
+        .route("/v1/payments/{id}/return", post(payments::return_payment))
         .route("/v1/faults", post(set_faults).get(get_faults))
         .route("/v1/webhook-endpoint", post(set_webhook).get(get_webhook))
         .route("/v1/counters", get(counters))
@@ -227,7 +236,11 @@ async fn get_webhook(State(sim): State<Shared>) -> Json<WebhookShown> {
 }
 
 async fn counters(State(sim): State<Shared>) -> Json<SimCounters> {
-    Json(lock(&sim).counters)
+    let state = lock(&sim);
+    Json(SimCounters {
+        keys_forgotten: state.ledger.keys_forgotten,
+        ..state.counters
+    })
 }
 
 #[cfg(test)]

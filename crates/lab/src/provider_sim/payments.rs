@@ -1,9 +1,13 @@
 //! The simulator's payments: `POST /v1/payments` (201 new, 200 replay, 422
 //! for another body under a key, a refusal that stays the key's answer),
-//! `GET /v1/payments` (by idempotency key, or a page in id order), and the
-//! provider's own state machine: a payment is accepted `pending` and ends
-//! `paid` or `failed` once, after `settle_delay_ms`; a final state never
-//! changes.
+//! `GET /v1/payments` (by idempotency key, by reference, or a page in id
+//! order), and the provider's own state machine: a payment is accepted
+//! `pending` and ends `paid` or `failed` once, after `settle_delay_ms`; a
+//! paid payment may be returned later (`return_rate`, `return_delay_ms`,
+//! or `POST /v1/payments/{id}/return`), and `failed` and `returned` never
+//! change. Keys may be forgotten after a window (`forget_keys_after_ms`),
+//! as real providers prune them: a create under a forgotten key is a new
+//! payment.
 
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;
@@ -11,7 +15,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Query, State};
+use axum::extract::{Path, Query, State};
 use axum::http::header::RETRY_AFTER;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -40,6 +44,8 @@ const FAILURE_REASONS: [&str; 4] = [
 /// Every payment and every refused key.
 #[derive(Default)]
 pub(super) struct Ledger {
+    /// Keys forgotten so far (their payments kept).
+    pub(super) keys_forgotten: u64,
     by_id: BTreeMap<String, Record>,
     id_by_key: HashMap<String, String>,
     refused: HashMap<String, String>,
@@ -74,6 +80,28 @@ pub(super) enum Fate {
 impl Ledger {
     fn by_key(&self, key: &str) -> Option<&Record> {
         self.id_by_key.get(key).and_then(|id| self.by_id.get(id))
+    }
+
+    /// The payment under `key`, unless the key was first used more than
+    /// `forget_after_ms` before `now_us` (0: never forgotten): a forgotten
+    /// key is dropped, its payment kept.
+    fn remembered(&mut self, key: &str, now_us: i64, forget_after_ms: u64) -> Option<&Record> {
+        let first_used_us = self.by_key(key)?.arrived_us;
+        if forget_after_ms > 0 && now_us - first_used_us > (forget_after_ms as i64).saturating_mul(1_000) {
+            self.id_by_key.remove(key);
+            self.keys_forgotten += 1;
+            return None;
+        }
+        self.by_key(key)
+    }
+
+    /// The payments whose reference is `reference`, in id order.
+    fn by_reference(&self, reference: &str) -> Vec<Payment> {
+        self.by_id
+            .values()
+            .filter(|record| record.payment.reference.as_deref() == Some(reference))
+            .map(|record| record.payment.clone())
+            .collect()
     }
 
     /// Stores a new pending payment under `key`. Ids rise with each
@@ -117,13 +145,48 @@ impl Ledger {
                 payment.failure_reason = Some(reason);
             }
         }
+        Some(self.event(id, now))
+    }
+
+    /// The event announcing payment `id`'s status now.
+    fn event(&mut self, id: &str, now: i64) -> WebhookEvent {
         self.events_made += 1;
-        Some(WebhookEvent {
+        let payment = &self.by_id[id].payment;
+        WebhookEvent {
             id: format!("evt_{:012}", self.events_made),
-            r#type: EventType::for_status(payment.status).expect("a settled payment is final"),
+            r#type: EventType::for_status(payment.status).expect("a payment past pending"),
             created: now,
             data: payment.clone(),
-        })
+        }
+    }
+
+    /// A paid payment's bank sends it back: paid to returned (or to
+    /// failed, as a provider without a returned status says), with `reason`.
+    /// Err names why not (no such payment, or it is not paid).
+    pub(super) fn take_back(
+        &mut self,
+        id: &str,
+        reason: String,
+        as_failed: bool,
+        now: i64,
+    ) -> Result<WebhookEvent, String> {
+        let Some(record) = self.by_id.get_mut(id) else {
+            return Err(format!("no payment {id}"));
+        };
+        let payment = &mut record.payment;
+        if payment.status != PaymentStatus::Paid {
+            return Err(format!(
+                "payment {id} is {}: only a paid payment is returned",
+                payment.status
+            ));
+        }
+        payment.status = if as_failed {
+            PaymentStatus::Failed
+        } else {
+            PaymentStatus::Returned
+        };
+        payment.failure_reason = Some(reason);
+        Ok(self.event(id, now))
     }
 
     /// Loses payment `id`: gone from look-ups and pages, its key free
@@ -241,7 +304,8 @@ fn decide(sim: &mut Sim, key: String, request: PaymentRequest, arrived_us: i64) 
         sim.counters.refused += 1;
         return Decision::Refused(reason.clone());
     }
-    if let Some(record) = sim.ledger.by_key(&key) {
+    let forget_after_ms = faults.forget_keys_after_ms;
+    if let Some(record) = sim.ledger.remembered(&key, arrived_us, forget_after_ms) {
         return if record.request == request {
             sim.counters.replayed += 1;
             Decision::Replay(record.payment.clone())
@@ -286,19 +350,80 @@ fn reason_for(seed: u64, key: &str) -> &'static str {
 
 async fn settle_later(sim: Shared, id: String, fate: Fate, after: Duration) {
     tokio::time::sleep(after).await;
-    let event = {
+    let (event, returned_after) = {
         let mut state = lock(&sim);
         let Some(event) = state.ledger.settle(&id, fate, unix_now()) else {
             return;
         };
-        match event.r#type {
-            EventType::PaymentPaid => state.counters.paid += 1,
-            EventType::PaymentFailed => state.counters.failed += 1,
+        let paid = event.r#type == EventType::PaymentPaid;
+        if paid {
+            state.counters.paid += 1;
+        } else {
+            state.counters.failed += 1;
         }
+        state.counters.events += 1;
+        let returned = paid && chance(state.seed, "return", &event.data.idempotency_key) < state.faults.return_rate;
+        (
+            event,
+            returned.then(|| Duration::from_millis(state.faults.return_delay_ms)),
+        )
+    };
+    webhooks::dispatch(&sim, event);
+    if let Some(after) = returned_after {
+        tokio::time::sleep(after).await;
+        let reason = "returned_by_bank".to_string();
+        // A payment returned by hand meanwhile is not paid any more: nothing.
+        let _ = take_back(&sim, &id, reason);
+    }
+}
+
+/// Returns paid payment `id` now (its webhook dispatched): the payment as
+/// it reads after, or why not.
+fn take_back(sim: &Shared, id: &str, reason: String) -> Result<Payment, String> {
+    let event = {
+        let mut state = lock(sim);
+        let as_failed = state.faults.returns_as_failed;
+        let event = state.ledger.take_back(id, reason, as_failed, unix_now())?;
+        state.counters.returned += 1;
         state.counters.events += 1;
         event
     };
-    webhooks::dispatch(&sim, event);
+    let payment = event.data.clone();
+    webhooks::dispatch(sim, event);
+    Ok(payment)
+}
+
+/// The body of `POST /v1/payments/{id}/return`: why (optional).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ReturnRequest {
+    reason: Option<String>,
+}
+
+/// `POST /v1/payments/{id}/return`: the bank sends paid payment `id` back
+/// now. 200 with the payment as it now reads (`returned`, or `failed` with
+/// `returns_as_failed`), 409 when it is not paid, 404 for no such payment.
+pub(super) async fn return_payment(State(sim): State<Shared>, Path(id): Path<String>, body: Bytes) -> Response {
+    let request: ReturnRequest = if body.is_empty() {
+        ReturnRequest::default()
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(request) => request,
+            Err(e) => return error(StatusCode::BAD_REQUEST, format!("body: {e}")),
+        }
+    };
+    let reason = request.reason.unwrap_or_else(|| "returned_by_bank".into());
+    if reason.is_empty() || reason.chars().count() > TEXT_CHARS_MAX {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("reason must be 1..={TEXT_CHARS_MAX} characters"),
+        );
+    }
+    match take_back(&sim, &id, reason) {
+        Ok(payment) => Json(payment).into_response(),
+        Err(why) if why.starts_with("no payment") => error(StatusCode::NOT_FOUND, why),
+        Err(why) => error(StatusCode::CONFLICT, why),
+    }
 }
 
 pub(super) fn unix_now() -> i64 {
@@ -354,17 +479,21 @@ fn rate_limited(retry_after_secs: u64) -> Response {
     response
 }
 
-/// The query of `GET /v1/payments`: `idempotency_key` alone, or a page.
+/// The query of `GET /v1/payments`: `idempotency_key` alone, `reference`
+/// alone, or a page.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct PaymentsQuery {
     idempotency_key: Option<String>,
+    reference: Option<String>,
     after: Option<String>,
     limit: Option<u32>,
 }
 
-/// `GET /v1/payments?idempotency_key=K` (200 or 404) or
-/// `GET /v1/payments?after=ID&limit=N` (a page in id order, an array).
+/// `GET /v1/payments?idempotency_key=K` (200 or 404),
+/// `GET /v1/payments?reference=R` (every payment with that reference, an
+/// array, empty when none) or `GET /v1/payments?after=ID&limit=N` (a page
+/// in id order, an array).
 pub(super) async fn get(State(sim): State<Shared>, query: Result<Query<PaymentsQuery>, QueryRejection>) -> Response {
     let query = match query.map_err(|e| e.body_text()).and_then(|Query(q)| checked(q)) {
         Ok(query) => query,
@@ -383,6 +512,7 @@ pub(super) async fn get(State(sim): State<Shared>, query: Result<Query<PaymentsQ
 
 enum Read {
     Lookup(String),
+    ByReference(String),
     Page { after: Option<String>, limit: usize },
 }
 
@@ -390,13 +520,23 @@ fn checked(query: PaymentsQuery) -> Result<Read, String> {
     match query {
         PaymentsQuery {
             idempotency_key: Some(key),
+            reference: None,
             after: None,
             limit: None,
         } => Ok(Read::Lookup(key)),
         PaymentsQuery {
             idempotency_key: Some(_),
             ..
-        } => Err("idempotency_key looks up one payment: give it without after or limit".into()),
+        } => Err("idempotency_key looks up one payment: give it without reference, after or limit".into()),
+        PaymentsQuery {
+            reference: Some(reference),
+            after: None,
+            limit: None,
+            ..
+        } => Ok(Read::ByReference(reference)),
+        PaymentsQuery { reference: Some(_), .. } => {
+            Err("reference looks up the payments made for it: give it without after or limit".into())
+        }
         PaymentsQuery { after, limit, .. } => {
             let limit = limit.unwrap_or(DEFAULT_PAGE_LIMIT);
             if !(1..=MAX_PAGE_LIMIT).contains(&limit) {
@@ -418,10 +558,21 @@ fn read(sim: &mut Sim, read: Read) -> Response {
     match read {
         Read::Lookup(key) => {
             sim.counters.lookups += 1;
-            match sim.ledger.by_key(&key) {
+            let forget_after_ms = sim.faults.forget_keys_after_ms;
+            match sim.ledger.remembered(&key, unix_now_us(), forget_after_ms) {
                 Some(record) => Json(record.payment.clone()).into_response(),
                 None => error(StatusCode::NOT_FOUND, "no payment under this idempotency key"),
             }
+        }
+        Read::ByReference(reference) => {
+            sim.counters.reference_lookups += 1;
+            if sim.faults.no_reference_lookup {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "this provider cannot look payments up by reference",
+                );
+            }
+            Json(sim.ledger.by_reference(&reference)).into_response()
         }
         Read::Page { after, limit } => Json(sim.ledger.page(after.as_deref(), limit)).into_response(),
     }
@@ -462,6 +613,56 @@ mod tests {
             (failed.status, failed.failure_reason.as_deref()),
             (PaymentStatus::Failed, Some("account_closed"))
         );
+    }
+
+    #[test]
+    fn only_a_paid_payment_is_returned_and_a_return_never_changes() {
+        let mut ledger = Ledger::default();
+        let paid = ledger.accept("k1".into(), request("5"), 0).id;
+        let pending = ledger.accept("k2".into(), request("6"), 0).id;
+        ledger.settle(&paid, Fate::Paid, 1).unwrap();
+        assert!(ledger.take_back(&pending, "bank".into(), false, 2).is_err(), "pending");
+        let event = ledger.take_back(&paid, "account_closed".into(), false, 2).unwrap();
+        assert_eq!(
+            (event.r#type, event.data.status, event.data.failure_reason.as_deref()),
+            (
+                EventType::PaymentReturned,
+                PaymentStatus::Returned,
+                Some("account_closed")
+            )
+        );
+        assert!(
+            ledger.take_back(&paid, "again".into(), false, 3).is_err(),
+            "returned once"
+        );
+        assert_eq!(ledger.settle(&paid, Fate::Paid, 3), None, "never paid again");
+        // A provider without a returned status says failed.
+        ledger.settle(&pending, Fate::Paid, 4).unwrap();
+        let event = ledger.take_back(&pending, "bank".into(), true, 5).unwrap();
+        assert_eq!(
+            (event.r#type, event.data.status),
+            (EventType::PaymentFailed, PaymentStatus::Failed)
+        );
+    }
+
+    #[test]
+    fn a_forgotten_key_is_free_again_and_its_payment_is_still_found_by_reference() {
+        let mut ledger = Ledger::default();
+        let with_reference = PaymentRequest {
+            reference: Some("ref-1".into()),
+            ..request("5")
+        };
+        let first = ledger.accept("k".into(), with_reference.clone(), 1_000_000).id;
+        assert!(ledger.remembered("k", 1_500_000, 1_000).is_some(), "within the window");
+        assert!(ledger.remembered("k", 1_500_000, 0).is_some(), "0 keeps keys for ever");
+        assert!(ledger.remembered("k", 2_000_001, 1_000).is_none(), "forgotten");
+        assert_eq!(ledger.keys_forgotten, 1);
+        let found: Vec<String> = ledger.by_reference("ref-1").into_iter().map(|p| p.id).collect();
+        assert_eq!(found, std::slice::from_ref(&first));
+        let second = ledger.accept("k".into(), with_reference, 2_000_002).id;
+        let found: Vec<String> = ledger.by_reference("ref-1").into_iter().map(|p| p.id).collect();
+        assert_eq!(found, [first, second], "a new payment under the forgotten key");
+        assert!(ledger.by_reference("ref-2").is_empty());
     }
 
     #[test]

@@ -11,6 +11,7 @@
 //! table cannot be read, leaves no stale series behind. So are the payouts'
 //! (`settled_payouts{state}`, `settled_payouts_amount{state}`,
 //! `settled_payout_oldest_sent_seconds`, `settled_payouts_returned_total`,
+//! `settled_provider_keys_awaiting_operator`,
 //! ...): amounts are written as the database's exact integers, never
 //! through a float. So are the newest finished run's verification and `settled_database_up`
 //! ([`crate::watch`]). While the database does not answer, a scrape gets
@@ -238,7 +239,7 @@ fn payout_metrics(o: &crate::payouts::overview::Overview) -> String {
 # HELP settled_payout_oldest_sent_seconds Seconds the oldest sent payout has waited for the provider's word (0 when none is sent).
 # TYPE settled_payout_oldest_sent_seconds gauge
 settled_payout_oldest_sent_seconds {oldest_sent:.3}
-# HELP settled_payouts_returned_total Base units returned to balances by payouts that ended unpaid (failed, cancelled, expired).
+# HELP settled_payouts_returned_total Base units returned to balances by payouts that ended unpaid (failed, returned after paid, cancelled, expired).
 # TYPE settled_payouts_returned_total counter
 settled_payouts_returned_total {}
 # HELP settled_payouts_returned_count_total Payouts whose funds were returned.
@@ -250,8 +251,11 @@ settled_payout_conflicts_total {}
 # HELP settled_provider_events_unknown_total Provider events for payouts settled does not know, kept for review.
 # TYPE settled_provider_events_unknown_total counter
 settled_provider_events_unknown_total {}
+# HELP settled_provider_keys_awaiting_operator Provider keys past the key window whose payment the provider could not vouch for: nothing is sent under them until an operator acts.
+# TYPE settled_provider_keys_awaiting_operator gauge
+settled_provider_keys_awaiting_operator {}
 ",
-        o.returned_amount, o.returned_count, o.conflicts, o.unknown_events
+        o.returned_amount, o.returned_count, o.conflicts, o.unknown_events, o.keys_awaiting_operator
     )
 }
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 use crate::cmd::{DbCommand, Outcome};
 use crate::db::Database;
 use crate::payouts::deliver::{DeliveryFlags, DeliveryOptions, Serving};
+use crate::payouts::key_window::parse_duration;
 
 /// Deliver queued payouts to the payment provider, until SIGTERM or SIGINT.
 ///
@@ -16,8 +17,11 @@ use crate::payouts::deliver::{DeliveryFlags, DeliveryOptions, Serving};
 /// provider's answer moves the payout (sent, paid, failed with its funds
 /// returned) under the lease's fence. Calls per second hold for the whole
 /// fleet (in the database); while the provider is down every worker waits,
-/// spending no attempts. Beside it: unconfirmed payouts expire, and payouts
-/// sent long ago without a webhook are looked up. Start as many as you like.
+/// spending no attempts. Beside it: unconfirmed payouts expire, payouts
+/// sent long ago without a webhook are looked up, and paid ones are looked
+/// up again for a while (a return whose webhook was lost). Past the
+/// provider's key window a payment is found by its reference before
+/// anything is sent again. Start as many as you like.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
     /// The payment provider (e.g. http://127.0.0.1:9100).
@@ -36,6 +40,13 @@ pub struct Args {
     /// paid or failed (its webhook lost) is looked up.
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub poll_after_secs: u64,
+    /// A paid payout is looked up again this often (90s, 30m, 24h, 7d),
+    /// for a return whose webhook was lost ...
+    #[arg(long, env = "SETTLED_RETURNS_POLL_EVERY", default_value = "24h", value_parser = parse_duration)]
+    pub returns_poll_every: Duration,
+    /// ... for this long after it was paid.
+    #[arg(long, env = "SETTLED_RETURNS_WATCH", default_value = "30d", value_parser = parse_duration)]
+    pub returns_watch: Duration,
     /// Longest pause of an idle loop between two looks, in milliseconds
     /// (it wakes at once on a new payout's notification).
     #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(10..=60_000))]
@@ -53,6 +64,8 @@ impl Args {
             batch: self.batch,
             burst: self.provider_burst,
             poll_after: Duration::from_secs(self.poll_after_secs),
+            returns_poll_every: self.returns_poll_every,
+            returns_watch: self.returns_watch,
             max_poll: Duration::from_millis(self.max_poll_ms),
         }
     }

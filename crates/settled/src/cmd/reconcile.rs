@@ -20,13 +20,17 @@ pub const LAGS_LISTED: usize = 10;
 /// missing_at_provider (settled says sent or paid, the provider has no
 /// payment under its key), unknown_to_settled (a payment under a key that
 /// is no payout's), amount_differs, creator_differs, states_disagree (the
-/// provider paid what settled failed or returned, failed or has pending
-/// what settled says paid, or has a payment for a payout never sent),
-/// paid_twice (more than one payment that has not failed for one payout:
-/// under its key, or with its id as the reference). Not mismatches, listed
-/// apart: queued payouts the provider already has (in flight: delivery
-/// records its answer) and sent payouts the provider has paid or failed
-/// (behind: a webhook or a lookup applies it). It changes nothing.
+/// provider paid or has pending what settled failed or returned, has
+/// pending what settled says paid, or has a payment for a payout never
+/// sent), paid_twice (more than one payment that has not failed or come
+/// back for one payout: under its key, or with its key or id as the
+/// reference), stranded (a queued payout nothing will send),
+/// awaiting_operator (past the provider's key window the provider could
+/// not say whether it holds the payment; nothing is sent). Not mismatches,
+/// listed apart: queued payouts the provider already has (in flight:
+/// delivery records its answer), sent payouts the provider has paid,
+/// failed or returned, and paid ones it returned (behind: a webhook or a
+/// lookup applies it). It changes nothing.
 ///
 /// Exit codes: 0 settled and the provider agree; 1 anything differs; 2 the
 /// comparison could not be made (database or provider unreachable).
@@ -102,7 +106,7 @@ pub fn render(c: &Comparison, provider_url: &str) -> String {
         ),
         (
             &c.behind,
-            "behind (sent; the provider's final word reaches settled by its webhook or a lookup)",
+            "behind (sent, or paid and returned; the provider's word reaches settled by its webhook or a lookup)",
         ),
     ] {
         if lags.is_empty() {

@@ -160,7 +160,13 @@ impl Args {
                 }
             })
         };
-        let drainer = crate::worker::drainer(Mode::Tx, None, Duration::ZERO, Default::default())?;
+        let drainer = crate::worker::drainer(
+            Mode::Tx,
+            None,
+            Duration::ZERO,
+            Default::default(),
+            crate::payouts::key_window::DEFAULT_PROVIDER_KEY_WINDOW,
+        )?;
         let drained = crate::worker::run_worker(pool, &opts, &drainer).await;
         ticker.abort();
         drained?;

@@ -324,7 +324,13 @@ impl DbCommand for Args {
 
     async fn run(self, db: &Database) -> Outcome {
         let e = &self.engine;
-        let drainer = crate::worker::drainer(e.mode, e.provider_url.as_deref(), e.provider_timeout(), e.leases())?;
+        let drainer = crate::worker::drainer(
+            e.mode,
+            e.provider_url.as_deref(),
+            e.provider_timeout(),
+            e.leases(),
+            e.delivery.provider_key_window,
+        )?;
         self.run_with(db, &drainer).await
     }
 }

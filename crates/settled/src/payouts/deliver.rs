@@ -12,8 +12,12 @@
 //! snoozed: it spends no attempt, and nothing spins. A refusal fails the
 //! payout and returns its funds; a payment id another payout holds is a
 //! conflict and a dead letter, never a completion that fails again.
-//! Beside the workers: payouts sent long ago are looked up (a lost
-//! webhook), and unconfirmed ones expire.
+//! Before a call under a key first used longer ago than the provider's
+//! key window, the payment is found by its reference instead
+//! (`key_window.rs`): sent again only when the provider certainly has
+//! none. Beside the workers: payouts sent long ago, and those paid within
+//! the returns watch, are looked up (a lost webhook, a return), and
+//! unconfirmed ones expire.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -22,9 +26,10 @@ use sqlx::{PgConnection, PgPool};
 
 use settled_engine::{ClaimedJob, HandlerError, LeasedJobHandler};
 
+use super::key_window::{self, Found, DEFAULT_PROVIDER_KEY_WINDOW};
 use super::word::{self, Reading};
 use super::{apply_word, fail_refused, record_payment_clash, PayoutRow, PayoutState, ProviderWord, Rail, Source};
-use crate::provider::Payment;
+use crate::provider::{Payment, ProviderError};
 
 /// The fleet's limits on calls to one provider.
 #[derive(Debug, Clone)]
@@ -212,12 +217,68 @@ pub struct Deliver<R> {
     rail: R,
     pool: PgPool,
     limiter: Arc<Limiter>,
+    key_window: Duration,
 }
 
 impl<R: Rail> Deliver<R> {
-    /// A handler sending through `rail`, within the fleet's `limiter`.
+    /// A handler sending through `rail`, within the fleet's `limiter`,
+    /// for a provider that keeps keys [`DEFAULT_PROVIDER_KEY_WINDOW`].
     pub fn new(rail: R, pool: PgPool, limiter: Arc<Limiter>) -> Deliver<R> {
-        Deliver { rail, pool, limiter }
+        Deliver {
+            rail,
+            pool,
+            limiter,
+            key_window: DEFAULT_PROVIDER_KEY_WINDOW,
+        }
+    }
+
+    /// The same handler, for a provider that keeps keys `window`.
+    pub fn with_key_window(self, window: Duration) -> Deliver<R> {
+        Deliver {
+            key_window: window,
+            ..self
+        }
+    }
+
+    /// The rail's answer for `payout`: its payment sent (again) under its
+    /// key, unless the key is past the provider's key window; then the
+    /// payment found by its reference, sent again only when the provider
+    /// certainly has none. Err when nothing may be sent: the key waits for
+    /// an operator.
+    async fn answer(
+        &self,
+        payout: &PayoutRow,
+        traceparent: Option<&str>,
+    ) -> Result<Result<Payment, ProviderError>, HandlerError> {
+        let key = &payout.provider_key;
+        let key_use = key_window::note_use(&self.pool, key)
+            .await
+            .map_err(|e| HandlerError::Transient(format!("noting the use of key {key}: {e:#}")))?;
+        if let Some(detail) = key_use.awaiting_operator {
+            return Err(HandlerError::Permanent(format!(
+                "payout {}: {}",
+                payout.id,
+                key_window::waits(key, &detail)
+            )));
+        }
+        if !key_use.past(self.key_window) {
+            return Ok(self.rail.send(payout, traceparent).await);
+        }
+        match key_window::judge(&payout.reference, self.rail.find(payout).await) {
+            Found::Nothing => Ok(self.rail.send(payout, traceparent).await),
+            Found::Payment(payment) => Ok(Ok(payment)),
+            Found::Later(error) => Ok(Err(error)),
+            Found::CannotSay(detail) => {
+                key_window::await_operator(&self.pool, key, &detail)
+                    .await
+                    .map_err(|e| HandlerError::Transient(format!("recording key {key}'s wait: {e:#}")))?;
+                Err(HandlerError::Permanent(format!(
+                    "payout {}: {}",
+                    payout.id,
+                    key_window::waits(key, &detail)
+                )))
+            }
+        }
     }
 }
 
@@ -348,7 +409,7 @@ impl<R: Rail> LeasedJobHandler for Deliver<R> {
         }
         // The call carries the payout request's trace (its own span's, a
         // descendant, when traces are exported).
-        let answer = self.rail.send(&payout, job.traceparent.as_deref()).await;
+        let answer = self.answer(&payout, job.traceparent.as_deref()).await?;
         self.act_on(&payout, word::read(&payout, answer)).await
     }
 
@@ -368,61 +429,149 @@ impl<R: Rail> LeasedJobHandler for Deliver<R> {
     }
 }
 
-/// Payouts sent at least `after` ago (or last asked about that long ago),
-/// up to `batch`, looked up on their rail and moved by its answer; the
-/// number looked up. A payout the rail has no record of is recorded as a
-/// conflict for operators.
-pub async fn poll_sent<R: Rail>(pool: &PgPool, rail: &R, after: Duration, batch: i64) -> anyhow::Result<usize> {
-    let due: Vec<PayoutRow> = sqlx::query_as(&format!(
-        "WITH due AS (
+/// What the look-ups beside delivery look for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Polling {
+    /// A payout the provider accepted this long ago (or last asked about
+    /// that long ago) and still not paid or failed is looked up (its
+    /// webhook lost).
+    pub sent_after: Duration,
+    /// A paid payout is looked up again this often (a return whose webhook
+    /// was lost) ...
+    pub paid_every: Duration,
+    /// ... for this long after it was paid.
+    pub returns_watch: Duration,
+    /// How long the provider keeps a key: past it, a payout is looked up
+    /// by its reference, not its key.
+    pub key_window: Duration,
+}
+
+/// A payout due for a look-up.
+#[derive(sqlx::FromRow)]
+struct Due {
+    #[sqlx(flatten)]
+    payout: PayoutRow,
+    /// How long ago its key was first used (None: not recorded).
+    key_age_ms: Option<i64>,
+}
+
+const fn millis(d: Duration) -> i64 {
+    let ms = d.as_millis();
+    if ms > i64::MAX as u128 {
+        i64::MAX
+    } else {
+        ms as i64
+    }
+}
+
+/// Payouts due for a look-up (see [`Polling`]), up to `batch` of the sent
+/// and `batch` of the paid, looked up on their rail and moved by its
+/// answer (a paid one returned, say); the number looked up. A payout the
+/// rail has no record of, or whose key is past the window and the rail
+/// cannot say, is recorded as a conflict for operators.
+pub async fn poll<R: Rail>(pool: &PgPool, rail: &R, polling: &Polling, batch: i64) -> anyhow::Result<usize> {
+    let due: Vec<Due> = sqlx::query_as(&format!(
+        "WITH due_sent AS (
              SELECT id FROM settlement.payouts
              WHERE status = 'sent' AND coalesce(polled_at, sent_at) < now() - $1 * interval '1 millisecond'
-             ORDER BY coalesce(polled_at, sent_at) LIMIT $2
+             ORDER BY coalesce(polled_at, sent_at) LIMIT $3
+             FOR NO KEY UPDATE SKIP LOCKED),
+         due_paid AS (
+             SELECT id FROM settlement.payouts
+             WHERE status = 'paid' AND coalesce(polled_at, finished_at) < now() - $2 * interval '1 millisecond'
+               AND coalesce(polled_at, finished_at) > now() - $4 * interval '1 millisecond'
+               AND finished_at > now() - $4 * interval '1 millisecond'
+             ORDER BY coalesce(polled_at, finished_at) LIMIT $3
              FOR NO KEY UPDATE SKIP LOCKED)
-         UPDATE settlement.payouts p SET polled_at = now() FROM due WHERE p.id = due.id
-         RETURNING {}",
+         UPDATE settlement.payouts p SET polled_at = now()
+         WHERE p.id IN (SELECT id FROM due_sent UNION ALL SELECT id FROM due_paid)
+         RETURNING {},
+                   (SELECT (extract(epoch FROM clock_timestamp() - k.first_used_at) * 1000)::bigint
+                    FROM settlement.provider_keys k WHERE k.key = p.provider_key) AS key_age_ms",
         super::PAYOUT_COLUMNS
     ))
-    .bind(after.as_millis() as i64) // $1
-    .bind(batch) // $2
+    .bind(millis(polling.sent_after)) // $1
+    .bind(millis(polling.paid_every)) // $2
+    .bind(batch) // $3
+    .bind(millis(polling.returns_watch)) // $4
     .fetch_all(pool)
     .await?;
-    for payout in &due {
-        let id = payout.id;
-        let payment = match rail.look_up(payout).await {
-            Ok(Some(payment)) => payment,
-            Ok(None) => {
-                record_missing(pool, id).await?;
-                continue;
-            }
-            Err(err) => {
-                tracing::warn!(payout = id, error = %err, "looking up a sent payout failed; asking again later");
-                continue;
-            }
+    let read_at = std::time::Instant::now();
+    for Due { payout, key_age_ms } in &due {
+        let key_use = match key_age_ms {
+            Some(ms) => key_window::KeyUse {
+                age: Duration::from_millis((*ms).max(0) as u64),
+                read_at,
+                awaiting_operator: None,
+            },
+            None => key_window::KeyUse::unknown(),
+        };
+        // Judged right before the look-up: a batch's look-ups take a while.
+        let past = key_use.past(polling.key_window);
+        let Some(payment) = look_up(pool, rail, payout, past).await? else {
+            continue;
         };
         let mut tx = pool.begin().await?;
-        if super::payment_matches(&mut tx, id, &payment, Source::Poll, None).await? {
-            apply_word(&mut tx, id, &word::word_of(&payment), Source::Poll, None).await?;
+        if super::payment_matches(&mut tx, payout.id, &payment, Source::Poll, None).await? {
+            apply_word(&mut tx, payout.id, &word::word_of(&payment), Source::Poll, None).await?;
         }
         tx.commit().await?;
     }
     Ok(due.len())
 }
 
-/// A sent payout the provider does not know: a conflict for operators.
-async fn record_missing(pool: &PgPool, id: i64) -> anyhow::Result<()> {
+/// `payout`'s payment at the rail: by its key, or by its reference once the
+/// key may be forgotten. None when there is none (recorded as a conflict),
+/// or no answer now (asked again later).
+async fn look_up<R: Rail>(
+    pool: &PgPool,
+    rail: &R,
+    payout: &PayoutRow,
+    key_past_window: bool,
+) -> anyhow::Result<Option<Payment>> {
+    let id = payout.id;
+    let (found, missing) = if key_past_window {
+        let found = key_window::judge(&payout.reference, rail.find(payout).await);
+        (found, "the provider has no payment for this payout's reference")
+    } else {
+        let found = match rail.look_up(payout).await {
+            Ok(Some(payment)) => Found::Payment(payment),
+            Ok(None) => Found::Nothing,
+            Err(err) => Found::Later(err),
+        };
+        (found, "the provider has no payment under this payout's key")
+    };
+    match found {
+        Found::Payment(payment) => return Ok(Some(payment)),
+        Found::Nothing => record_unknown(pool, payout, "missing", missing).await?,
+        Found::CannotSay(detail) => record_unknown(pool, payout, "unknown", &detail).await?,
+        Found::Later(err) => {
+            tracing::warn!(payout = id, state = %payout.state, error = %err, "looking up a payout failed; asking again later")
+        }
+    }
+    Ok(None)
+}
+
+/// A payout the provider does not know (`missing`), or cannot say it
+/// knows (`unknown`): a conflict for operators, recorded once.
+async fn record_unknown(pool: &PgPool, payout: &PayoutRow, provider_status: &str, detail: &str) -> anyhow::Result<()> {
     sqlx::query(
         "INSERT INTO settlement.payout_conflicts (payout_id, state, provider_status, source, detail)
-         SELECT $1, 'sent', 'missing', 'poll', 'the provider has no payment under this payout''s key'
+         SELECT $1, $2, $3, 'poll', $4
          WHERE NOT EXISTS (SELECT 1 FROM settlement.payout_conflicts
-                           WHERE payout_id = $1 AND provider_status = 'missing')",
+                           WHERE payout_id = $1 AND provider_status = $3)",
     )
-    .bind(id) // $1
+    .bind(payout.id) // $1
+    .bind(payout.state.as_str()) // $2
+    .bind(provider_status) // $3
+    .bind(detail) // $4
     .execute(pool)
     .await?;
     tracing::warn!(
-        payout = id,
-        "a sent payout is unknown to the provider; recorded as a conflict"
+        payout = payout.id,
+        state = %payout.state,
+        detail,
+        "the provider does not know a payout, or cannot say; recorded as a conflict"
     );
     Ok(())
 }
@@ -438,8 +587,10 @@ pub struct DeliveryOptions {
     pub limits: Limits,
     /// The delivery queue's serving (loops, batch, leases, wake-up).
     pub serve: settled_engine::ServeConfig,
-    /// A payout accepted this long ago and still unconfirmed is looked up.
-    pub poll_after: Duration,
+    /// What is looked up beside delivery.
+    pub polling: Polling,
+    /// How long the provider keeps a key.
+    pub key_window: Duration,
 }
 
 /// Delivery's flags, the ones `settled deliver` and `settled worker` share
@@ -470,6 +621,13 @@ pub struct DeliveryFlags {
     /// is given back, in milliseconds.
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(0..=600_000))]
     pub shutdown_grace_ms: u64,
+    /// How long the provider is known to keep an idempotency key (90s, 30m,
+    /// 24h, 7d). Before any call under a key first used longer ago, settled
+    /// looks the payment up by its reference and sends again only when the
+    /// provider certainly has none; when it cannot say, the payout waits
+    /// for an operator.
+    #[arg(long, env = "SETTLED_PROVIDER_KEY_WINDOW", default_value = "24h", value_parser = key_window::parse_duration)]
+    pub provider_key_window: Duration,
 }
 
 /// How delivery's queue is served: what only `settled deliver` sets by
@@ -485,9 +643,19 @@ pub struct Serving {
     pub burst: Option<u32>,
     /// A payout accepted this long ago and still not paid or failed is looked up.
     pub poll_after: Duration,
+    /// A paid payout is looked up again this often ...
+    pub returns_poll_every: Duration,
+    /// ... for this long after it was paid.
+    pub returns_watch: Duration,
     /// Longest pause of an idle loop between two looks.
     pub max_poll: Duration,
 }
+
+/// How often a paid payout is looked up again for a return, by default.
+pub const DEFAULT_RETURNS_POLL_EVERY: Duration = Duration::from_secs(24 * 3600);
+/// How long after it was paid a payout is looked up for a return, by
+/// default (banks return most within days, some weeks later).
+pub const DEFAULT_RETURNS_WATCH: Duration = Duration::from_secs(30 * 24 * 3600);
 
 impl Serving {
     /// The worker daemon's delivery, beside its settlement.
@@ -496,6 +664,8 @@ impl Serving {
         batch: 50,
         burst: None,
         poll_after: Duration::from_secs(300),
+        returns_poll_every: DEFAULT_RETURNS_POLL_EVERY,
+        returns_watch: DEFAULT_RETURNS_WATCH,
         max_poll: Duration::from_millis(1_000),
     };
 }
@@ -548,7 +718,13 @@ impl DeliveryFlags {
                 ..Limits::default()
             },
             serve,
-            poll_after: serving.poll_after,
+            polling: Polling {
+                sent_after: serving.poll_after,
+                paid_every: serving.returns_poll_every,
+                returns_watch: serving.returns_watch,
+                key_window: self.provider_key_window,
+            },
+            key_window: self.provider_key_window,
         }
     }
 }
@@ -568,17 +744,17 @@ pub async fn run_delivery(
 ) -> anyhow::Result<()> {
     let provider = crate::provider::HttpProvider::new(&opts.provider_url, opts.provider_timeout)?;
     let limiter = Arc::new(Limiter::new(pool.clone(), opts.limits.clone()));
-    let handler = Arc::new(Deliver::new(provider.clone(), pool.clone(), limiter));
-    let housekeeping = tokio::spawn(housekeeping(pool.clone(), provider, opts.poll_after));
+    let handler = Arc::new(Deliver::new(provider.clone(), pool.clone(), limiter).with_key_window(opts.key_window));
+    let housekeeping = tokio::spawn(housekeeping(pool.clone(), provider, opts.polling));
     let served =
         settled_engine::serve_leased(pool, Arc::new(super::delivery_queue()), handler, opts.serve, stats).await;
     housekeeping.abort();
     Ok(served?)
 }
 
-/// Expires unconfirmed payouts and looks up long-sent ones, every
-/// [`HOUSEKEEPING_EVERY`], until aborted.
-async fn housekeeping<R: Rail>(pool: PgPool, rail: R, poll_after: Duration) {
+/// Expires unconfirmed payouts and looks up long-sent and recently paid
+/// ones, every [`HOUSEKEEPING_EVERY`], until aborted.
+async fn housekeeping<R: Rail>(pool: PgPool, rail: R, polling: Polling) {
     let mut tick = tokio::time::interval(HOUSEKEEPING_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -593,8 +769,8 @@ async fn housekeeping<R: Rail>(pool: PgPool, rail: R, poll_after: Duration) {
             Ok(n) => tracing::info!(expired = n, "unconfirmed payouts expired; funds returned"),
             Err(err) => tracing::warn!(error = %format!("{err:#}"), "expiring unconfirmed payouts failed"),
         }
-        if let Err(err) = poll_sent(&pool, &rail, poll_after, HOUSEKEEPING_BATCH).await {
-            tracing::warn!(error = %format!("{err:#}"), "looking up sent payouts failed");
+        if let Err(err) = poll(&pool, &rail, &polling, HOUSEKEEPING_BATCH).await {
+            tracing::warn!(error = %format!("{err:#}"), "looking up sent and paid payouts failed");
         }
     }
 }

@@ -3,18 +3,20 @@
 //! and what the provider's word does to it.
 //!
 //! ```text
-//! created ──► queued ──► sent ──► paid
-//!    │           │         └────► failed     (funds returned)
-//!    │           ├──────────────► paid | failed
+//! created ──► queued ──► sent ──► paid ──► returned  (funds returned)
+//!    │           │         ├────► failed             (funds returned)
+//!    │           │         └────► returned           (returned before its paid was heard)
+//!    │           ├──────────────► paid | failed | returned
 //!    ├──► cancelled (funds returned)
 //!    └──► expired   (funds returned: never confirmed)
 //! ```
 //!
-//! The database holds the rules (migrations `20261203000501` and
-//! `20261205000102`): the allowed transitions are a table a trigger checks,
-//! every transition appends a history row, and a payout that ends without
-//! paying gets its amount back on the balance in the same transaction, once
-//! (the return's primary key). Each move is a one-purpose function of the
+//! The database holds the rules (migrations `20261203000501`,
+//! `20261205000102` and `20261205000501`): the allowed transitions are a
+//! table a trigger checks, every transition appends a history row, and a
+//! payout that ends without paying for good (failed, returned by the
+//! provider after it paid, cancelled, expired) gets its amount back on the
+//! balance in the same transaction, once (the return's primary key). Each move is a one-purpose function of the
 //! database, whose answer is the truth: `settlement.confirm_payout` and
 //! `cancel_payout` (the API), `apply_provider_word` (the provider's word,
 //! from webhooks, delivery and polling), `fail_refused_payout` (delivery);
@@ -31,6 +33,7 @@ use crate::provider::Payment;
 use sqlx::PgConnection;
 
 pub mod deliver;
+pub mod key_window;
 pub mod overview;
 pub mod rail;
 pub mod reconcile;
@@ -70,10 +73,14 @@ pub enum PayoutState {
     Queued,
     /// Accepted by the provider, not yet paid.
     Sent,
-    /// Paid (final).
+    /// Paid (final, unless the provider takes it back: [`PayoutState::Returned`]).
     Paid,
     /// The provider refused or failed it; funds returned (final).
     Failed,
+    /// The provider paid it and it came back (a bank's return; `failed`
+    /// after `paid` from a provider without a returned status); funds
+    /// returned (final).
+    Returned,
     /// Cancelled before confirmation; funds returned (final).
     Cancelled,
     /// Never confirmed; funds returned (final).
@@ -82,12 +89,13 @@ pub enum PayoutState {
 
 impl PayoutState {
     /// Every state.
-    pub const ALL: [PayoutState; 7] = [
+    pub const ALL: [PayoutState; 8] = [
         PayoutState::Created,
         PayoutState::Queued,
         PayoutState::Sent,
         PayoutState::Paid,
         PayoutState::Failed,
+        PayoutState::Returned,
         PayoutState::Cancelled,
         PayoutState::Expired,
     ];
@@ -100,6 +108,7 @@ impl PayoutState {
             PayoutState::Sent => "sent",
             PayoutState::Paid => "paid",
             PayoutState::Failed => "failed",
+            PayoutState::Returned => "returned",
             PayoutState::Cancelled => "cancelled",
             PayoutState::Expired => "expired",
         }
@@ -110,11 +119,19 @@ impl PayoutState {
         PayoutState::ALL.into_iter().find(|s| s.as_str() == value)
     }
 
-    /// True for the states a payout never leaves.
+    /// True for the states settled never moves a payout out of by itself:
+    /// every one but created, queued and sent. A paid payout still moves
+    /// when the provider returns it.
     pub fn is_final(self) -> bool {
+        !matches!(self, PayoutState::Created | PayoutState::Queued | PayoutState::Sent)
+    }
+
+    /// True for the states whose funds came back to the balance (once,
+    /// in the transaction that moved the payout there).
+    pub fn returns_funds(self) -> bool {
         matches!(
             self,
-            PayoutState::Paid | PayoutState::Failed | PayoutState::Cancelled | PayoutState::Expired
+            PayoutState::Failed | PayoutState::Returned | PayoutState::Cancelled | PayoutState::Expired
         )
     }
 }
@@ -235,6 +252,7 @@ pub async fn apply_word(
         ProviderWord::Pending { .. } => "accepted by the provider".to_string(),
         ProviderWord::Paid { .. } => "paid".to_string(),
         ProviderWord::Failed { reason, .. } => format!("failed: {reason}"),
+        ProviderWord::Returned { reason, .. } => format!("returned: {reason}"),
     };
     let Some(provider_id) = word.provider_id() else {
         anyhow::bail!("the provider's word {provider_status} about payout {id} names no payment");

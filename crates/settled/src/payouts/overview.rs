@@ -1,7 +1,9 @@
 //! What operators watch of payouts, read exactly from committed state: the
 //! payouts in each state with their amounts and the oldest one's age, what
-//! was returned, the conflicts the provider raised and its events for
-//! payouts settled does not know. The dashboard's `/payouts` page and
+//! was returned, the conflicts the provider raised, its events for payouts
+//! settled does not know, and the provider keys waiting for an operator
+//! (past the provider's key window, the provider could not say whether it
+//! holds their payment). The dashboard's `/payouts` page and
 //! `/metrics` both read it here; neither writes anything.
 
 use sqlx::PgConnection;
@@ -34,6 +36,8 @@ pub struct Overview {
     pub conflicts: i64,
     /// Provider events for payouts settled does not know.
     pub unknown_events: i64,
+    /// Provider keys waiting for an operator: nothing is sent under them.
+    pub keys_awaiting_operator: i64,
 }
 
 impl Overview {
@@ -87,11 +91,18 @@ pub async fn overview(conn: &mut PgConnection) -> anyhow::Result<Overview> {
             },
         })
         .collect();
-    let (returned_count, returned_amount, conflicts, unknown_events): (i64, String, i64, i64) = sqlx::query_as(
+    let (returned_count, returned_amount, conflicts, unknown_events, keys_awaiting_operator): (
+        i64,
+        String,
+        i64,
+        i64,
+        i64,
+    ) = sqlx::query_as(
         "SELECT (SELECT count(*) FROM settlement.payout_returns),
                 (SELECT coalesce(sum(amount), 0)::text FROM settlement.payout_returns),
                 (SELECT count(*) FROM settlement.payout_conflicts),
-                (SELECT count(*) FROM settlement.provider_events WHERE outcome = 'unknown_payout')",
+                (SELECT count(*) FROM settlement.provider_events WHERE outcome = 'unknown_payout'),
+                (SELECT count(*) FROM settlement.provider_keys WHERE awaiting_operator_since IS NOT NULL)",
     )
     .fetch_one(&mut *conn)
     .await?;
@@ -101,6 +112,7 @@ pub async fn overview(conn: &mut PgConnection) -> anyhow::Result<Overview> {
         returned_amount,
         conflicts,
         unknown_events,
+        keys_awaiting_operator,
     })
 }
 
@@ -160,6 +172,33 @@ pub async fn unknown_events(conn: &mut PgConnection, limit: i64) -> anyhow::Resu
                 received_at
          FROM settlement.provider_events WHERE outcome = 'unknown_payout'
          ORDER BY received_at DESC, id LIMIT $1",
+    )
+    .bind(limit) // $1
+    .fetch_all(conn)
+    .await?)
+}
+
+/// A provider key waiting for an operator.
+#[derive(Debug, Clone, sqlx::FromRow, serde::Serialize)]
+pub struct KeyAwaiting {
+    /// The key.
+    pub key: String,
+    /// The payout made under it, if settled has one (a settlement item
+    /// paid before its payout row has none).
+    pub payout_id: Option<i64>,
+    /// Since when.
+    pub since: chrono::DateTime<chrono::Utc>,
+    /// What the provider answered.
+    pub detail: String,
+}
+
+/// The `limit` provider keys waiting for an operator the longest.
+pub async fn keys_awaiting_operator(conn: &mut PgConnection, limit: i64) -> anyhow::Result<Vec<KeyAwaiting>> {
+    Ok(sqlx::query_as(
+        "SELECT k.key, p.id AS payout_id, k.awaiting_operator_since AS since, k.awaiting_operator_detail AS detail
+         FROM settlement.provider_keys k LEFT JOIN settlement.payouts p ON p.provider_key = k.key
+         WHERE k.awaiting_operator_since IS NOT NULL
+         ORDER BY k.awaiting_operator_since, k.key LIMIT $1",
     )
     .bind(limit) // $1
     .fetch_all(conn)

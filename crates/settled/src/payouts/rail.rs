@@ -29,4 +29,10 @@ pub trait Rail: Send + Sync + 'static {
     /// The rail's record of `payout`'s payment now, or None when the rail
     /// has none.
     fn look_up(&self, payout: &PayoutRow) -> impl Future<Output = Result<Option<Payment>, ProviderError>> + Send;
+
+    /// Every payment the rail made for `payout`, found without its key (by
+    /// the payout's reference): what settled asks once the rail may have
+    /// forgotten the key (`payouts::key_window`). Empty: the rail certainly
+    /// made none; `Err(Refused)`: it cannot say.
+    fn find(&self, payout: &PayoutRow) -> impl Future<Output = Result<Vec<Payment>, ProviderError>> + Send;
 }

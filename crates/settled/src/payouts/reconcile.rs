@@ -12,25 +12,31 @@
 //! |---|---|---|
 //! | queued | any | in flight: delivery records the answer |
 //! | sent | pending | agree |
-//! | sent | paid, failed | behind: a webhook or a lookup applies it |
+//! | sent | paid, failed, returned | behind: a webhook or a lookup applies it |
 //! | paid | paid | agree |
-//! | failed | failed, or no payment (refused) | agree |
+//! | paid | returned, failed (a return) | behind: a webhook or a lookup returns it |
+//! | failed | failed, returned, or no payment (refused) | agree (nothing left for good) |
+//! | returned | returned, failed | agree |
 //! | sent, paid | no payment | missing at the provider |
-//! | paid | pending, failed | states disagree |
-//! | failed | pending, paid | states disagree (the funds were returned) |
+//! | paid | pending | states disagree |
+//! | failed, returned | pending, paid | states disagree (the funds were returned) |
 //! | created, cancelled, expired | any payment | states disagree (never sent) |
 //!
 //! Apart from the provider: a queued withdrawal whose delivery job is a dead
 //! letter (or missing) is stranded: its funds are held and nothing will
-//! send it until `settled queues replay payout_delivery` does.
+//! send it until `settled queues replay payout_delivery` does. A payout (or
+//! a settlement item not yet recorded as one) whose key waits for an
+//! operator is named apart: past the provider's key window the provider
+//! could not say whether it holds its payment, and nothing is sent under it
+//! until an operator checks (`key_window.rs`).
 //!
 //! A payout is paid twice when more than one payment that has not failed
-//! claims it: the one under its key, and any whose reference is its key or
-//! its id (delivery sends a withdrawal's provider key as its reference, or
-//! its id for payouts keyed by id).
+//! or come back claims it: those under its key (a provider that forgot the
+//! key and took a second request under it as new), and any whose reference
+//! is its key or its id (delivery sends a payout's provider key as its
+//! reference, or its id for payouts keyed by id).
 //! Payments whose reference names no payout are paid twice when two that
-//! have not failed share creator and reference. A settlement payment's key
-//! is its period and creator, so settled cannot make a second key for it.
+//! have not failed share creator and reference.
 
 use std::collections::{HashMap, HashSet};
 
@@ -53,6 +59,8 @@ pub struct PayoutRecord {
     /// For a queued payout that nothing will send: why (its delivery job
     /// is a dead letter, or gone). None while delivery will send it.
     pub stranded: Option<String>,
+    /// Why its key waits for an operator, if it does.
+    pub awaiting_operator: Option<String>,
 }
 
 /// Each way settled and the provider can disagree.
@@ -74,11 +82,15 @@ pub enum MismatchKind {
     /// settled says queued, and nothing will send it: its delivery job is a
     /// dead letter (replay it), or it has none.
     Stranded,
+    /// Its key is past the provider's key window and the provider could not
+    /// say whether it holds the payment: nothing is sent until an operator
+    /// checks.
+    AwaitingOperator,
 }
 
 impl MismatchKind {
     /// Every kind, in report order.
-    pub const ALL: [MismatchKind; 7] = [
+    pub const ALL: [MismatchKind; 8] = [
         MismatchKind::MissingAtProvider,
         MismatchKind::UnknownToSettled,
         MismatchKind::AmountDiffers,
@@ -86,6 +98,7 @@ impl MismatchKind {
         MismatchKind::StatesDisagree,
         MismatchKind::PaidTwice,
         MismatchKind::Stranded,
+        MismatchKind::AwaitingOperator,
     ];
 
     /// Its name in reports.
@@ -98,6 +111,7 @@ impl MismatchKind {
             MismatchKind::StatesDisagree => "states_disagree",
             MismatchKind::PaidTwice => "paid_twice",
             MismatchKind::Stranded => "stranded",
+            MismatchKind::AwaitingOperator => "awaiting_operator",
         }
     }
 
@@ -126,11 +140,15 @@ impl MismatchKind {
             ),
             MismatchKind::PaidTwice => (
                 "provider_paid_each_payout_once",
-                "no payout has more than one provider payment that has not failed",
+                "no payout has more than one provider payment that has not failed or come back",
             ),
             MismatchKind::Stranded => (
                 "queued_payouts_are_being_delivered",
                 "every queued payout has a delivery job that will send it (none a dead letter or missing)",
+            ),
+            MismatchKind::AwaitingOperator => (
+                "no_key_awaits_an_operator",
+                "no payment key waits for an operator (past the provider's key window, the provider said whether it holds each payment)",
             ),
         }
     }
@@ -184,8 +202,9 @@ pub struct Comparison {
     /// Queued payouts the provider already has (delivery records its
     /// answer), and payouts made after settled was read.
     pub in_flight: Vec<Lag>,
-    /// Sent payouts the provider has paid or failed (a webhook, or the
-    /// lookup of a long-sent payout, applies it).
+    /// Sent payouts the provider has paid, failed or returned, and paid
+    /// ones it has returned (a webhook, or the look-up of a long-sent or
+    /// recently paid payout, applies it).
     pub behind: Vec<Lag>,
 }
 
@@ -249,9 +268,12 @@ pub fn judge(state: PayoutState, status: PaymentStatus) -> Verdict {
     use PayoutState as S;
     match (state, status) {
         (S::Queued, _) => Verdict::InFlight,
-        (S::Sent, P::Pending) | (S::Paid, P::Paid) | (S::Failed, P::Failed) => Verdict::Agree,
-        (S::Sent, P::Paid | P::Failed) => Verdict::Behind,
-        (S::Paid, _) | (S::Failed, _) | (S::Created | S::Cancelled | S::Expired, _) => Verdict::Disagree,
+        (S::Sent, P::Pending) | (S::Paid, P::Paid) => Verdict::Agree,
+        (S::Failed | S::Returned, P::Failed | P::Returned) => Verdict::Agree,
+        (S::Sent, P::Paid | P::Failed | P::Returned) | (S::Paid, P::Failed | P::Returned) => Verdict::Behind,
+        (S::Paid, P::Pending)
+        | (S::Failed | S::Returned, P::Pending | P::Paid)
+        | (S::Created | S::Cancelled | S::Expired, _) => Verdict::Disagree,
     }
 }
 
@@ -317,7 +339,20 @@ fn compare_one(record: &PayoutRecord, payment: Option<&Payment>, out: &mut Compa
         provider_ids,
         detail,
     };
-    let stranded = payout.state == PayoutState::Queued && record.stranded.is_some();
+    if let Some(why) = &record.awaiting_operator {
+        out.mismatches.push(mismatch(
+            MismatchKind::AwaitingOperator,
+            payment.map(|p| vec![p.id.clone()]).unwrap_or_default(),
+            format!(
+                "settled holds {} for {} as {}, and sends nothing under its key until an operator checks: {why}",
+                payout.amount, payout.creator, payout.state
+            ),
+        ));
+    }
+    // A payout waiting for an operator is named as such, not as stranded.
+    let stranded =
+        payout.state == PayoutState::Queued && record.stranded.is_some() && record.awaiting_operator.is_none();
+    let waiting = stranded || record.awaiting_operator.is_some();
     if let (true, Some(why)) = (stranded, &record.stranded) {
         out.mismatches.push(mismatch(
             MismatchKind::Stranded,
@@ -339,12 +374,12 @@ fn compare_one(record: &PayoutRecord, payment: Option<&Payment>, out: &mut Compa
                 ),
             ));
         } else {
-            out.agreeing += usize::from(!stranded);
+            out.agreeing += usize::from(!waiting);
         }
         return;
     };
     let found = differences(payout, payment);
-    out.agreeing += usize::from(found.is_empty() && !stranded);
+    out.agreeing += usize::from(found.is_empty() && !waiting);
     for (kind, detail) in found {
         out.mismatches.push(mismatch(kind, vec![payment.id.clone()], detail));
     }
@@ -384,10 +419,7 @@ fn differences(payout: &PayoutRow, payment: &Payment) -> Vec<(MismatchKind, Stri
         ));
     }
     if judge(payout.state, payment.status) == Verdict::Disagree {
-        let returned = if matches!(
-            payout.state,
-            PayoutState::Failed | PayoutState::Cancelled | PayoutState::Expired
-        ) {
+        let returned = if payout.state.returns_funds() {
             " (its funds were returned)"
         } else {
             ""
@@ -413,20 +445,16 @@ fn paid_twice(payouts: &[PayoutRecord], payments: &[Payment]) -> Vec<Mismatch> {
     let by_id: HashMap<i64, &PayoutRow> = payouts.iter().map(|p| (p.payout.id, &p.payout)).collect();
     let mut claims: HashMap<i64, Vec<&Payment>> = HashMap::new();
     let mut loose: HashMap<(String, &str), Vec<&Payment>> = HashMap::new();
-    for payment in payments.iter().filter(|p| p.status != PaymentStatus::Failed) {
+    for payment in payments.iter().filter(|p| !p.status.is_unpaid_ending()) {
         let by_its_key = by_key.get(payment.idempotency_key.as_str()).map(|p| p.id);
-        // Delivery sends a withdrawal's provider key as its reference (its
-        // id, for payouts keyed by id before the keys came from requests).
+        // A payout's provider key is its payments' reference (its id, for
+        // withdrawals keyed by id before the keys came from requests).
         let by_reference = payment.reference.as_deref().and_then(|r| {
-            by_key
-                .get(r)
-                .filter(|p| p.kind == PayoutKind::Withdrawal)
-                .map(|p| p.id)
-                .or_else(|| {
-                    r.parse::<i64>()
-                        .ok()
-                        .filter(|id| by_id.get(id).is_some_and(|p| p.kind == PayoutKind::Withdrawal))
-                })
+            by_key.get(r).map(|p| p.id).or_else(|| {
+                r.parse::<i64>()
+                    .ok()
+                    .filter(|id| by_id.get(id).is_some_and(|p| p.kind == PayoutKind::Withdrawal))
+            })
         });
         let mut claimed: Vec<i64> = by_its_key.into_iter().chain(by_reference).collect();
         claimed.dedup();
@@ -455,7 +483,7 @@ fn paid_twice(payouts: &[PayoutRecord], payments: &[Payment]) -> Vec<Mismatch> {
             key: payout.provider_key.clone(),
             provider_ids: paid.iter().map(|p| p.id.clone()).collect(),
             detail: format!(
-                "{} payments that have not failed claim it (by key or by reference {id}): {}",
+                "{} payments that have not failed or come back claim it (by key or by reference {id}): {}",
                 paid.len(),
                 listed(&paid)
             ),
@@ -468,7 +496,7 @@ fn paid_twice(payouts: &[PayoutRecord], payments: &[Payment]) -> Vec<Mismatch> {
             key: paid[0].idempotency_key.clone(),
             provider_ids: paid.iter().map(|p| p.id.clone()).collect(),
             detail: format!(
-                "{} payments that have not failed pay {creator} under reference {reference:?}: {}",
+                "{} payments that have not failed or come back pay {creator} under reference {reference:?}: {}",
                 paid.len(),
                 listed(&paid)
             ),
@@ -501,8 +529,10 @@ pub async fn load_payouts(conn: &mut PgConnection, scope: Scope) -> anyhow::Resu
                           || j.attempt || ' attempt(s) (' || coalesce(j.last_error, 'no error recorded')
                           || '); settled queues replay payout_delivery --key ' || p.id || ' sends it'
                      WHEN j.status IN ('settled', 'cancelled') THEN 'its delivery job is ' || j.status
-                END AS stranded
+                END AS stranded,
+                k.awaiting_operator_detail AS awaiting_operator
          FROM settlement.payouts p LEFT JOIN settlement.payout_jobs j ON j.payout_id = p.id
+         LEFT JOIN settlement.provider_keys k ON k.key = p.provider_key
          WHERE $1::date IS NULL OR (p.kind = 'settlement' AND p.period = $1::date)
          ORDER BY p.id",
         super::PAYOUT_COLUMNS
@@ -527,7 +557,36 @@ pub async fn reconcile(conn: &mut PgConnection, provider: &HttpProvider, scope: 
     }
     let mut comparison = compare(&payouts, &payments);
     explain_unknown(conn, &mut comparison, &payments).await?;
+    awaiting_without_payout(conn, scope, &mut comparison).await?;
     Ok(comparison)
+}
+
+/// The keys in `scope` that wait for an operator and have no payout yet (a
+/// settlement item paid before its payout row): named as mismatches too.
+async fn awaiting_without_payout(conn: &mut PgConnection, scope: Scope, out: &mut Comparison) -> anyhow::Result<()> {
+    let prefix = match scope {
+        Scope::All => String::new(),
+        Scope::Period(period) => payout_key(period, ""),
+    };
+    let keys: Vec<(String, String)> = sqlx::query_as(
+        "SELECT k.key, k.awaiting_operator_detail FROM settlement.provider_keys k
+         WHERE k.awaiting_operator_since IS NOT NULL AND starts_with(k.key, $1)
+           AND NOT EXISTS (SELECT 1 FROM settlement.payouts p WHERE p.provider_key = k.key)
+         ORDER BY k.key",
+    )
+    .bind(&prefix) // $1
+    .fetch_all(&mut *conn)
+    .await?;
+    for (key, why) in keys {
+        out.mismatches.push(Mismatch {
+            kind: MismatchKind::AwaitingOperator,
+            payout_id: None,
+            detail: format!("nothing is sent under this key until an operator checks: {why}"),
+            key,
+            provider_ids: Vec::new(),
+        });
+    }
+    Ok(())
 }
 
 /// Takes out of the unknown payments those made for payouts that came
@@ -610,6 +669,7 @@ mod tests {
                 provider_id: None,
             },
             stranded: None,
+            awaiting_operator: None,
         }
     }
 
@@ -637,12 +697,20 @@ mod tests {
         assert_eq!(judge(S::Sent, P::Pending), Verdict::Agree);
         assert_eq!(judge(S::Sent, P::Failed), Verdict::Behind);
         assert_eq!(judge(S::Paid, P::Paid), Verdict::Agree);
+        assert_eq!(judge(S::Sent, P::Returned), Verdict::Behind);
         assert_eq!(judge(S::Paid, P::Pending), Verdict::Disagree);
-        assert_eq!(judge(S::Paid, P::Failed), Verdict::Disagree);
+        // A return (or failed after paid) the payout has not heard of yet.
+        assert_eq!(judge(S::Paid, P::Failed), Verdict::Behind);
+        assert_eq!(judge(S::Paid, P::Returned), Verdict::Behind);
         assert_eq!(judge(S::Failed, P::Failed), Verdict::Agree);
+        assert_eq!(judge(S::Failed, P::Returned), Verdict::Agree);
         assert_eq!(judge(S::Failed, P::Paid), Verdict::Disagree);
+        assert_eq!(judge(S::Returned, P::Returned), Verdict::Agree);
+        assert_eq!(judge(S::Returned, P::Failed), Verdict::Agree);
+        assert_eq!(judge(S::Returned, P::Paid), Verdict::Disagree);
+        assert_eq!(judge(S::Returned, P::Pending), Verdict::Disagree);
         for never_sent in [S::Created, S::Cancelled, S::Expired] {
-            for status in [P::Pending, P::Paid, P::Failed] {
+            for status in PaymentStatus::ALL {
                 assert_eq!(judge(never_sent, status), Verdict::Disagree);
             }
         }
@@ -665,6 +733,11 @@ mod tests {
             PayoutRecord {
                 stranded: Some("its delivery job is a dead letter".into()),
                 ..payout(10, S::Queued, "10") // nothing will send it
+            },
+            PayoutRecord {
+                stranded: Some("its delivery job is a dead letter".into()),
+                awaiting_operator: Some("the provider cannot say".into()),
+                ..payout(11, S::Queued, "10") // its key waits for an operator
             },
         ];
         let mut other_creator = payment(4, "payout-4", P::Paid, "10", Some("4"));
@@ -692,6 +765,7 @@ mod tests {
                 (MismatchKind::StatesDisagree, Some(5)),
                 (MismatchKind::PaidTwice, Some(6)),
                 (MismatchKind::Stranded, Some(10)),
+                (MismatchKind::AwaitingOperator, Some(11)),
             ]
         );
         let twice = c.of(MismatchKind::PaidTwice).next().unwrap();
@@ -700,7 +774,7 @@ mod tests {
         assert_eq!(c.behind.iter().map(|l| l.payout_id).collect::<Vec<_>>(), [8]);
         assert_eq!(c.agreeing, 5, "1, 6 (by its own key), 7, 8 and 9");
         let checks = c.checks();
-        assert_eq!(checks.iter().filter(|c| !c.ok).count(), 7);
+        assert_eq!(checks.iter().filter(|c| !c.ok).count(), 8);
         assert!(checks[0].offenders[0].starts_with("payout 2 (payout-2): settled says paid"));
     }
 

@@ -1,14 +1,15 @@
 //! The provider's word: what a rail's answer about a payout's payment
 //! means for the payout, in one table ([`read`]). A payment under the
 //! payout's key that pays what the payout pays is a [`ProviderWord`]
-//! (pending, paid or failed), which asks the state machine for one
-//! [`Transition`]; a payment that is not the payout's, a refusal, a key
+//! (pending, paid, failed or returned), which asks the state machine for
+//! its [`Moves`]; a payment that is not the payout's, a refusal, a key
 //! used for another request, a rate limit and an unknown outcome each read
 //! as their own [`Reading`]. Webhook events read the same way
 //! ([`word_of_event`]). The database applies a word
-//! (`settlement.apply_provider_word`) from the payout's state at that
-//! moment: this module decides nothing from a state read earlier, and it
-//! never writes.
+//! (`settlement.apply_provider_word`, along its table
+//! `settlement.provider_word_moves`, which [`ProviderWord::moves`] is
+//! pinned to) from the payout's state at that moment: this module decides
+//! nothing from a state read earlier, and it never writes.
 
 use std::time::Duration;
 
@@ -29,69 +30,106 @@ pub enum ProviderWord {
         /// The provider's id.
         provider_id: String,
     },
-    /// Failed after acceptance, or refused.
+    /// Failed after acceptance, or refused; of a paid payment, a return
+    /// (a provider without a returned status).
     Failed {
         /// The provider's id, when it has one.
         provider_id: Option<String>,
         /// Why.
         reason: String,
     },
+    /// Paid, then returned (the money came back to the provider).
+    Returned {
+        /// The provider's id.
+        provider_id: String,
+        /// Why.
+        reason: String,
+    },
 }
 
-/// A move a word asks of the state machine: a payout in one of `from`
-/// goes to `to`. A payout in another state does not move (the database
-/// answers `already`, or records a conflict when the word contradicts it).
+/// One move a word asks of the state machine: a payout in `from` goes to `to`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Transition {
-    /// The states it moves a payout from.
-    pub from: &'static [PayoutState],
+pub struct Move {
+    /// The state it moves a payout from.
+    pub from: PayoutState,
     /// The state it moves it to.
     pub to: PayoutState,
 }
 
+/// The moves a word asks of the state machine, at most one from each
+/// state. A payout in a state none of them starts from does not move (the
+/// database answers `already`, or records a conflict when the word
+/// contradicts it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Moves(pub &'static [Move]);
+
+impl Moves {
+    /// Where a payout in `state` goes, if it moves.
+    pub fn from(self, state: PayoutState) -> Option<PayoutState> {
+        self.0.iter().find(|m| m.from == state).map(|m| m.to)
+    }
+}
+
+const fn to(from: PayoutState, to: PayoutState) -> Move {
+    Move { from, to }
+}
+
+use PayoutState::{Failed as F, Paid as P, Queued as Q, Returned as R, Sent as S};
+
 /// What a refusal asks: a queued payout fails, and its funds come back
 /// (`settlement.fail_refused_payout`).
-pub const REFUSAL: Transition = Transition {
-    from: &[PayoutState::Queued],
-    to: PayoutState::Failed,
-};
+pub const REFUSAL: Moves = Moves(&[to(Q, F)]);
+
+/// The table: the moves of each word (`settlement.provider_word_moves`).
+const PENDING_MOVES: Moves = Moves(&[to(Q, S)]);
+const PAID_MOVES: Moves = Moves(&[to(Q, P), to(S, P)]);
+/// `failed` after `paid` is a return: the provider has no returned status.
+const FAILED_MOVES: Moves = Moves(&[to(Q, F), to(S, F), to(P, R)]);
+/// A return that comes before its `paid` was heard moves a queued or sent
+/// payout straight to returned.
+const RETURNED_MOVES: Moves = Moves(&[to(Q, R), to(S, R), to(P, R)]);
 
 impl ProviderWord {
-    /// The status `settlement.apply_provider_word` takes: `pending`, `paid` or `failed`.
+    /// The status `settlement.apply_provider_word` takes: `pending`,
+    /// `paid`, `failed` or `returned`.
     pub fn provider_status(&self) -> &'static str {
         match self {
             ProviderWord::Pending { .. } => PaymentStatus::Pending.as_str(),
             ProviderWord::Paid { .. } => PaymentStatus::Paid.as_str(),
             ProviderWord::Failed { .. } => PaymentStatus::Failed.as_str(),
+            ProviderWord::Returned { .. } => PaymentStatus::Returned.as_str(),
         }
     }
 
     /// The payment it is about, when the provider named one.
     pub fn provider_id(&self) -> Option<&str> {
         match self {
-            ProviderWord::Pending { provider_id } | ProviderWord::Paid { provider_id } => Some(provider_id),
+            ProviderWord::Pending { provider_id }
+            | ProviderWord::Paid { provider_id }
+            | ProviderWord::Returned { provider_id, .. } => Some(provider_id),
             ProviderWord::Failed { provider_id, .. } => provider_id.as_deref(),
         }
     }
 
-    /// The move it asks of the state machine (`settlement.apply_provider_word`
-    /// makes it; a test pins this table to that function).
-    pub fn transition(&self) -> Transition {
-        use PayoutState::{Failed, Paid, Queued, Sent};
+    /// The moves it asks of the state machine (`settlement.apply_provider_word`
+    /// makes them; a test pins this table to `settlement.provider_word_moves`).
+    pub fn moves(&self) -> Moves {
         match self {
-            ProviderWord::Pending { .. } => Transition {
-                from: &[Queued],
-                to: Sent,
-            },
-            ProviderWord::Paid { .. } => Transition {
-                from: &[Queued, Sent],
-                to: Paid,
-            },
-            ProviderWord::Failed { .. } => Transition {
-                from: &[Queued, Sent],
-                to: Failed,
-            },
+            ProviderWord::Pending { .. } => PENDING_MOVES,
+            ProviderWord::Paid { .. } => PAID_MOVES,
+            ProviderWord::Failed { .. } => FAILED_MOVES,
+            ProviderWord::Returned { .. } => RETURNED_MOVES,
         }
+    }
+
+    /// Every word's status and moves, for the pin against the database.
+    pub fn table() -> [(&'static str, Moves); 4] {
+        [
+            (PaymentStatus::Pending.as_str(), PENDING_MOVES),
+            (PaymentStatus::Paid.as_str(), PAID_MOVES),
+            (PaymentStatus::Failed.as_str(), FAILED_MOVES),
+            (PaymentStatus::Returned.as_str(), RETURNED_MOVES),
+        ]
     }
 }
 
@@ -106,6 +144,13 @@ pub fn word_of(payment: &Payment) -> ProviderWord {
         },
         PaymentStatus::Failed => ProviderWord::Failed {
             provider_id: Some(payment.id.clone()),
+            reason: payment
+                .failure_reason
+                .clone()
+                .unwrap_or_else(|| "no reason given".into()),
+        },
+        PaymentStatus::Returned => ProviderWord::Returned {
+            provider_id: payment.id.clone(),
             reason: payment
                 .failure_reason
                 .clone()
@@ -126,6 +171,13 @@ pub fn word_of_event(event: &WebhookEvent) -> ProviderWord {
             _ => ProviderWord::Failed {
                 provider_id: Some(event.data.id.clone()),
                 reason: "the provider's event says failed".into(),
+            },
+        },
+        EventType::PaymentReturned => match word_of(&event.data) {
+            returned @ ProviderWord::Returned { .. } => returned,
+            _ => ProviderWord::Returned {
+                provider_id: event.data.id.clone(),
+                reason: "the provider's event says returned".into(),
             },
         },
     }
@@ -162,8 +214,8 @@ pub fn differs(payout: &PayoutRow, payment: &Payment) -> Option<String> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reading {
     /// The payout's payment, in the provider's word: the payout moves by it
-    /// ([`ProviderWord::transition`]) once its payment id clashes with no
-    /// other payout's.
+    /// ([`ProviderWord::moves`]) once its payment id clashes with no other
+    /// payout's.
     Word(ProviderWord),
     /// The rail will never pay this request (a 4xx): [`REFUSAL`].
     Refused(String),
@@ -186,10 +238,10 @@ pub enum Reading {
 }
 
 impl Reading {
-    /// The move it asks of the state machine, if any.
-    pub fn transition(&self) -> Option<Transition> {
+    /// The moves it asks of the state machine, if any.
+    pub fn moves(&self) -> Option<Moves> {
         match self {
-            Reading::Word(word) => Some(word.transition()),
+            Reading::Word(word) => Some(word.moves()),
             Reading::Refused(_) => Some(REFUSAL),
             Reading::NotItsPayment { .. }
             | Reading::KeyConflict(_)
@@ -218,7 +270,7 @@ mod tests {
     use super::*;
     use crate::address::CreatorAddress;
     use crate::payouts::PayoutKind;
-    use PayoutState::{Failed, Paid, Queued, Sent};
+    use PayoutState::Queued;
 
     const CREATOR: &str = "0x00000000000000000000000000000000000000aa";
 
@@ -243,32 +295,29 @@ mod tests {
             creator: CREATOR.into(),
             amount: "1000".into(),
             status,
-            failure_reason: (status == PaymentStatus::Failed).then(|| "account closed".into()),
+            failure_reason: matches!(status, PaymentStatus::Failed | PaymentStatus::Returned)
+                .then(|| "account closed".into()),
             reference: Some("withdrawal-k".into()),
         }
-    }
-
-    fn transition(from: &'static [PayoutState], to: PayoutState) -> Option<Transition> {
-        Some(Transition { from, to })
     }
 
     #[test]
     fn every_answer_of_a_rail_reads_as_one_move_or_none() {
         let pay = |s| read(&payout(), Ok(payment(s)));
-        let table: [(Reading, Reading, Option<Transition>); 7] = [
+        let table: [(Reading, Reading, Option<Moves>); 8] = [
             (
                 pay(PaymentStatus::Pending),
                 Reading::Word(ProviderWord::Pending {
                     provider_id: "pay_1".into(),
                 }),
-                transition(&[Queued], Sent),
+                Some(PENDING_MOVES),
             ),
             (
                 pay(PaymentStatus::Paid),
                 Reading::Word(ProviderWord::Paid {
                     provider_id: "pay_1".into(),
                 }),
-                transition(&[Queued, Sent], Paid),
+                Some(PAID_MOVES),
             ),
             (
                 pay(PaymentStatus::Failed),
@@ -276,12 +325,20 @@ mod tests {
                     provider_id: Some("pay_1".into()),
                     reason: "account closed".into(),
                 }),
-                transition(&[Queued, Sent], Failed),
+                Some(FAILED_MOVES),
+            ),
+            (
+                pay(PaymentStatus::Returned),
+                Reading::Word(ProviderWord::Returned {
+                    provider_id: "pay_1".into(),
+                    reason: "account closed".into(),
+                }),
+                Some(RETURNED_MOVES),
             ),
             (
                 read(&payout(), Err(ProviderError::Refused("400: bad creator".into()))),
                 Reading::Refused("400: bad creator".into()),
-                transition(&[Queued], Failed),
+                Some(REFUSAL),
             ),
             (
                 read(&payout(), Err(ProviderError::KeyConflict("422".into()))),
@@ -306,13 +363,13 @@ mod tests {
         ];
         for (read, expected, moves) in table {
             assert_eq!(read, expected);
-            assert_eq!(read.transition(), moves, "{read:?}");
+            assert_eq!(read.moves(), moves, "{read:?}");
         }
     }
 
     #[test]
     fn a_word_names_its_status_and_payment() {
-        for status in [PaymentStatus::Pending, PaymentStatus::Paid, PaymentStatus::Failed] {
+        for status in PaymentStatus::ALL {
             let word = word_of(&payment(status));
             assert_eq!(word.provider_status(), status.as_str());
             assert_eq!(word.provider_id(), Some("pay_1"));
@@ -392,5 +449,31 @@ mod tests {
                 reason: "the provider's event says failed".into()
             }
         );
+        assert_eq!(
+            word_of_event(&event(EventType::PaymentReturned, PaymentStatus::Returned)),
+            ProviderWord::Returned {
+                provider_id: "pay_1".into(),
+                reason: "account closed".into()
+            }
+        );
+        assert_eq!(
+            word_of_event(&event(EventType::PaymentReturned, PaymentStatus::Paid)),
+            ProviderWord::Returned {
+                provider_id: "pay_1".into(),
+                reason: "the provider's event says returned".into()
+            }
+        );
+    }
+
+    #[test]
+    fn failed_after_paid_is_a_return_and_a_return_never_comes_back() {
+        let failed = word_of(&payment(PaymentStatus::Failed)).moves();
+        assert_eq!(failed.from(PayoutState::Paid), Some(PayoutState::Returned));
+        assert_eq!(failed.from(PayoutState::Sent), Some(PayoutState::Failed));
+        for word in ProviderWord::table().map(|(_, moves)| moves) {
+            for state in [PayoutState::Returned, PayoutState::Failed, PayoutState::Cancelled] {
+                assert_eq!(word.from(state), None, "{state} never moves again");
+            }
+        }
     }
 }

@@ -260,13 +260,33 @@ impl PayoutProvider for HttpProvider {
         }
     }
 
+    async fn find_by_reference(&self, reference: &str) -> Result<Vec<Payment>, ProviderError> {
+        let response = self
+            .send("GET /v1/payments", None, || {
+                self.request(Method::GET, "/v1/payments")
+                    .query(&[("reference", reference)])
+            })
+            .await?;
+        if response.status() != StatusCode::OK {
+            return Err(error_of(response).await);
+        }
+        let body = read_capped(response, ANSWER_BYTES_MAX).await?;
+        let found: Vec<Payment> = serde_json::from_slice(&body)
+            .map_err(|e| ProviderError::Transient(format!("unreadable payments in the answer: {e}")))?;
+        Ok(found
+            .into_iter()
+            .filter(|p| p.reference.as_deref() == Some(reference))
+            .collect())
+    }
+
     fn with_traceparent(&self, traceparent: Option<&str>) -> HttpProvider {
         HttpProvider::with_traceparent(self, traceparent)
     }
 }
 
 /// Delivery's rail: a payout's payment is `POST /v1/payments` under its
-/// provider key, with its reference; its look-up is by that key.
+/// provider key, with its reference; its look-up is by that key, or by
+/// the reference once the key may be forgotten.
 impl Rail for HttpProvider {
     async fn send(&self, payout: &PayoutRow, traceparent: Option<&str>) -> Result<Payment, ProviderError> {
         let (payment, _created) = self
@@ -283,6 +303,10 @@ impl Rail for HttpProvider {
 
     async fn look_up(&self, payout: &PayoutRow) -> Result<Option<Payment>, ProviderError> {
         self.lookup(&payout.provider_key).await
+    }
+
+    async fn find(&self, payout: &PayoutRow) -> Result<Vec<Payment>, ProviderError> {
+        self.find_by_reference(&payout.reference).await
     }
 }
 

@@ -35,22 +35,42 @@ pub fn payout_key(period: Period, creator: &str) -> String {
 }
 
 /// Where a payment is in the provider's own state machine: `pending`, then
-/// `paid` or `failed`, and a final state never changes.
+/// `paid` or `failed`; a paid payment may still be `returned` (its bank
+/// sent the money back), days or weeks later. `failed` and `returned`
+/// never change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum PaymentStatus {
     /// Accepted, not yet paid or failed.
     Pending,
-    /// Paid: final.
+    /// Paid (it may still be returned).
     Paid,
-    /// Failed after acceptance (see `failure_reason`): final; nothing was paid.
+    /// Failed after acceptance (see `failure_reason`): final; nothing was
+    /// paid. A provider without a returned status says `failed` of a paid
+    /// payment that came back: settled takes that as a return.
     Failed,
+    /// Paid, then returned (see `failure_reason`): final; nothing was paid
+    /// for good.
+    Returned,
 }
 
 impl PaymentStatus {
-    /// True for `paid` and `failed`, which never change.
+    /// Every status, in the order a payment goes through them.
+    pub const ALL: [PaymentStatus; 4] = [
+        PaymentStatus::Pending,
+        PaymentStatus::Paid,
+        PaymentStatus::Failed,
+        PaymentStatus::Returned,
+    ];
+
+    /// True once the payment is past `pending` (paid, failed or returned).
     pub fn is_final(self) -> bool {
         self != PaymentStatus::Pending
+    }
+
+    /// True when nothing went out for good: failed, or returned.
+    pub fn is_unpaid_ending(self) -> bool {
+        matches!(self, PaymentStatus::Failed | PaymentStatus::Returned)
     }
 
     /// The protocol's name of the status.
@@ -59,6 +79,7 @@ impl PaymentStatus {
             PaymentStatus::Pending => "pending",
             PaymentStatus::Paid => "paid",
             PaymentStatus::Failed => "failed",
+            PaymentStatus::Returned => "returned",
         }
     }
 }
@@ -82,7 +103,7 @@ pub struct Payment {
     pub amount: String,
     /// Where the payment is.
     pub status: PaymentStatus,
-    /// Why it failed, when `status` is `failed`.
+    /// Why it failed, or why it was returned.
     #[serde(default)]
     pub failure_reason: Option<String>,
     /// The caller's reference, as sent.
@@ -104,7 +125,7 @@ pub struct PaymentRequest {
     pub reference: Option<String>,
 }
 
-/// The type of a webhook event: the final state a payment reached.
+/// The type of a webhook event: the state a payment reached past `pending`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 pub enum EventType {
     /// `payment.paid`.
@@ -113,6 +134,9 @@ pub enum EventType {
     /// `payment.failed`.
     #[serde(rename = "payment.failed")]
     PaymentFailed,
+    /// `payment.returned`: a paid payment came back.
+    #[serde(rename = "payment.returned")]
+    PaymentReturned,
 }
 
 impl EventType {
@@ -122,6 +146,7 @@ impl EventType {
             PaymentStatus::Pending => None,
             PaymentStatus::Paid => Some(EventType::PaymentPaid),
             PaymentStatus::Failed => Some(EventType::PaymentFailed),
+            PaymentStatus::Returned => Some(EventType::PaymentReturned),
         }
     }
 
@@ -130,6 +155,7 @@ impl EventType {
         match self {
             EventType::PaymentPaid => "payment.paid",
             EventType::PaymentFailed => "payment.failed",
+            EventType::PaymentReturned => "payment.returned",
         }
     }
 
@@ -138,6 +164,7 @@ impl EventType {
         match self {
             EventType::PaymentPaid => PaymentStatus::Paid,
             EventType::PaymentFailed => PaymentStatus::Failed,
+            EventType::PaymentReturned => PaymentStatus::Returned,
         }
     }
 }
@@ -197,6 +224,11 @@ pub trait PayoutProvider: Send + Sync + 'static {
     /// or None when the provider has none (404).
     fn lookup(&self, key: &str) -> impl Future<Output = Result<Option<Payment>, ProviderError>> + Send;
 
+    /// `GET /v1/payments?reference=R`: every payment the provider made with
+    /// `reference` (none: it certainly has none), whatever became of the
+    /// keys they were made under. `Err(Refused)`: the provider cannot say.
+    fn find_by_reference(&self, reference: &str) -> impl Future<Output = Result<Vec<Payment>, ProviderError>> + Send;
+
     /// The same provider, passing on `traceparent` (the W3C trace context
     /// of the work it is called for) where it can; by default nowhere.
     fn with_traceparent(&self, traceparent: Option<&str>) -> Self
@@ -214,14 +246,19 @@ mod tests {
 
     #[test]
     fn statuses_and_event_types_have_the_protocol_names() {
-        let statuses: Vec<PaymentStatus> = serde_json::from_str(r#"["pending","paid","failed"]"#).unwrap();
-        assert_eq!(
-            statuses,
-            [PaymentStatus::Pending, PaymentStatus::Paid, PaymentStatus::Failed]
-        );
+        let statuses: Vec<PaymentStatus> = serde_json::from_str(r#"["pending","paid","failed","returned"]"#).unwrap();
+        assert_eq!(statuses, PaymentStatus::ALL);
         assert!(serde_json::from_str::<PaymentStatus>(r#""in_transit""#).is_err());
-        let types: Vec<EventType> = serde_json::from_str(r#"["payment.paid","payment.failed"]"#).unwrap();
-        assert_eq!(types, [EventType::PaymentPaid, EventType::PaymentFailed]);
+        let types: Vec<EventType> =
+            serde_json::from_str(r#"["payment.paid","payment.failed","payment.returned"]"#).unwrap();
+        assert_eq!(
+            types,
+            [
+                EventType::PaymentPaid,
+                EventType::PaymentFailed,
+                EventType::PaymentReturned
+            ]
+        );
         for status in statuses {
             assert_eq!(
                 EventType::for_status(status).map(EventType::status),

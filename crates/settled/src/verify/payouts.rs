@@ -2,7 +2,8 @@
 //! snapshot, that every unit that left a balance went out as a payout or
 //! came back, per creator and in total; that each payout's history is a
 //! path of allowed transitions ending in its state; and that funds came
-//! back exactly for the payouts that ended unpaid, once. With a provider,
+//! back exactly for the payouts that ended unpaid (failed, cancelled,
+//! expired, or returned by the provider after it paid), once. With a provider,
 //! its payments match settled's payouts one to one
 //! ([`crate::payouts::reconcile`]).
 
@@ -21,6 +22,8 @@ pub struct Totals {
     pub payouts: String,
     /// Returned to balances by payouts that ended unpaid.
     pub returned: String,
+    /// Of that, what the provider paid and took back (payouts `returned`).
+    pub returned_after_paid: String,
     /// The payouts not returned: what left, or is leaving, for good.
     pub not_returned: String,
     /// Every balance added up.
@@ -50,19 +53,24 @@ WITH s AS (SELECT (SELECT coalesce(sum(amount), 0) FROM settlement.reward_ledger
      p AS (SELECT coalesce(sum(p.amount), 0) AS payouts,
                   coalesce(sum(p.amount) FILTER (WHERE r.payout_id IS NULL), 0) AS not_returned
            FROM settlement.payouts p LEFT JOIN settlement.payout_returns r ON r.payout_id = p.id),
-     r AS (SELECT coalesce(sum(amount), 0) AS returned FROM settlement.payout_returns),
+     r AS (SELECT coalesce(sum(r.amount), 0) AS returned,
+                  coalesce(sum(r.amount) FILTER (WHERE p.status = 'returned'), 0) AS returned_after_paid
+           FROM settlement.payout_returns r JOIN settlement.payouts p ON p.id = r.payout_id),
      b AS (SELECT coalesce(sum(balance), 0) AS balances FROM settlement.creator_balance)
-SELECT s.settled::text, p.payouts::text, r.returned::text, p.not_returned::text, b.balances::text,
+SELECT s.settled::text, p.payouts::text, r.returned::text, r.returned_after_paid::text, p.not_returned::text,
+       b.balances::text,
        b.balances = s.settled + r.returned - p.payouts AS holds
 FROM s, p, r, b";
 
+/// Every state of [`PayoutState::ALL`] (a test pins the list to it).
 const STATES_CHECK: CheckSql = CheckSql {
     name: "payouts_in_known_states",
-    description: "every payout is in exactly one of the seven states",
-    offenders: "SELECT 'payout ' || id || ' is in ' || coalesce(quote_literal(status), 'no state')
+    description: "every payout is in exactly one of the eight states",
+    offenders:
+        "SELECT 'payout ' || id || ' is in ' || coalesce(quote_literal(status), 'no state')
                 FROM settlement.payouts
                 WHERE status IS NULL
-                   OR status NOT IN ('created', 'queued', 'sent', 'paid', 'failed', 'cancelled', 'expired')",
+                   OR status NOT IN ('created', 'queued', 'sent', 'paid', 'failed', 'returned', 'cancelled', 'expired')",
 };
 
 /// A payout's history, step by step: the first step from nothing into a
@@ -126,14 +134,14 @@ const DELIVERY_CHECK: CheckSql = CheckSql {
 
 const RETURNS_CHECK: CheckSql = CheckSql {
     name: "returns_exactly_for_unpaid_endings",
-    description: "funds came back exactly for the payouts that failed, were cancelled or expired, once, of the payout's amount to its creator",
+    description: "funds came back exactly for the payouts that failed, were returned, cancelled or expired, once, of the payout's amount to its creator",
     offenders: "
 SELECT 'payout ' || p.id || ' is ' || p.status || CASE WHEN r.n IS NULL
            THEN ' but its funds were never returned'
            ELSE ' but its funds were returned' END
 FROM settlement.payouts p
 LEFT JOIN (SELECT payout_id, count(*) AS n FROM settlement.payout_returns GROUP BY payout_id) r ON r.payout_id = p.id
-WHERE (p.status IN ('failed', 'cancelled', 'expired')) <> (r.n IS NOT NULL)
+WHERE (p.status IN ('failed', 'returned', 'cancelled', 'expired')) <> (r.n IS NOT NULL)
 UNION ALL
 SELECT 'payout ' || r.payout_id || ' was returned ' || count(*) || ' times'
 FROM settlement.payout_returns r GROUP BY r.payout_id HAVING count(*) > 1
@@ -208,14 +216,16 @@ impl PayoutsReport {
         out.push_str(&render_checks(&self.checks));
         let t = &self.totals;
         out.push_str(&format!(
-            "  checked in {:.2} s, one snapshot\n  settled {} + returned {} - payouts {} = balances {}: {}\n  payouts not returned {}\n",
+            "  checked in {:.2} s, one snapshot\n  settled {} + returned {} - payouts {} = balances {}: {}\n  \
+             payouts not returned {}; returned after the provider paid {}\n",
             self.seconds,
             t.settled,
             t.returned,
             t.payouts,
             t.balances,
             if t.holds { "yes" } else { "NO" },
-            t.not_returned
+            t.not_returned,
+            t.returned_after_paid
         ));
         if let Some(c) = &self.provider {
             out.push_str(&format!(
@@ -228,5 +238,30 @@ impl PayoutsReport {
             ));
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::payouts::PayoutState;
+
+    #[test]
+    fn the_states_check_names_every_state_and_the_returns_check_every_unpaid_ending() {
+        let listed = |sql: &str, marker: &str| -> Vec<String> {
+            let list = &sql[sql.find(marker).expect(marker) + marker.len()..];
+            let list = &list[..list.find(')').expect("a closed list")];
+            list.split(',')
+                .map(|v| v.trim().trim_matches('\'').to_string())
+                .collect()
+        };
+        let states: Vec<&str> = PayoutState::ALL.iter().map(|s| s.as_str()).collect();
+        assert_eq!(listed(STATES_CHECK.offenders, "status NOT IN ("), states);
+        let unpaid: Vec<&str> = PayoutState::ALL
+            .iter()
+            .filter(|s| s.returns_funds())
+            .map(|s| s.as_str())
+            .collect();
+        assert_eq!(listed(RETURNS_CHECK.offenders, "p.status IN ("), unpaid);
     }
 }

@@ -31,6 +31,14 @@ pub struct PayoutCounts {
     pub provider_applications: u64,
     /// Payouts returned (funds back on the balance).
     pub returned: i64,
+    /// Of them, payouts the provider paid and then took back (`returned`).
+    pub returned_after_paid: i64,
+    /// Paid payments the provider returned.
+    pub provider_returns: u64,
+    /// Look-ups of payments by reference (keys past the key window).
+    pub reference_lookups: u64,
+    /// Keys the provider forgot.
+    pub keys_forgotten: u64,
     /// Contradictions of a final state recorded.
     pub conflicts: i64,
     /// Repeats of a request answered with the first payout (API keys).
@@ -81,7 +89,8 @@ impl PayoutCounts {
         let events: Vec<String> = self.events.iter().map(|(s, n)| format!("{n} {s}")).collect();
         let refusals: Vec<String> = self.api_refusals.iter().map(|(s, n)| format!("{n} {s}")).collect();
         format!(
-            "payouts:\n  {} requests, {} payouts ({})\n  {} provider applications, {} returned, {} conflicts\n  \
+            "payouts:\n  {} requests, {} payouts ({})\n  {} provider applications, {} returned ({} after the provider \
+             paid; the provider returned {}), {} conflicts\n  provider keys: {} forgotten, {} look-ups by reference\n  \
              {} duplicates absorbed by keys: {} API replays, {} API requests in progress, {} provider replays, \
              {} webhooks sent twice\n  provider: {} 503s, {} 429s, {} late applies, {} refusals, {} look-ups; \
              webhooks {} lost, {} held back\n  events stored: {}\n  settled refused: {}\n  \
@@ -91,7 +100,11 @@ impl PayoutCounts {
             states.join(", "),
             self.provider_applications,
             self.returned,
+            self.returned_after_paid,
+            self.provider_returns,
             self.conflicts,
+            self.keys_forgotten,
+            self.reference_lookups,
             self.duplicates_absorbed(),
             self.api_replays,
             self.api_in_progress,
@@ -205,29 +218,35 @@ fn by_key(payments: &[Payment]) -> HashMap<&str, Vec<&Payment>> {
 fn paid_once_at_the_provider(rows: &[Row], payments: &[Payment]) -> Invariant {
     let at_provider = by_key(payments);
     let mut offenders = Vec::new();
-    for r in rows.iter().filter(|r| r.state == PayoutState::Paid) {
+    for r in rows
+        .iter()
+        .filter(|r| matches!(r.state, PayoutState::Paid | PayoutState::Returned))
+    {
+        // A returned payout's one payment was paid, then returned.
+        let status = match r.state {
+            PayoutState::Paid => PaymentStatus::Paid,
+            _ => PaymentStatus::Returned,
+        };
         match at_provider.get(r.provider_key.as_str()).map(Vec::as_slice) {
-            Some([p])
-                if p.status == PaymentStatus::Paid
-                    && p.amount == r.amount.to_string()
-                    && p.creator == r.creator.as_str() => {}
+            Some([p]) if p.status == status && p.amount == r.amount.to_string() && p.creator == r.creator.as_str() => {}
             Some([p]) => offenders.push(format!(
-                "payout {} ({} to {}) is paid, the provider has {} of {} to {}",
+                "payout {} ({} to {}) is {}, the provider has {} of {} to {}",
                 r.id,
                 r.amount,
                 r.creator,
+                r.state,
                 p.status.as_str(),
                 p.amount,
                 p.creator
             )),
             Some(many) => offenders.push(format!("payout {}: {} payments under its key", r.id, many.len())),
-            None => offenders.push(format!("payout {} is paid, the provider has no payment", r.id)),
+            None => offenders.push(format!("payout {} is {}, the provider has no payment", r.id, r.state)),
         }
     }
     invariant(
         "paid_exactly_once_at_the_provider",
         offenders,
-        "every paid payout is one paid payment at the provider, under its key, of its amount to its creator".into(),
+        "every paid payout is one paid payment at the provider, and every returned one one returned payment, under its key, of its amount to its creator".into(),
     )
 }
 
@@ -238,6 +257,7 @@ fn unpaid_never_paid(rows: &[Row], payments: &[Payment]) -> Invariant {
         let found = at_provider.get(r.provider_key.as_str());
         let bad = match r.state {
             PayoutState::Failed => found.is_some_and(|ps| ps.iter().any(|p| p.status != PaymentStatus::Failed)),
+            PayoutState::Returned => found.is_some_and(|ps| ps.iter().any(|p| !p.status.is_unpaid_ending())),
             PayoutState::Cancelled | PayoutState::Expired => found.is_some(),
             _ => false,
         };
@@ -251,7 +271,7 @@ fn unpaid_never_paid(rows: &[Row], payments: &[Payment]) -> Invariant {
     invariant(
         "unpaid_payouts_never_paid",
         offenders,
-        "a failed payout was refused or failed at the provider; a cancelled or expired one never reached it".into(),
+        "a failed payout was refused or failed at the provider, a returned one came back; a cancelled or expired one never reached it".into(),
     )
 }
 
@@ -288,10 +308,7 @@ fn provider_payments_match(rows: &[Row], payments: &[Payment]) -> Invariant {
 fn returned_exactly_once(rows: &[Row], returns: &HashMap<i64, String>) -> Invariant {
     let mut offenders = Vec::new();
     for r in rows {
-        let unpaid = matches!(
-            r.state,
-            PayoutState::Failed | PayoutState::Cancelled | PayoutState::Expired
-        );
+        let unpaid = r.state.returns_funds();
         match (unpaid, returns.get(&r.id)) {
             (true, Some(amount)) if *amount == r.amount.to_string() => {}
             (true, Some(amount)) => offenders.push(format!("payout {} of {} returned {amount}", r.id, r.amount)),
@@ -303,7 +320,7 @@ fn returned_exactly_once(rows: &[Row], returns: &HashMap<i64, String>) -> Invari
     invariant(
         "returned_exactly_once",
         offenders,
-        "every failed, cancelled or expired payout returned its amount once; no other".into(),
+        "every failed, returned, cancelled or expired payout returned its amount once; no other".into(),
     )
 }
 
@@ -376,7 +393,7 @@ fn confirmations_have_one_winner(rows: &[Row], evidence: &Evidence<'_>) -> Invar
         let wins = log.confirmed + log.cancelled;
         let bad = if wins > 1 {
             Some(format!("{wins} of the racing requests succeeded"))
-        } else if log.confirmed == 1 && !matches!(status, "paid" | "failed") {
+        } else if log.confirmed == 1 && !matches!(status, "paid" | "failed" | "returned") {
             Some(format!("confirmed, yet {status}"))
         } else if log.cancelled == 1 && status != "cancelled" {
             Some(format!("cancelled, yet {status}"))
@@ -458,6 +475,10 @@ async fn counts(
         by_state,
         provider_applications: sim.applied,
         returned: returns.len() as i64,
+        returned_after_paid: rows.iter().filter(|r| r.state == PayoutState::Returned).count() as i64,
+        provider_returns: sim.returned,
+        reference_lookups: sim.reference_lookups,
+        keys_forgotten: sim.keys_forgotten,
         conflicts,
         provider_replays: sim.replayed,
         webhooks_duplicated: sim.webhooks_duplicated,

@@ -8,8 +8,10 @@
 //! (two confirmations, or a confirmation and a cancel) and some left to
 //! expire. `--workers` `settled deliver` processes pay them through the
 //! provider simulator, which fails a share of payments, refuses a share of
-//! keys, and sends its webhooks duplicated, held back and lost, to one
-//! server then the other. A seeded schedule SIGKILLs deliverers (a new one
+//! keys, returns a share of paid payments a moment later (their banks send
+//! them back), forgets every key a few seconds after its first use (the
+//! deliverers are told a shorter key window), and sends its webhooks
+//! duplicated, held back and lost, to one server then the other. A seeded schedule SIGKILLs deliverers (a new one
 //! takes the slot), SIGSTOPs them past their leases, terminates their
 //! connections, restarts PostgreSQL once (when chaos runs it), and makes
 //! the provider answer 503s, 429s, and late applies (applied, the answer
@@ -99,13 +101,24 @@ impl PayoutChaosOptions {
     }
 }
 
+/// How long after its first use the simulator forgets a key.
+const PROVIDER_FORGETS_KEYS_MS: u64 = 6_000;
+/// The key window the deliverers are told: shorter than the provider's.
+const DELIVERERS_KEY_WINDOW: &str = "4s";
+/// Time from a payment's paid to its return.
+const RETURN_DELAY_MS: u64 = 300;
+
 /// What the provider does all along: pays after a moment, fails a tenth,
-/// refuses a twentieth of the keys; webhooks duplicated, held back, lost.
+/// refuses a twentieth of the keys, returns a tenth of the paid ones,
+/// forgets keys after a few seconds; webhooks duplicated, held back, lost.
 fn provider_base() -> Faults {
     Faults {
         settle_delay_ms: 200,
         failure_rate: 0.1,
         refusal_rate: 0.05,
+        return_rate: 0.1,
+        return_delay_ms: RETURN_DELAY_MS,
+        forget_keys_after_ms: PROVIDER_FORGETS_KEYS_MS,
         webhook_duplicate_rate: 0.2,
         webhook_reorder_rate: 0.2,
         webhook_reorder_max_ms: 1_000,
@@ -153,6 +166,10 @@ impl Fleet for Deliverers {
             .args(["--provider-timeout-ms", "500", "--provider-rate", "2000"])
             .args(["--concurrency", "2", "--batch", "10", "--provider-concurrency", "16"])
             .args(["--lease-ttl-ms", &ttl.to_string()])
+            // Retried past the window, a payment is found by its reference;
+            // a return whose webhook was lost, by a look-up a second later.
+            .args(["--provider-key-window", DELIVERERS_KEY_WINDOW])
+            .args(["--returns-poll-every", "1s", "--returns-watch", "1h"])
             .args(["--rescue-interval-ms", &(ttl / 4).max(50).to_string()])
             // A lost webhook is made good by a look-up a second later.
             .args([
@@ -492,7 +509,7 @@ impl Storming<'_> {
                 eprintln!("chaos: {:>6.1}s every request answered", now.as_secs_f64());
             }
             if pending.peek().is_none() && clients.is_empty() && now >= duration && provider_faults.is_empty() {
-                match unfinished(&mut conn).await {
+                match unfinished(&mut conn, &http, self.provider_url).await {
                     Ok(open) if open.is_empty() => break,
                     Ok(open) => {
                         if now >= said + Duration::from_secs(5) {
@@ -561,14 +578,38 @@ impl Storming<'_> {
     }
 }
 
-/// Payouts not final yet, by state ("" when none).
-async fn unfinished(conn: &mut PgConnection) -> anyhow::Result<String> {
-    let open: Option<String> = sqlx::query_scalar(
-        "SELECT string_agg(n || ' ' || status, ', ') FROM (
-             SELECT status, count(*) AS n FROM settlement.payouts
-             WHERE status IN ('created', 'queued', 'sent') GROUP BY status) s",
+/// Payouts not final yet, by state, and returns the provider made that
+/// settled has not applied yet ("" when none).
+async fn unfinished(conn: &mut PgConnection, http: &reqwest::Client, provider_url: &str) -> anyhow::Result<String> {
+    // Read before settled's returns: a return applied meanwhile is counted
+    // on both sides, never on settled's alone.
+    let sim: SimCounters = http
+        .get(format!("{provider_url}/v1/counters"))
+        .send()
+        .await?
+        .json()
+        .await?;
+    let (open, returned, recently_paid): (Option<String>, i64, i64) = sqlx::query_as(
+        "SELECT (SELECT string_agg(n || ' ' || status, ', ') FROM (
+                     SELECT status, count(*) AS n FROM settlement.payouts
+                     WHERE status IN ('created', 'queued', 'sent') GROUP BY status) s),
+                (SELECT count(*) FROM settlement.payouts WHERE status = 'returned'),
+                -- A payout paid within the return delay may still be returned.
+                (SELECT count(*) FROM settlement.payouts
+                 WHERE status = 'paid' AND finished_at > now() - $1 * interval '1 millisecond')",
     )
+    .bind((RETURN_DELAY_MS * 4) as i64) // $1
     .fetch_one(conn)
     .await?;
-    Ok(open.unwrap_or_default())
+    let mut open = open.unwrap_or_default();
+    let behind = sim.returned as i64 - returned;
+    if behind != 0 || recently_paid > 0 {
+        if !open.is_empty() {
+            open.push_str(", ");
+        }
+        open.push_str(&format!(
+            "{behind} return(s) not applied yet, {recently_paid} payout(s) paid within the return delay"
+        ));
+    }
+    Ok(open)
 }

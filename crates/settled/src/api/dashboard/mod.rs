@@ -179,7 +179,8 @@ pub async fn workers(State(state): State<AppState>) -> Page {
 pub const PAYOUT_ISSUES_SHOWN: i64 = 50;
 
 /// `GET /payouts`: payouts by state with amounts and ages, returns,
-/// conflicts and provider events for unknown payouts.
+/// conflicts, provider events for unknown payouts, and provider keys
+/// waiting for an operator.
 pub async fn payouts(State(state): State<AppState>) -> Page {
     use crate::payouts::overview;
     let mut conn = state.reads.acquire().await.map_err(Problem::unavailable)?;
@@ -190,7 +191,15 @@ pub async fn payouts(State(state): State<AppState>) -> Page {
     let unknown = overview::unknown_events(&mut conn, PAYOUT_ISSUES_SHOWN)
         .await
         .map_err(Problem::unavailable)?;
-    Ok(payout_pages::payouts(&summary, &conflicts, &unknown, state.decimals))
+    let awaiting = overview::keys_awaiting_operator(&mut conn, PAYOUT_ISSUES_SHOWN)
+        .await
+        .map_err(Problem::unavailable)?;
+    let issues = payout_pages::Issues {
+        conflicts: &conflicts,
+        unknown: &unknown,
+        awaiting: &awaiting,
+    };
+    Ok(payout_pages::payouts(&summary, &issues, state.decimals))
 }
 
 /// Query of the items page.

@@ -5,7 +5,14 @@ use maud::{html, Markup};
 
 use super::pages::page;
 use crate::money::tokens;
-use crate::payouts::overview::{Conflict, Overview, StateTotals, UnknownEvent};
+use crate::payouts::overview::{Conflict, KeyAwaiting, Overview, StateTotals, UnknownEvent};
+
+/// What the payouts page lists beside the totals (the newest of each).
+pub(super) struct Issues<'a> {
+    pub(super) conflicts: &'a [Conflict],
+    pub(super) unknown: &'a [UnknownEvent],
+    pub(super) awaiting: &'a [KeyAwaiting],
+}
 
 fn age(secs: Option<f64>) -> String {
     match secs {
@@ -29,9 +36,38 @@ fn state_row(s: &StateTotals, decimals: u32) -> Markup {
     }
 }
 
+/// The provider keys waiting for an operator.
+fn awaiting(overview: &Overview, keys: &[KeyAwaiting]) -> Markup {
+    html! {
+        h2 { "keys waiting for an operator (" (overview.keys_awaiting_operator) ")" }
+        @if keys.is_empty() {
+            p { "None." }
+        } @else {
+            p.note {
+                "Past the provider's key window, the provider could not say whether it holds these payments: nothing \
+                 is sent under them. Check with the provider; if it holds none, `SELECT settlement.renew_provider_key(key)` \
+                 and replay the payout's delivery (docs/operations.md)."
+            }
+            table #keys-awaiting-operator {
+                tr { th { "since (UTC)" } th { "key" } th { "payout" } th { "the provider said" } }
+                @for k in keys {
+                    tr data-key=(k.key) {
+                        td { (k.since.format("%Y-%m-%d %H:%M:%S")) }
+                        td.mono { (k.key) }
+                        td { (k.payout_id.map(|id| id.to_string()).unwrap_or_default()) }
+                        td { (k.detail) }
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Payouts by state (count, amount, the oldest one's time in its state),
-/// what came back, the newest conflicts and unknown provider events.
-pub(super) fn payouts(overview: &Overview, conflicts: &[Conflict], unknown: &[UnknownEvent], decimals: u32) -> Markup {
+/// what came back, the newest conflicts and unknown provider events, and
+/// the keys waiting for an operator.
+pub(super) fn payouts(overview: &Overview, issues: &Issues<'_>, decimals: u32) -> Markup {
+    let (conflicts, unknown) = (issues.conflicts, issues.unknown);
     let body = html! {
         table {
             tr { th { "state" } th { "payouts" } th { "amount (base units)" } th { "amount (tokens)" } th { "oldest in it" } }
@@ -39,7 +75,8 @@ pub(super) fn payouts(overview: &Overview, conflicts: &[Conflict], unknown: &[Un
             tr { th { "all" } th data-total=(overview.total()) { (overview.total()) } th {} th {} th {} }
         }
         p #returned {
-            (overview.returned_count) " payout(s) ended unpaid and returned "
+            (overview.returned_count) " payout(s) ended unpaid (failed, returned by the provider after it paid, \
+             cancelled, expired) and returned "
             span.mono data-returned=(overview.returned_amount) { (overview.returned_amount) } " base units ("
             (tokens(&overview.returned_amount, decimals)) " tokens) to balances."
         }
@@ -48,6 +85,7 @@ pub(super) fn payouts(overview: &Overview, conflicts: &[Conflict], unknown: &[Un
              delivery. `settled reconcile --provider-url URL` compares every payout with the provider's records; \
              `settled verify --payouts` proves balances, histories and returns."
         }
+        (awaiting(overview, issues.awaiting))
         h2 { "conflicts (" (overview.conflicts) ")" }
         @if conflicts.is_empty() {
             p { "No conflicts." }
