@@ -78,6 +78,7 @@ fn a_payout_storm_under_every_fault_pays_each_payout_once_or_returns_it() {
         "one_payout_per_request",
         "racing_confirmations_have_one_winner",
         "balance_is_credits_less_unreturned_payouts",
+        "statements_add_up_to_balances",
         "no_conflicts_recorded",
     ] {
         assert!(names.contains(&name), "invariant {name} not checked: {names:?}");

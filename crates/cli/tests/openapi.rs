@@ -243,6 +243,7 @@ async fn every_answer_to_real_payouts_holds_queues_and_webhooks_holds_to_the_ope
     assert_eq!((status, body["status"].as_str()), (200, Some("expired")), "{body}");
 
     queues(&mut api, &c, &server).await;
+    statements(&mut api, &c, &server, rich).await;
 
     let every_state: BTreeSet<String> = settled::payouts::PayoutState::ALL
         .iter()
@@ -516,7 +517,7 @@ async fn provider_events(api: &mut Contract, c: &reqwest::Client, server: &Serve
         let paid = kind == "payment.paid";
         json!({ "id": id, "type": kind, "created": 1, "data": {
             "id": payout["provider_id"], "idempotency_key": key, "creator": payout["creator"],
-            "amount": payout["amount"], "status": if paid { "paid" } else { "failed" },
+            "amount": payout["amount"], "status": kind.trim_start_matches("payment."),
             "failure_reason": if paid { Value::Null } else { json!("account_closed") }, "reference": key } })
     };
     let signed = |body: &Value, secret: &str| {
@@ -549,6 +550,25 @@ async fn provider_events(api: &mut Contract, c: &reqwest::Client, server: &Serve
             .await;
         assert_eq!((status, body["status"].as_str()), (200, Some(outcome)), "{body}");
     }
+    // The bank sends the paid payout back.
+    let payout: Value = c
+        .get(format!("{}/v1/payouts/{paid}", server.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let key = env
+        .scalar_text(&format!("SELECT provider_key FROM settlement.payouts WHERE id = {paid}"))
+        .await;
+    let ev = event(&format!("evt-{paid}-returned"), "payment.returned", &payout, &key);
+    let (status, body) = api.send(t, signed(&ev, SECRET)).await;
+    assert_eq!((status, body["outcome"].as_str()), (200, Some("applied")), "{body}");
+    let (status, body) = api
+        .send("/v1/payouts/{id}", c.get(format!("{}/v1/payouts/{paid}", server.base)))
+        .await;
+    assert_eq!((status, body["status"].as_str()), (200, Some("returned")), "{body}");
     let other = json!({ "id": "evt-refund", "type": "payment.refunded", "created": 1, "data": {} });
     let (status, body) = api.send(t, signed(&other, SECRET)).await;
     assert_eq!((status, body["outcome"].as_str()), (200, Some("ignored")), "{body}");
@@ -567,6 +587,28 @@ async fn provider_events(api: &mut Contract, c: &reqwest::Client, server: &Serve
         .send(t, signed(&json!({ "id": "evt-bad", "type": "payment.paid" }), SECRET))
         .await;
     assert_eq!(status, 400, "a signed event without its members");
+}
+
+/// A creator's statement (credits, payouts, a return), paged; and what
+/// is refused.
+async fn statements(api: &mut Contract, c: &reqwest::Client, server: &Server, rich: &str) {
+    let base = &server.base;
+    let t = "/v1/creators/{address}/statement";
+    let (status, page) = api
+        .send(t, c.get(format!("{base}/v1/creators/{rich}/statement?limit=2")))
+        .await;
+    assert_eq!((status, page["lines"].as_array().map(Vec::len)), (200, Some(2)), "{page}");
+    let next = page["next"].as_str().expect("more than two lines").to_string();
+    let (status, rest) = api
+        .send(t, c.get(format!("{base}/v1/creators/{rich}/statement?after={next}&from=2026-01-01")))
+        .await;
+    assert_eq!(status, 200, "{rest}");
+    let kinds: Vec<&str> = rest["lines"].as_array().unwrap().iter().filter_map(|l| l["kind"].as_str()).collect();
+    assert!(kinds.contains(&"return"), "{rest}");
+    assert_eq!(api.send(t, c.get(format!("{base}/v1/creators/{rich}/statement?after=x"))).await.0, 400);
+    assert_eq!(api.send(t, c.get(format!("{base}/v1/creators/{rich}/statement?limit=0"))).await.0, 400);
+    let unknown = format!("0x{}", "cd".repeat(20));
+    assert_eq!(api.send(t, c.get(format!("{base}/v1/creators/{unknown}/statement"))).await.0, 404);
 }
 
 async fn queues(api: &mut Contract, c: &reqwest::Client, server: &Server) {

@@ -441,7 +441,8 @@ async fn debit(
                 format!("creator {creator} has active hold {hold}; nothing is paid out until it is released"),
             )
             .field("creator")
-            .hold(hold))
+            .hold(hold)
+            .available("0"))
         }
         ("insufficient_funds", ..) => Err(Problem::new(
             StatusCode::CONFLICT,
@@ -450,6 +451,7 @@ async fn debit(
             format!("creator {creator} has a balance of {balance}, less than the {amount} requested"),
         )
         .field("amount")
+        .available(balance.clone())
         .balance(balance)),
         (outcome, ..) => anyhow::bail!("settlement.debit_for_payout answered {outcome:?} without its payout"),
     })

@@ -195,6 +195,11 @@ pub struct ProblemBody {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     pub balance: Option<String>,
+    /// The available balance the payout was refused against
+    /// (`insufficient-funds`, and `creator-on-hold`, where it is 0).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub available: Option<String>,
     /// The creator's active hold (`creator-on-hold`).
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
@@ -232,6 +237,7 @@ impl Problem {
                 detail: detail.into(),
                 field: None,
                 balance: None,
+                available: None,
                 hold: None,
                 existing_hold_id: None,
                 payout_status: None,
@@ -253,6 +259,12 @@ impl Problem {
     /// Says the creator's balance (`insufficient-funds`).
     pub fn balance(mut self, balance: impl Into<String>) -> Problem {
         self.body.balance = Some(balance.into());
+        self
+    }
+
+    /// Says the available balance a payout was refused against.
+    pub fn available(mut self, available: impl Into<String>) -> Problem {
+        self.body.available = Some(available.into());
         self
     }
 

@@ -141,7 +141,7 @@ pub(super) struct Evidence<'a> {
     pub(super) client_retries: u64,
 }
 
-fn invariant(name: &str, offenders: Vec<String>, holds: String) -> Invariant {
+pub(super) fn invariant(name: &str, offenders: Vec<String>, holds: String) -> Invariant {
     let ok = offenders.is_empty();
     let detail = if ok {
         holds

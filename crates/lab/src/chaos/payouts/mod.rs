@@ -20,6 +20,7 @@
 
 mod checks;
 mod clients;
+mod statements;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -377,6 +378,9 @@ async fn run(
     };
     let (payout_invariants, counts) = checks::check(&mut conn, &evidence).await?;
     invariants.extend(payout_invariants);
+    if let Some(server) = servers.first() {
+        invariants.push(statements::statements_add_up(&mut conn, &server.base).await?);
+    }
     let mut injected = injected;
     injected.push(format!("{zombies} deliverer(s) paused past their leases"));
     for s in servers.iter_mut() {

@@ -4,6 +4,7 @@
 //! maud templates that escape whatever they show (`pages.rs`); this file
 //! only joins the two.
 
+mod creator_pages;
 mod pages;
 mod payout_pages;
 pub(crate) mod queries;
@@ -200,6 +201,81 @@ pub async fn payouts(State(state): State<AppState>) -> Page {
         awaiting: &awaiting,
     };
     Ok(payout_pages::payouts(&summary, &issues, state.decimals))
+}
+
+/// Query of a creator's page: the statement page after this cursor.
+#[derive(Debug, Deserialize)]
+pub struct CreatorQuery {
+    after: Option<String>,
+}
+
+/// `GET /creators/{address}`: a creator's balances, holds and statement.
+pub async fn creator(
+    State(state): State<AppState>,
+    Path(address): Path<String>,
+    Query(q): Query<CreatorQuery>,
+) -> Page {
+    use crate::address::CreatorAddress;
+    use crate::balance::{self, Cursor, Window, STATEMENT_PAGE};
+    let creator = CreatorAddress::parse(&address)
+        .map_err(|e| Problem::bad_request(ProblemType::InvalidAddress, format!("address {e}")).field("address"))?;
+    let after = match q.after.as_deref() {
+        None => None,
+        Some(text) => Some(Cursor::decode(text).ok_or_else(|| {
+            Problem::bad_request(
+                ProblemType::InvalidField,
+                format!("after must be a statement's `next`, not {text:?}"),
+            )
+            .field("after")
+        })?),
+    };
+    if !super::creators::known(&state.reads, &creator)
+        .await
+        .map_err(Problem::unavailable)?
+    {
+        return Err(Problem::not_found(
+            ProblemType::UnknownCreator,
+            format!("creator {creator} is unknown"),
+        ));
+    }
+    let holds = super::creators::holds(&state.reads, &creator)
+        .await
+        .map_err(Problem::unavailable)?;
+    let mut conn = state.reads.acquire().await.map_err(Problem::unavailable)?;
+    let (_, balances) = balance::balances(&mut conn, &creator)
+        .await
+        .map_err(Problem::unavailable)?
+        .unwrap_or_default();
+    let window = Window {
+        after,
+        ..Window::default()
+    };
+    let statement = balance::statement(&mut conn, &creator, window, STATEMENT_PAGE)
+        .await
+        .map_err(Problem::unavailable)?;
+    Ok(creator_pages::creator(
+        creator.as_str(),
+        &balances,
+        &holds,
+        &statement,
+        state.decimals,
+    ))
+}
+
+/// Query of the creator look-up form.
+#[derive(Debug, Deserialize)]
+pub struct CreatorLookup {
+    address: Option<String>,
+}
+
+/// `GET /creators?address=0x…`: the look-up form's answer, a redirect to
+/// the creator's page.
+pub async fn find_creator(Query(q): Query<CreatorLookup>) -> Result<Redirect, Problem> {
+    use crate::address::CreatorAddress;
+    let text = q.address.unwrap_or_default();
+    let creator = CreatorAddress::parse(text.trim())
+        .map_err(|e| Problem::bad_request(ProblemType::InvalidAddress, format!("address {e}")).field("address"))?;
+    Ok(Redirect::to(&format!("/creators/{creator}")))
 }
 
 /// Query of the items page.

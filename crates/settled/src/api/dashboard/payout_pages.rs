@@ -69,6 +69,10 @@ fn awaiting(overview: &Overview, keys: &[KeyAwaiting]) -> Markup {
 pub(super) fn payouts(overview: &Overview, issues: &Issues<'_>, decimals: u32) -> Markup {
     let (conflicts, unknown) = (issues.conflicts, issues.unknown);
     let body = html! {
+        form #find-creator method="get" action="/creators" {
+            label { "creator " input type="text" name="address" placeholder="0x…" size="44"; }
+            " " button type="submit" { "show balances and statement" }
+        }
         table {
             tr { th { "state" } th { "payouts" } th { "amount (base units)" } th { "amount (tokens)" } th { "oldest in it" } }
             @for s in &overview.states { (state_row(s, decimals)) }
