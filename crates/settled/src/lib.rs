@@ -16,6 +16,7 @@ pub mod address;
 pub mod api;
 pub mod archive;
 pub mod balance;
+pub mod chain;
 pub mod cmd;
 pub mod config;
 pub mod db;

@@ -4,12 +4,20 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::chain::{Chain, ChainFlags};
 use crate::cmd::{DbCommand, Outcome};
 use crate::db::Database;
 use crate::payouts::deliver::{DeliveryFlags, DeliveryOptions, Serving};
 use crate::payouts::key_window::parse_duration;
 
-/// Deliver queued payouts to the payment provider, until SIGTERM or SIGINT.
+/// Deliver queued payouts to the payment provider, or on-chain, until
+/// SIGTERM or SIGINT.
+///
+/// With --chain-rpc-url, each payout is an ERC-20 transfer from the hot
+/// wallet (--signer-key-file) to its creator: signed and stored before it
+/// is broadcast, sent again with the same bytes after any doubt, paid when
+/// its block is --confirmations deep, failed (funds returned) if it
+/// reverted; a reorg sends it again.
 ///
 /// Serves the delivery queue (one job per queued payout, committed with its
 /// debit) in leased mode: each call carries the payout's own provider key,
@@ -24,9 +32,15 @@ use crate::payouts::key_window::parse_duration;
 /// anything is sent again. Start as many as you like.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
-    /// The payment provider (e.g. http://127.0.0.1:9100).
-    #[arg(long, env = "SETTLED_PROVIDER_URL")]
-    pub provider_url: String,
+    /// The payment provider (e.g. http://127.0.0.1:9100); or pay on-chain
+    /// with --chain-rpc-url.
+    #[arg(
+        long,
+        env = "SETTLED_PROVIDER_URL",
+        required_unless_present = "chain_rpc_url",
+        conflicts_with = "chain_rpc_url"
+    )]
+    pub provider_url: Option<String>,
     /// Calls that may go at once after a quiet spell (default: one second's worth).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub provider_burst: Option<u32>,
@@ -54,6 +68,9 @@ pub struct Args {
     /// How this process calls the provider and holds its leases.
     #[command(flatten)]
     pub delivery: DeliveryFlags,
+    /// The chain to pay on instead of the provider.
+    #[command(flatten)]
+    pub chain: ChainFlags,
 }
 
 impl Args {
@@ -73,7 +90,8 @@ impl Args {
     /// What delivery does, from the flags; `wake` is how idle loops learn
     /// of new payouts.
     pub fn options(&self, wake: settled_engine::continuous::Wake) -> DeliveryOptions {
-        self.delivery.options(&self.provider_url, &self.serving(), wake)
+        let provider_url = self.provider_url.as_deref().unwrap_or_default();
+        self.delivery.options(provider_url, &self.serving(), wake)
     }
 }
 
@@ -94,7 +112,18 @@ impl DbCommand for Args {
             tracing::info!("signal received: finishing the calls in flight, claiming no more");
             stopper.request_stop();
         });
-        let delivered = crate::payouts::deliver::run_delivery(&db.pool, self.options(wake), stats.clone()).await;
+        let mut options = self.options(wake);
+        if let Some(chain) = Chain::connect(&db.pool, &self.chain).await? {
+            println!(
+                "deliver: paying on chain {} from {} (token {}, {} confirmations)",
+                chain.chain_id,
+                chain.wallet.address(),
+                chain.token,
+                chain.confirmations
+            );
+            options.chain = Some(Arc::new(chain));
+        }
+        let delivered = crate::payouts::deliver::run_delivery(&db.pool, options, stats.clone()).await;
         signals.abort();
         delivered?;
         println!(

@@ -591,6 +591,9 @@ pub struct DeliveryOptions {
     pub polling: Polling,
     /// How long the provider keeps a key.
     pub key_window: Duration,
+    /// The chain to pay on instead of the provider (`settled deliver
+    /// --chain-rpc-url`), connected.
+    pub chain: Option<Arc<crate::chain::Chain>>,
 }
 
 /// Delivery's flags, the ones `settled deliver` and `settled worker` share
@@ -725,6 +728,7 @@ impl DeliveryFlags {
                 key_window: self.provider_key_window,
             },
             key_window: self.provider_key_window,
+            chain: None,
         }
     }
 }
@@ -742,10 +746,35 @@ pub async fn run_delivery(
     opts: DeliveryOptions,
     stats: Arc<settled_engine::ServeStats>,
 ) -> anyhow::Result<()> {
-    let provider = crate::provider::HttpProvider::new(&opts.provider_url, opts.provider_timeout)?;
+    match opts.chain.clone() {
+        Some(chain) => {
+            let rail = crate::chain::ChainRail::new(chain.clone(), pool.clone());
+            let follower = tokio::spawn(crate::chain::confirm::follow(
+                pool.clone(),
+                chain,
+                crate::chain::FOLLOW_EVERY,
+            ));
+            let served = serve_through(pool, rail, opts, stats).await;
+            follower.abort();
+            served
+        }
+        None => {
+            let provider = crate::provider::HttpProvider::new(&opts.provider_url, opts.provider_timeout)?;
+            serve_through(pool, provider, opts, stats).await
+        }
+    }
+}
+
+/// Serves the delivery queue through `rail`, with the housekeeping beside it.
+async fn serve_through<R: Rail + Clone>(
+    pool: &PgPool,
+    rail: R,
+    opts: DeliveryOptions,
+    stats: Arc<settled_engine::ServeStats>,
+) -> anyhow::Result<()> {
     let limiter = Arc::new(Limiter::new(pool.clone(), opts.limits.clone()));
-    let handler = Arc::new(Deliver::new(provider.clone(), pool.clone(), limiter).with_key_window(opts.key_window));
-    let housekeeping = tokio::spawn(housekeeping(pool.clone(), provider, opts.polling));
+    let handler = Arc::new(Deliver::new(rail.clone(), pool.clone(), limiter).with_key_window(opts.key_window));
+    let housekeeping = tokio::spawn(housekeeping(pool.clone(), rail, opts.polling));
     let served =
         settled_engine::serve_leased(pool, Arc::new(super::delivery_queue()), handler, opts.serve, stats).await;
     housekeeping.abort();

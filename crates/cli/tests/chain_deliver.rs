@@ -1,0 +1,240 @@
+//! The chain rail against a real node (anvil) with real processes: several
+//! `settled deliver` processes pay payouts as ERC-20 transfers from one hot
+//! wallet, while some are SIGKILLed after signing and before their
+//! broadcast left, and after it left but before they recorded it. The
+//! chain's own `Transfer` logs, read by the test, say each payout was paid
+//! exactly once, and the refused recipient's payout failed with its funds
+//! returned.
+
+mod chain_support;
+mod common;
+
+use std::collections::BTreeMap;
+use std::process::{Child, Stdio};
+
+use alloy_primitives::{Address, U256};
+use chain_support::{kill9, payouts, Broadcasts, RpcProxy, TestChain, HOT_WALLET, SUPPLY};
+use common::{wait_until, Env};
+use serde_json::{json, Value};
+
+const TOKEN: &str = "test-token";
+const AMOUNT: &str = "1000";
+
+/// A settled period and `n` queued payouts of [`AMOUNT`], one per
+/// creator: each payout's id, creator, and the creator's balance before it.
+async fn queued_payouts(env: &Env, n: i64) -> Vec<(i64, Address, U256)> {
+    env.run_ok(&["seed", "--period", "2026-11-28", "--creators", &n.to_string()]);
+    env.run_ok(&["worker", "--period", "2026-11-28"]);
+    let server = env.serve(TOKEN).await;
+    let creators: Vec<String> = sqlx::query_scalar(
+        "SELECT creator FROM settlement.creator_balance WHERE balance >= $1::numeric ORDER BY creator LIMIT $2",
+    )
+    .bind(AMOUNT)
+    .bind(n)
+    .fetch_all(&env.pool)
+    .await
+    .unwrap();
+    assert_eq!(creators.len() as i64, n, "creators with enough balance");
+    let client = reqwest::Client::new();
+    let mut made = Vec::new();
+    for (i, creator) in creators.iter().enumerate() {
+        let r = client
+            .post(format!("{}/v1/payouts", server.base))
+            .bearer_auth(TOKEN)
+            .header("Idempotency-Key", format!("chain-{i}"))
+            .json(&json!({ "creator": creator, "amount": AMOUNT }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201);
+        let id = r.json::<Value>().await.unwrap()["id"].as_i64().unwrap();
+        made.push((
+            id,
+            creator.parse().unwrap(),
+            balance(env, creator).await + U256::from(1000u32),
+        ));
+    }
+    made
+}
+
+/// `settled deliver` on the chain through `url`, with the tests' short leases.
+fn deliver(env: &Env, chain: &TestChain, url: &str, confirmations: u32) -> Child {
+    let mut args: Vec<String> = [
+        "deliver",
+        "--lease-ttl-ms",
+        "1000",
+        "--rescue-interval-ms",
+        "200",
+        "--shutdown-grace-ms",
+        "300",
+        "--concurrency",
+        "3",
+        "--batch",
+        "4",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(chain.flags(url, confirmations));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    env.cmd(&args).stdout(Stdio::null()).spawn().unwrap()
+}
+
+/// `creator`'s balance in settled.
+async fn balance(env: &Env, creator: &str) -> U256 {
+    let text: String = sqlx::query_scalar("SELECT balance::text FROM settlement.creator_balance WHERE creator = $1")
+        .bind(creator)
+        .fetch_one(&env.pool)
+        .await
+        .unwrap();
+    U256::from_str_radix(&text, 10).unwrap()
+}
+
+async fn count(env: &Env, sql: &str) -> i64 {
+    env.scalar_i64(sql).await
+}
+
+/// True when the node knows transaction `hash` (pooled or mined).
+async fn node_knows(chain: &TestChain, hash: &str) -> bool {
+    !chain_support::rpc(&chain.url(), "eth_getTransactionByHash", json!([hash]))
+        .await
+        .is_null()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn each_payout_is_paid_once_on_chain_though_deliverers_die_between_signing_and_broadcasting() {
+    let env = Env::new().await;
+    let made = queued_payouts(&env, 24).await;
+    let refused = made[0].1;
+    let chain = TestChain::start(&["--block-time", "1"], "TestToken", refused).await;
+    let proxy = RpcProxy::start(chain.url()).await;
+
+    // 1. Broadcasts never leave: the deliverer signs and stores, then is killed.
+    proxy.set(Broadcasts::Swallow);
+    let mut first = deliver(&env, &chain, &proxy.url, 2);
+    wait_until(60, "transactions signed ahead", || async {
+        count(&env, "SELECT count(*) FROM settlement.chain_txs").await >= 3
+    })
+    .await;
+    kill9(&mut first);
+    let signed: Vec<String> = sqlx::query_scalar(
+        "SELECT a.hash FROM settlement.chain_txs t JOIN settlement.chain_tx_attempts a ON a.tx_id = t.id
+         WHERE t.state = 'signed'",
+    )
+    .fetch_all(&env.pool)
+    .await
+    .unwrap();
+    assert!(signed.len() >= 3, "killed between signing and broadcasting: {signed:?}");
+    for hash in &signed {
+        assert!(!node_knows(&chain, hash).await, "{hash} never reached the node");
+    }
+
+    // 2. Broadcasts leave, their answers never come back: killed before recording.
+    proxy.set(Broadcasts::ForwardUnanswered);
+    let before = count(&env, "SELECT count(*) FROM settlement.chain_txs").await;
+    let mut second = deliver(&env, &chain, &proxy.url, 2);
+    wait_until(60, "more transactions signed and sent", || async {
+        count(&env, "SELECT count(*) FROM settlement.chain_txs").await >= before + 3
+    })
+    .await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    kill9(&mut second);
+    let forwarded: Vec<String> = sqlx::query_scalar(
+        "SELECT a.hash FROM settlement.chain_txs t JOIN settlement.chain_tx_attempts a ON a.tx_id = t.id
+         WHERE t.state = 'signed' AND t.id > $1",
+    )
+    .bind(before)
+    .fetch_all(&env.pool)
+    .await
+    .unwrap();
+    let mut on_node = 0;
+    for hash in &forwarded {
+        on_node += usize::from(node_knows(&chain, hash).await);
+    }
+    assert!(
+        on_node >= 1,
+        "a broadcast reached the node and was never recorded: {forwarded:?}"
+    );
+
+    // 3. Three deliverers straight to the node, one killed while they confirm.
+    proxy.set(Broadcasts::Pass);
+    let mut fleet: Vec<Child> = (0..3).map(|_| deliver(&env, &chain, &chain.url(), 2)).collect();
+    wait_until(60, "a payout paid", || async {
+        count(&env, "SELECT count(*) FROM settlement.payouts WHERE status = 'paid'").await >= 1
+    })
+    .await;
+    kill9(&mut fleet[0]);
+    wait_until(120, "every payout paid or failed", || async {
+        count(
+            &env,
+            "SELECT count(*) FROM settlement.payouts WHERE status NOT IN ('paid', 'failed')",
+        )
+        .await
+            == 0
+    })
+    .await;
+    for child in fleet.iter_mut().skip(1) {
+        common::stop(child);
+    }
+
+    // From the chain alone: each paid payout's creator received its amount once.
+    let transfers = chain.transfers_from_hot_wallet().await;
+    let mut received: BTreeMap<Address, Vec<U256>> = BTreeMap::new();
+    for (to, amount, _) in &transfers {
+        received.entry(*to).or_default().push(*amount);
+    }
+    let stored = payouts(&env.pool).await;
+    let mut paid_total = U256::ZERO;
+    for (id, (creator, amount, state)) in &stored {
+        let got = received.get(creator).cloned().unwrap_or_default();
+        match state.as_str() {
+            "paid" => {
+                assert_eq!(
+                    got,
+                    vec![*amount],
+                    "payout {id}: its creator received exactly its amount, once"
+                );
+                paid_total += *amount;
+            }
+            "failed" => assert!(got.is_empty(), "failed payout {id} received nothing"),
+            other => panic!("payout {id} ended {other}"),
+        }
+    }
+    assert_eq!(transfers.len(), stored.values().filter(|p| p.2 == "paid").count());
+    let refused_payout = made[0].0;
+    assert_eq!(
+        stored[&refused_payout].2, "failed",
+        "the refused recipient's transfer reverted"
+    );
+    for (id, creator, before) in &made {
+        let now = balance(&env, &format!("{creator:#x}")).await;
+        match stored[id].2.as_str() {
+            "failed" => assert_eq!(now, *before, "failed payout {id}: its funds are back, once"),
+            _ => assert_eq!(now, *before - U256::from(1000u32), "paid payout {id}: debited once"),
+        }
+    }
+    let hot: Address = HOT_WALLET.parse().unwrap();
+    assert_eq!(chain.balance_of(hot).await, U256::from(SUPPLY) - paid_total);
+
+    // No nonce used twice, none skipped: one transaction per nonce, 0..n, all mined.
+    let (txs, min_nonce, max_nonce): (i64, i64, i64) =
+        sqlx::query_as("SELECT count(*), min(nonce), max(nonce) FROM settlement.chain_txs")
+            .fetch_one(&env.pool)
+            .await
+            .unwrap();
+    assert_eq!((min_nonce, max_nonce + 1), (0, txs), "nonces 0..{txs} with no gap");
+    assert_eq!(
+        chain.mined_nonce().await,
+        txs as u64,
+        "every signed nonce was mined once"
+    );
+    assert_eq!(
+        count(
+            &env,
+            "SELECT count(*) FROM settlement.chain_txs WHERE state NOT IN ('confirmed', 'reverted')"
+        )
+        .await,
+        0
+    );
+    env.run_ok(&["verify", "--payouts"]);
+}

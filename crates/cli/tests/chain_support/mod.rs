@@ -1,0 +1,270 @@
+//! What the chain rail's tests share: a real anvil with the test token
+//! deployed and the hot wallet funded, JSON-RPC calls of the test's own
+//! (the chain is read by the test, not through the code under test), a
+//! proxy in front of the node that can swallow broadcasts, and the check
+//! from the chain's `Transfer` logs that each payout was paid once.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use alloy_primitives::{Address, B256, U256};
+use alloy_sol_types::{SolCall, SolEvent, SolValue};
+use serde_json::{json, Value};
+use settled::chain::abi::IERC20;
+use settled_testkit::Anvil;
+
+/// anvil's well-known development accounts (public test data): the first
+/// deploys, the second is the hot wallet.
+pub(crate) const DEPLOYER: &str = "0xf39fd6e51aad88f6f4ce6ab8827279cfffb92266";
+pub(crate) const HOT_WALLET_KEY: &str = "0x59c6995e998f97a5a0044966f0945389dc9e86dae88c7a8412f4603b6b78690d";
+pub(crate) const HOT_WALLET: &str = "0x70997970c51812dc3a010c7d01b50e0d17dc79c8";
+/// The hot wallet's token supply.
+pub(crate) const SUPPLY: u128 = 1_000_000_000_000_000_000_000;
+
+/// The checked-in bytecode of a contract of `contracts/`.
+pub(crate) fn bytecode(name: &str) -> Vec<u8> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../../contracts/build/{name}.bin"));
+    let hex = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    alloy_primitives::hex::decode(hex.trim()).expect("hex bytecode")
+}
+
+/// Calls the node.
+pub(crate) async fn rpc(url: &str, method: &str, params: Value) -> Value {
+    let answer: Value = reqwest::Client::new()
+        .post(url)
+        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{method}: {e}"))
+        .json()
+        .await
+        .unwrap();
+    if let Some(error) = answer.get("error") {
+        panic!("{method} refused: {error}");
+    }
+    answer["result"].clone()
+}
+
+/// A quantity the node answered (`0x..`).
+pub(crate) fn quantity(v: &Value) -> u64 {
+    u64::from_str_radix(v.as_str().expect("a quantity").trim_start_matches("0x"), 16).unwrap()
+}
+
+/// Waits for the receipt of `hash`.
+pub(crate) async fn receipt(url: &str, hash: &str) -> Value {
+    for _ in 0..600 {
+        let r = rpc(url, "eth_getTransactionReceipt", json!([hash])).await;
+        if !r.is_null() {
+            return r;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("no receipt for {hash}");
+}
+
+/// Deploys `name` with constructor arguments `args` (ABI-encoded) from
+/// the deployer; its address.
+pub(crate) async fn deploy(url: &str, name: &str, args: Vec<u8>) -> Address {
+    let mut data = bytecode(name);
+    data.extend(args);
+    let hash = rpc(
+        url,
+        "eth_sendTransaction",
+        json!([{"from": DEPLOYER, "data": format!("0x{}", alloy_primitives::hex::encode(data)), "gas": "0x2dc6c0"}]),
+    )
+    .await;
+    let r = receipt(url, hash.as_str().unwrap()).await;
+    assert_eq!(r["status"], "0x1", "deploying {name}: {r}");
+    r["contractAddress"].as_str().unwrap().parse().unwrap()
+}
+
+/// A chain for a test: anvil, the token, the hot wallet's key file.
+pub(crate) struct TestChain {
+    pub anvil: Anvil,
+    pub token: Address,
+    pub key_file: tempfile::NamedTempFile,
+}
+
+impl TestChain {
+    /// anvil started with `anvil_args`, token `token_contract` deployed with
+    /// the supply on the hot wallet, transfers to `refused` reverting.
+    pub(crate) async fn start(anvil_args: &[&str], token_contract: &str, refused: Address) -> TestChain {
+        let anvil = Anvil::start(anvil_args);
+        let holder: Address = HOT_WALLET.parse().unwrap();
+        let token = deploy(
+            &anvil.url(),
+            token_contract,
+            (holder, U256::from(SUPPLY), refused).abi_encode_params(),
+        )
+        .await;
+        let key_file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(key_file.path(), format!("{HOT_WALLET_KEY}\n")).unwrap();
+        std::fs::set_permissions(key_file.path(), std::fs::Permissions::from_mode(0o600)).unwrap();
+        TestChain { anvil, token, key_file }
+    }
+
+    /// The node's URL.
+    pub(crate) fn url(&self) -> String {
+        self.anvil.url()
+    }
+
+    /// `settled deliver`'s chain flags for node `url`.
+    pub(crate) fn flags(&self, url: &str, confirmations: u32) -> Vec<String> {
+        vec![
+            "--chain-rpc-url".into(),
+            url.into(),
+            "--token-address".into(),
+            format!("{:#x}", self.token),
+            "--signer-key-file".into(),
+            self.key_file.path().display().to_string(),
+            "--confirmations".into(),
+            confirmations.to_string(),
+        ]
+    }
+
+    /// `owner`'s token balance, read from the chain.
+    pub(crate) async fn balance_of(&self, owner: Address) -> U256 {
+        let data = IERC20::balanceOfCall { owner }.abi_encode();
+        let r = rpc(
+            &self.url(),
+            "eth_call",
+            json!([{"to": self.token, "data": format!("0x{}", alloy_primitives::hex::encode(data))}, "latest"]),
+        )
+        .await;
+        U256::from_str_radix(r.as_str().unwrap().trim_start_matches("0x"), 16).unwrap()
+    }
+
+    /// Every `Transfer` of the token from the hot wallet on the canonical
+    /// chain: (recipient, amount, transaction hash).
+    pub(crate) async fn transfers_from_hot_wallet(&self) -> Vec<(Address, U256, String)> {
+        let topic0 = IERC20::Transfer::SIGNATURE_HASH;
+        let from = B256::left_padding_from(HOT_WALLET.parse::<Address>().unwrap().as_slice());
+        let logs = rpc(
+            &self.url(),
+            "eth_getLogs",
+            json!([{"address": self.token, "topics": [topic0, from], "fromBlock": "0x0", "toBlock": "latest"}]),
+        )
+        .await;
+        logs.as_array()
+            .unwrap()
+            .iter()
+            .map(|log| {
+                let topics: Vec<B256> = serde_json::from_value(log["topics"].clone()).unwrap();
+                let data: alloy_primitives::Bytes = serde_json::from_value(log["data"].clone()).unwrap();
+                let transfer = IERC20::Transfer::decode_raw_log(topics, &data).expect("a Transfer log");
+                (
+                    transfer.to,
+                    transfer.value,
+                    log["transactionHash"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect()
+    }
+
+    /// The hot wallet's count of mined transactions.
+    pub(crate) async fn mined_nonce(&self) -> u64 {
+        quantity(&rpc(&self.url(), "eth_getTransactionCount", json!([HOT_WALLET, "latest"])).await)
+    }
+}
+
+/// What the proxy does with `eth_sendRawTransaction`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Broadcasts {
+    /// Forwarded, answered.
+    Pass = 0,
+    /// Never forwarded, never answered (a process killed before its broadcast left).
+    Swallow = 1,
+    /// Forwarded, its answer never given (killed before it recorded the broadcast).
+    ForwardUnanswered = 2,
+}
+
+/// A JSON-RPC proxy in front of the node: everything passes but
+/// broadcasts, which it treats as told.
+pub(crate) struct RpcProxy {
+    pub url: String,
+    mode: Arc<AtomicU8>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RpcProxy {
+    pub(crate) async fn start(node: String) -> RpcProxy {
+        let mode = Arc::new(AtomicU8::new(Broadcasts::Pass as u8));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let state = (node, mode.clone(), reqwest::Client::new());
+        let app = axum::Router::new()
+            .route("/", axum::routing::post(forward))
+            .with_state(state);
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        RpcProxy { url, mode, task }
+    }
+
+    pub(crate) fn set(&self, broadcasts: Broadcasts) {
+        self.mode.store(broadcasts as u8, Ordering::SeqCst);
+    }
+}
+
+impl Drop for RpcProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn forward(
+    axum::extract::State((node, mode, http)): axum::extract::State<(String, Arc<AtomicU8>, reqwest::Client)>,
+    body: axum::body::Bytes,
+) -> axum::response::Response {
+    let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let broadcast = request["method"] == "eth_sendRawTransaction";
+    let mode = mode.load(Ordering::SeqCst);
+    if broadcast && mode == Broadcasts::Swallow as u8 {
+        std::future::pending::<()>().await;
+    }
+    let answer = http
+        .post(&node)
+        .header("content-type", "application/json")
+        .body(body.to_vec())
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    if broadcast && mode == Broadcasts::ForwardUnanswered as u8 {
+        std::future::pending::<()>().await;
+    }
+    axum::response::Response::builder()
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from(answer))
+        .unwrap()
+}
+
+/// Each payout's creator and amount, and its state, as settled stores them.
+pub(crate) async fn payouts(pool: &sqlx::PgPool) -> BTreeMap<i64, (Address, U256, String)> {
+    let rows: Vec<(i64, String, String, String)> =
+        sqlx::query_as("SELECT id, creator, amount::text, status FROM settlement.payouts ORDER BY id")
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    rows.into_iter()
+        .map(|(id, c, a, s)| (id, (c.parse().unwrap(), U256::from_str_radix(&a, 10).unwrap(), s)))
+        .collect()
+}
+
+/// SIGKILL, by pid.
+pub(crate) fn kill9(child: &mut std::process::Child) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let _ = child.wait();
+}

@@ -1,0 +1,198 @@
+//! Following heads: every transaction of the hot wallet in flight is
+//! looked at each round. Not mined: any of its attempts' receipts makes it
+//! included (whichever attempt was mined counts); otherwise it is sent
+//! again when never sent or sent long ago. Included: if its block is no
+//! longer the canonical block at that height, a reorg took it out, and it
+//! goes back to broadcast and is sent again; once its block has the
+//! confirmation depth on it, it is confirmed (its payouts paid) or
+//! reverted (its payouts failed, funds returned once), through the payout
+//! state machine's own function. Each move is a conditional update in the
+//! database transaction that moves the payouts, so any number of processes
+//! can follow the same wallet.
+
+use std::time::Duration;
+
+use alloy_primitives::B256;
+use sqlx::PgPool;
+
+use super::broadcast::{self, Sent};
+use super::rail::reverted_reason;
+use super::rpc::Receipt;
+use super::store::{self, ChainTx, TxState};
+use super::{Chain, REBROADCAST_AFTER};
+use crate::payouts::{apply_word, ProviderWord, Source};
+
+/// What one round did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Round {
+    /// Transactions in flight looked at.
+    pub in_flight: usize,
+    /// Sent (again).
+    pub broadcast: usize,
+    /// Found mined.
+    pub included: usize,
+    /// Whose block left the canonical chain.
+    pub reorged: usize,
+    /// Confirmed at depth.
+    pub confirmed: usize,
+    /// Reverted at depth.
+    pub reverted: usize,
+}
+
+/// Follows heads every `every` until aborted.
+pub async fn follow(pool: PgPool, chain: std::sync::Arc<Chain>, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if let Err(err) = round(&pool, &chain).await {
+            tracing::warn!(error = %format!("{err:#}"), "following the chain's heads failed; trying again");
+        }
+    }
+}
+
+/// One look at every transaction in flight.
+pub async fn round(pool: &PgPool, chain: &Chain) -> anyhow::Result<Round> {
+    let txs = {
+        let mut conn = pool.acquire().await?;
+        store::in_flight(&mut conn, chain.chain_id, chain.wallet.address()).await?
+    };
+    let head = chain.rpc.block_number().await?;
+    let mut done = Round {
+        in_flight: txs.len(),
+        ..Round::default()
+    };
+    for tx in txs {
+        match tx.state {
+            TxState::Signed | TxState::Broadcast => not_mined(pool, chain, &tx, &mut done).await?,
+            TxState::Included => included(pool, chain, &tx, head, &mut done).await?,
+            TxState::Confirmed | TxState::Reverted => {}
+        }
+    }
+    Ok(done)
+}
+
+/// The receipt of whichever of `tx`'s attempts was mined.
+async fn mined_receipt(chain: &Chain, tx: &ChainTx) -> anyhow::Result<Option<Receipt>> {
+    for attempt in &tx.attempts {
+        if let Some(receipt) = chain.rpc.receipt(attempt.hash).await? {
+            return Ok(Some(receipt));
+        }
+    }
+    Ok(None)
+}
+
+async fn not_mined(pool: &PgPool, chain: &Chain, tx: &ChainTx, done: &mut Round) -> anyhow::Result<()> {
+    if let Some(receipt) = mined_receipt(chain, tx).await? {
+        let mut db = pool.begin().await?;
+        let number = receipt.block_number.to::<u64>();
+        if store::mark_included(
+            &mut db,
+            tx.id,
+            tx.state,
+            number,
+            receipt.block_hash,
+            receipt.transaction_hash,
+        )
+        .await?
+        {
+            move_payouts(&mut db, chain, tx.id, Word::Pending).await?;
+            db.commit().await?;
+            done.included += 1;
+        }
+        return Ok(());
+    }
+    let due = tx
+        .since_broadcast_ms
+        .is_none_or(|ms| ms >= REBROADCAST_AFTER.as_millis() as i64);
+    if tx.state == TxState::Signed || due {
+        rebroadcast(pool, chain, tx).await?;
+        done.broadcast += 1;
+    }
+    Ok(())
+}
+
+/// Sends `tx`'s newest attempt again and records it as broadcast, its
+/// payouts sent.
+async fn rebroadcast(pool: &PgPool, chain: &Chain, tx: &ChainTx) -> anyhow::Result<()> {
+    let sent = broadcast::send(&chain.rpc, &tx.latest().raw).await?;
+    if sent == Sent::NonceUsed {
+        tracing::info!(
+            tx = tx.id,
+            nonce = tx.nonce,
+            "nonce spent; looking for the mined attempt"
+        );
+    }
+    let mut db = pool.begin().await?;
+    if store::mark_broadcast(&mut db, tx.id).await? {
+        move_payouts(&mut db, chain, tx.id, Word::Pending).await?;
+    }
+    db.commit().await?;
+    Ok(())
+}
+
+async fn included(pool: &PgPool, chain: &Chain, tx: &ChainTx, head: u64, done: &mut Round) -> anyhow::Result<()> {
+    let (number, block, mined_hash) = tx.mined.expect("an included transaction has its block");
+    let canonical = chain.rpc.header(number).await?.map(|h| h.hash);
+    let receipt = chain.rpc.receipt(mined_hash).await?;
+    let still_there = canonical == Some(block) && receipt.as_ref().is_some_and(|r| r.block_hash == block);
+    if !still_there {
+        let mut db = pool.begin().await?;
+        if store::mark_reorged(&mut db, tx.id, block).await? {
+            db.commit().await?;
+            tracing::warn!(tx = tx.id, nonce = tx.nonce, block = number, %block, "its block left the canonical chain: broadcast again");
+            done.reorged += 1;
+            let _ = broadcast::send(&chain.rpc, &tx.latest().raw).await;
+        }
+        return Ok(());
+    }
+    if head + 1 < number + chain.confirmations {
+        return Ok(());
+    }
+    let receipt = receipt.expect("checked above");
+    let (to, word) = if receipt.succeeded() {
+        (TxState::Confirmed, Word::Paid)
+    } else {
+        (TxState::Reverted, Word::Failed(reverted_reason(tx)))
+    };
+    let mut db = pool.begin().await?;
+    if store::mark_final(&mut db, tx.id, block, to).await? {
+        move_payouts(&mut db, chain, tx.id, word).await?;
+        db.commit().await?;
+        match to {
+            TxState::Confirmed => done.confirmed += 1,
+            _ => done.reverted += 1,
+        }
+    }
+    Ok(())
+}
+
+/// What a transaction's move says of its payouts.
+enum Word {
+    Pending,
+    Paid,
+    Failed(String),
+}
+
+/// Moves the payouts of transaction `tx_id` by `word`, through the payout
+/// state machine (`settlement.apply_provider_word`): a repeat moves nothing.
+async fn move_payouts(db: &mut sqlx::PgConnection, chain: &Chain, tx_id: i64, word: Word) -> anyhow::Result<()> {
+    for paid in store::payouts_of(db, tx_id).await? {
+        let provider_id = chain.payment_id(paid.payout_id);
+        let word = match &word {
+            Word::Pending => ProviderWord::Pending { provider_id },
+            Word::Paid => ProviderWord::Paid { provider_id },
+            Word::Failed(reason) => ProviderWord::Failed {
+                provider_id: Some(provider_id),
+                reason: reason.clone(),
+            },
+        };
+        apply_word(db, paid.payout_id, &word, Source::Poll, None).await?;
+    }
+    Ok(())
+}
+
+/// The hash as settled stores it (for logs and tests).
+pub fn shown(hash: B256) -> String {
+    store::hex(hash)
+}

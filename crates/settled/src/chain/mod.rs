@@ -1,0 +1,168 @@
+//! The chain rail: payouts paid by ERC-20 transfers from settled's hot
+//! wallet, exactly once (docs/architecture.md, "The chain rail").
+//!
+//! ```text
+//! payout queued ──► signed (write-ahead: nonce, bytes, hash stored) ──► broadcast ──► included ──► confirmed (depth N)
+//!                                                         payout: sent ─┘        ▲    │    └────► reverted
+//!                                                                 reorg: back ────┘────┘          payout: paid | failed (funds returned)
+//! ```
+//!
+//! It owns the transaction's lifecycle beside the payout's: `sign.rs`
+//! makes a transaction (the only place one is signed), `broadcast.rs`
+//! sends stored bytes and reads the node's answer, `confirm.rs` follows
+//! heads (inclusion, reorgs, the confirmation depth) and moves payouts
+//! through the payout state machine's own functions, `rail.rs` is the
+//! [`crate::payouts::Rail`] delivery calls, `store.rs` holds the
+//! statements. It never moves a payout but through `payouts::apply_word`,
+//! and never signs a second transaction for a payout.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use alloy_primitives::{Address, U256};
+use sqlx::PgPool;
+
+pub mod abi;
+pub mod broadcast;
+pub mod confirm;
+pub mod rail;
+pub mod rpc;
+pub mod sign;
+pub mod store;
+pub mod wallet;
+
+pub use rail::ChainRail;
+pub use rpc::Rpc;
+pub use wallet::HotWallet;
+
+/// The confirmation depth by default: a payout is paid when its
+/// transaction's block has this many blocks on it, itself included.
+pub const DEFAULT_CONFIRMATIONS: u64 = 12;
+/// The most settled pays per gas by default, in gwei.
+pub const DEFAULT_FEE_CAP_GWEI: u64 = 500;
+/// How often heads are followed.
+pub const FOLLOW_EVERY: Duration = Duration::from_millis(500);
+/// A transaction sent this long ago and not mined is sent again (a node
+/// that dropped or forgot it).
+pub const REBROADCAST_AFTER: Duration = Duration::from_secs(10);
+
+/// The chain flags of `settled deliver`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ChainFlags {
+    /// Pay payouts on-chain through this node's JSON-RPC (e.g.
+    /// http://127.0.0.1:8545) instead of the HTTP provider.
+    #[arg(long, env = "SETTLED_CHAIN_RPC_URL", requires_all = ["token_address", "signer_key_file"])]
+    pub chain_rpc_url: Option<String>,
+    /// The ERC-20 token paid out (0x + 40 hex digits).
+    #[arg(long, env = "SETTLED_TOKEN_ADDRESS", requires = "chain_rpc_url", value_parser = parse_address)]
+    pub token_address: Option<Address>,
+    /// The hot wallet's private key, hex, in a file only its owner can read.
+    #[arg(long, env = "SETTLED_SIGNER_KEY_FILE", requires = "chain_rpc_url")]
+    pub signer_key_file: Option<PathBuf>,
+    /// Blocks on top of a transaction's block, itself included, before its
+    /// payouts are paid (or failed, if it reverted).
+    #[arg(long, default_value_t = DEFAULT_CONFIRMATIONS, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub confirmations: u64,
+    /// The most paid per gas, base fee and tip together, in gwei.
+    #[arg(long, env = "SETTLED_CHAIN_FEE_CAP_GWEI", default_value_t = DEFAULT_FEE_CAP_GWEI,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub fee_cap_gwei: u64,
+}
+
+/// Parses a contract or wallet address (any case).
+pub fn parse_address(text: &str) -> Result<Address, String> {
+    let address = crate::address::CreatorAddress::parse(text).map_err(|e| e.to_string())?;
+    address.as_str().parse().map_err(|e| format!("{e}"))
+}
+
+/// The batch contract and how many payouts one call pays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Batch {
+    /// The multi-transfer contract (`contracts/PayMany.sol`).
+    pub contract: Address,
+    /// Payouts per transaction.
+    pub max: u32,
+}
+
+/// A chain to pay on, connected: its node, the chain's id, the hot wallet,
+/// the token, and the rules.
+#[derive(Debug, Clone)]
+pub struct Chain {
+    /// The node.
+    pub rpc: Rpc,
+    /// The chain's id (signed into every transaction).
+    pub chain_id: u64,
+    /// The hot wallet.
+    pub wallet: HotWallet,
+    /// The token paid out.
+    pub token: Address,
+    /// The confirmation depth.
+    pub confirmations: u64,
+    /// The most paid per gas, in wei.
+    pub fee_cap: u128,
+    /// Batches, when a batch contract is given.
+    pub batch: Option<Batch>,
+}
+
+impl Chain {
+    /// Connects to the node of `flags`, reads the key, and makes sure the
+    /// sender has its nonce row (starting from the node's count of its
+    /// mined transactions, the first time).
+    pub async fn connect(pool: &PgPool, flags: &ChainFlags) -> anyhow::Result<Option<Chain>> {
+        let (Some(url), Some(token), Some(key_file)) =
+            (&flags.chain_rpc_url, flags.token_address, &flags.signer_key_file)
+        else {
+            return Ok(None);
+        };
+        let wallet = HotWallet::from_key_file(key_file)?;
+        let rpc = Rpc::new(url)?;
+        let chain_id = rpc.chain_id().await?;
+        let chain = Chain {
+            rpc,
+            chain_id,
+            wallet,
+            token,
+            confirmations: flags.confirmations,
+            fee_cap: u128::from(flags.fee_cap_gwei) * 1_000_000_000,
+            batch: None,
+        };
+        let mined = chain.rpc.nonce(chain.wallet.address(), "latest").await?;
+        sqlx::query(
+            "INSERT INTO settlement.chain_senders (chain_id, sender, next_nonce) VALUES ($1, $2, $3)
+             ON CONFLICT (chain_id, sender) DO NOTHING",
+        )
+        .bind(chain_id as i64) // $1
+        .bind(store::lower(chain.wallet.address())) // $2
+        .bind(mined as i64) // $3
+        .execute(pool)
+        .await?;
+        Ok(Some(chain))
+    }
+
+    /// The fees a new transaction is signed with: twice the newest base
+    /// fee plus the node's suggested tip, at most the fee cap.
+    pub async fn fees(&self) -> anyhow::Result<sign::Fees> {
+        let base = self.rpc.latest().await?.base_fee_per_gas.unwrap_or(U256::ZERO);
+        let tip = self.rpc.max_priority_fee().await?;
+        let base: u128 = base
+            .try_into()
+            .map_err(|_| anyhow::anyhow!("base fee {base} out of range"))?;
+        let tip: u128 = tip.try_into().map_err(|_| anyhow::anyhow!("tip {tip} out of range"))?;
+        let max_fee = base.saturating_mul(2).saturating_add(tip).min(self.fee_cap);
+        Ok(sign::Fees {
+            max_fee_per_gas: max_fee.max(1),
+            max_priority_fee_per_gas: tip.min(max_fee),
+        })
+    }
+
+    /// The payment id settled records for payout `payout_id` paid on this
+    /// chain from this wallet: it names the payout, not a nonce or a hash,
+    /// so it stays the payout's whatever attempt is mined.
+    pub fn payment_id(&self, payout_id: i64) -> String {
+        format!(
+            "eip155:{}:{}:payout-{payout_id}",
+            self.chain_id,
+            store::lower(self.wallet.address())
+        )
+    }
+}

@@ -1,0 +1,117 @@
+//! The chain as a [`Rail`]: delivery asks it to pay a payout, and it signs
+//! the payout's one transaction ahead (unless it has one), broadcasts that
+//! transaction's stored bytes, and answers with the payment as the chain
+//! rail records it: pending until the transaction is confirmed at depth,
+//! paid, or failed if it reverted. Asked again (a retry, another process,
+//! after a crash), it broadcasts the same bytes. It reads its record from
+//! the database: the chain rail never forgets a payment.
+
+use std::sync::Arc;
+
+use sqlx::PgPool;
+
+use super::broadcast::{self, Sent};
+use super::store::{self, ChainTx, Paid, TxState};
+use super::Chain;
+use crate::payouts::{PayoutRow, Rail};
+use crate::provider::{Payment, PaymentStatus, ProviderError};
+
+/// The chain rail.
+#[derive(Debug, Clone)]
+pub struct ChainRail {
+    chain: Arc<Chain>,
+    pool: PgPool,
+}
+
+fn transient(e: impl std::fmt::Display) -> ProviderError {
+    ProviderError::Transient(format!("{e:#}"))
+}
+
+impl ChainRail {
+    /// The rail paying on `chain`, recording in `pool`'s database.
+    pub fn new(chain: Arc<Chain>, pool: PgPool) -> ChainRail {
+        ChainRail { chain, pool }
+    }
+
+    /// The chain it pays on.
+    pub fn chain(&self) -> &Arc<Chain> {
+        &self.chain
+    }
+
+    async fn stored(&self, payout_id: i64) -> anyhow::Result<Option<(ChainTx, Paid)>> {
+        let mut conn = self.pool.acquire().await?;
+        store::tx_of_payout(&mut conn, payout_id).await
+    }
+
+    /// The payout's transaction: the stored one, or one signed now.
+    async fn tx_for(&self, payout: &PayoutRow) -> Result<(ChainTx, Paid), ProviderError> {
+        if let Some(found) = self.stored(payout.id).await.map_err(transient)? {
+            return Ok(found);
+        }
+        let fees = self.chain.fees().await.map_err(transient)?;
+        // None: another process signed for it first, or it left `queued`.
+        super::sign::sign_ahead(&self.pool, &self.chain, std::slice::from_ref(payout), fees)
+            .await
+            .map_err(transient)?;
+        self.stored(payout.id)
+            .await
+            .map_err(transient)?
+            .ok_or_else(|| ProviderError::Refused(format!("payout {} is no longer queued", payout.id)))
+    }
+
+    /// The payment as this rail records it.
+    fn payment(&self, payout: &PayoutRow, tx: &ChainTx, paid: &Paid) -> Payment {
+        let status = match tx.state {
+            TxState::Signed | TxState::Broadcast | TxState::Included => PaymentStatus::Pending,
+            TxState::Confirmed => PaymentStatus::Paid,
+            TxState::Reverted => PaymentStatus::Failed,
+        };
+        Payment {
+            id: self.chain.payment_id(paid.payout_id),
+            idempotency_key: payout.provider_key.clone(),
+            creator: store::lower(paid.recipient),
+            amount: paid.amount.to_string(),
+            status,
+            failure_reason: (status == PaymentStatus::Failed).then(|| reverted_reason(tx)),
+            reference: Some(payout.reference.clone()),
+        }
+    }
+}
+
+/// Why a reverted transaction's payouts failed.
+pub fn reverted_reason(tx: &ChainTx) -> String {
+    match tx.mined {
+        Some((block, _, hash)) => format!("transaction {hash} (nonce {}) reverted in block {block}", tx.nonce),
+        None => format!("transaction nonce {} reverted", tx.nonce),
+    }
+}
+
+impl Rail for ChainRail {
+    async fn send(&self, payout: &PayoutRow, _traceparent: Option<&str>) -> Result<Payment, ProviderError> {
+        let (tx, paid) = self.tx_for(payout).await?;
+        if matches!(tx.state, TxState::Signed | TxState::Broadcast) {
+            let sent = broadcast::send(&self.chain.rpc, &tx.latest().raw)
+                .await
+                .map_err(transient)?;
+            if sent == Sent::NonceUsed {
+                tracing::info!(
+                    tx = tx.id,
+                    nonce = tx.nonce,
+                    "nonce spent: an attempt was mined; the follower finds it"
+                );
+            }
+            let mut conn = self.pool.acquire().await.map_err(transient)?;
+            store::mark_broadcast(&mut conn, tx.id).await.map_err(transient)?;
+        }
+        Ok(self.payment(payout, &tx, &paid))
+    }
+
+    async fn look_up(&self, payout: &PayoutRow) -> Result<Option<Payment>, ProviderError> {
+        let found = self.stored(payout.id).await.map_err(transient)?;
+        Ok(found.map(|(tx, paid)| self.payment(payout, &tx, &paid)))
+    }
+
+    async fn find(&self, payout: &PayoutRow) -> Result<Vec<Payment>, ProviderError> {
+        Ok(self.look_up(payout).await?.into_iter().collect())
+    }
+}

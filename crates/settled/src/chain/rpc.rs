@@ -1,0 +1,254 @@
+//! The node's JSON-RPC over HTTP: one call, its answer decoded, and the
+//! node's error object kept apart from transport failures (a broadcast
+//! reads the node's message: "already known" and "nonce too low" are
+//! answers). What the calls mean lives with their callers; this module
+//! never decides anything about a transaction.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use alloy_primitives::{Address, Bytes, B256, U256, U64};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+/// How long one call to the node may take.
+pub const RPC_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why a call has no answer.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum RpcError {
+    /// The node could not be reached, or answered something that is not JSON-RPC.
+    #[error("the node at {url} did not answer {method}: {detail}")]
+    Transport {
+        /// The node.
+        url: String,
+        /// The call.
+        method: &'static str,
+        /// What went wrong.
+        detail: String,
+    },
+    /// The node answered with an error object.
+    #[error("the node refused {method}: {message} (code {code})")]
+    Node {
+        /// The call.
+        method: &'static str,
+        /// Its code.
+        code: i64,
+        /// Its message.
+        message: String,
+    },
+}
+
+impl RpcError {
+    /// The node's message, when it answered with an error object.
+    pub fn node_message(&self) -> Option<&str> {
+        match self {
+            RpcError::Node { message, .. } => Some(message),
+            RpcError::Transport { .. } => None,
+        }
+    }
+}
+
+/// A node reached over HTTP.
+#[derive(Debug, Clone)]
+pub struct Rpc {
+    url: String,
+    http: reqwest::Client,
+    next_id: std::sync::Arc<AtomicU64>,
+}
+
+#[derive(Deserialize)]
+struct Answer {
+    result: Option<Value>,
+    error: Option<NodeError>,
+}
+
+#[derive(Deserialize)]
+struct NodeError {
+    code: i64,
+    message: String,
+}
+
+/// A mined transaction's receipt, as far as settled reads it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Receipt {
+    /// The transaction's hash.
+    pub transaction_hash: B256,
+    /// Its block.
+    pub block_number: U64,
+    /// That block's hash.
+    pub block_hash: B256,
+    /// 1: succeeded; 0: reverted.
+    pub status: U64,
+    /// Gas used.
+    pub gas_used: U64,
+    /// The logs it emitted.
+    #[serde(default)]
+    pub logs: Vec<Log>,
+}
+
+impl Receipt {
+    /// True when the transaction succeeded.
+    pub fn succeeded(&self) -> bool {
+        self.status == U64::from(1)
+    }
+}
+
+/// One log of a block.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Log {
+    /// The contract that emitted it.
+    pub address: Address,
+    /// Its topics.
+    pub topics: Vec<B256>,
+    /// Its data.
+    pub data: Bytes,
+    /// Its block.
+    pub block_number: Option<U64>,
+    /// That block's hash.
+    pub block_hash: Option<B256>,
+    /// Its transaction.
+    pub transaction_hash: Option<B256>,
+    /// Its index in the block.
+    pub log_index: Option<U64>,
+}
+
+/// A block header, as far as settled reads it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Header {
+    /// Its number.
+    pub number: U64,
+    /// Its hash.
+    pub hash: B256,
+    /// Its base fee per gas.
+    pub base_fee_per_gas: Option<U256>,
+    /// Its gas limit.
+    pub gas_limit: U64,
+}
+
+impl Rpc {
+    /// A client of the node at `url`.
+    pub fn new(url: &str) -> anyhow::Result<Rpc> {
+        let http = reqwest::Client::builder().timeout(RPC_TIMEOUT).build()?;
+        Ok(Rpc {
+            url: url.to_string(),
+            http,
+            next_id: std::sync::Arc::new(AtomicU64::new(1)),
+        })
+    }
+
+    /// The node's URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Calls `method` with `params` and decodes its result.
+    pub async fn call<T: DeserializeOwned>(&self, method: &'static str, params: Value) -> Result<T, RpcError> {
+        let transport = |detail: String| RpcError::Transport {
+            url: self.url.clone(),
+            method,
+            detail,
+        };
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let body = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        let response = self
+            .http
+            .post(&self.url)
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| transport(e.to_string()))?;
+        let answer: Answer = response.json().await.map_err(|e| transport(e.to_string()))?;
+        if let Some(NodeError { code, message }) = answer.error {
+            return Err(RpcError::Node { method, code, message });
+        }
+        serde_json::from_value(answer.result.unwrap_or(Value::Null))
+            .map_err(|e| transport(format!("unreadable result: {e}")))
+    }
+
+    /// The chain's id.
+    pub async fn chain_id(&self) -> Result<u64, RpcError> {
+        Ok(self.call::<U64>("eth_chainId", json!([])).await?.to())
+    }
+
+    /// The number of the newest block.
+    pub async fn block_number(&self) -> Result<u64, RpcError> {
+        Ok(self.call::<U64>("eth_blockNumber", json!([])).await?.to())
+    }
+
+    /// The canonical block at `number` (None: there is none yet).
+    pub async fn header(&self, number: u64) -> Result<Option<Header>, RpcError> {
+        self.call("eth_getBlockByNumber", json!([U64::from(number), false]))
+            .await
+    }
+
+    /// The newest block.
+    pub async fn latest(&self) -> Result<Header, RpcError> {
+        self.call::<Option<Header>>("eth_getBlockByNumber", json!(["latest", false]))
+            .await?
+            .ok_or_else(|| RpcError::Transport {
+                url: self.url.clone(),
+                method: "eth_getBlockByNumber",
+                detail: "no latest block".into(),
+            })
+    }
+
+    /// Transactions `address` sent in blocks up to `block` ("latest", "pending").
+    pub async fn nonce(&self, address: Address, block: &str) -> Result<u64, RpcError> {
+        Ok(self
+            .call::<U64>("eth_getTransactionCount", json!([address, block]))
+            .await?
+            .to())
+    }
+
+    /// The tip the node suggests per gas.
+    pub async fn max_priority_fee(&self) -> Result<U256, RpcError> {
+        self.call("eth_maxPriorityFeePerGas", json!([])).await
+    }
+
+    /// Sends signed bytes; the node's answer is the transaction's hash.
+    pub async fn send_raw(&self, raw: &[u8]) -> Result<B256, RpcError> {
+        self.call("eth_sendRawTransaction", json!([Bytes::copy_from_slice(raw)]))
+            .await
+    }
+
+    /// The receipt of the transaction `hash`, once it is mined.
+    pub async fn receipt(&self, hash: B256) -> Result<Option<Receipt>, RpcError> {
+        self.call("eth_getTransactionReceipt", json!([hash])).await
+    }
+
+    /// `address`'s balance of the chain's own coin (for gas), in wei.
+    pub async fn balance(&self, address: Address) -> Result<U256, RpcError> {
+        self.call("eth_getBalance", json!([address, "latest"])).await
+    }
+
+    /// The answer of a read-only call of `to` with `data`.
+    pub async fn eth_call(&self, to: Address, data: Bytes) -> Result<Bytes, RpcError> {
+        self.call("eth_call", json!([{"to": to, "data": data}, "latest"])).await
+    }
+
+    /// The logs of `address` with first topic `topic0` and, when given,
+    /// second topic `topic1`, in blocks `from..=to`.
+    pub async fn logs(
+        &self,
+        address: Address,
+        topic0: B256,
+        topic1: Option<B256>,
+        from: u64,
+        to: u64,
+    ) -> Result<Vec<Log>, RpcError> {
+        let topics = match topic1 {
+            Some(t) => json!([topic0, t]),
+            None => json!([topic0]),
+        };
+        self.call(
+            "eth_getLogs",
+            json!([{"address": address, "topics": topics, "fromBlock": U64::from(from), "toBlock": U64::from(to)}]),
+        )
+        .await
+    }
+}

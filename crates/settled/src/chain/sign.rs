@@ -1,0 +1,149 @@
+//! Write-ahead signing: the one place a chain transaction comes to be. In
+//! one database transaction the sender's nonce row is locked, the next
+//! nonce taken, the transaction signed, and its bytes, hash and nonce
+//! stored with the payouts it pays; only after that commit may anyone
+//! broadcast it. A payout already paid by a transaction (its row in
+//! `settlement.chain_tx_payouts`), or no longer queued, is never signed for
+//! again: the statement refuses, the database transaction rolls back, and
+//! the nonce is not spent.
+
+use alloy_consensus::TxEip1559;
+use alloy_primitives::{Address, TxKind, U256};
+use alloy_sol_types::SolCall;
+use sqlx::PgPool;
+
+use super::abi::{PayMany, IERC20};
+use super::store::lower;
+use super::Chain;
+use crate::payouts::PayoutRow;
+
+/// Gas for one `transfer` (a token's transfer costs about 35,000-52,000;
+/// the rest is headroom for tokens with hooks). A limit too low reverts:
+/// the payout fails and its funds return, nothing is lost.
+pub const TRANSFER_GAS_LIMIT: u64 = 100_000;
+/// Gas for a batch: this, plus [`BATCH_GAS_PER_TRANSFER`] per payout.
+pub const BATCH_GAS_BASE: u64 = 60_000;
+/// Gas per payout of a batch.
+pub const BATCH_GAS_PER_TRANSFER: u64 = 60_000;
+
+/// The fees an attempt is signed with, in wei per gas.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fees {
+    /// The most paid per gas, base fee and tip together.
+    pub max_fee_per_gas: u128,
+    /// The tip.
+    pub max_priority_fee_per_gas: u128,
+}
+
+/// What a transaction calls: the token's `transfer` for one payout, the
+/// batch contract's `pay` for several.
+pub fn call_for(chain: &Chain, payouts: &[PayoutRow]) -> anyhow::Result<(Address, Vec<u8>, u64)> {
+    let recipients = payouts
+        .iter()
+        .map(|p| p.creator.as_str().parse::<Address>())
+        .collect::<Result<Vec<_>, _>>()?;
+    let amounts: Vec<U256> = payouts.iter().map(|p| p.amount.as_u256()).collect();
+    match (payouts, chain.batch) {
+        ([_], _) => Ok((
+            chain.token,
+            IERC20::transferCall {
+                to: recipients[0],
+                value: amounts[0],
+            }
+            .abi_encode(),
+            TRANSFER_GAS_LIMIT,
+        )),
+        (many, Some(batch)) if !many.is_empty() && many.len() <= batch.max as usize => Ok((
+            batch.contract,
+            PayMany::payCall {
+                token: chain.token,
+                recipients,
+                amounts,
+            }
+            .abi_encode(),
+            BATCH_GAS_BASE + BATCH_GAS_PER_TRANSFER * many.len() as u64,
+        )),
+        _ => anyhow::bail!("{} payouts cannot go in one transaction here", payouts.len()),
+    }
+}
+
+/// Signs one transaction paying `payouts` under the sender's next nonce
+/// and stores it, all in one database transaction. Returns its id, or None
+/// when one of the payouts has a transaction already or is no longer
+/// queued (nothing was stored, no nonce spent).
+pub async fn sign_ahead(
+    pool: &PgPool,
+    chain: &Chain,
+    payouts: &[PayoutRow],
+    fees: Fees,
+) -> anyhow::Result<Option<i64>> {
+    let (target, input, gas_limit) = call_for(chain, payouts)?;
+    let sender = lower(chain.wallet.address());
+    let mut db = pool.begin().await?;
+    let nonce: i64 = sqlx::query_scalar(
+        "SELECT next_nonce FROM settlement.chain_senders WHERE chain_id = $1 AND sender = $2 FOR UPDATE",
+    )
+    .bind(chain.chain_id as i64) // $1
+    .bind(&sender) // $2
+    .fetch_one(&mut *db)
+    .await?;
+    let signed = chain.wallet.sign(TxEip1559 {
+        chain_id: chain.chain_id,
+        nonce: nonce as u64,
+        gas_limit,
+        max_fee_per_gas: fees.max_fee_per_gas,
+        max_priority_fee_per_gas: fees.max_priority_fee_per_gas,
+        to: TxKind::Call(target),
+        value: U256::ZERO,
+        access_list: Default::default(),
+        input: input.into(),
+    })?;
+    let tx_id: i64 = sqlx::query_scalar(
+        "INSERT INTO settlement.chain_txs (chain_id, sender, nonce, target, token) VALUES ($1, $2, $3, $4, $5)
+         RETURNING id",
+    )
+    .bind(chain.chain_id as i64) // $1
+    .bind(&sender) // $2
+    .bind(nonce) // $3
+    .bind(lower(target)) // $4
+    .bind(lower(chain.token)) // $5
+    .fetch_one(&mut *db)
+    .await?;
+    sqlx::query(
+        "INSERT INTO settlement.chain_tx_attempts
+             (tx_id, attempt, hash, raw, gas_limit, max_fee_per_gas, max_priority_fee_per_gas)
+         VALUES ($1, 1, $2, $3, $4, $5::numeric, $6::numeric)",
+    )
+    .bind(tx_id) // $1
+    .bind(super::store::hex(signed.hash)) // $2
+    .bind(&signed.raw) // $3
+    .bind(gas_limit as i64) // $4
+    .bind(fees.max_fee_per_gas.to_string()) // $5
+    .bind(fees.max_priority_fee_per_gas.to_string()) // $6
+    .execute(&mut *db)
+    .await?;
+    let ids: Vec<i64> = payouts.iter().map(|p| p.id).collect();
+    let linked = sqlx::query(
+        "INSERT INTO settlement.chain_tx_payouts (payout_id, tx_id, position, recipient, amount)
+         SELECT p.id, $2, (x.position - 1)::int, p.creator, p.amount
+         FROM unnest($1::bigint[]) WITH ORDINALITY AS x(id, position)
+         JOIN settlement.payouts p ON p.id = x.id AND p.status = 'queued'
+         ON CONFLICT (payout_id) DO NOTHING",
+    )
+    .bind(&ids) // $1
+    .bind(tx_id) // $2
+    .execute(&mut *db)
+    .await?;
+    if linked.rows_affected() != ids.len() as u64 {
+        db.rollback().await?;
+        return Ok(None);
+    }
+    sqlx::query("UPDATE settlement.chain_senders SET next_nonce = next_nonce + 1 WHERE chain_id = $1 AND sender = $2")
+        .bind(chain.chain_id as i64) // $1
+        .bind(&sender) // $2
+        .execute(&mut *db)
+        .await?;
+    db.commit().await?;
+    tracing::info!(tx = tx_id, nonce, hash = %signed.hash, payouts = ?ids, "signed and stored before broadcast");
+    Ok(Some(tx_id))
+}

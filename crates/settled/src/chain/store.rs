@@ -1,0 +1,291 @@
+//! The chain rail's statements over `settlement.chain_*`: a transaction as
+//! stored (its state, where it was mined, its attempts), and its moves,
+//! each one conditional update whose row count is the answer (the allowed
+//! moves are the table `settlement.chain_tx_moves`, which a trigger
+//! checks; every move appends to `settlement.chain_tx_history`). This
+//! module never signs and never calls the node.
+
+use alloy_primitives::{Address, B256};
+use sqlx::PgConnection;
+
+use crate::money::Amount;
+
+/// Where a transaction stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TxState {
+    /// Signed and stored, maybe never sent.
+    Signed,
+    /// Sent to the node, not mined (or its block left the chain).
+    Broadcast,
+    /// Mined in a block that is canonical as far as settled saw.
+    Included,
+    /// Mined, succeeded, and buried under the confirmation depth (final).
+    Confirmed,
+    /// Mined, failed, and buried under the confirmation depth (final).
+    Reverted,
+}
+
+impl TxState {
+    /// Every state.
+    pub const ALL: [TxState; 5] = [
+        TxState::Signed,
+        TxState::Broadcast,
+        TxState::Included,
+        TxState::Confirmed,
+        TxState::Reverted,
+    ];
+
+    /// The stored value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TxState::Signed => "signed",
+            TxState::Broadcast => "broadcast",
+            TxState::Included => "included",
+            TxState::Confirmed => "confirmed",
+            TxState::Reverted => "reverted",
+        }
+    }
+
+    /// Parses a stored value.
+    pub fn parse(value: &str) -> Option<TxState> {
+        TxState::ALL.into_iter().find(|s| s.as_str() == value)
+    }
+}
+
+/// One attempt of a transaction (a replacement is another, same nonce).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attempt {
+    /// 1 for the first.
+    pub attempt: i32,
+    /// Its hash.
+    pub hash: B256,
+    /// Its signed bytes.
+    pub raw: Vec<u8>,
+}
+
+/// A stored transaction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChainTx {
+    /// Its id.
+    pub id: i64,
+    /// Its nonce.
+    pub nonce: i64,
+    /// Where it stands.
+    pub state: TxState,
+    /// Where it was mined: block number, block hash, the attempt mined.
+    pub mined: Option<(u64, B256, B256)>,
+    /// Its attempts, oldest first.
+    pub attempts: Vec<Attempt>,
+    /// Milliseconds since it was last sent (None: never).
+    pub since_broadcast_ms: Option<i64>,
+}
+
+impl ChainTx {
+    /// The newest attempt (the one sent).
+    pub fn latest(&self) -> &Attempt {
+        self.attempts.last().expect("a stored transaction has an attempt")
+    }
+}
+
+/// A payout a transaction pays: what it pays, to whom.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Paid {
+    /// The payout.
+    pub payout_id: i64,
+    /// Its place in the transaction's call.
+    pub position: i32,
+    /// The recipient signed into the transaction.
+    pub recipient: Address,
+    /// The amount signed into it.
+    pub amount: Amount,
+}
+
+#[derive(sqlx::FromRow)]
+struct TxRow {
+    id: i64,
+    nonce: i64,
+    state: String,
+    block_number: Option<i64>,
+    block_hash: Option<String>,
+    mined_hash: Option<String>,
+    since_broadcast_ms: Option<i64>,
+}
+
+const TX_COLUMNS: &str = "t.id, t.nonce, t.state, t.block_number, t.block_hash, t.mined_hash, \
+     (extract(epoch FROM clock_timestamp() - t.broadcast_at) * 1000)::bigint AS since_broadcast_ms";
+
+fn hash(text: &str) -> anyhow::Result<B256> {
+    text.parse().map_err(|e| anyhow::anyhow!("stored hash {text:?}: {e}"))
+}
+
+async fn attempts(conn: &mut PgConnection, tx_id: i64) -> anyhow::Result<Vec<Attempt>> {
+    let rows: Vec<(i32, String, Vec<u8>)> =
+        sqlx::query_as("SELECT attempt, hash, raw FROM settlement.chain_tx_attempts WHERE tx_id = $1 ORDER BY attempt")
+            .bind(tx_id) // $1
+            .fetch_all(&mut *conn)
+            .await?;
+    rows.into_iter()
+        .map(|(attempt, h, raw)| {
+            Ok(Attempt {
+                attempt,
+                hash: hash(&h)?,
+                raw,
+            })
+        })
+        .collect()
+}
+
+async fn complete(conn: &mut PgConnection, row: TxRow) -> anyhow::Result<ChainTx> {
+    let state =
+        TxState::parse(&row.state).ok_or_else(|| anyhow::anyhow!("chain tx {}: state {:?}", row.id, row.state))?;
+    let mined = match (row.block_number, row.block_hash, row.mined_hash) {
+        (Some(n), Some(b), Some(m)) => Some((n as u64, hash(&b)?, hash(&m)?)),
+        _ => None,
+    };
+    Ok(ChainTx {
+        id: row.id,
+        nonce: row.nonce,
+        state,
+        mined,
+        attempts: attempts(conn, row.id).await?,
+        since_broadcast_ms: row.since_broadcast_ms,
+    })
+}
+
+/// The transaction that pays payout `payout_id`, and what it pays it.
+pub async fn tx_of_payout(conn: &mut PgConnection, payout_id: i64) -> anyhow::Result<Option<(ChainTx, Paid)>> {
+    let row: Option<TxRow> = sqlx::query_as(&format!(
+        "SELECT {TX_COLUMNS} FROM settlement.chain_tx_payouts l JOIN settlement.chain_txs t ON t.id = l.tx_id
+         WHERE l.payout_id = $1"
+    ))
+    .bind(payout_id) // $1
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some(row) = row else { return Ok(None) };
+    let tx = complete(conn, row).await?;
+    let paid = payouts_of(conn, tx.id)
+        .await?
+        .into_iter()
+        .find(|p| p.payout_id == payout_id)
+        .ok_or_else(|| anyhow::anyhow!("payout {payout_id} lost its transaction"))?;
+    Ok(Some((tx, paid)))
+}
+
+/// The payouts transaction `tx_id` pays, in call order.
+pub async fn payouts_of(conn: &mut PgConnection, tx_id: i64) -> anyhow::Result<Vec<Paid>> {
+    let rows: Vec<(i64, i32, String, String)> = sqlx::query_as(
+        "SELECT payout_id, position, recipient, amount::text FROM settlement.chain_tx_payouts
+         WHERE tx_id = $1 ORDER BY position",
+    )
+    .bind(tx_id) // $1
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.into_iter()
+        .map(|(payout_id, position, recipient, amount)| {
+            Ok(Paid {
+                payout_id,
+                position,
+                recipient: recipient.parse()?,
+                amount: Amount::parse_decimal(&amount)?,
+            })
+        })
+        .collect()
+}
+
+/// The transactions of `sender` on `chain_id` not final yet, by nonce.
+pub async fn in_flight(conn: &mut PgConnection, chain_id: u64, sender: Address) -> anyhow::Result<Vec<ChainTx>> {
+    let rows: Vec<TxRow> = sqlx::query_as(&format!(
+        "SELECT {TX_COLUMNS} FROM settlement.chain_txs t
+         WHERE t.chain_id = $1 AND t.sender = $2 AND t.state IN ('signed', 'broadcast', 'included')
+         ORDER BY t.nonce"
+    ))
+    .bind(chain_id as i64) // $1
+    .bind(lower(sender)) // $2
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut txs = Vec::with_capacity(rows.len());
+    for row in rows {
+        txs.push(complete(conn, row).await?);
+    }
+    Ok(txs)
+}
+
+/// An address as stored: lower-case hex.
+pub fn lower(address: Address) -> String {
+    format!("{address:#x}")
+}
+
+/// A hash as stored.
+pub fn hex(hash: B256) -> String {
+    format!("{hash:#x}")
+}
+
+/// Transaction `id` was sent: signed moves to broadcast; the time of its
+/// last sending is kept. False when it is past both (mined meanwhile).
+pub async fn mark_broadcast(conn: &mut PgConnection, id: i64) -> anyhow::Result<bool> {
+    let moved = sqlx::query(
+        "UPDATE settlement.chain_txs SET state = 'broadcast', broadcast_at = now()
+         WHERE id = $1 AND state IN ('signed', 'broadcast')",
+    )
+    .bind(id) // $1
+    .execute(conn)
+    .await?;
+    Ok(moved.rows_affected() == 1)
+}
+
+/// Transaction `id`, in `from`, was mined: attempt `mined_hash` in block
+/// `number` (hash `block`). False when it was not in `from` any more.
+pub async fn mark_included(
+    conn: &mut PgConnection,
+    id: i64,
+    from: TxState,
+    number: u64,
+    block: B256,
+    mined_hash: B256,
+) -> anyhow::Result<bool> {
+    let moved = sqlx::query(
+        "UPDATE settlement.chain_txs SET state = 'included', block_number = $3, block_hash = $4, mined_hash = $5
+         WHERE id = $1 AND state = $2",
+    )
+    .bind(id) // $1
+    .bind(from.as_str()) // $2
+    .bind(number as i64) // $3
+    .bind(hex(block)) // $4
+    .bind(hex(mined_hash)) // $5
+    .execute(conn)
+    .await?;
+    Ok(moved.rows_affected() == 1)
+}
+
+/// Transaction `id`'s block `block` left the canonical chain: it is
+/// broadcast again. False when it was not included there.
+pub async fn mark_reorged(conn: &mut PgConnection, id: i64, block: B256) -> anyhow::Result<bool> {
+    let moved = sqlx::query(
+        "UPDATE settlement.chain_txs
+         SET state = 'broadcast', block_number = NULL, block_hash = NULL, mined_hash = NULL, broadcast_at = NULL
+         WHERE id = $1 AND state = 'included' AND block_hash = $2",
+    )
+    .bind(id) // $1
+    .bind(hex(block)) // $2
+    .execute(conn)
+    .await?;
+    Ok(moved.rows_affected() == 1)
+}
+
+/// Transaction `id`, included in block `block`, is final: confirmed or
+/// reverted. False when it was not included there.
+pub async fn mark_final(conn: &mut PgConnection, id: i64, block: B256, to: TxState) -> anyhow::Result<bool> {
+    assert!(
+        matches!(to, TxState::Confirmed | TxState::Reverted),
+        "{to:?} is not final"
+    );
+    let moved = sqlx::query(
+        "UPDATE settlement.chain_txs SET state = $3 WHERE id = $1 AND state = 'included' AND block_hash = $2",
+    )
+    .bind(id) // $1
+    .bind(hex(block)) // $2
+    .bind(to.as_str()) // $3
+    .execute(conn)
+    .await?;
+    Ok(moved.rows_affected() == 1)
+}
