@@ -174,6 +174,32 @@ pub enum PayoutState {
 use PayoutState::{Cancelled, Created, Expired, Failed, Paid, Queued, Returned, Sent};
 
 impl PayoutState {
+    /// Every state.
+    pub const ALL: [PayoutState; 8] = [Created, Queued, Sent, Paid, Failed, Cancelled, Expired, Returned];
+
+    /// Its value in `settlement.payouts.status`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Created => "created",
+            Queued => "queued",
+            Sent => "sent",
+            Paid => "paid",
+            Failed => "failed",
+            Cancelled => "cancelled",
+            Expired => "expired",
+            Returned => "returned",
+        }
+    }
+
+    /// Every move the model allows, (from, to): what it takes
+    /// `settlement.payout_transitions` to hold (a test compares the two).
+    pub fn transitions() -> Vec<(PayoutState, PayoutState)> {
+        PayoutState::ALL
+            .iter()
+            .flat_map(|&to| to.allowed_from().iter().map(move |&from| (from, to)))
+            .collect()
+    }
+
     fn returns_funds(self) -> bool {
         matches!(self, Failed | Returned | Cancelled | Expired)
     }
