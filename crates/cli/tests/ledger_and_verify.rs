@@ -343,3 +343,68 @@ async fn the_creator_check_accepts_exactly_the_address_form_in_every_table() {
     assert_eq!(sqlstate(&err), "23514", "{err}");
     assert!(err.to_string().contains("creator_balance_creator_check"), "{err}");
 }
+
+/// Every ledger row (creator, amount, run, fence) and balance of a period
+/// settled by `worker_args`, on a database seeded like every other here.
+async fn settled_by(worker_args: &[&str]) -> (Vec<(String, String, i64, i32)>, Vec<(String, String)>) {
+    let env = Env::new().await;
+    env.run_ok(&[
+        "seed",
+        "--period",
+        "2026-11-28",
+        "--creators",
+        "300",
+        "--fee-bps",
+        "250",
+    ]);
+    // 120 of the creators paid before, in an earlier period (the same seed
+    // makes the same addresses): their balances are raised, the others'
+    // opened.
+    env.run_ok(&[
+        "seed",
+        "--period",
+        "2026-11-27",
+        "--creators",
+        "120",
+        "--fee-bps",
+        "250",
+    ]);
+    env.run_ok(&["worker", "--period", "2026-11-27"]);
+    env.run_ok(worker_args);
+    env.run_ok(&["verify", "--period", "2026-11-28"]);
+    let ledger = sqlx::query_as(
+        "SELECT creator, amount::text, run_id, attempt FROM settlement.reward_ledger
+         WHERE period = '2026-11-28' ORDER BY creator",
+    )
+    .fetch_all(&env.pool)
+    .await
+    .unwrap();
+    let balances = sqlx::query_as("SELECT creator, balance::text FROM settlement.creator_balance ORDER BY creator")
+        .fetch_all(&env.pool)
+        .await
+        .unwrap();
+    (ledger, balances)
+}
+
+/// The one rule of what paying a chunk writes (`CHUNK_EFFECTS_SQL`) has two
+/// callers in tx mode: the engine's one-statement chunk (`worker`) and the
+/// several-statement path (`handle_chunk`, which the lab's simulated work
+/// takes, as leased completion does). The same period settled both ways
+/// writes the same ledger rows and balances.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_period_paid_in_one_statement_per_chunk_or_in_several_writes_the_same_ledger_and_balances() {
+    let one = settled_by(&["worker", "--period", "2026-11-28", "--chunk", "50"]).await;
+    let several = settled_by(&[
+        "lab-worker",
+        "--period",
+        "2026-11-28",
+        "--chunk",
+        "50",
+        "--work-ms",
+        "1",
+    ])
+    .await;
+    assert_eq!(one.0.len(), 300, "a ledger row per creator");
+    assert_eq!(one.1.len(), 300, "a balance per creator: 120 raised, 180 opened");
+    assert_eq!(one, several, "one statement and several disagree");
+}

@@ -156,36 +156,15 @@ pub async fn hold_input_open(tx: &mut PgConnection, period: Period) -> anyhow::R
     Ok(())
 }
 
-/// Pays a chunk: one ledger row per creator at the period's fee, recorded
-/// with the fence the engine gave the claim, and the same amount credited
-/// to the creator's balance, in one statement. $1 period, $2 creators,
-/// $3 run, $4 fences (beside the creators). The ledger's primary key
-/// refuses a second payment; balances are credited in creator order so two
-/// chunks touching the same creators never deadlock. The items are looked
-/// up first (`OFFSET 0` keeps the planner from folding the lookup into the
-/// join, where it would hash the whole period per chunk), then matched with
-/// their fences.
-pub const PAY_CHUNK_SQL: &str = "
-WITH credited AS (
-    INSERT INTO settlement.reward_ledger (period, creator, amount, run_id, attempt)
-    SELECT v.period, v.creator, settlement.reward(v.volume, p.fee_bps), $3, f.fence
-    FROM (SELECT t.period, t.creator, t.volume FROM settlement.token_trade_volume t
-          WHERE t.period = $1 AND t.creator = ANY($2) OFFSET 0) v
-    JOIN unnest($2::text[], $4::integer[]) AS f(creator, fence) ON f.creator = v.creator
-    JOIN settlement.settlement_policy p ON p.period = v.period
-    ORDER BY v.creator
-    RETURNING creator, amount
-)
-INSERT INTO settlement.creator_balance AS b (creator, balance)
-SELECT creator, amount FROM credited ORDER BY creator
-ON CONFLICT (creator) DO UPDATE
-SET balance = b.balance + EXCLUDED.balance, updated_at = now()";
-
-/// [`PAY_CHUNK_SQL`] as the effects of the engine's one-statement chunk:
-/// the same ledger rows and balance credits, read from the rows the chunk
-/// settles (`settled`, with `attempt` the fence) instead of looking each
-/// item up again. The last CTE, `effects`, returns one row per credited
-/// creator.
+/// What paying a chunk writes, the one home of that rule: one ledger row
+/// per creator at the period's fee, recorded with the fence the engine gave
+/// the claim (`attempt`), and the same amount credited to the creator's
+/// balance. It reads the CTEs `settled` (period, creator, volume, attempt:
+/// the items paid) and `run` (id); the last CTE, `effects`, returns one row
+/// per credited creator. The engine's one-statement chunk puts it after the
+/// claim and the marking (its `settled` is the rows it marked); the
+/// several-statement path ([`pay_chunk_sql`]) after a look-up of the items.
+/// The ledger's primary key refuses a second payment.
 ///
 /// The balances are credited by an `UPDATE` of those that exist and a plain
 /// `INSERT` of the others, not by `INSERT ... ON CONFLICT DO UPDATE`: no
@@ -223,9 +202,41 @@ opened AS (
 ),
 effects AS (SELECT creator FROM raised UNION ALL SELECT creator FROM opened)";
 
-/// [`HELD_CREATORS_SQL`] over the engine's `picked` rows.
+/// The creators of the CTE `picked` with an active hold: not paid now. The
+/// engine's one-statement chunk runs it over the rows it claimed; the
+/// several-statement path over the chunk's keys ([`held_creators`]).
 pub const CHUNK_HELD_SQL: &str = "SELECT h.creator AS key FROM settlement.creator_holds h
      WHERE h.released_at IS NULL AND h.creator IN (SELECT creator FROM picked)";
+
+/// [`CHUNK_EFFECTS_SQL`] over a chunk's items looked up by key, for the
+/// several-statement path (`handle_chunk`): $1 period, $2 creators, $3
+/// run, $4 fences (beside the creators); answers the count of credited
+/// creators. The items are looked up first (`OFFSET 0` keeps the planner
+/// from folding the look-up into the join, where it would hash the whole
+/// period per chunk), then matched with their fences.
+pub fn pay_chunk_sql() -> &'static str {
+    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        format!(
+            "WITH settled AS (
+                 SELECT v.period, v.creator, v.volume, f.fence AS attempt
+                 FROM (SELECT t.period, t.creator, t.volume FROM settlement.token_trade_volume t
+                       WHERE t.period = $1 AND t.creator = ANY($2) OFFSET 0) v
+                 JOIN unnest($2::text[], $4::integer[]) AS f(creator, fence) ON f.creator = v.creator
+             ),
+             run AS (SELECT $3::bigint AS id),
+             {CHUNK_EFFECTS_SQL}
+             SELECT count(*) FROM effects"
+        )
+    });
+    &SQL
+}
+
+/// [`CHUNK_HELD_SQL`] over a chunk's keys ($1).
+fn held_creators_sql() -> &'static str {
+    static SQL: std::sync::LazyLock<String> =
+        std::sync::LazyLock::new(|| format!("WITH picked AS (SELECT unnest($1::text[]) AS creator) {CHUNK_HELD_SQL}"));
+    &SQL
+}
 
 /// The settlement handler for in-transaction mode. The engine runs each
 /// chunk as one statement with [`CHUNK_EFFECTS_SQL`]; `handle_chunk` does
@@ -251,13 +262,9 @@ impl ChunkHandler for SettleRewards {
     }
 }
 
-/// The chunk's creators with an active hold ($1: the chunk's creators).
-pub const HELD_CREATORS_SQL: &str =
-    "SELECT creator FROM settlement.creator_holds WHERE released_at IS NULL AND creator = ANY($1)";
-
 /// The chunk's creators with an active hold: not paid now.
 async fn held_creators<'e, E: sqlx::PgExecutor<'e>>(conn: E, chunk: &Chunk) -> Result<Vec<String>, HandlerError> {
-    Ok(sqlx::query_scalar(HELD_CREATORS_SQL)
+    Ok(sqlx::query_scalar(held_creators_sql())
         .bind(chunk.keys()) // $1
         .fetch_all(conn)
         .await?)
@@ -267,15 +274,14 @@ async fn held_creators<'e, E: sqlx::PgExecutor<'e>>(conn: E, chunk: &Chunk) -> R
 /// rolls back) unless every creator of the chunk was credited exactly once.
 async fn pay_chunk(tx: &mut PgConnection, chunk: &Chunk) -> Result<(), HandlerError> {
     let period = Period::parse(&chunk.scope).map_err(HandlerError::Permanent)?;
-    let credited = sqlx::query(PAY_CHUNK_SQL)
+    let credited: i64 = sqlx::query_scalar(pay_chunk_sql())
         .bind(period.date()) // $1
         .bind(chunk.keys()) // $2
         .bind(chunk.run_id) // $3
         .bind(chunk.fences()) // $4
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-    if credited != chunk.items.len() as u64 {
+        .fetch_one(&mut *tx)
+        .await?;
+    if credited != chunk.items.len() as i64 {
         return Err(HandlerError::Permanent(format!(
             "credited {credited} balances for {} claimed creators of period {}",
             chunk.items.len(),
