@@ -392,11 +392,15 @@ async fn a_lost_commit_answer_is_an_unknown_outcome_and_a_retry_with_the_same_ke
     let (creator, before) = creators[0].clone();
     // `settled serve` reaches PostgreSQL through a proxy that can lose the
     // server's answer to a COMMIT.
-    let proxy = settled_testkit::LostCommitProxy::start(&env.db.url);
+    let plan = settled_testkit::FaultPlan {
+        armed_by: "settlement.debit_for_payout(".into(),
+        fault: settled_testkit::CommitFault::LoseAnswer,
+        then_refuse: false,
+    };
+    let proxy = settled_testkit::PgProxy::start(&env.db.url, plan).await;
     let port = common::free_port();
     let mut cmd = env.cmd(&["--role-per-command", "serve", "--bind", &format!("127.0.0.1:{port}")]);
-    cmd.env("DATABASE_URL", proxy.url(env.db.name()))
-        .env("SETTLED_API_TOKEN", TOKEN);
+    cmd.env("DATABASE_URL", proxy.url()).env("SETTLED_API_TOKEN", TOKEN);
     let server = common::spawn_server(cmd, port, "/healthz").await;
     let client = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
@@ -411,9 +415,8 @@ async fn a_lost_commit_answer_is_an_unknown_outcome_and_a_retry_with_the_same_ke
             .json(&payout)
             .send()
     };
-    proxy.lose_commit_answer_after("settlement.debit_for_payout(");
     assert_outcome_unknown("payout", pay().await.unwrap()).await;
-    assert_eq!(proxy.lost_answers(), 1);
+    assert_eq!(proxy.faults(), 1);
     let made = env.scalar_i64("SELECT id FROM settlement.payouts").await;
     // The retry with the same key answers the payout that was made.
     let again = pay().await.unwrap();
@@ -437,7 +440,7 @@ async fn a_lost_commit_answer_is_an_unknown_outcome_and_a_retry_with_the_same_ke
             .json(&json!({ "creator": creator, "reason": "review" }))
             .send()
     };
-    proxy.lose_commit_answer_after("settlement.place_hold(");
+    proxy.arm("settlement.place_hold(");
     assert_outcome_unknown("hold", hold().await.unwrap()).await;
     let held = env.scalar_i64("SELECT id FROM settlement.creator_holds").await;
     let again: Value = hold().await.unwrap().json().await.unwrap();
@@ -451,7 +454,7 @@ async fn a_lost_commit_answer_is_an_unknown_outcome_and_a_retry_with_the_same_ke
             .bearer_auth(TOKEN)
             .send()
     };
-    proxy.lose_commit_answer_after("UPDATE settlement.creator_holds SET released_at");
+    proxy.arm("UPDATE settlement.creator_holds SET released_at");
     assert_outcome_unknown("release", release().await.unwrap()).await;
     let again: Value = release().await.unwrap().json().await.unwrap();
     assert_eq!(again["type"], "/problems/hold-already-released");
@@ -468,7 +471,7 @@ async fn a_lost_commit_answer_is_an_unknown_outcome_and_a_retry_with_the_same_ke
             .form(&[("period", "2026-11-28"), ("creator", victim.as_str())])
             .send()
     };
-    proxy.lose_commit_answer_after("SET status = 'eligible'");
+    proxy.arm("SET status = 'eligible'");
     assert_outcome_unknown("dashboard retry", retry().await.unwrap()).await;
     let status = env
         .scalar_text(&format!(
@@ -477,7 +480,7 @@ async fn a_lost_commit_answer_is_an_unknown_outcome_and_a_retry_with_the_same_ke
         .await;
     assert_eq!(status, "eligible", "the retry committed");
     assert_eq!(retry().await.unwrap().status(), 303);
-    assert_eq!(proxy.lost_answers(), 4);
+    assert_eq!(proxy.faults(), 4);
 }
 
 #[tokio::test(flavor = "multi_thread")]

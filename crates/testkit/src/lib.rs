@@ -1,18 +1,16 @@
 //! settled-testkit: per-test databases on a shared throwaway PostgreSQL
-//! (`TestDb`), a real PgBouncer in front of one (`PgBouncer`), and two
-//! proxies that lose a COMMIT or its answer (`PgProxy`, `LostCommitProxy`),
+//! (`TestDb`), a real PgBouncer in front of one (`PgBouncer`),
+//! a proxy that loses a COMMIT or its answer (`PgProxy`, with a `FaultPlan`),
 //! a real EVM node (`Anvil`, Foundry's anvil from the npm registry),
 //! for the test suites only. The server itself is `settled-embedded`,
 //! re-exported here for tests' convenience.
 
 mod anvil;
-mod lost_commit;
 mod pgbouncer;
 mod pgproxy;
 mod testdb;
 
 pub use anvil::{anvil_program, find_anvil, Anvil, ANVIL_VAR};
-pub use lost_commit::LostCommitProxy;
 pub use pgbouncer::{find_pgbouncer, PgBouncer};
 pub use pgproxy::{CommitFault, FaultPlan, PgProxy};
 pub use settled_embedded::{find_binaries, with_database, Error, LocalOptions, LocalPostgres, PgBinaries, Result};

@@ -34,7 +34,8 @@ pub enum CommitFault {
 #[derive(Debug, Clone)]
 pub struct FaultPlan {
     /// Only a connection that has run a statement containing this text is
-    /// faulted, at its next COMMIT, once per proxy.
+    /// faulted, at its next COMMIT, once (until [`PgProxy::arm`] arms the
+    /// proxy again).
     pub armed_by: String,
     /// The fault.
     pub fault: CommitFault,
@@ -60,6 +61,11 @@ pub struct PgProxy {
 
 struct Shared {
     plan: FaultPlan,
+    /// The text that arms a connection now, and its arming (0 for the
+    /// plan's `armed_by`, one more for each [`PgProxy::arm`]).
+    trigger: std::sync::Mutex<(String, u64)>,
+    /// Faults allowed so far: one per arming.
+    shots: AtomicUsize,
     upstream: Upstream,
     faults: AtomicUsize,
     /// Set when the network goes down for good (`then_refuse`).
@@ -96,6 +102,8 @@ impl PgProxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind the proxy");
         let port = listener.local_addr().unwrap().port();
         let shared = Arc::new(Shared {
+            trigger: std::sync::Mutex::new((plan.armed_by.clone(), 0)),
+            shots: AtomicUsize::new(1),
             plan,
             upstream,
             faults: AtomicUsize::new(0),
@@ -120,7 +128,16 @@ impl PgProxy {
         )
     }
 
-    /// How many COMMITs were faulted so far (0 or 1).
+    /// Arms the proxy again: the next COMMIT of a connection that runs a
+    /// statement containing `armed_by` from now on is faulted, once, as the
+    /// plan says. Connections armed before are no longer.
+    pub fn arm(&self, armed_by: &str) {
+        let mut trigger = self.shared.trigger.lock().unwrap_or_else(|e| e.into_inner());
+        *trigger = (armed_by.to_string(), trigger.1 + 1);
+        self.shared.shots.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// How many COMMITs were faulted so far (one at most per arming).
     pub fn faults(&self) -> usize {
         self.shared.faults.load(Ordering::SeqCst)
     }
@@ -172,7 +189,8 @@ struct Connection {
 /// What the client's messages ran so far.
 #[derive(Default)]
 struct Statements {
-    armed: bool,
+    /// The arming this connection ran the trigger's text under.
+    armed: Option<u64>,
     prepared: HashMap<String, String>,
     portals: HashMap<String, String>,
 }
@@ -204,7 +222,8 @@ async fn client_to_server(
         let len = from.read_u32().await?;
         let mut body = vec![0u8; (len as usize).saturating_sub(4)];
         from.read_exact(&mut body).await?;
-        if statements.runs_faulted_commit(kind, &body, &shared.plan.armed_by) && take_fault(shared) {
+        let trigger = shared.trigger.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if statements.runs_faulted_commit(kind, &body, &trigger) && take_fault(shared) {
             match shared.plan.fault {
                 CommitFault::CutBefore => {
                     cut(conn, shared);
@@ -235,11 +254,12 @@ fn cut(conn: &Connection, shared: &Shared) {
     conn.cut.notify_one();
 }
 
-/// True for the first fault of the proxy.
+/// True when the arming has a fault left (one per arming).
 fn take_fault(shared: &Shared) -> bool {
+    let shots = shared.shots.load(Ordering::SeqCst);
     shared
         .faults
-        .compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst)
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < shots).then_some(n + 1))
         .is_ok()
 }
 
@@ -267,8 +287,11 @@ async fn server_to_client(
 }
 
 impl Statements {
-    /// Follows one client message; true when it runs the COMMIT to fault.
-    fn runs_faulted_commit(&mut self, kind: u8, body: &[u8], armed_by: &str) -> bool {
+    /// Follows one client message; true when it runs the COMMIT to fault:
+    /// this connection ran the text of `trigger` (text, arming) under the
+    /// arming still current.
+    fn runs_faulted_commit(&mut self, kind: u8, body: &[u8], trigger: &(String, u64)) -> bool {
+        let (armed_by, arming) = (trigger.0.as_str(), trigger.1);
         let ran = match kind {
             b'Q' => Some(cstr(body, 0).0),
             b'P' => {
@@ -289,10 +312,11 @@ impl Statements {
         };
         let Some(text) = ran else { return false };
         if text.contains(armed_by) {
-            self.armed = true;
+            self.armed = Some(arming);
         }
         let statement = text.trim().trim_end_matches(';').trim();
-        self.armed && (statement.eq_ignore_ascii_case("commit") || statement.eq_ignore_ascii_case("end"))
+        self.armed == Some(arming)
+            && (statement.eq_ignore_ascii_case("commit") || statement.eq_ignore_ascii_case("end"))
     }
 }
 

@@ -2,19 +2,23 @@
 //! commits on the server, its client sees COMMIT fail, and other
 //! connections and statements pass through untouched.
 
-use settled_testkit::{LostCommitProxy, TestDb};
+use settled_testkit::{CommitFault, FaultPlan, PgProxy, TestDb};
 use sqlx::{Connection, PgConnection};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_commit_whose_answer_is_lost_commits_and_fails_for_its_client_only() {
     let db = TestDb::create().await.unwrap();
-    let proxy = LostCommitProxy::start(&db.url);
-    let mut through = PgConnection::connect(&proxy.url(db.name())).await.unwrap();
+    let plan = FaultPlan {
+        armed_by: "INSERT INTO t".into(),
+        fault: CommitFault::LoseAnswer,
+        then_refuse: false,
+    };
+    let proxy = PgProxy::start(&db.url, plan).await;
+    let mut through = PgConnection::connect(&proxy.url()).await.unwrap();
     sqlx::query("CREATE TABLE t (v int)")
         .execute(&mut through)
         .await
         .unwrap();
-    proxy.lose_commit_answer_after("INSERT INTO t");
     // A transaction that does not run the statement commits normally.
     let mut tx = through.begin().await.unwrap();
     sqlx::query("SELECT count(*) FROM t").execute(&mut *tx).await.unwrap();
@@ -29,7 +33,7 @@ async fn a_commit_whose_answer_is_lost_commits_and_fails_for_its_client_only() {
         .unwrap();
     let lost = tx.commit().await.expect_err("the answer to COMMIT was lost");
     assert!(!matches!(lost, sqlx::Error::Database(_)), "{lost}");
-    assert_eq!(proxy.lost_answers(), 1);
+    assert_eq!(proxy.faults(), 1);
     let mut direct = PgConnection::connect(&db.url).await.unwrap();
     let committed: i64 = sqlx::query_scalar("SELECT count(*) FROM t WHERE v = 7")
         .fetch_one(&mut direct)
@@ -37,9 +41,9 @@ async fn a_commit_whose_answer_is_lost_commits_and_fails_for_its_client_only() {
         .unwrap();
     assert_eq!(committed, 1, "the transaction committed");
     // One shot: the next connection's commits are answered.
-    let mut again = PgConnection::connect(&proxy.url(db.name())).await.unwrap();
+    let mut again = PgConnection::connect(&proxy.url()).await.unwrap();
     let mut tx = again.begin().await.unwrap();
     sqlx::query("INSERT INTO t VALUES (8)").execute(&mut *tx).await.unwrap();
     tx.commit().await.unwrap();
-    assert_eq!(proxy.lost_answers(), 1);
+    assert_eq!(proxy.faults(), 1);
 }
