@@ -19,9 +19,24 @@ pub(super) struct Sql {
     leased: String,
 }
 
+/// What may be claimed now, the one home of that rule: an item (alias
+/// `t`) of the scope `$1` that is eligible, not waiting out a backoff, of
+/// the run `$3` while it is running. Every claim (in-transaction, leased,
+/// the one-statement chunk) selects with it.
+pub(super) fn claimable(n: &Names) -> String {
+    let (_, scope, scope_type, _, _) = n.parts();
+    format!(
+        "t.{scope} = CAST($1 AS {scope_type})
+                   AND t.status = 'eligible'
+                   AND (t.not_before IS NULL OR t.not_before <= now())
+                   AND EXISTS (SELECT 1 FROM settled_engine.runs r WHERE r.id = $3 AND r.state = 'running')"
+    )
+}
+
 impl Sql {
     pub(super) fn render(n: &Names) -> Sql {
         let (table, scope, scope_type, key, key_type) = n.parts();
+        let claimable = claimable(n);
         Sql {
             // In-transaction mode: the row locks are the claim, held until
             // commit; the status is re-checked when the items are marked.
@@ -38,10 +53,7 @@ impl Sql {
                 format!(
                     "SELECT t.{key}::text AS key, (t.attempt + 1)::bigint AS fence
                  FROM {table} t
-                 WHERE t.{scope} = CAST($1 AS {scope_type})
-                   AND t.status = 'eligible'{window}
-                   AND (t.not_before IS NULL OR t.not_before <= now())
-                   AND EXISTS (SELECT 1 FROM settled_engine.runs r WHERE r.id = $3 AND r.state = 'running'){order}
+                 WHERE {claimable}{window}{order}
                  LIMIT $2
                  FOR NO KEY UPDATE OF t SKIP LOCKED"
                 )
@@ -78,10 +90,7 @@ impl Sql {
                 "WITH picked AS (
                      SELECT t.{scope} AS scope, t.{key} AS key
                      FROM {table} t
-                     WHERE t.{scope} = CAST($1 AS {scope_type})
-                       AND t.status = 'eligible'
-                       AND (t.not_before IS NULL OR t.not_before <= now())
-                       AND EXISTS (SELECT 1 FROM settled_engine.runs r WHERE r.id = $3 AND r.state = 'running')
+                     WHERE {claimable}
                      LIMIT $2
                      FOR NO KEY UPDATE OF t SKIP LOCKED)
                  UPDATE {table} t

@@ -185,7 +185,7 @@ fn marked_cte(n: &Names, target: Target) -> String {
 }
 
 fn render(n: &Names, sql: &ChunkSql, pick: Pick, target: Target) -> String {
-    let (table, scope, scope_type, key, key_type) = n.parts();
+    let (table, scope, _, key, key_type) = n.parts();
     let (filter, order) = pick_filter(n, pick);
     let (from, attached) = match target {
         Target::Table => (table.to_string(), String::new()),
@@ -204,15 +204,13 @@ fn render(n: &Names, sql: &ChunkSql, pick: Pick, target: Target) -> String {
         .unwrap_or_else(|| format!("SELECT CAST(NULL AS {key_type}) AS key WHERE false"));
     let marked = marked_cte(n, target);
     let effects = &sql.effects;
+    let claimable = super::claim::claimable(n);
     format!(
         "WITH run AS (SELECT CAST($3 AS bigint) AS id),
          picked AS (
              SELECT t.tableoid AS engine_rel, t.ctid AS engine_tid, t.{scope}, t.{key}
              FROM {from} t
-             WHERE t.{scope} = CAST($1 AS {scope_type})
-               AND t.status = 'eligible'{filter}
-               AND (t.not_before IS NULL OR t.not_before <= now())
-               AND EXISTS (SELECT 1 FROM settled_engine.runs r WHERE r.id = $3 AND r.state = 'running'){attached}{order}
+             WHERE {claimable}{filter}{attached}{order}
              LIMIT $2
              FOR NO KEY UPDATE OF t SKIP LOCKED),
          held AS MATERIALIZED ({held}),
