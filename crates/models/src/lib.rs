@@ -9,6 +9,8 @@
 //! - [`payouts`]: payout requests under their keys, the payout state
 //!   machine, confirmation, cancel and expiry, delivery on its leased
 //!   queue, the provider's webhooks and lookups.
+//! - [`chain`]: the chain rail: write-ahead signing, broadcasts a node
+//!   forgets, replacements, reorgs, a nonce given up and filled.
 //!
 //! Each action names the function and the statement it models; each state
 //! variable names the column it stands for. Each model has a field per guard
@@ -18,6 +20,7 @@
 //! never touches a database; `tests/` replays their counterexamples against
 //! the real one.
 
+pub mod chain;
 pub mod check;
 pub mod leased;
 pub mod payouts;

@@ -7,7 +7,7 @@ use std::fmt::{Debug, Display};
 use std::hash::Hash;
 
 use crate::check::{self, Described, Outcome};
-use crate::{leased, payouts, runs};
+use crate::{chain, leased, payouts, runs};
 
 /// Which bounds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,12 +107,21 @@ pub fn payouts_models(bounds: Bounds) -> Vec<payouts::Payouts> {
     }
 }
 
+/// The chain rail's models at `bounds`.
+pub fn chain_models(bounds: Bounds) -> Vec<chain::Chain> {
+    match bounds {
+        Bounds::Ci => vec![chain::Chain::ci(), chain::Chain::two_payouts()],
+        Bounds::Deep => vec![chain::Chain::two_payouts()],
+    }
+}
+
 /// Checks every model at `bounds`, in order, handing each summary to
 /// `each` as soon as it is done.
 pub fn check_all(bounds: Bounds, mut each: impl FnMut(Summary)) {
     leased_models(bounds).into_iter().map(check_model).for_each(&mut each);
     runs_models(bounds).into_iter().map(check_model).for_each(&mut each);
     payouts_models(bounds).into_iter().map(check_model).for_each(&mut each);
+    chain_models(bounds).into_iter().map(check_model).for_each(&mut each);
 }
 
 /// A guard, removed from its model: the property its variant must break.
@@ -487,9 +496,80 @@ pub fn without_one_running_per_job() -> Counterexample {
     )
 }
 
+fn chain_case(guard: &'static str, property: &'static str, guards: chain::Guards) -> Counterexample {
+    counterexample(
+        GuardCase {
+            guard,
+            property,
+            // The chain rail's replays against anvil are still to be written.
+            replayed_by: None,
+        },
+        chain::Chain::ci().without(guards),
+    )
+}
+
+/// Write-ahead signing removed: a deliverer killed between the broadcast
+/// and storing what it sent signs the payout again under the next nonce,
+/// and both transfers are mined.
+pub fn without_write_ahead() -> Counterexample {
+    chain_case(
+        "write-ahead signing (the transaction stored before its broadcast, chain/sign.rs)",
+        chain::property::PAID_AT_MOST_ONCE,
+        chain::Guards {
+            write_ahead: false,
+            ..chain::Guards::ALL
+        },
+    )
+}
+
+/// Every attempt's hash kept, removed (only the latest): a replaced
+/// transaction's original is mined, read as "nonce taken by another", and
+/// the payout is paid again.
+pub fn without_every_attempt() -> Counterexample {
+    chain_case(
+        "every attempt's hash kept and looked for (chain_tx_attempts)",
+        chain::property::PAID_AT_MOST_ONCE,
+        chain::Guards {
+            every_attempt: false,
+            ..chain::Guards::ALL
+        },
+    )
+}
+
+/// The confirmation depth removed (paid at inclusion): a reorg of one block
+/// leaves a paid payout without its transfer.
+pub fn without_depth() -> Counterexample {
+    chain_case(
+        "the confirmation depth (--confirmations)",
+        chain::property::PAID_IS_ON_CHAIN,
+        chain::Guards {
+            depth: false,
+            ..chain::Guards::ALL
+        },
+    )
+}
+
+/// The requeue only after the filler is confirmed, removed: the original
+/// transfer is mined instead of the filler, and the requeued payout's new
+/// transaction pays it again.
+pub fn without_filler_confirmed() -> Counterexample {
+    chain_case(
+        "a given-up nonce's payouts queued again only once its filler is confirmed",
+        chain::property::PAID_AT_MOST_ONCE,
+        chain::Guards {
+            filler_confirmed: false,
+            ..chain::Guards::ALL
+        },
+    )
+}
+
 /// Every guard's counterexample.
 pub fn counterexamples() -> Vec<Counterexample> {
     vec![
+        without_write_ahead(),
+        without_every_attempt(),
+        without_depth(),
+        without_filler_confirmed(),
         without_fence(),
         without_timeline(),
         without_idempotency_key(),

@@ -51,6 +51,15 @@ fn payouts_hold_every_property_at_ci_bounds() {
     assert_holds(summaries);
 }
 
+#[test]
+fn the_chain_rail_holds_every_property_at_ci_bounds() {
+    let summaries = suite::chain_models(Bounds::Ci)
+        .into_iter()
+        .map(suite::check_model)
+        .collect();
+    assert_holds(summaries);
+}
+
 /// The variant breaks the property; the trace is printed.
 fn assert_counterexample(found: &Counterexample) -> String {
     let trace = found.trace.clone().unwrap_or_else(|| {
@@ -149,4 +158,34 @@ fn each_payout_guard_alone_is_backed_by_another() {
 #[test]
 fn without_one_running_run_per_job_two_runs_run_at_once() {
     assert_counterexample(&suite::without_one_running_per_job());
+}
+
+#[test]
+fn without_write_ahead_signing_a_retry_signs_under_a_new_nonce_and_pays_twice() {
+    let trace = assert_counterexample(&suite::without_write_ahead());
+    assert!(
+        trace.contains("SIGKILL") && trace.matches("sign a transfer").count() == 2,
+        "{trace}"
+    );
+}
+
+#[test]
+fn tracking_only_the_latest_attempt_misreads_a_mined_original_and_pays_twice() {
+    let trace = assert_counterexample(&suite::without_every_attempt());
+    assert!(
+        trace.contains("replacement") && trace.contains("nonce taken"),
+        "{trace}"
+    );
+}
+
+#[test]
+fn marking_paid_at_inclusion_leaves_a_paid_payout_unpaid_after_a_reorg() {
+    let trace = assert_counterexample(&suite::without_depth());
+    assert!(trace.contains("REORG"), "{trace}");
+}
+
+#[test]
+fn requeueing_before_the_filler_is_confirmed_pays_twice() {
+    let trace = assert_counterexample(&suite::without_filler_confirmed());
+    assert!(trace.contains("filler"), "{trace}");
 }
