@@ -560,7 +560,9 @@ async fn provider_events(api: &mut Contract, c: &reqwest::Client, server: &Serve
         .await
         .unwrap();
     let key = env
-        .scalar_text(&format!("SELECT provider_key FROM settlement.payouts WHERE id = {paid}"))
+        .scalar_text(&format!(
+            "SELECT provider_key FROM settlement.payouts WHERE id = {paid}"
+        ))
         .await;
     let ev = event(&format!("evt-{paid}-returned"), "payment.returned", &payout, &key);
     let (status, body) = api.send(t, signed(&ev, SECRET)).await;
@@ -597,18 +599,47 @@ async fn statements(api: &mut Contract, c: &reqwest::Client, server: &Server, ri
     let (status, page) = api
         .send(t, c.get(format!("{base}/v1/creators/{rich}/statement?limit=2")))
         .await;
-    assert_eq!((status, page["lines"].as_array().map(Vec::len)), (200, Some(2)), "{page}");
+    assert_eq!(
+        (status, page["lines"].as_array().map(Vec::len)),
+        (200, Some(2)),
+        "{page}"
+    );
     let next = page["next"].as_str().expect("more than two lines").to_string();
     let (status, rest) = api
-        .send(t, c.get(format!("{base}/v1/creators/{rich}/statement?after={next}&from=2026-01-01")))
+        .send(
+            t,
+            c.get(format!(
+                "{base}/v1/creators/{rich}/statement?after={next}&from=2026-01-01"
+            )),
+        )
         .await;
     assert_eq!(status, 200, "{rest}");
-    let kinds: Vec<&str> = rest["lines"].as_array().unwrap().iter().filter_map(|l| l["kind"].as_str()).collect();
+    let kinds: Vec<&str> = rest["lines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|l| l["kind"].as_str())
+        .collect();
     assert!(kinds.contains(&"return"), "{rest}");
-    assert_eq!(api.send(t, c.get(format!("{base}/v1/creators/{rich}/statement?after=x"))).await.0, 400);
-    assert_eq!(api.send(t, c.get(format!("{base}/v1/creators/{rich}/statement?limit=0"))).await.0, 400);
+    assert_eq!(
+        api.send(t, c.get(format!("{base}/v1/creators/{rich}/statement?after=x")))
+            .await
+            .0,
+        400
+    );
+    assert_eq!(
+        api.send(t, c.get(format!("{base}/v1/creators/{rich}/statement?limit=0")))
+            .await
+            .0,
+        400
+    );
     let unknown = format!("0x{}", "cd".repeat(20));
-    assert_eq!(api.send(t, c.get(format!("{base}/v1/creators/{unknown}/statement"))).await.0, 404);
+    assert_eq!(
+        api.send(t, c.get(format!("{base}/v1/creators/{unknown}/statement")))
+            .await
+            .0,
+        404
+    );
 }
 
 async fn queues(api: &mut Contract, c: &reqwest::Client, server: &Server) {
