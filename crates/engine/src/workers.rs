@@ -274,6 +274,10 @@ pub struct WorkerTotals {
     pub alive: i64,
     /// Seconds since the oldest heartbeat of a worker not stopped (0: none).
     pub oldest_heartbeat_age_secs: f64,
+    /// The last moment a worker counted as alive: a stopped worker's stop,
+    /// another's last heartbeat plus [`WORKER_DEAD_AFTER_SECS`] (None: no
+    /// worker in the registry). With `alive` at 0, since when none is.
+    pub alive_until: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// Reads [`WorkerTotals`].
@@ -283,7 +287,9 @@ pub async fn totals(pool: &PgPool) -> Result<WorkerTotals, EngineError> {
                 coalesce(sum(leases_rescued), 0)::bigint AS leases_rescued,
                 count(*) FILTER (WHERE stopped_at IS NULL AND heartbeat_at > now() - make_interval(secs => $1)) AS alive,
                 coalesce(extract(epoch FROM now() - min(heartbeat_at) FILTER (WHERE stopped_at IS NULL)), 0)::float8
-                    AS oldest_heartbeat_age_secs
+                    AS oldest_heartbeat_age_secs,
+                max(CASE WHEN ended = 'stopped' THEN stopped_at
+                         ELSE heartbeat_at + make_interval(secs => $1) END) AS alive_until
          FROM settled_engine.workers",
     )
     .bind(WORKER_DEAD_AFTER_SECS as f64) // $1

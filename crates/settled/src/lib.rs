@@ -31,6 +31,7 @@ pub mod period;
 pub mod progress;
 pub mod provider;
 pub mod queues;
+pub mod run_state;
 pub mod seed;
 pub mod settlement;
 pub mod status;

@@ -86,10 +86,14 @@ pub(crate) const BALANCE_CHECK: CheckSql = CheckSql {
                 WHERE coalesce(b.balance, 0) <> coalesce(l.total, 0) - coalesce(p.total, 0) + coalesce(r.total, 0)",
 };
 
+/// The check that fails for work not done yet: while a run is in progress,
+/// its offenders are items still to do, not violations.
+pub const NO_WORK_LEFT: &str = "no_work_left";
+
 /// The checks over the period's items and ledger rows, in report order:
 /// (name, description). [`PERIOD_SCAN_SQL`] answers all of them at once.
 const PERIOD_CHECKS: [(&str, &str); 4] = [
-    ("no_work_left", "no item is still eligible or processing"),
+    (NO_WORK_LEFT, "no item is still eligible or processing"),
     (
         "settled_items_have_one_ledger_row",
         "each settled creator has exactly one ledger row for the period",

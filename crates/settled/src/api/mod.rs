@@ -177,6 +177,7 @@ pub fn router(state: AppState) -> Router {
         ))
         .layer(RequestBodyLimitLayer::new(MAX_BODY_BYTES))
         .layer(axum::middleware::map_response(edge::problem_for_bare_errors))
+        .layer(axum::middleware::from_fn(dashboard::html_errors))
         .layer(axum::middleware::from_fn(edge::request_span))
         .with_state(state);
     for (name, value) in edge::SECURITY_HEADERS {

@@ -2,7 +2,9 @@
 
 use crate::cmd::{DbCommand, Outcome};
 use crate::db::{Access, Database};
+use crate::run_state::Shown;
 use crate::settlement::job;
+use settled_engine::raw::Run;
 
 /// List runs, newest first: state, starter, timing, report summary.
 #[derive(Debug, clap::Args)]
@@ -15,28 +17,18 @@ pub struct Args {
     json: bool,
 }
 
-/// A run as settlement shows it: the engine's scope is the period.
-#[derive(serde::Serialize)]
-struct PeriodRun<'a> {
-    period: &'a str,
-    #[serde(flatten)]
-    run: &'a settled_engine::raw::Run,
-}
-
 impl DbCommand for Args {
     const ROLE: Option<&'static str> = Some("settled_readonly");
     const ACCESS: Access = Access::Reads;
 
     async fn run(self, db: &Database) -> Outcome {
         let all = job().list_runs(&db.pool, self.limit).await?;
+        let workers = crate::run_state::workers(&db.pool).await?;
         if self.json {
-            let shown: Vec<PeriodRun> = all
+            let shown = all
                 .iter()
-                .map(|run| PeriodRun {
-                    period: &run.scope,
-                    run,
-                })
-                .collect();
+                .map(|run| shown_json(run, Shown::of(run, &workers)))
+                .collect::<Result<Vec<_>, _>>()?;
             println!("{}", serde_json::to_string_pretty(&shown)?);
             return Ok(std::process::ExitCode::SUCCESS);
         }
@@ -45,13 +37,26 @@ impl DbCommand for Args {
             "run", "period", "state", "starter", "started (UTC)", "took"
         );
         for run in all {
-            println!("{}", line(&run));
+            println!("{}", line(&run, Shown::of(&run, &workers)));
         }
         Ok(std::process::ExitCode::SUCCESS)
     }
 }
 
-fn line(run: &settled_engine::raw::Run) -> String {
+/// A run as settlement shows it: the engine's scope is the period, and the
+/// state is as read (`stalled`, with `stalled_since`, for a running run
+/// without a live worker).
+fn shown_json(run: &Run, shown: Shown) -> serde_json::Result<serde_json::Value> {
+    let mut value = serde_json::to_value(run)?;
+    value["period"] = serde_json::Value::from(run.scope.as_str());
+    value["state"] = serde_json::Value::from(shown.as_str());
+    if let Some(since) = shown.stalled_since() {
+        value["stalled_since"] = serde_json::to_value(since)?;
+    }
+    Ok(value)
+}
+
+fn line(run: &Run, shown: Shown) -> String {
     let took = run
         .finished_at
         .map(|f| format!("{:.1}s", (f - run.started_at).num_milliseconds() as f64 / 1000.0))
@@ -77,7 +82,7 @@ fn line(run: &settled_engine::raw::Run) -> String {
         "{:>5}  {:<10}  {:<9}  {:<8}  {:<19}  {:>9}  {summary}",
         run.id,
         run.scope,
-        run.state.as_str(),
+        shown.label(),
         starter,
         run.started_at.format("%Y-%m-%d %H:%M:%S"),
         took

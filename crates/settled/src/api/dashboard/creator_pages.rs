@@ -71,5 +71,5 @@ pub(super) fn creator(
             p { a #next href=(format!("/creators/{creator}?after={next}")) { "next page" } }
         }
     };
-    page(&format!("creator {creator}"), false, body)
+    page(&format!("creator {creator}"), None, body)
 }

@@ -27,20 +27,24 @@ use settled_engine::raw::{ItemStatus, RunState};
 
 use super::{AppState, Problem, ProblemType};
 use crate::period::Period;
+use crate::run_state::Shown;
 use crate::verify::VerifyReport;
 
 /// What a dashboard handler returns: a page, or a problem.
 type Page = Result<Markup, Problem>;
 
-/// `GET /`: runs with progress, amounts, throughput and ETA.
-pub async fn runs(State(state): State<AppState>) -> Page {
+/// `GET /`: runs with progress, amounts, throughput and ETA; a running run
+/// without a live worker is `stalled`, with no ETA.
+pub async fn runs(State(state): State<AppState>, watch: Watch) -> Page {
     let pool = &state.reads;
     let progress = queries::runs_with_progress(pool).await.map_err(Problem::unavailable)?;
+    let workers = crate::run_state::workers(pool).await.map_err(Problem::unavailable)?;
     let mut shown = Vec::with_capacity(progress.len());
     let mut live: Option<(i64, Vec<queries::Second>)> = None;
     for p in progress {
+        let run_shown = Shown::of(&p.run, &workers);
         let mut eta = "-".to_string();
-        if p.run.state == RunState::Running {
+        if run_shown == Shown::Stored(RunState::Running) {
             let points = queries::throughput(pool, &p.run.scope, p.total)
                 .await
                 .unwrap_or_default();
@@ -53,12 +57,17 @@ pub async fn runs(State(state): State<AppState>) -> Page {
                 live = Some((p.run.id, points));
             }
         }
-        shown.push((p, eta));
+        shown.push(pages::ShownRun {
+            progress: p,
+            shown: run_shown,
+            eta,
+        });
     }
     Ok(pages::runs(
         &shown,
         live.as_ref().map(|(id, points)| (*id, points.as_slice())),
         state.decimals,
+        &watch,
     ))
 }
 
@@ -122,9 +131,10 @@ impl Verifications {
     }
 }
 
-/// `GET /runs/{id}`: a run's stored report, its chart and its verification
-/// (shared, at most [`VERIFY_INTERVAL`] old).
-pub async fn run_report(State(state): State<AppState>, Path(id): Path<String>) -> Page {
+/// `GET /runs/{id}`: a run's state (`stalled` derived) and progress, its
+/// stored report, its chart and its verification (shared, at most
+/// [`VERIFY_INTERVAL`] old).
+pub async fn run_report(State(state): State<AppState>, Path(id): Path<String>, watch: Watch) -> Page {
     let id: i64 = id
         .parse()
         .map_err(|_| Problem::bad_request(ProblemType::InvalidId, "run id must be an integer").field("id"))?;
@@ -134,14 +144,18 @@ pub async fn run_report(State(state): State<AppState>, Path(id): Path<String>) -
         .await
         .map_err(Problem::unavailable)?
         .ok_or_else(|| Problem::not_found(ProblemType::UnknownRun, format!("no run {id}")))?;
-    let items = queries::StoredReport::of(&run).map(|r| r.counts.total());
-    let items = match items {
-        Some(n) => n,
-        None => crate::settlement::queue()
-            .count_by_status(&mut *pool.acquire().await.map_err(Problem::unavailable)?, &run.scope)
-            .await
-            .map_err(Problem::unavailable)?
-            .total(),
+    let workers = crate::run_state::workers(pool).await.map_err(Problem::unavailable)?;
+    let (items, progress) = match queries::StoredReport::of(&run) {
+        Some(stored) => (stored.counts.total(), None),
+        None => {
+            let counts = crate::settlement::queue()
+                .count_by_status(&mut *pool.acquire().await.map_err(Problem::unavailable)?, &run.scope)
+                .await
+                .map_err(Problem::unavailable)?;
+            let done = counts.counts.iter().filter(|(s, _)| s.is_final()).map(|(_, n)| n).sum();
+            let progress = (run.state == RunState::Running).then_some((done, counts.total()));
+            (counts.total(), progress)
+        }
     };
     let verified = if items > PAGE_VERIFY_MAX_ITEMS {
         // verify is linear (about 35 s at 10 million here): longer than a
@@ -157,22 +171,27 @@ pub async fn run_report(State(state): State<AppState>, Path(id): Path<String>) -
         state.verifications.get(pool, id, &run.scope).await
     };
     let points = queries::throughput(pool, &run.scope, items).await.unwrap_or_default();
-    Ok(pages::run_report(
+    let view = pages::RunView {
         id,
-        &run.scope,
-        run.state.as_str(),
-        &verified,
-        &points,
-        run.report.as_ref(),
-    ))
+        period: &run.scope,
+        shown: Shown::of(&run, &workers),
+        progress,
+        report: run.report.as_ref(),
+    };
+    Ok(pages::run_report(&view, &verified, &points, &watch))
 }
 
-/// `GET /workers`.
-pub async fn workers(State(state): State<AppState>) -> Page {
+/// `GET /workers`: the registry; a dead worker's row shows beside its last
+/// heartbeat's counters what the ledger committed for the runs it lived
+/// through.
+pub async fn workers(State(state): State<AppState>, watch: Watch) -> Page {
     let all = settled_engine::raw::workers::list(&state.reads, Some(&crate::settlement::queue()), 100)
         .await
         .map_err(Problem::unavailable)?;
-    Ok(pages::workers(&all))
+    let committed = queries::committed_by_dead_workers(&state.reads, &all)
+        .await
+        .map_err(Problem::unavailable)?;
+    Ok(pages::workers(&all, &committed, &watch))
 }
 
 /// Conflicts and unknown provider events listed on the payouts page (the
@@ -182,7 +201,7 @@ pub const PAYOUT_ISSUES_SHOWN: i64 = 50;
 /// `GET /payouts`: payouts by state with amounts and ages, returns,
 /// conflicts, provider events for unknown payouts, and provider keys
 /// waiting for an operator.
-pub async fn payouts(State(state): State<AppState>) -> Page {
+pub async fn payouts(State(state): State<AppState>, watch: Watch) -> Page {
     use crate::payouts::overview;
     let mut conn = state.reads.acquire().await.map_err(Problem::unavailable)?;
     let summary = overview::overview(&mut conn).await.map_err(Problem::unavailable)?;
@@ -200,7 +219,7 @@ pub async fn payouts(State(state): State<AppState>) -> Page {
         unknown: &unknown,
         awaiting: &awaiting,
     };
-    Ok(payout_pages::payouts(&summary, &issues, state.decimals))
+    Ok(payout_pages::payouts(&summary, &issues, state.decimals, &watch))
 }
 
 /// Query of a creator's page: the statement page after this cursor.
@@ -332,7 +351,7 @@ pub const QUERY_CHARS_SHOWN: usize = 200;
 /// and who waits for whom. Other sessions' query text can hold secrets (a
 /// `PASSWORD '...'`, a customer's data): it is shown with its literals
 /// replaced by `?`, and whole only to a request with the API token.
-pub async fn locks(State(state): State<AppState>, headers: axum::http::HeaderMap) -> Page {
+pub async fn locks(State(state): State<AppState>, headers: axum::http::HeaderMap, watch: Watch) -> Page {
     let mut rows = queries::locks(&state.reads).await.map_err(Problem::unavailable)?;
     let whole = super::auth::is_authorized(&state, &headers);
     for row in &mut rows {
@@ -346,5 +365,86 @@ pub async fn locks(State(state): State<AppState>, headers: axum::http::HeaderMap
             q.chars().take(QUERY_CHARS_SHOWN).collect()
         });
     }
-    Ok(pages::locks(&rows, whole))
+    Ok(pages::locks(&rows, whole, &watch))
+}
+
+/// Whether a page that watches something refreshes itself (yes, unless the
+/// query says `refresh=off`), and where it is, for the link that stops or
+/// starts it. Any query of the page is kept.
+#[derive(Debug, Clone)]
+pub struct Watch {
+    /// True: the page refreshes every [`REFRESH_SECS`].
+    pub on: bool,
+    path: String,
+    /// The query's pairs, `refresh` left out.
+    rest: Vec<(String, String)>,
+}
+
+impl Watch {
+    /// The same page with refreshing turned the other way.
+    pub fn toggle(&self) -> String {
+        let mut query = form_urlencoded::Serializer::new(String::new());
+        query.extend_pairs(&self.rest);
+        if self.on {
+            query.append_pair("refresh", "off");
+        }
+        let query = query.finish();
+        if query.is_empty() {
+            self.path.clone()
+        } else {
+            format!("{}?{query}", self.path)
+        }
+    }
+}
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Watch {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, _: &S) -> Result<Watch, Self::Rejection> {
+        let pairs = form_urlencoded::parse(parts.uri.query().unwrap_or("").as_bytes()).into_owned();
+        let (refresh, rest): (Vec<_>, Vec<_>) = pairs.partition(|(k, _)| k == "refresh");
+        Ok(Watch {
+            on: !refresh.iter().any(|(_, v)| v == "off"),
+            path: parts.uri.path().to_string(),
+            rest,
+        })
+    }
+}
+
+/// Answers a browser's request for a dashboard address with an HTML page
+/// and the navigation whatever the status (404 included): a problem+json
+/// error is rendered as a page, its status and headers kept (a 401 keeps its
+/// challenge). `/v1`, the probes, `/metrics` and `/openapi.json` keep their
+/// problems, and so does a client that does not ask for HTML.
+pub async fn html_errors(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    use axum::http::header;
+    let path = request.uri().path();
+    let machine =
+        path.starts_with("/v1/") || matches!(path, "/v1" | "/healthz" | "/readyz" | "/metrics" | "/openapi.json");
+    let wants_html = request
+        .headers()
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("text/html"));
+    let response = next.run(request).await;
+    let is_problem = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/problem+json"));
+    if machine || !wants_html || !is_problem {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let bytes = axum::body::to_bytes(body, super::MAX_BODY_BYTES)
+        .await
+        .unwrap_or_default();
+    let problem: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+    let text = |key: &str| problem[key].as_str().unwrap_or("").to_string();
+    let markup = pages::error(parts.status.as_u16(), &text("title"), &text("detail"));
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    Response::from_parts(parts, axum::body::Body::from(markup.into_string()))
 }

@@ -66,7 +66,7 @@ fn awaiting(overview: &Overview, keys: &[KeyAwaiting]) -> Markup {
 /// Payouts by state (count, amount, the oldest one's time in its state),
 /// what came back, the newest conflicts and unknown provider events, and
 /// the keys waiting for an operator.
-pub(super) fn payouts(overview: &Overview, issues: &Issues<'_>, decimals: u32) -> Markup {
+pub(super) fn payouts(overview: &Overview, issues: &Issues<'_>, decimals: u32, watch: &super::Watch) -> Markup {
     let (conflicts, unknown) = (issues.conflicts, issues.unknown);
     let body = html! {
         form #find-creator method="get" action="/creators" {
@@ -130,5 +130,5 @@ pub(super) fn payouts(overview: &Overview, issues: &Issues<'_>, decimals: u32) -
             }
         }
     };
-    page("payouts", true, body)
+    page("payouts", Some(watch), body)
 }

@@ -220,3 +220,57 @@ pub(crate) async fn locks(pool: &PgPool) -> Result<Vec<LockRow>, sqlx::Error> {
     .fetch_all(pool)
     .await
 }
+
+/// For each of `workers` (in order): None for a live or stopped one (its
+/// counters are current or final); for a dead one, the ledger rows of the
+/// runs it lived through (among the newest [`RUNS_SHOWN`]): its counters
+/// stop at its last heartbeat, the ledger does not. One count per period.
+pub(crate) async fn committed_by_dead_workers(
+    pool: &PgPool,
+    workers: &[settled_engine::raw::workers::WorkerRow],
+) -> anyhow::Result<Vec<Option<Committed>>> {
+    use settled_engine::raw::workers::WORKER_DEAD_AFTER_SECS;
+    if !workers.iter().any(|w| w.state == "dead") {
+        return Ok(workers.iter().map(|_| None).collect());
+    }
+    let runs = crate::settlement::job().list_runs(pool, RUNS_SHOWN).await?;
+    let mut ledger_rows: std::collections::HashMap<String, i64> = std::collections::HashMap::new();
+    let mut out = Vec::with_capacity(workers.len());
+    for w in workers {
+        if w.state != "dead" {
+            out.push(None);
+            continue;
+        }
+        let died = w.heartbeat_at + chrono::Duration::seconds(WORKER_DEAD_AFTER_SECS);
+        let lived: Vec<&Run> = runs
+            .iter()
+            .filter(|r| r.started_at <= died && r.finished_at.is_none_or(|f| f >= w.started_at))
+            .filter(|r| crate::period::Period::parse(&r.scope).is_ok())
+            .collect();
+        let mut items = 0;
+        for run in &lived {
+            if !ledger_rows.contains_key(&run.scope) {
+                let n: i64 =
+                    sqlx::query_scalar("SELECT count(*) FROM settlement.reward_ledger WHERE period = $1::date")
+                        .bind(&run.scope) // $1
+                        .fetch_one(pool)
+                        .await?;
+                ledger_rows.insert(run.scope.clone(), n);
+            }
+            items += ledger_rows[&run.scope];
+        }
+        out.push(Some(Committed {
+            items,
+            runs: lived.iter().map(|r| (r.id, r.scope.clone())).collect(),
+        }));
+    }
+    Ok(out)
+}
+
+/// What the ledger committed for the runs a dead worker lived through.
+pub(crate) struct Committed {
+    /// Ledger rows of those runs' periods.
+    pub items: i64,
+    /// The runs (id, period).
+    pub runs: Vec<(i64, String)>,
+}

@@ -40,7 +40,7 @@ fn count_headers() -> Markup {
 }
 
 /// Every registered queue with its counts and the oldest ready job's age.
-pub(super) fn queues(views: &[QueueView]) -> Markup {
+pub(super) fn queues(views: &[QueueView], watch: &super::Watch) -> Markup {
     let body = html! {
         table {
             tr { th { "queue" } th { "table" } th { "state" } (count_headers()) }
@@ -58,7 +58,7 @@ pub(super) fn queues(views: &[QueueView]) -> Markup {
         }
         @if views.is_empty() { p { "No continuous queues are registered." } }
     };
-    page("queues", true, body)
+    page("queues", Some(watch), body)
 }
 
 /// One queue: its state and counts, pickup latency, dead letters with
@@ -84,7 +84,7 @@ pub(super) fn queue(
         @if let Some(dead) = dead { (dead_letters(name, dead, view.stats.as_ref().map_or(0, |s| s.failed))) }
         p.note { "Pause, resume and replay ask for the API token: any user name, the token as the password." }
     };
-    page(&format!("queue {name}"), false, body)
+    page(&format!("queue {name}"), None, body)
 }
 
 fn pickup_latency(pickup: Option<&Pickup>) -> Markup {

@@ -19,10 +19,10 @@ use crate::api::{AppState, Problem};
 use crate::queues::{self, ReplayRequest, DEAD_LETTERS_SHOWN};
 
 /// `GET /queues`.
-pub async fn list(State(state): State<AppState>) -> Page {
+pub async fn list(State(state): State<AppState>, watch: super::Watch) -> Page {
     let mut conn = state.reads.acquire().await.map_err(Problem::unavailable)?;
     let views = queues::overview(&mut conn).await.map_err(Problem::unavailable)?;
-    Ok(queue_pages::queues(&views))
+    Ok(queue_pages::queues(&views, &watch))
 }
 
 /// Query of a queue's page: what the form just posted did.
