@@ -72,8 +72,29 @@ pub struct HarnessEnv {
     pub latency_window_ms: u64,
     /// `BENCH_INSTANCE_ID`: this adapter among several.
     pub instance_id: u32,
-    /// Jobs per claim.
+    /// Jobs per claim (`SETTLED_BATCH`; by default [`default_batch`] of
+    /// the mode).
     pub batch: u32,
+}
+
+/// Jobs per claim by default in tx mode: the work of a claim's jobs runs in
+/// its transaction, one after another, so a claim holds its rows for the
+/// batch's work; ten keep the transaction short and one claim's round trip
+/// for ten jobs.
+pub const DEFAULT_BATCH_TX: u32 = 10;
+/// Jobs per claim by default in leased mode: the work runs outside any
+/// transaction and concurrently, so a claim's cost (its statement, its
+/// lease, its completion) is spread over more jobs. One job per claim kept
+/// up with 43% of 2,000 jobs/s at W = 16; fifty with all of it
+/// (docs/benchmarks.md, "The adapter's defaults").
+pub const DEFAULT_BATCH_LEASED: u32 = 50;
+
+/// Jobs per claim by default in `mode`.
+pub fn default_batch(mode: ServeMode) -> u32 {
+    match mode {
+        ServeMode::Tx => DEFAULT_BATCH_TX,
+        ServeMode::Leased => DEFAULT_BATCH_LEASED,
+    }
 }
 
 fn var(name: &str) -> Option<String> {
@@ -91,8 +112,9 @@ fn number<T: std::str::FromStr>(name: &str, default: T) -> anyhow::Result<T> {
 }
 
 impl HarnessEnv {
-    /// Reads the environment; a bad value is an error naming its variable.
-    pub fn from_env() -> anyhow::Result<HarnessEnv> {
+    /// Reads the environment for `mode`; a bad value is an error naming its
+    /// variable.
+    pub fn from_env(mode: ServeMode) -> anyhow::Result<HarnessEnv> {
         let env = HarnessEnv {
             database_url: var("DATABASE_URL").context("DATABASE_URL is not set")?,
             scenario: var("SCENARIO").unwrap_or_else(|| "long_horizon".into()),
@@ -108,7 +130,7 @@ impl HarnessEnv {
             sample_every_s: number("SAMPLE_EVERY_S", 5u64)?.max(1),
             latency_window_ms: number("LATENCY_WINDOW_MS", 30_000u64)?.max(1),
             instance_id: number("BENCH_INSTANCE_ID", 0)?,
-            batch: number("SETTLED_BATCH", 1)?,
+            batch: number("SETTLED_BATCH", default_batch(mode))?,
         };
         anyhow::ensure!(
             env.scenario == "long_horizon",
@@ -267,7 +289,7 @@ impl Shared {
 
 /// Runs the adapter until SIGTERM or SIGINT.
 pub async fn run(mode: ServeMode) -> anyhow::Result<()> {
-    let env = HarnessEnv::from_env()?;
+    let env = HarnessEnv::from_env(mode)?;
     let pickup = Arc::new(PickupWindow::new(Duration::from_millis(env.latency_window_ms)));
     metrics::set_global_recorder(PickupRecorder(pickup.clone()))
         .map_err(|_| anyhow::anyhow!("a metrics recorder is already installed"))?;

@@ -29,7 +29,7 @@ enum LabCommand {
 /// per `ENQUEUE n` line on stdin; adapter: its own clock), PRODUCER_BATCH_MAX,
 /// PRODUCER_BATCH_MS, TARGET_DEPTH, WORKER_COUNT (claim loops),
 /// JOB_PAYLOAD_BYTES, JOB_WORK_MS, SAMPLE_EVERY_S, LATENCY_WINDOW_MS,
-/// BENCH_INSTANCE_ID and SETTLED_BATCH (jobs per claim, default 1). Installs
+/// BENCH_INSTANCE_ID and SETTLED_BATCH (jobs per claim, default 10 in tx mode and 50 leased). Installs
 /// the engine and the queue `harness` on settled_harness.jobs, then writes
 /// JSONL to stdout: a descriptor, then every SAMPLE_EVERY_S claim_p50_ms,
 /// claim_p95_ms, claim_p99_ms (the engine's pickup latency over
