@@ -175,9 +175,66 @@ fn refuse_output_over_input(input: &std::fs::Metadata, flag: &str, output: &Path
     Ok(())
 }
 
-/// Runs an import.
+/// Runs an import: the file staged (every line parsed, the good ones
+/// copied into a temporary table), the staged rows checked against each
+/// other and the table, the periods admitted, the rows inserted; all in one
+/// transaction, so a refused import writes nothing.
 pub async fn import(pool: &PgPool, opts: &ImportOptions) -> anyhow::Result<ImportOutcome> {
-    let format = opts.format.unwrap_or_else(|| {
+    let format = format_of(opts);
+    let (input, size) = open_input(opts)?;
+    let mut sink = ErrorSink::open(opts)?;
+    let mut outcome = ImportOutcome::default();
+
+    let mut tx = pool.begin().await?;
+    stage(&mut tx, input, size, format, opts, &mut sink, &mut outcome).await?;
+    let rejected = check_staged(&mut tx, &mut sink).await?;
+    outcome.errors = sink.total;
+    if sink.total > 0 && opts.skip_invalid.is_none() {
+        tx.rollback().await?;
+        outcome.first_errors = std::mem::take(&mut sink.shown);
+        outcome.refused = true;
+        flush(&mut sink)?;
+        return Ok(outcome);
+    }
+    if !rejected.is_empty() {
+        sqlx::query("DELETE FROM import_staging WHERE line_no = ANY($1)")
+            .bind(&rejected) // $1
+            .execute(&mut *tx)
+            .await?;
+    }
+    outcome.rejected = sink.total;
+    let periods = admit_periods(&mut tx, opts).await?;
+    let inserted = sqlx::query(
+        "INSERT INTO settlement.token_trade_volume (period, creator, volume)
+         SELECT period, creator, volume FROM import_staging ORDER BY period, creator
+         ON CONFLICT (period, creator) DO NOTHING",
+    )
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    // A lost answer may hide a commit: say so, never "nothing was imported".
+    tx.commit()
+        .await
+        .context("committing the import; its outcome is unknown if the connection was lost: importing the same file again is safe (rows already imported are counted as already present, never added twice)")?;
+    outcome.inserted = inserted;
+    outcome.already_present = outcome.rows - outcome.rejected - inserted;
+    outcome.first_errors = std::mem::take(&mut sink.shown);
+    flush(&mut sink)?;
+    if inserted > 0 {
+        let mut conn = pool.acquire().await?;
+        for staged in periods.iter().filter(|p| p.new_rows > 0) {
+            crate::settlement::queue()
+                .refresh_statistics(&mut conn, &staged.period.to_string())
+                .await?;
+        }
+    }
+    Ok(outcome)
+}
+
+/// The file's format: `--format`, or its extension (`.jsonl`, `.ndjson`:
+/// JSONL; anything else: CSV).
+fn format_of(opts: &ImportOptions) -> Format {
+    opts.format.unwrap_or_else(|| {
         let ext = opts
             .path
             .extension()
@@ -189,26 +246,45 @@ pub async fn import(pool: &PgPool, opts: &ImportOptions) -> anyhow::Result<Impor
         } else {
             Format::Csv
         }
-    });
-    let (input, size) = open_input(opts)?;
-    let create = |p: &Path| -> anyhow::Result<std::io::BufWriter<File>> {
-        Ok(std::io::BufWriter::new(
-            File::create(p).with_context(|| format!("creating {}", p.display()))?,
-        ))
-    };
-    let mut sink = ErrorSink {
-        shown: Vec::new(),
-        total: 0,
-        file: opts.errors_file.as_deref().map(create).transpose()?,
-        rejects: opts.skip_invalid.as_deref().map(create).transpose()?,
-    };
-    if let Some(r) = &mut sink.rejects {
-        writeln!(r, "line,field,reason,content")?;
+    })
+}
+
+impl ErrorSink {
+    /// The sink of an import: `--errors-file` and `--skip-invalid`'s
+    /// rejects file (with its header) created.
+    fn open(opts: &ImportOptions) -> anyhow::Result<ErrorSink> {
+        let create = |p: &Path| -> anyhow::Result<std::io::BufWriter<File>> {
+            Ok(std::io::BufWriter::new(
+                File::create(p).with_context(|| format!("creating {}", p.display()))?,
+            ))
+        };
+        let mut sink = ErrorSink {
+            shown: Vec::new(),
+            total: 0,
+            file: opts.errors_file.as_deref().map(create).transpose()?,
+            rejects: opts.skip_invalid.as_deref().map(create).transpose()?,
+        };
+        if let Some(r) = &mut sink.rejects {
+            writeln!(r, "line,field,reason,content")?;
+        }
+        Ok(sink)
     }
+}
+
+/// Reads `input` line by line into the temporary table `import_staging`
+/// (by COPY, in batches), parsing each line: a line that does not parse is
+/// recorded in `sink`, never staged. Counts the data rows in `outcome`.
+async fn stage(
+    tx: &mut sqlx::PgConnection,
+    input: Box<dyn Read + Send>,
+    size: Option<u64>,
+    format: Format,
+    opts: &ImportOptions,
+    sink: &mut ErrorSink,
+    outcome: &mut ImportOutcome,
+) -> anyhow::Result<()> {
     let progress = Progress::new("import", size.unwrap_or(0));
     let mut reader = BufReader::with_capacity(256 * 1024, CountingReader { inner: input, read: 0 });
-
-    let mut tx = pool.begin().await?;
     sqlx::query(
         "CREATE TEMP TABLE import_staging (
              line_no bigint NOT NULL, period date NOT NULL, creator text NOT NULL, volume numeric(78,0) NOT NULL
@@ -220,7 +296,6 @@ pub async fn import(pool: &PgPool, opts: &ImportOptions) -> anyhow::Result<Impor
         .copy_in_raw("COPY import_staging (line_no, period, creator, volume) FROM STDIN")
         .await?;
     let latest = latest_period();
-    let mut outcome = ImportOutcome::default();
     let mut buf = Vec::with_capacity(MAX_LINE_BYTES + 2);
     let mut batch = String::with_capacity(COPY_BATCH_BYTES + MAX_LINE_BYTES);
     let mut line_no = 0u64;
@@ -295,8 +370,14 @@ pub async fn import(pool: &PgPool, opts: &ImportOptions) -> anyhow::Result<Impor
     if outcome.rows == 0 {
         anyhow::bail!("the file has no data rows (only a header or blank lines): nothing to import");
     }
+    Ok(())
+}
 
-    // Duplicates within the file: every later occurrence is an error.
+/// The staged rows that may not be imported, each recorded in `sink`:
+/// every later occurrence of a (period, creator) within the file, and rows
+/// already imported with another volume (refusing keeps re-imports exact).
+/// Returns their line numbers.
+async fn check_staged(tx: &mut sqlx::PgConnection, sink: &mut ErrorSink) -> anyhow::Result<Vec<i64>> {
     let duplicates: Vec<Duplicate> = sqlx::query_as(
         "SELECT line_no, creator, period, first_line FROM (
              SELECT line_no, creator, period,
@@ -314,7 +395,6 @@ pub async fn import(pool: &PgPool, opts: &ImportOptions) -> anyhow::Result<Impor
             Some(&d.creator),
         )?;
     }
-    // Rows already imported with another volume: refusing keeps re-imports exact.
     let conflicts: Vec<Conflict> = sqlx::query_as(
         "SELECT s.line_no, s.creator, s.period, s.volume::text AS new_volume, t.volume::text AS old_volume
          FROM import_staging s JOIN settlement.token_trade_volume t ON t.period = s.period AND t.creator = s.creator
@@ -333,29 +413,21 @@ pub async fn import(pool: &PgPool, opts: &ImportOptions) -> anyhow::Result<Impor
             Some(&c.creator),
         )?;
     }
-    outcome.errors = sink.total;
-    if sink.total > 0 && opts.skip_invalid.is_none() {
-        tx.rollback().await?;
-        outcome.first_errors = std::mem::take(&mut sink.shown);
-        outcome.refused = true;
-        flush(&mut sink)?;
-        return Ok(outcome);
-    }
-    if !duplicates.is_empty() || !conflicts.is_empty() {
-        let lines: Vec<i64> = duplicates
-            .iter()
-            .map(|d| d.line_no)
-            .chain(conflicts.iter().map(|c| c.line_no))
-            .collect();
-        sqlx::query("DELETE FROM import_staging WHERE line_no = ANY($1)")
-            .bind(&lines)
-            .execute(&mut *tx)
-            .await?;
-    }
-    outcome.rejected = sink.total;
+    Ok(duplicates
+        .iter()
+        .map(|d| d.line_no)
+        .chain(conflicts.iter().map(|c| c.line_no))
+        .collect())
+}
 
-    // Periods: never one whose run has started (held open until this
-    // commits); another import's period only with --append.
+/// The staged periods, each admitted: never one whose run has started
+/// (held open until this import commits), another import's period only
+/// with `--append`, and its partitions made. A refusal is an error saying
+/// why; the import's transaction rolls back as it is dropped.
+async fn admit_periods(
+    tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
+    opts: &ImportOptions,
+) -> anyhow::Result<Vec<StagedPeriod>> {
     let periods: Vec<StagedPeriod> = sqlx::query_as(
         "SELECT s.period,
                 count(*) FILTER (WHERE t.creator IS NULL) AS new_rows,
@@ -364,7 +436,7 @@ pub async fn import(pool: &PgPool, opts: &ImportOptions) -> anyhow::Result<Impor
          LEFT JOIN settlement.token_trade_volume t ON t.period = s.period AND t.creator = s.creator
          GROUP BY s.period ORDER BY s.period",
     )
-    .fetch_all(&mut *tx)
+    .fetch_all(&mut **tx)
     .await?;
     for StagedPeriod {
         period,
@@ -376,11 +448,10 @@ pub async fn import(pool: &PgPool, opts: &ImportOptions) -> anyhow::Result<Impor
             continue;
         }
         // Until this import commits, no run of the period can start.
-        crate::settlement::hold_input_open(&mut tx, Period::from_date(*period))
+        crate::settlement::hold_input_open(tx, Period::from_date(*period))
             .await
             .map_err(|refused| anyhow::anyhow!("{refused:#}; nothing was imported"))?;
         if *existing > 0 && !opts.append {
-            tx.rollback().await?;
             anyhow::bail!(
                 "period {period} already has {existing} rows from another import; use --append to add {new_rows} more; nothing was imported"
             );
@@ -388,34 +459,10 @@ pub async fn import(pool: &PgPool, opts: &ImportOptions) -> anyhow::Result<Impor
     }
     for StagedPeriod { period, new_rows, .. } in &periods {
         if *new_rows > 0 {
-            crate::partitions::ensure(&mut tx, crate::period::Period::from_date(*period)).await?;
+            crate::partitions::ensure(tx, Period::from_date(*period)).await?;
         }
     }
-    let inserted = sqlx::query(
-        "INSERT INTO settlement.token_trade_volume (period, creator, volume)
-         SELECT period, creator, volume FROM import_staging ORDER BY period, creator
-         ON CONFLICT (period, creator) DO NOTHING",
-    )
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    // A lost answer may hide a commit: say so, never "nothing was imported".
-    tx.commit()
-        .await
-        .context("committing the import; its outcome is unknown if the connection was lost: importing the same file again is safe (rows already imported are counted as already present, never added twice)")?;
-    outcome.inserted = inserted;
-    outcome.already_present = outcome.rows - outcome.rejected - inserted;
-    outcome.first_errors = std::mem::take(&mut sink.shown);
-    flush(&mut sink)?;
-    if inserted > 0 {
-        let mut conn = pool.acquire().await?;
-        for staged in periods.iter().filter(|p| p.new_rows > 0) {
-            crate::settlement::queue()
-                .refresh_statistics(&mut conn, &staged.period.to_string())
-                .await?;
-        }
-    }
-    Ok(outcome)
+    Ok(periods)
 }
 
 fn flush(sink: &mut ErrorSink) -> anyhow::Result<()> {
