@@ -24,7 +24,7 @@ pub(super) struct Sql {
 /// the run `$3` while it is running. Every claim (in-transaction, leased,
 /// the one-statement chunk) selects with it.
 pub(super) fn claimable(n: &Names) -> String {
-    let (_, scope, scope_type, _, _) = n.parts();
+    let Names { scope, scope_type, .. } = *n;
     format!(
         "t.{scope} = CAST($1 AS {scope_type})
                    AND t.status = 'eligible'
@@ -35,7 +35,13 @@ pub(super) fn claimable(n: &Names) -> String {
 
 impl Sql {
     pub(super) fn render(n: &Names) -> Sql {
-        let (table, scope, scope_type, key, key_type) = n.parts();
+        let Names {
+            table,
+            scope,
+            scope_type,
+            key,
+            key_type,
+        } = *n;
         let claimable = claimable(n);
         Sql {
             // In-transaction mode: the row locks are the claim, held until

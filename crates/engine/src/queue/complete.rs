@@ -19,7 +19,13 @@ pub(super) struct Sql {
 
 impl Sql {
     pub(super) fn render(n: &Names) -> Sql {
-        let (table, scope, scope_type, key, key_type) = n.parts();
+        let Names {
+            table,
+            scope,
+            scope_type,
+            key,
+            key_type,
+        } = *n;
         Sql {
             settled_in_tx: format!(
                 "UPDATE {table}

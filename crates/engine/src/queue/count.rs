@@ -60,7 +60,13 @@ struct StatusRow {
 
 impl Sql {
     pub(super) fn render(n: &Names) -> Sql {
-        let (table, scope, scope_type, key, _) = n.parts();
+        let Names {
+            table,
+            scope,
+            scope_type,
+            key,
+            ..
+        } = *n;
         Sql {
             // Two counts, each answered from its partial index (eligible,
             // processing), so polling progress stays cheap on a large scope.

@@ -82,7 +82,13 @@ pub(crate) fn retry_set(
 
 impl Sql {
     pub(super) fn render(n: &Names) -> Sql {
-        let (table, scope, scope_type, key, key_type) = n.parts();
+        let Names {
+            table,
+            scope,
+            scope_type,
+            key,
+            key_type,
+        } = *n;
         Sql {
             // In-transaction mode: the failed attempt was never recorded (it
             // rolled back), so count it here. $3 error, $4 permanent,

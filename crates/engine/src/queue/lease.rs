@@ -20,7 +20,13 @@ pub(super) struct Sql {
 
 impl Sql {
     pub(super) fn render(n: &Names) -> Sql {
-        let (table, scope, scope_type, key, key_type) = n.parts();
+        let Names {
+            table,
+            scope,
+            scope_type,
+            key,
+            key_type,
+        } = *n;
         Sql {
             // One statement per worker per heartbeat, for the leases it knows
             // it holds. A lease whose claim committed but whose answer was

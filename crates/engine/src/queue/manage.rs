@@ -16,7 +16,13 @@ pub(super) struct Sql {
 
 impl Sql {
     pub(super) fn render(n: &Names) -> Sql {
-        let (table, scope, scope_type, key, key_type) = n.parts();
+        let Names {
+            table,
+            scope,
+            scope_type,
+            key,
+            key_type,
+        } = *n;
         Sql {
             // The attempts so far stop counting toward the limit
             // (attempt_base), while attempt itself keeps growing.

@@ -57,6 +57,7 @@ pub struct WorkQueue {
 }
 
 /// The validated identifiers statements are rendered from.
+#[derive(Clone, Copy)]
 struct Names<'a> {
     table: &'a str,
     scope: &'a str,
@@ -75,11 +76,6 @@ impl<'a> Names<'a> {
             key: &spec.key_column,
             key_type: &spec.key_type,
         }
-    }
-
-    /// (table, scope, scope type, key, key type), for rendering.
-    fn parts(&self) -> (&'a str, &'a str, &'a str, &'a str, &'a str) {
-        (self.table, self.scope, self.scope_type, self.key, self.key_type)
     }
 
     /// A claim's key conditions for `window`'s shape (parameters from `$4`)

@@ -146,7 +146,13 @@ fn pick_filter(n: &Names, pick: Pick) -> (String, String) {
 /// The `marked` CTE: the claimed rows set `settled`, or `held` for the
 /// holds query's keys, status re-checked.
 fn marked_cte(n: &Names, target: Target) -> String {
-    let (table, scope, scope_type, key, _) = n.parts();
+    let Names {
+        table,
+        scope,
+        scope_type,
+        key,
+        ..
+    } = *n;
     const SET: &str = "attempt = t.attempt + 1, lease_owner = NULL, lease_until = NULL,";
     match target {
         // Rows of any relation of the table: each found by its partition
@@ -185,7 +191,13 @@ fn marked_cte(n: &Names, target: Target) -> String {
 }
 
 fn render(n: &Names, sql: &ChunkSql, pick: Pick, target: Target) -> String {
-    let (table, scope, _, key, key_type) = n.parts();
+    let Names {
+        table,
+        scope,
+        key,
+        key_type,
+        ..
+    } = *n;
     let (filter, order) = pick_filter(n, pick);
     let (from, attached) = match target {
         Target::Table => (table.to_string(), String::new()),
@@ -234,7 +246,12 @@ pub(super) struct Sql {
 
 impl Sql {
     pub(super) fn render(n: &Names) -> Sql {
-        let (table, scope, scope_type, _, _) = n.parts();
+        let Names {
+            table,
+            scope,
+            scope_type,
+            ..
+        } = *n;
         Sql {
             // $1 scope, $2 the scope column's name. The table's name was
             // validated as plain identifiers; the relation's is quoted here.
