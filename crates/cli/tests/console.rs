@@ -224,3 +224,218 @@ async fn watching_pages_refresh_every_5_s_with_a_link_that_stops_it() {
         );
     }
 }
+
+/// The payout ids listed on a `/payouts` page, in order, and its `next` link.
+fn listed(page: &str) -> (Vec<i64>, Option<String>) {
+    let ids = page
+        .split("data-listed=\"")
+        .skip(1)
+        .map(|s| s.split('"').next().unwrap().parse().unwrap())
+        .collect();
+    let next = page
+        .split("<a rel=\"next\" href=\"")
+        .nth(1)
+        .map(|s| s.split('"').next().unwrap().replace("&amp;", "&"));
+    (ids, next)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn payouts_are_listed_filtered_and_walked_by_keyset_and_a_payout_page_shows_its_whole_history() {
+    const SECRET: &str = "whsec-console";
+    let env = Env::new().await;
+    env.run_ok(&["seed", "--period", PERIOD, "--creators", "40"]);
+    env.run_ok(&["worker", "--period", PERIOD]);
+    let server = env.serve_with(TOKEN, &["--provider-webhook-secret", SECRET]).await;
+    let sim = common::ProviderSim::start(&[
+        "--webhook-url",
+        &format!("{}/v1/provider-events", server.base),
+        "--webhook-secret",
+        SECRET,
+        "--failure-rate",
+        "0.3",
+        "--seed",
+        "7",
+    ]);
+    let creators: Vec<String> =
+        sqlx::query_scalar("SELECT creator FROM settlement.creator_balance ORDER BY creator LIMIT 30")
+            .fetch_all(&env.pool)
+            .await
+            .unwrap();
+    let client = reqwest::Client::new();
+    for (i, creator) in creators.iter().enumerate() {
+        let r = client
+            .post(format!("{}/v1/payouts", server.base))
+            .bearer_auth(TOKEN)
+            .header("Idempotency-Key", format!("console-{i}"))
+            .json(&serde_json::json!({ "creator": creator, "amount": "1" }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201);
+    }
+    let mut deliver = env.deliver(&sim.url, &[]);
+    common::wait_until(60, "every payout paid or failed, its webhook received", || async {
+        env.scalar_i64(
+            "SELECT count(*) FROM settlement.payouts p WHERE status IN ('paid', 'failed')
+               AND EXISTS (SELECT 1 FROM settlement.provider_events e WHERE e.payout_id = p.id)",
+        )
+        .await
+            == 30
+    })
+    .await;
+    common::stop(&mut deliver);
+    let ids_in = |status: &'static str| {
+        let pool = env.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>("SELECT id FROM settlement.payouts WHERE status = $1 ORDER BY id DESC")
+                .bind(status)
+                .fetch_all(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    let (paid, failed) = (ids_in("paid").await, ids_in("failed").await);
+    assert!(!paid.is_empty() && !failed.is_empty(), "{paid:?} {failed:?}");
+
+    // The list, newest first under the counts; filters.
+    let (status, page, _) = browse(&server, "/payouts").await;
+    assert_eq!(status, 200);
+    assert!(
+        page.find("id=\"state-paid\"").unwrap() < page.find("data-listed=").unwrap(),
+        "{page}"
+    );
+    let (_, page, _) = browse(&server, "/payouts?status=failed").await;
+    assert_eq!(listed(&page), (failed.clone(), None), "{page}");
+    let (_, page, _) = browse(&server, &format!("/payouts?creator={}", creators[3])).await;
+    let one: i64 = env
+        .scalar_i64(&format!(
+            "SELECT id FROM settlement.payouts WHERE creator = '{}'",
+            creators[3]
+        ))
+        .await;
+    assert_eq!(listed(&page).0, vec![one]);
+    let (_, page, _) = browse(&server, &format!("/payouts?id={one}")).await;
+    assert_eq!(listed(&page).0, vec![one]);
+    let (_, page, _) = browse(&server, "/payouts?from=2999-01-01").await;
+    assert!(listed(&page).0.is_empty(), "{page}");
+    let (status, _, _) = browse(&server, "/payouts?status=lost").await;
+    assert_eq!(status, 422, "an unknown state is an invalid field");
+
+    // A keyset walk of the paid ones, 7 at a time, to its end.
+    let mut walked = Vec::new();
+    let mut next = Some("/payouts?status=paid&limit=7".to_string());
+    let mut pages = 0;
+    while let Some(path) = next {
+        let (status, page, _) = browse(&server, &path).await;
+        assert_eq!(status, 200, "{path}");
+        let (ids, following) = listed(&page);
+        assert!(ids.len() <= 7);
+        if following.is_some() {
+            assert!(following.as_deref().unwrap().contains("after="), "{following:?}");
+        }
+        walked.extend(ids);
+        next = following;
+        pages += 1;
+    }
+    assert_eq!(walked, paid, "every paid payout once, newest first");
+    assert_eq!(pages, paid.len().div_ceil(7).max(1));
+
+    // A paid payout's page: its history with what moved it, the provider's
+    // id, the webhook received for it.
+    let (status, page, _) = browse(&server, &format!("/payouts/{}", paid[0])).await;
+    assert_eq!(status, 200);
+    let provider_id = env
+        .scalar_text(&format!(
+            "SELECT provider_id FROM settlement.payouts WHERE id = {}",
+            paid[0]
+        ))
+        .await;
+    let event = env
+        .scalar_text(&format!(
+            "SELECT id FROM settlement.provider_events WHERE payout_id = {}",
+            paid[0]
+        ))
+        .await;
+    for needle in [
+        "data-moved-by=\"api\"",
+        "data-to=\"queued\"",
+        "data-to=\"paid\"",
+        provider_id.as_str(),
+        event.as_str(),
+        "no action",
+    ] {
+        assert!(page.contains(needle), "{needle}:\n{page}");
+    }
+    // Paid on the provider's word: the deliverer's answer or its webhook,
+    // whichever came first (the other finds it paid and moves nothing).
+    let paid_row = page.split("<tr data-to=\"paid\">").nth(1).unwrap();
+    assert!(
+        ["deliverer", "webhook"]
+            .iter()
+            .any(|by| paid_row.contains(&format!("data-moved-by=\"{by}\""))),
+        "{paid_row}"
+    );
+    // A failed one's: its funds returned.
+    let (_, page, _) = browse(&server, &format!("/payouts/{}", failed[0])).await;
+    assert!(
+        page.contains("data-to=\"failed\"") && page.contains("data-returned=\"1\""),
+        "{page}"
+    );
+    let (status, _, kind) = browse(&server, "/payouts/999999").await;
+    assert_eq!((status, kind.starts_with("text/html")), (404, true));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn holds_are_listed_placed_and_released_from_the_console() {
+    let env = Env::new().await;
+    env.run_ok(&["seed", "--period", PERIOD, "--creators", "5"]);
+    env.run_ok(&["worker", "--period", PERIOD]);
+    let server = env.serve(TOKEN).await;
+    let creator = env
+        .scalar_text("SELECT creator FROM settlement.creator_balance ORDER BY creator LIMIT 1")
+        .await;
+    let (status, page, _) = browse(&server, "/holds").await;
+    assert_eq!(status, 200);
+    assert!(page.contains("No active holds"), "{page}");
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let place = |token: &'static str| {
+        client
+            .post(format!("{}/dashboard/holds", server.base))
+            .basic_auth("operator", Some(token))
+            .form(&[("creator", creator.as_str()), ("reason", "KYC <review>")])
+            .send()
+    };
+    assert_eq!(place("wrong").await.unwrap().status(), 401);
+    assert_eq!(place(TOKEN).await.unwrap().status(), 303);
+    let (_, page, _) = browse(&server, "/holds").await;
+    assert!(page.contains(&creator) && page.contains("KYC &lt;review&gt;"), "{page}");
+    let hold = env
+        .scalar_i64("SELECT id FROM settlement.creator_holds WHERE released_at IS NULL")
+        .await;
+    // The creator's page shows it with its release form.
+    let (_, page, _) = browse(&server, &format!("/creators/{creator}")).await;
+    assert!(page.contains(&format!("/dashboard/holds/{hold}/release")), "{page}");
+    assert!(page.contains("data-verdict=\"ok\""), "the verifier's verdict: {page}");
+    assert!(
+        page.contains("ledger by period") && page.contains(&format!("<td>{PERIOD}</td>")),
+        "{page}"
+    );
+    let r = client
+        .post(format!("{}/dashboard/holds/{hold}/release", server.base))
+        .basic_auth("operator", Some(TOKEN))
+        .form(&[("from", "holds")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    assert_eq!(
+        env.scalar_i64("SELECT count(*) FROM settlement.creator_holds WHERE released_at IS NOT NULL")
+            .await,
+        1
+    );
+    let (_, page, _) = browse(&server, "/holds").await;
+    assert!(page.contains("No active holds"), "{page}");
+}
