@@ -439,3 +439,139 @@ async fn holds_are_listed_placed_and_released_from_the_console() {
     let (_, page, _) = browse(&server, "/holds").await;
     assert!(page.contains("No active holds"), "{page}");
 }
+
+/// `settled tokens create --name NAME --role ROLE`'s stdout: the token alone.
+fn make_token(env: &Env, name: &str, role: &str) -> String {
+    let out = env.run_ok(&["tokens", "create", "--name", name, "--role", role]);
+    let token = out.trim_end_matches('\n');
+    assert!(
+        !token.contains('\n') && token.starts_with("stl_"),
+        "only the token: {out:?}"
+    );
+    token.to_string()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_route_answers_every_role_as_the_one_table_says_and_a_revoked_token_is_refused_at_once() {
+    use settled::api::routes::{Access, ROUTES};
+    use settled::tokens::Role;
+    let env = Env::new().await;
+    env.run_ok(&["seed", "--period", PERIOD, "--creators", "3"]);
+    let creator = env
+        .scalar_text("SELECT creator FROM settlement.token_trade_volume ORDER BY creator LIMIT 1")
+        .await;
+    let server = env.serve(TOKEN).await;
+    let tokens: Vec<(Role, String)> = Role::ALL
+        .iter()
+        .map(|role| (*role, make_token(&env, &format!("t-{role}"), role.as_str())))
+        .collect();
+    let stored = env.scalar_i64("SELECT count(*) FROM settlement.api_tokens").await;
+    assert_eq!(stored, 4);
+    assert_eq!(
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM settlement.api_tokens WHERE token_sha256 = ANY($1)")
+            .bind(tokens.iter().map(|(_, t)| t.clone()).collect::<Vec<_>>())
+            .fetch_one(&env.pool)
+            .await
+            .unwrap(),
+        0,
+        "only digests are stored"
+    );
+    let client = reqwest::Client::new();
+    let (mut tried, mut refused_401, mut refused_403, mut allowed) = (0, 0, 0, 0);
+    for route in ROUTES {
+        let path = route
+            .path
+            .replace("{id}", "999999")
+            .replace("{address}", &creator)
+            .replace("{name}", "nope");
+        let attempts = std::iter::once(None).chain(tokens.iter().map(|(r, t)| Some((*r, t.as_str()))));
+        for attempt in attempts {
+            let url = format!("{}{path}", server.base);
+            let mut request = match route.method {
+                "GET" => client.get(&url),
+                _ => client.post(&url).header("content-type", "application/json").body("{}"),
+            };
+            if let Some((_, token)) = attempt {
+                request = request.bearer_auth(token);
+            }
+            let r = request.send().await.unwrap();
+            let status = r.status().as_u16();
+            let what = format!("{} {path} as {:?}", route.method, attempt.map(|a| a.0));
+            tried += 1;
+            match (route.access, attempt) {
+                (Access::Open | Access::Signed, _) => {
+                    assert!(
+                        ![401, 403].contains(&status) || route.access == Access::Signed,
+                        "{what}: {status}"
+                    );
+                    assert_ne!(status, 403, "{what}");
+                    allowed += 1;
+                }
+                (Access::Role(_), None) => {
+                    assert_eq!(status, 401, "{what}");
+                    assert!(r.headers().contains_key("www-authenticate"), "{what}: a challenge");
+                    refused_401 += 1;
+                }
+                (Access::Role(needed), Some((role, _))) if role < needed => {
+                    assert_eq!(status, 403, "{what}");
+                    let body = r.text().await.unwrap();
+                    assert!(body.contains(&format!("needs the role {needed}")), "{what}: {body}");
+                    refused_403 += 1;
+                }
+                (Access::Role(_), Some(_)) => {
+                    assert!(![401, 403, 500].contains(&status), "{what}: {status}");
+                    allowed += 1;
+                }
+            }
+        }
+    }
+    eprintln!(
+        "{} routes x (no token + {} roles): {tried} requests, {refused_401} refused 401, {refused_403} refused 403, {allowed} let through",
+        ROUTES.len(),
+        Role::ALL.len()
+    );
+    assert_eq!(tried, ROUTES.len() * 5);
+    assert!(refused_401 > 0 && refused_403 > 0 && allowed > 0);
+
+    // A browser's Basic password works as the token, and revoking a token
+    // stops it at the next request.
+    let viewer = &tokens[0].1;
+    let basic = client
+        .get(format!("{}/v1/queues", server.base))
+        .basic_auth("anyone", Some(viewer))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(basic.status(), 200);
+    env.run_ok(&["tokens", "revoke", "t-viewer"]);
+    let after = client
+        .get(format!("{}/v1/queues", server.base))
+        .bearer_auth(viewer)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(after.status(), 401, "revoked at once");
+    let listed: serde_json::Value = serde_json::from_str(&env.run_ok(&["tokens", "list", "--json"])).unwrap();
+    let viewer_row = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "t-viewer")
+        .unwrap();
+    assert!(
+        viewer_row["revoked_at"].is_string() && viewer_row["last_used_at"].is_string(),
+        "{listed}"
+    );
+    assert!(!listed.to_string().contains("stl_"), "no token listed: {listed}");
+}
+
+#[test]
+fn the_documents_table_of_routes_and_roles_is_the_servers() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/api.md")).unwrap();
+    let start = doc
+        .find("<!-- routes: generated -->")
+        .expect("docs/api.md has the table of routes")
+        + 26;
+    let end = doc[start..].find("<!-- end -->").unwrap() + start;
+    assert_eq!(doc[start..end].trim(), settled::api::routes::markdown().trim());
+}

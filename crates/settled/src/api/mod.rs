@@ -17,6 +17,7 @@ pub mod payouts;
 pub mod problem;
 pub mod provider_events;
 pub mod queues;
+pub mod routes;
 pub mod server;
 
 use std::sync::Arc;
@@ -174,6 +175,7 @@ pub fn router(state: AppState) -> Router {
     let (api, _) = api_routes().split_for_parts();
     let mut router = dashboard_routes()
         .merge(api)
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), auth::authorize))
         .fallback(|| async { Problem::not_found(ProblemType::NoSuchRoute, "no such endpoint; see /openapi.json") })
         .layer(axum::middleware::from_fn_with_state(state.clone(), edge::check_host))
         .layer(TimeoutLayer::with_status_code(

@@ -387,10 +387,14 @@ pub const QUERY_CHARS_SHOWN: usize = 200;
 /// `GET /locks`: who holds which lock on the settlement and engine tables,
 /// and who waits for whom. Other sessions' query text can hold secrets (a
 /// `PASSWORD '...'`, a customer's data): it is shown with its literals
-/// replaced by `?`, and whole only to a request with the API token.
-pub async fn locks(State(state): State<AppState>, headers: axum::http::HeaderMap, watch: Watch) -> Page {
+/// replaced by `?`, and whole only to an operator's or an admin's token.
+pub async fn locks(
+    State(state): State<AppState>,
+    actor: Option<axum::Extension<super::auth::Actor>>,
+    watch: Watch,
+) -> Page {
     let mut rows = queries::locks(&state.reads).await.map_err(Problem::unavailable)?;
-    let whole = super::auth::is_authorized(&state, &headers);
+    let whole = actor.is_some_and(|a| a.role >= super::auth::Role::Operator);
     for row in &mut rows {
         // Literals go before the text is cut, so no half literal shows.
         row.query = row.query.as_deref().map(|q| {

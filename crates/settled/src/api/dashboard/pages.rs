@@ -325,7 +325,7 @@ pub(super) fn locks(rows: &[LockRow], whole_queries: bool, watch: &Watch) -> Mar
              shows as waiting on a transaction id or tuple."
         }
         @if !whole_queries {
-            p.note { "Query literals are shown as ?; send the API token (Authorization: Bearer) to see them." }
+            p.note { "Query literals are shown as ?; an operator's or an admin's token sees them." }
         }
         table {
             tr { th { "pid" } th { "application" } th { "lock" } th { "mode" } th { "granted" } th { "on" }
