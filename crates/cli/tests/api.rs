@@ -606,18 +606,21 @@ async fn bad_requests_get_problems_that_name_the_field() {
     );
     let r = client
         .get(format!("{}/v1/creators/{unknown}", server.base))
+        .bearer_auth(TOKEN)
         .send()
         .await
         .unwrap();
     assert_eq!(r.status(), 404);
     let r = client
         .get(format!("{}/v1/creators/nope", server.base))
+        .bearer_auth(TOKEN)
         .send()
         .await
         .unwrap();
     assert_eq!(r.status(), 400);
     let r = client
         .get(format!("{}/v1/creators/{creator}", server.base))
+        .bearer_auth(TOKEN)
         .send()
         .await
         .unwrap();

@@ -14,8 +14,14 @@ async fn serve(env: &Env) -> Server {
     env.serve("t0ken").await
 }
 
+/// GET with the token, as every page needs.
 async fn get(url: &str) -> (u16, String) {
-    let r = reqwest::get(url).await.unwrap();
+    let r = reqwest::Client::new()
+        .get(url)
+        .bearer_auth("t0ken")
+        .send()
+        .await
+        .unwrap();
     (r.status().as_u16(), r.text().await.unwrap())
 }
 
@@ -122,7 +128,8 @@ fn browse(browser: &PathBuf, profile: &std::path::Path, args: &[&str], url: &str
         ])
         .arg(format!("--user-data-dir={}", profile.display()))
         .args(args)
-        .arg(url)
+        // Every page needs the token: HTTP Basic's password, in the URL.
+        .arg(url.replacen("http://", "http://operator:t0ken@", 1))
         .stderr(Stdio::null())
         .output()
         .expect("run chromium");

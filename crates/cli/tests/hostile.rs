@@ -326,7 +326,7 @@ async fn every_error_is_problem_json_every_answer_has_security_headers_and_forei
     env.run_ok(&["seed", "--period", "2026-11-28", "--creators", "5"]);
     let server = env.serve(TOKEN).await;
     let b = &server.base;
-    let c = reqwest::Client::new();
+    let c = common::client_with(TOKEN);
     let got = text(c.get(format!("{b}/no/such/page")).send().await.unwrap()).await;
     assert_problem("404", &got, 404, "no-such-route");
     let got = text(c.get(format!("{b}/v1/payouts")).send().await.unwrap()).await;
@@ -460,11 +460,14 @@ async fn the_lock_view_hides_other_sessions_literals_unless_the_token_is_sent() 
         .execute(&mut *tx)
         .await
         .unwrap();
+    // A viewer's token sees the page with literals hidden; the admin's
+    // (SETTLED_API_TOKEN) sees queries whole.
+    let viewer = env.run_ok(&["tokens", "create", "--name", "viewer", "--role", "viewer"]);
+    let viewer = viewer.trim();
     let locks = |token: Option<&str>| {
-        let mut request = reqwest::Client::new().get(format!("{}/locks", server.base));
-        if let Some(token) = token {
-            request = request.bearer_auth(token);
-        }
+        let request = reqwest::Client::new()
+            .get(format!("{}/locks", server.base))
+            .bearer_auth(token.unwrap_or(viewer));
         async move { request.send().await.unwrap().text().await.unwrap() }
     };
     let page = locks(None).await;
@@ -493,11 +496,14 @@ async fn the_lock_view_hides_setting_values_and_nested_comments_of_other_session
     .execute(&mut *tx)
     .await
     .unwrap();
+    // A viewer's token sees the page with literals hidden; the admin's
+    // (SETTLED_API_TOKEN) sees queries whole.
+    let viewer = env.run_ok(&["tokens", "create", "--name", "viewer", "--role", "viewer"]);
+    let viewer = viewer.trim();
     let locks = |token: Option<&str>| {
-        let mut request = reqwest::Client::new().get(format!("{}/locks", server.base));
-        if let Some(token) = token {
-            request = request.bearer_auth(token);
-        }
+        let request = reqwest::Client::new()
+            .get(format!("{}/locks", server.base))
+            .bearer_auth(token.unwrap_or(viewer));
         async move { request.send().await.unwrap().text().await.unwrap() }
     };
     let page = locks(None).await;
@@ -559,7 +565,7 @@ async fn costly_pages_wait_on_their_own_pool_and_share_one_verification_while_pa
             format!("{}/runs/{run_id}", server.base)
         };
         readers.spawn(async move {
-            let response = reqwest::get(url).await.unwrap();
+            let response = common::client_with(TOKEN).get(url).send().await.unwrap();
             (response.status().as_u16(), response.text().await.unwrap())
         });
     }
@@ -778,7 +784,11 @@ async fn a_balance_past_78_digits_keeps_growing_and_a_run_without_a_date_scope_l
         .await
         .unwrap();
     let server = env.serve(TOKEN).await;
-    let page = reqwest::get(format!("{}/", server.base)).await.unwrap();
+    let page = common::client_with(TOKEN)
+        .get(format!("{}/", server.base))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(page.status(), 200);
     let page = page.text().await.unwrap();
     assert!(page.contains("not-a-date") && page.contains("2026-11-28"), "{page}");

@@ -245,7 +245,9 @@ async fn assert_waits_for_an_operator(env: &Env, server: &Server, sim: &Provider
         report.contains(&format!("[awaiting_operator] payout {id} ({key})")),
         "{report}"
     );
-    let page = reqwest::get(format!("{}/payouts", server.base))
+    let page = common::client_with(TOKEN)
+        .get(format!("{}/payouts", server.base))
+        .send()
         .await
         .unwrap()
         .text()

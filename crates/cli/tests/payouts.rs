@@ -78,7 +78,9 @@ async fn a_payout_commits_its_debit_row_and_delivery_job_together_with_its_histo
     .await;
     assert_eq!(status, 409);
     assert_eq!(env.scalar_i64("SELECT count(*) FROM settlement.payout_jobs").await, 1);
-    let shown: Value = reqwest::get(format!("{}/v1/payouts/{id}", server.base))
+    let shown: Value = common::client_with(TOKEN)
+        .get(format!("{}/v1/payouts/{id}", server.base))
+        .send()
         .await
         .unwrap()
         .json()

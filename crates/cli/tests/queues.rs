@@ -328,7 +328,7 @@ async fn dead_letters_are_listed_and_replayed_by_key_or_filter_and_bad_flags_are
 }
 
 async fn get(client: &reqwest::Client, url: &str) -> (u16, Value) {
-    let r = client.get(url).send().await.unwrap();
+    let r = client.get(url).bearer_auth(TOKEN).send().await.unwrap();
     let status = r.status().as_u16();
     if status >= 400 {
         assert_eq!(r.headers()["content-type"], "application/problem+json");
@@ -374,7 +374,7 @@ async fn head_only(server: &Server, path: &str) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn the_queue_endpoints_read_openly_and_act_only_with_the_token() {
+async fn the_queue_endpoints_read_with_any_role_and_act_only_with_an_operators_token() {
     let env = queue_env().await;
     let server = env.serve(TOKEN).await;
     let client = reqwest::Client::new();
@@ -541,7 +541,7 @@ async fn the_dashboard_shows_each_queue_and_its_forms_act_only_with_the_token() 
     let page = |path: &'static str| {
         let (client, url) = (client.clone(), format!("{}{path}", server.base));
         async move {
-            let r = client.get(url).send().await.unwrap();
+            let r = client.get(url).bearer_auth(TOKEN).send().await.unwrap();
             (r.status().as_u16(), r.text().await.unwrap())
         }
     };

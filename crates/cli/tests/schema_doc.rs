@@ -135,7 +135,7 @@ fn mismatches(constraint: &str, allowed: &[String], rust_name: &str, rust: &[&st
 #[tokio::test(flavor = "multi_thread")]
 async fn each_status_check_allows_exactly_the_values_of_its_rust_enum() {
     let env = Env::new().await;
-    let enums: [(&str, &str, &str, Vec<&str>); 4] = [
+    let enums: [(&str, &str, &str, Vec<&str>); 5] = [
         (
             "settlement.payouts",
             "payouts_status_check",
@@ -159,6 +159,12 @@ async fn each_status_check_allows_exactly_the_values_of_its_rust_enum() {
             "payout_conflicts_source_check",
             "payouts::Source::ALL",
             Source::ALL.iter().map(|s| s.as_str()).collect(),
+        ),
+        (
+            "settlement.api_tokens",
+            "api_tokens_role_check",
+            "tokens::Role::ALL",
+            settled::tokens::Role::ALL.iter().map(|r| r.as_str()).collect(),
         ),
     ];
     let mut problems = Vec::new();

@@ -83,7 +83,7 @@ async fn serve(url: &str, role_per_command: bool) -> Server {
 }
 
 async fn get(url: String) -> (u16, serde_json::Value) {
-    let response = reqwest::get(url).await.unwrap();
+    let response = reqwest::Client::new().get(url).bearer_auth("t").send().await.unwrap();
     (response.status().as_u16(), response.json().await.unwrap_or_default())
 }
 

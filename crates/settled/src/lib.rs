@@ -36,6 +36,7 @@ pub mod seed;
 pub mod settlement;
 pub mod status;
 pub mod telemetry;
+pub mod tokens;
 pub mod verify;
 pub mod watch;
 pub mod worker;

@@ -514,19 +514,21 @@ async fn record_payments(
         states.push(state);
         reasons.push(reason);
     }
-    sqlx::query(
-        "SELECT settlement.record_settlement_payment(l.creator, l.amount, l.period, a.key, a.id, a.state, a.reason)
-         FROM settlement.reward_ledger l
+    sqlx::query(&format!(
+        "{} SELECT settlement.record_settlement_payment(l.creator, l.amount, l.period, a.key, a.id, a.state, a.reason)
+         FROM mover, settlement.reward_ledger l
          JOIN unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[]) AS a(creator, key, id, state, reason)
            ON a.creator = l.creator
          WHERE l.period = $1 AND l.amount > 0",
-    )
+        crate::payouts::with_mover(7)
+    ))
     .bind(period.date()) // $1
     .bind(creators) // $2
     .bind(keys) // $3
     .bind(ids) // $4
     .bind(states) // $5
     .bind(reasons) // $6
+    .bind(crate::payouts::MOVED_BY_SETTLEMENT) // $7
     .execute(tx)
     .await?;
     Ok(())

@@ -66,25 +66,65 @@ const POLICY_CHECK: CheckSql = CheckSql {
                 WHERE NOT EXISTS (SELECT 1 FROM settlement.settlement_policy WHERE period = $1::date)",
 };
 
-pub(crate) const BALANCE_CHECK: CheckSql = CheckSql {
-    name: "balances_equal_ledger",
-    description:
-        "every creator's balance equals its ledger total (all periods, archived ones carried) less its payouts, plus the payouts returned",
-    offenders: "SELECT coalesce(b.creator, l.creator, p.creator, r.creator) || ' has balance ' || coalesce(b.balance, 0)
+/// The balance rule's offenders, the rows of each table narrowed by `$only`
+/// (a WHERE clause, or nothing): one text for the whole check and for one
+/// creator's verdict ([`creator_verdict`]), so the rule is written once.
+macro_rules! balance_offenders {
+    ($only:literal) => {
+        concat!(
+            "SELECT coalesce(b.creator, l.creator, p.creator, r.creator) || ' has balance ' || coalesce(b.balance, 0)
                        || ' but ledger ' || coalesce(l.total, 0) || ' less payouts ' || coalesce(p.total, 0)
                        || ' plus returned ' || coalesce(r.total, 0)
-                FROM settlement.creator_balance b
+                FROM (SELECT creator, balance FROM settlement.creator_balance ",
+            $only,
+            ") b
                 FULL JOIN (SELECT creator, sum(amount) AS total
-                           FROM (SELECT creator, amount FROM settlement.reward_ledger
-                                 UNION ALL SELECT creator, amount FROM settlement.ledger_carry) AS all_periods
+                           FROM (SELECT creator, amount FROM settlement.reward_ledger ",
+            $only,
+            "
+                                 UNION ALL SELECT creator, amount FROM settlement.ledger_carry ",
+            $only,
+            ") AS all_periods
                            GROUP BY creator) l
                        ON l.creator = b.creator
-                FULL JOIN (SELECT creator, sum(amount) AS total FROM settlement.payouts GROUP BY creator) p
+                FULL JOIN (SELECT creator, sum(amount) AS total FROM settlement.payouts ",
+            $only,
+            " GROUP BY creator) p
                        ON p.creator = coalesce(b.creator, l.creator)
-                FULL JOIN (SELECT creator, sum(amount) AS total FROM settlement.payout_returns GROUP BY creator) r
+                FULL JOIN (SELECT creator, sum(amount) AS total FROM settlement.payout_returns ",
+            $only,
+            " GROUP BY creator) r
                        ON r.creator = coalesce(b.creator, l.creator, p.creator)
-                WHERE coalesce(b.balance, 0) <> coalesce(l.total, 0) - coalesce(p.total, 0) + coalesce(r.total, 0)",
+                WHERE coalesce(b.balance, 0) <> coalesce(l.total, 0) - coalesce(p.total, 0) + coalesce(r.total, 0)"
+        )
+    };
+}
+
+const BALANCE_DESCRIPTION: &str =
+    "every creator's balance equals its ledger total (all periods, archived ones carried) less its payouts, plus the payouts returned";
+
+pub(crate) const BALANCE_CHECK: CheckSql = CheckSql {
+    name: "balances_equal_ledger",
+    description: BALANCE_DESCRIPTION,
+    offenders: balance_offenders!(""),
 };
+
+/// The balance check for one creator ($1), read through that creator's rows only.
+const CREATOR_BALANCE_CHECK: CheckSql = CheckSql {
+    name: "balances_equal_ledger",
+    description: BALANCE_DESCRIPTION,
+    offenders: balance_offenders!("WHERE creator = $1"),
+};
+
+/// The verifier's verdict on one creator, now: its balance against its
+/// ledger (all periods), payouts and returns, by the rule of
+/// `balances_equal_ledger`, in one statement.
+pub async fn creator_verdict(
+    conn: &mut PgConnection,
+    creator: &crate::address::CreatorAddress,
+) -> anyhow::Result<Check> {
+    run_check(conn, &CREATOR_BALANCE_CHECK, Some(creator.as_str())).await
+}
 
 /// The check that fails for work not done yet: while a run is in progress,
 /// its offenders are items still to do, not violations.

@@ -346,3 +346,18 @@ async fn start_own_server(db: &str, settings: Vec<String>) -> settled_testkit::L
     admin.close().await.unwrap();
     server
 }
+
+/// A client that sends `Authorization: Bearer <token>` with every request
+/// (a request that sets its own Authorization keeps it): every `/v1` read
+/// and dashboard page needs a token.
+pub(crate) fn client_with(token: &str) -> reqwest::Client {
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(
+        reqwest::header::AUTHORIZATION,
+        format!("Bearer {token}").parse().expect("a token fits a header"),
+    );
+    reqwest::Client::builder()
+        .default_headers(headers)
+        .build()
+        .expect("a client")
+}

@@ -1,43 +1,146 @@
-//! Authentication as extractors, which axum runs before the body extractor:
-//! a handler that takes [`Authorized`] (the API) or [`DashboardAuthorized`]
-//! (the dashboard's forms) runs only for a request whose head carries the
-//! configured token, so no body is read for a request without it. Also
-//! owns what a configured token may be ([`parse_api_token`]).
+//! Authentication and roles. [`authorize`] runs on every matched route,
+//! before any extractor: it reads who may call the route from the one
+//! table ([`super::routes::ROUTES`]), takes the token from the request's
+//! head (`Authorization: Bearer`, or the password of HTTP Basic, as a
+//! browser sends it), finds its name and role (`SETTLED_API_TOKEN` is the
+//! admin token `env`; others are looked up by their digest on every
+//! request, so a revocation holds at once on every server) and answers 401
+//! (with the challenge) or 403 (naming the role needed) before any body is
+//! read. Handlers that act take [`Authorized`] (the API) or
+//! [`DashboardAuthorized`] (the dashboard's forms, which also refuse a form
+//! posted from another site): the [`Actor`] the check found. Also owns what
+//! a configured token may be ([`parse_api_token`]).
 
 use std::sync::Arc;
 
-use axum::extract::FromRequestParts;
+use axum::extract::{FromRequestParts, MatchedPath, Request, State};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
+use super::routes::{self, Access};
 use super::{AppState, Problem, ProblemType};
+pub use crate::tokens::{Actor, Role};
 
-/// Proof that the request carried the API token as `Authorization: Bearer`.
-#[derive(Debug, Clone, Copy)]
-pub struct Authorized;
+/// Checks the caller of every matched route against the route's access
+/// (see the module's top); puts the [`Actor`] in the request's extensions.
+pub async fn authorize(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
+    let path = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|m| m.as_str().to_string())
+        .unwrap_or_default();
+    let method = match request.method().as_str() {
+        "HEAD" => "GET",
+        other => other,
+    };
+    let Some(access) = routes::access(method, &path) else {
+        if routes::ROUTES.iter().any(|r| r.path == path) {
+            // Another method of a route in the table: the router answers 405.
+            return next.run(request).await;
+        }
+        tracing::error!(method, path, "a route missing from the table of routes is refused");
+        return Problem::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            ProblemType::ServerError,
+            "Route without access rule",
+            "this route is missing from the server's table of routes and roles",
+        )
+        .into_response();
+    };
+    let Access::Role(needed) = access else {
+        return next.run(request).await;
+    };
+    let challenge = if path.starts_with("/v1/") {
+        CHALLENGE
+    } else {
+        DASHBOARD_CHALLENGE
+    };
+    let actor = match actor_of(&state, request.headers()).await {
+        Ok(Some(actor)) => actor,
+        Ok(None) => return with_challenge(unauthorized(), challenge),
+        Err(problem) => return problem.into_response(),
+    };
+    if actor.role < needed {
+        return Problem::new(
+            StatusCode::FORBIDDEN,
+            ProblemType::Forbidden,
+            "The token's role is too low",
+            format!(
+                "this needs the role {needed} or above; token {} has the role {}",
+                actor.name, actor.role
+            ),
+        )
+        .into_response();
+    }
+    request.extensions_mut().insert(actor);
+    next.run(request).await
+}
+
+fn with_challenge(problem: Problem, challenge: &'static str) -> Response {
+    let mut response = problem.into_response();
+    response
+        .headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(challenge));
+    response
+}
+
+fn unauthorized() -> Problem {
+    Problem::new(
+        StatusCode::UNAUTHORIZED,
+        ProblemType::Unauthorized,
+        "Unauthorized",
+        "a valid token is required: `Authorization: Bearer <token>`, or the token as the password of HTTP Basic",
+    )
+}
+
+/// The token the request carries, resolved to its name and role; None when
+/// it carries none, or one that is unknown or revoked.
+async fn actor_of(state: &AppState, headers: &HeaderMap) -> Result<Option<Actor>, Problem> {
+    let given = bearer(headers).map(str::to_string).or_else(|| basic_password(headers));
+    let Some(given) = given.filter(|g| !g.is_empty()) else {
+        return Ok(None);
+    };
+    if check_token(state, &given).is_ok() {
+        return Ok(Some(Actor {
+            name: crate::tokens::ENV_TOKEN_NAME.to_string(),
+            role: Role::Admin,
+        }));
+    }
+    crate::tokens::resolve(&state.pool, &given)
+        .await
+        .map_err(Problem::unavailable)
+}
+
+/// The caller of an API route that acts, as [`authorize`] found it.
+#[derive(Debug, Clone)]
+pub struct Authorized(pub Actor);
 
 impl FromRequestParts<AppState> for Authorized {
     type Rejection = Problem;
 
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Authorized, Problem> {
-        check_token(state, bearer(&parts.headers).unwrap_or("")).map(|()| Authorized)
+    async fn from_request_parts(parts: &mut Parts, _: &AppState) -> Result<Authorized, Problem> {
+        parts
+            .extensions
+            .get::<Actor>()
+            .cloned()
+            .map(Authorized)
+            .ok_or_else(unauthorized)
     }
 }
 
-/// Proof that a dashboard form was posted from this server's own pages
-/// with the API token: as `Authorization: Bearer`, or as the password of
-/// HTTP Basic (a browser asks for it on the 401 and sends it with the form).
-/// A browser also sends remembered Basic credentials with a form another
-/// site posts here, so a request that says it comes from another origin is
-/// refused (403) before its credentials count.
-#[derive(Debug, Clone, Copy)]
-pub struct DashboardAuthorized;
+/// The caller of a dashboard form, as [`authorize`] found it, from this
+/// server's own pages. A browser also sends remembered Basic credentials
+/// with a form another site posts here, so a request that says it comes
+/// from another origin is refused (403) before its credentials count.
+#[derive(Debug, Clone)]
+pub struct DashboardAuthorized(pub Actor);
 
 impl FromRequestParts<AppState> for DashboardAuthorized {
     type Rejection = Response;
 
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<DashboardAuthorized, Response> {
+    async fn from_request_parts(parts: &mut Parts, _: &AppState) -> Result<DashboardAuthorized, Response> {
         if let Some(origin) = foreign_origin(&parts.headers) {
             return Err(Problem::new(
                 StatusCode::FORBIDDEN,
@@ -47,24 +150,11 @@ impl FromRequestParts<AppState> for DashboardAuthorized {
             )
             .into_response());
         }
-        let given = bearer(&parts.headers)
-            .map(str::to_string)
-            .or_else(|| basic_password(&parts.headers));
-        check_token(state, given.as_deref().unwrap_or("")).map_err(|problem| {
-            let mut response = problem.into_response();
-            response
-                .headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(DASHBOARD_CHALLENGE));
-            response
-        })?;
-        Ok(DashboardAuthorized)
+        match parts.extensions.get::<Actor>() {
+            Some(actor) => Ok(DashboardAuthorized(actor.clone())),
+            None => Err(with_challenge(unauthorized(), DASHBOARD_CHALLENGE)),
+        }
     }
-}
-
-/// True when the request carries the API token (for pages that show more
-/// to an authorized reader, e.g. the lock view's query text).
-pub fn is_authorized(state: &AppState, headers: &HeaderMap) -> bool {
-    check_token(state, bearer(headers).unwrap_or("")).is_ok()
 }
 
 /// The challenge a 401 of the API carries (RFC 9110 section 11.6.1).

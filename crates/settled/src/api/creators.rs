@@ -117,18 +117,7 @@ pub async fn show(State(state): State<AppState>, Path(address): Path<String>) ->
         .unwrap_or_else(|| ("0".into(), Balances::default()));
     drop(conn);
     let holds = holds(pool, &creator).await.map_err(Problem::unavailable)?;
-    let ledger: Vec<LedgerEntry> = sqlx::query_as(
-        "SELECT l.period, l.amount::text AS amount, l.run_id, l.created_at
-         FROM (SELECT period FROM settlement.settlement_policy ORDER BY period DESC LIMIT $2) p
-         JOIN LATERAL (SELECT * FROM settlement.reward_ledger l
-                       WHERE l.period = p.period AND l.creator = $1) l ON true
-         ORDER BY l.period DESC",
-    )
-    .bind(creator.as_str())
-    .bind(MAX_LEDGER_ENTRIES_SHOWN)
-    .fetch_all(pool)
-    .await
-    .map_err(Problem::unavailable)?;
+    let ledger = ledger(pool, &creator).await.map_err(Problem::unavailable)?;
     let body = Creator {
         creator: creator.as_str().to_string(),
         balance,
@@ -137,6 +126,22 @@ pub async fn show(State(state): State<AppState>, Path(address): Path<String>) ->
         ledger,
     };
     Ok((StatusCode::OK, axum::Json(body)).into_response())
+}
+
+/// A creator's ledger rows of the newest [`MAX_LEDGER_ENTRIES_SHOWN`]
+/// periods, newest first, each looked up by its key.
+pub async fn ledger(pool: &PgPool, creator: &CreatorAddress) -> Result<Vec<LedgerEntry>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT l.period, l.amount::text AS amount, l.run_id, l.created_at
+         FROM (SELECT period FROM settlement.settlement_policy ORDER BY period DESC LIMIT $2) p
+         JOIN LATERAL (SELECT * FROM settlement.reward_ledger l
+                       WHERE l.period = p.period AND l.creator = $1) l ON true
+         ORDER BY l.period DESC",
+    )
+    .bind(creator.as_str()) // $1
+    .bind(MAX_LEDGER_ENTRIES_SHOWN) // $2
+    .fetch_all(pool)
+    .await
 }
 
 /// One ledger row of a creator, as the API shows it.
@@ -230,7 +235,7 @@ pub async fn statement(
 }
 
 /// An instant of a query: RFC 3339, or a date (its midnight UTC).
-fn instant(field: &'static str, text: &str) -> Result<chrono::DateTime<chrono::Utc>, Problem> {
+pub(crate) fn instant(field: &'static str, text: &str) -> Result<chrono::DateTime<chrono::Utc>, Problem> {
     if let Ok(at) = chrono::DateTime::parse_from_rfc3339(text) {
         return Ok(at.with_timezone(&chrono::Utc));
     }

@@ -67,8 +67,15 @@ pub async fn create(
     headers: axum::http::HeaderMap,
     body: Body,
 ) -> Result<Response, Problem> {
-    let state = &state;
     let (request, _) = read_json::<HoldRequest>(&headers, body).await?;
+    let hold = place(&state, &request).await?;
+    Ok((StatusCode::CREATED, axum::Json(hold)).into_response())
+}
+
+/// Places the hold `request` asks for (the API's and the dashboard's form):
+/// the reason checked, the creator known, at most one active hold (409
+/// naming the active one).
+pub(crate) async fn place(state: &AppState, request: &HoldRequest) -> Result<Hold, Problem> {
     let creator =
         CreatorAddress::parse(&request.creator).map_err(|e| Problem::invalid("creator", format!("creator {e}")))?;
     let reason = request.reason.trim();
@@ -97,7 +104,7 @@ pub async fn create(
     }
     let inserted = place_hold(state, &creator, reason).await;
     match inserted {
-        Ok(row) => Ok((StatusCode::CREATED, axum::Json(row)).into_response()),
+        Ok(row) => Ok(row),
         Err(err)
             if err
                 .downcast_ref::<sqlx::Error>()
@@ -143,16 +150,22 @@ pub async fn release(
     _: Authorized,
     Path(id): Path<String>,
 ) -> Result<Response, Problem> {
-    let state = &state;
     let id: i64 = id
         .parse()
         .map_err(|_| Problem::bad_request(ProblemType::InvalidId, "hold id must be an integer").field("id"))?;
+    let hold = release_by_id(&state, id).await?;
+    Ok((StatusCode::OK, axum::Json(hold)).into_response())
+}
+
+/// Releases hold `id` (the API's and the dashboard's form): 404 for no such
+/// hold, 409 when it was already released.
+pub(crate) async fn release_by_id(state: &AppState, id: i64) -> Result<Hold, Problem> {
     let tx = super::begin(state).await.map_err(Problem::unavailable)?;
     let released = crate::settlement::release_hold(&state.pool, tx, id)
         .await
         .map_err(Problem::unavailable)?;
     match released {
-        crate::settlement::Released::Released(row) => Ok((StatusCode::OK, axum::Json(row)).into_response()),
+        crate::settlement::Released::Released(row) => Ok(row),
         crate::settlement::Released::AlreadyReleased => Err(Problem::new(
             StatusCode::CONFLICT,
             ProblemType::HoldAlreadyReleased,

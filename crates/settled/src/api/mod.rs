@@ -17,6 +17,7 @@ pub mod payouts;
 pub mod problem;
 pub mod provider_events;
 pub mod queues;
+pub mod routes;
 pub mod server;
 
 use std::sync::Arc;
@@ -153,6 +154,11 @@ pub fn dashboard_routes() -> Router<AppState> {
         .route("/items", get(dashboard::items))
         .route("/locks", get(dashboard::locks))
         .route("/payouts", get(dashboard::payouts))
+        .route("/payouts/{id}", get(dashboard::find::payout))
+        .route("/dashboard/payouts/{id}/cancel", post(dashboard::find::cancel_payout))
+        .route("/holds", get(dashboard::find::holds))
+        .route("/dashboard/holds", post(dashboard::find::place_hold))
+        .route("/dashboard/holds/{id}/release", post(dashboard::find::release_hold))
         .route("/creators", get(dashboard::find_creator))
         .route("/creators/{address}", get(dashboard::creator))
         .route("/dashboard/retry", post(dashboard::retry))
@@ -169,6 +175,7 @@ pub fn router(state: AppState) -> Router {
     let (api, _) = api_routes().split_for_parts();
     let mut router = dashboard_routes()
         .merge(api)
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), auth::authorize))
         .fallback(|| async { Problem::not_found(ProblemType::NoSuchRoute, "no such endpoint; see /openapi.json") })
         .layer(axum::middleware::from_fn_with_state(state.clone(), edge::check_host))
         .layer(TimeoutLayer::with_status_code(
@@ -289,7 +296,9 @@ pub const API_LOCK_TIMEOUT: &str = "2s";
 pub const API_STATEMENT_TIMEOUT: &str = "5s";
 
 /// Begins a write transaction of the API (payouts, holds) with its lock and
-/// statement timeouts and, when configured, its `synchronous_commit` (so a
+/// statement timeouts, the payouts' mover (`api`, for their history; a
+/// webhook's word names itself instead) and, when configured, its
+/// `synchronous_commit` (so a
 /// 201 is sent only once a synchronous standby has the commit). All are
 /// transaction-local (`set_config(..., true)`): they end with it, and hold
 /// behind a transaction pooler.
@@ -297,11 +306,13 @@ pub async fn begin(state: &AppState) -> Result<sqlx::Transaction<'static, sqlx::
     let mut tx = state.pool.begin().await?;
     sqlx::query(
         "SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $2, true),
-                CASE WHEN $3::text IS NULL THEN NULL ELSE set_config('synchronous_commit', $3, true) END",
+                CASE WHEN $3::text IS NULL THEN NULL ELSE set_config('synchronous_commit', $3, true) END,
+                set_config('settled.moved_by', $4, true)",
     )
     .bind(API_LOCK_TIMEOUT) // $1
     .bind(API_STATEMENT_TIMEOUT) // $2
     .bind(state.synchronous_commit.map(SynchronousCommit::as_str)) // $3
+    .bind(crate::payouts::MOVED_BY_API) // $4
     .execute(&mut *tx)
     .await?;
     Ok(tx)

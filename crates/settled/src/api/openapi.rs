@@ -78,7 +78,8 @@ const BODY_ANSWERS: [(&str, &str); 5] = [
     ),
     ("422", "invalid field (invalid-field, naming it)"),
 ];
-const UNAUTHORIZED: &str = "missing or wrong bearer token (unauthorized)";
+const UNAUTHORIZED: &str = "missing, unknown or revoked token (unauthorized)";
+const FORBIDDEN: &str = "the token's role is below the one this operation needs, `x-settled-role` (forbidden)";
 /// The probes answer any Host (orchestrators send the address they dialled).
 const ANY_HOST: [&str; 2] = ["/healthz", "/readyz"];
 
@@ -89,12 +90,20 @@ pub fn document(retention_hours: u64) -> Value {
     doc["info"]["version"] = json!(env!("CARGO_PKG_VERSION"));
     doc["info"]["description"] = json!(INTRODUCTION.replace("{hours}", &retention_hours.to_string()));
     doc["servers"] = json!([{ "url": "/" }]);
-    doc["components"]["securitySchemes"] = json!({ "bearer": { "type": "http", "scheme": "bearer" } });
+    doc["components"]["securitySchemes"] = json!({
+        "bearer": { "type": "http", "scheme": "bearer" },
+        "basic": { "type": "http", "scheme": "basic", "description": "any user name; the token as the password" },
+    });
     if let Some(Value::Object(paths)) = doc.get_mut("paths") {
         for (path, item) in paths.iter_mut() {
             let Some(item) = item.as_object_mut() else { continue };
-            for operation in item.values_mut().filter_map(Value::as_object_mut) {
-                add_common_answers(path, operation);
+            for (method, operation) in item.iter_mut() {
+                let Some(operation) = operation.as_object_mut() else {
+                    continue;
+                };
+                let writes = method != "get";
+                set_security(method, path, operation);
+                add_common_answers(path, writes, operation);
             }
         }
     }
@@ -102,9 +111,24 @@ pub fn document(retention_hours: u64) -> Value {
     doc
 }
 
+/// The operation's security requirement and role, from the one table of
+/// routes ([`super::routes::ROUTES`]): a bearer token (or HTTP Basic, whose
+/// password is the token) of the role `x-settled-role` names, or none.
+fn set_security(method: &str, path: &str, operation: &mut Map<String, Value>) {
+    use super::routes::{access, Access};
+    match access(method, path) {
+        Some(Access::Role(role)) => {
+            operation.insert("security".into(), json!([{ "bearer": [] }, { "basic": [] }]));
+            operation.insert("x-settled-role".into(), json!(role.as_str()));
+        }
+        Some(Access::Open | Access::Signed) | None => {
+            operation.insert("security".into(), json!([]));
+        }
+    }
+}
+
 /// The answers every route may give, and problem+json for every error.
-fn add_common_answers(path: &str, operation: &mut Map<String, Value>) {
-    let writes = operation.contains_key("security") || operation.contains_key("requestBody");
+fn add_common_answers(path: &str, writes: bool, operation: &mut Map<String, Value>) {
     let mut common: Vec<(&str, &str)> = vec![("503", if writes { UNAVAILABLE_WRITE } else { UNAVAILABLE })];
     if !ANY_HOST.contains(&path) {
         common.push(("421", WRONG_HOST));
@@ -112,8 +136,9 @@ fn add_common_answers(path: &str, operation: &mut Map<String, Value>) {
     if operation.contains_key("requestBody") {
         common.extend(BODY_ANSWERS);
     }
-    if operation.contains_key("security") {
+    if operation.contains_key("x-settled-role") {
         common.push(("401", UNAUTHORIZED));
+        common.push(("403", FORBIDDEN));
     }
     let responses = operation
         .entry("responses")

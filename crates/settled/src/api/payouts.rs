@@ -659,8 +659,15 @@ fn not_confirmed(id: i64, answer: &Confirmation) -> anyhow::Result<Problem> {
     ))]
 pub async fn cancel(State(state): State<AppState>, _: Authorized, Path(id): Path<String>) -> Result<Response, Problem> {
     let id = payout_id(&id)?;
+    let payout = cancel_by_id(&state, id).await?;
+    Ok((StatusCode::OK, axum::Json(payout)).into_response())
+}
+
+/// Cancels payout `id` if it awaits its confirmation (the API's and the
+/// dashboard's form): 404 for no such payout, 409 naming its state.
+pub(crate) async fn cancel_by_id(state: &AppState, id: i64) -> Result<Payout, Problem> {
     let result: anyhow::Result<Result<Payout, Problem>> = async {
-        let mut tx = super::begin(&state).await?;
+        let mut tx = super::begin(state).await?;
         let (outcome, status): (String, Option<PayoutState>) =
             sqlx::query_as("SELECT outcome, payout_status FROM settlement.cancel_payout($1)")
                 .bind(id) // $1
@@ -680,14 +687,11 @@ pub async fn cancel(State(state): State<AppState>, _: Authorized, Path(id): Path
             }));
         }
         let payout = one(&mut tx, id).await?.context("the payout just cancelled")?;
-        super::commit(&state, tx).await?;
+        super::commit(state, tx).await?;
         Ok(Ok(payout))
     }
     .await;
-    match result.map_err(Problem::unavailable)? {
-        Ok(payout) => Ok((StatusCode::OK, axum::Json(payout)).into_response()),
-        Err(problem) => Err(problem),
-    }
+    result.map_err(Problem::unavailable)?
 }
 
 #[cfg(test)]

@@ -79,6 +79,8 @@ problem_types! {
     MissingHost = "missing-host",
     /// A missing or wrong bearer token.
     Unauthorized = "unauthorized",
+    /// The token's role is below the one the route needs (named in the detail).
+    Forbidden = "forbidden",
     /// A dashboard form posted from another site.
     CrossOriginForm = "cross-origin-form",
     /// The request took longer than the server's request timeout.

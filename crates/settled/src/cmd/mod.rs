@@ -22,6 +22,7 @@ pub mod secret;
 pub mod seed;
 pub mod serve;
 pub mod status;
+pub mod tokens;
 pub mod verify;
 pub mod worker;
 pub mod workers;

@@ -33,6 +33,7 @@ use crate::provider::Payment;
 use sqlx::PgConnection;
 
 pub mod deliver;
+pub mod find;
 pub mod key_window;
 pub mod overview;
 pub mod rail;
@@ -145,11 +146,15 @@ impl std::fmt::Display for PayoutState {
 /// Fails queued payout `id` on the provider's refusal (its funds return in
 /// the same transaction); false when it was not queued.
 pub async fn fail_refused(conn: &mut PgConnection, id: i64, reason: &str) -> anyhow::Result<bool> {
-    Ok(sqlx::query_scalar("SELECT settlement.fail_refused_payout($1, $2)")
-        .bind(id) // $1
-        .bind(reason) // $2
-        .fetch_one(conn)
-        .await?)
+    Ok(sqlx::query_scalar(&format!(
+        "{} SELECT settlement.fail_refused_payout($1, $2) FROM mover",
+        with_mover(3)
+    ))
+    .bind(id) // $1
+    .bind(reason) // $2
+    .bind(Source::Delivery.mover()) // $3
+    .fetch_one(conn)
+    .await?)
 }
 
 /// Records a clash of the provider's payment `payment_id` with payout
@@ -186,7 +191,33 @@ pub enum Source {
     Reconcile,
 }
 
+/// A statement's prefix that names the mover of the payouts it moves, in
+/// the transaction-local setting `settled.moved_by` that the history's
+/// trigger copies (migration `20261206002001`): the CTE is read before the
+/// statement's target list, so it is set before any move. `param` is the
+/// number of its bind; the statement reads `FROM mover`.
+pub fn with_mover(param: usize) -> String {
+    format!("WITH mover AS MATERIALIZED (SELECT set_config('settled.moved_by', ${param}, true))")
+}
+
+/// The mover of payouts that expire unconfirmed.
+pub const MOVED_BY_EXPIRY: &str = "expiry";
+/// The mover of payouts a settlement run makes (leased mode).
+pub const MOVED_BY_SETTLEMENT: &str = "settlement run";
+/// The mover of payouts moved through the API (with the token's name, when it has one).
+pub const MOVED_BY_API: &str = "api";
+
 impl Source {
+    /// Who moved a payout on this source's word, as its history says.
+    pub fn mover(self) -> &'static str {
+        match self {
+            Source::Delivery => "deliverer",
+            Source::Webhook => "webhook",
+            Source::Poll => "look-up",
+            Source::Reconcile => "reconcile",
+        }
+    }
+
     /// Every source (the values `settlement.payout_conflicts.source` allows).
     pub const ALL: [Source; 4] = [Source::Delivery, Source::Webhook, Source::Poll, Source::Reconcile];
 
@@ -261,15 +292,19 @@ pub async fn apply_word(
         "{what} ({})",
         event_id.map_or(source.as_str().to_string(), |e| format!("event {e}"))
     );
-    let outcome: String = sqlx::query_scalar("SELECT settlement.apply_provider_word($1, $2, $3, $4, $5, $6)")
-        .bind(id) // $1
-        .bind(provider_status) // $2
-        .bind(provider_id) // $3
-        .bind(&reason) // $4
-        .bind(source.as_str()) // $5
-        .bind(event_id) // $6
-        .fetch_one(&mut *conn)
-        .await?;
+    let outcome: String = sqlx::query_scalar(&format!(
+        "{} SELECT settlement.apply_provider_word($1, $2, $3, $4, $5, $6) FROM mover",
+        with_mover(7)
+    ))
+    .bind(id) // $1
+    .bind(provider_status) // $2
+    .bind(provider_id) // $3
+    .bind(&reason) // $4
+    .bind(source.as_str()) // $5
+    .bind(event_id) // $6
+    .bind(source.mover()) // $7
+    .fetch_one(&mut *conn)
+    .await?;
     let applied = Applied::parse(&outcome)
         .ok_or_else(|| anyhow::anyhow!("settlement.apply_provider_word answered {outcome:?}"))?;
     if applied == Applied::Conflict {
@@ -349,8 +384,12 @@ pub async fn traceparent_of(conn: &mut PgConnection, id: i64) -> anyhow::Result<
 /// Expires up to `batch` payouts whose confirmation window has passed
 /// (funds returned); returns how many.
 pub async fn expire_unconfirmed(conn: &mut PgConnection, batch: i32) -> anyhow::Result<i64> {
-    Ok(sqlx::query_scalar("SELECT settlement.expire_unconfirmed_payouts($1)")
-        .bind(batch) // $1
-        .fetch_one(conn)
-        .await?)
+    Ok(sqlx::query_scalar(&format!(
+        "{} SELECT settlement.expire_unconfirmed_payouts($1) FROM mover",
+        with_mover(2)
+    ))
+    .bind(batch) // $1
+    .bind(MOVED_BY_EXPIRY) // $2
+    .fetch_one(conn)
+    .await?)
 }

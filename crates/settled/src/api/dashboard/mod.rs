@@ -5,6 +5,8 @@
 //! only joins the two.
 
 mod creator_pages;
+pub mod find;
+mod hold_pages;
 mod pages;
 mod payout_pages;
 pub(crate) mod queries;
@@ -198,13 +200,18 @@ pub async fn workers(State(state): State<AppState>, watch: Watch) -> Page {
 /// newest; the page counts them all).
 pub const PAYOUT_ISSUES_SHOWN: i64 = 50;
 
-/// `GET /payouts`: payouts by state with amounts and ages, returns,
+/// `GET /payouts`: payouts by state with amounts and ages, then the
+/// payouts themselves, newest first, filtered and paged by keyset; returns,
 /// conflicts, provider events for unknown payouts, and provider keys
 /// waiting for an operator.
-pub async fn payouts(State(state): State<AppState>, watch: Watch) -> Page {
+pub async fn payouts(State(state): State<AppState>, Query(q): Query<find::PayoutsQuery>, watch: Watch) -> Page {
     use crate::payouts::overview;
+    let (filter, limit) = q.filter()?;
     let mut conn = state.reads.acquire().await.map_err(Problem::unavailable)?;
     let summary = overview::overview(&mut conn).await.map_err(Problem::unavailable)?;
+    let found = crate::payouts::find::list(&mut conn, &filter, limit)
+        .await
+        .map_err(Problem::unavailable)?;
     let conflicts = overview::conflicts(&mut conn, PAYOUT_ISSUES_SHOWN)
         .await
         .map_err(Problem::unavailable)?;
@@ -219,8 +226,21 @@ pub async fn payouts(State(state): State<AppState>, watch: Watch) -> Page {
         unknown: &unknown,
         awaiting: &awaiting,
     };
-    Ok(payout_pages::payouts(&summary, &issues, state.decimals, &watch))
+    let listed = payout_pages::Listed {
+        page: &found,
+        query: &q.given(),
+    };
+    Ok(payout_pages::payouts(
+        &summary,
+        &issues,
+        &listed,
+        state.decimals,
+        &watch,
+    ))
 }
+
+/// A creator's newest payouts shown on its page (the rest: `/payouts?creator=`).
+pub const CREATOR_PAYOUTS_SHOWN: i64 = 20;
 
 /// Query of a creator's page: the statement page after this cursor.
 #[derive(Debug, Deserialize)]
@@ -272,13 +292,30 @@ pub async fn creator(
     let statement = balance::statement(&mut conn, &creator, window, STATEMENT_PAGE)
         .await
         .map_err(Problem::unavailable)?;
-    Ok(creator_pages::creator(
-        creator.as_str(),
-        &balances,
-        &holds,
-        &statement,
-        state.decimals,
-    ))
+    let filter = crate::payouts::find::Filter {
+        creator: Some(creator.clone()),
+        ..Default::default()
+    };
+    let payouts = crate::payouts::find::list(&mut conn, &filter, CREATOR_PAYOUTS_SHOWN)
+        .await
+        .map_err(Problem::unavailable)?;
+    let verdict = crate::verify::creator_verdict(&mut conn, &creator)
+        .await
+        .map_err(Problem::unavailable)?;
+    drop(conn);
+    let ledger = super::creators::ledger(&state.reads, &creator)
+        .await
+        .map_err(Problem::unavailable)?;
+    let shown = creator_pages::CreatorView {
+        creator: creator.as_str(),
+        balances: &balances,
+        holds: &holds,
+        ledger: &ledger,
+        payouts: &payouts,
+        verdict: &verdict,
+        statement: &statement,
+    };
+    Ok(creator_pages::creator(&shown, state.decimals))
 }
 
 /// Query of the creator look-up form.
@@ -350,10 +387,14 @@ pub const QUERY_CHARS_SHOWN: usize = 200;
 /// `GET /locks`: who holds which lock on the settlement and engine tables,
 /// and who waits for whom. Other sessions' query text can hold secrets (a
 /// `PASSWORD '...'`, a customer's data): it is shown with its literals
-/// replaced by `?`, and whole only to a request with the API token.
-pub async fn locks(State(state): State<AppState>, headers: axum::http::HeaderMap, watch: Watch) -> Page {
+/// replaced by `?`, and whole only to an operator's or an admin's token.
+pub async fn locks(
+    State(state): State<AppState>,
+    actor: Option<axum::Extension<super::auth::Actor>>,
+    watch: Watch,
+) -> Page {
     let mut rows = queries::locks(&state.reads).await.map_err(Problem::unavailable)?;
-    let whole = super::auth::is_authorized(&state, &headers);
+    let whole = actor.is_some_and(|a| a.role >= super::auth::Role::Operator);
     for row in &mut rows {
         // Literals go before the text is cut, so no half literal shows.
         row.query = row.query.as_deref().map(|q| {

@@ -40,6 +40,7 @@ pub(super) fn page(title: &str, watch: Option<&Watch>, body: Markup) -> Markup {
                     a href="/items?status=failed" { "failed" }
                     a href="/items?status=held" { "held" }
                     a href="/payouts" { "payouts" }
+                    a href="/holds" { "holds" }
                     a href="/queues" { "queues" }
                     a href="/locks" { "locks" }
                     a href="/metrics" { "metrics" }
@@ -324,7 +325,7 @@ pub(super) fn locks(rows: &[LockRow], whole_queries: bool, watch: &Watch) -> Mar
              shows as waiting on a transaction id or tuple."
         }
         @if !whole_queries {
-            p.note { "Query literals are shown as ?; send the API token (Authorization: Bearer) to see them." }
+            p.note { "Query literals are shown as ?; an operator's or an admin's token sees them." }
         }
         table {
             tr { th { "pid" } th { "application" } th { "lock" } th { "mode" } th { "granted" } th { "on" }
