@@ -10,89 +10,14 @@ mod chain_support;
 mod common;
 
 use std::collections::BTreeMap;
-use std::process::{Child, Stdio};
 
 use alloy_primitives::{Address, U256};
-use chain_support::{kill9, payouts, Broadcasts, RpcProxy, TestChain, HOT_WALLET, SUPPLY};
+use chain_support::{
+    balance, count, deliver, kill9, payouts, queued_payouts, Broadcasts, Deliverer, RpcProxy, TestChain, HOT_WALLET,
+    SUPPLY,
+};
 use common::{wait_until, Env};
-use serde_json::{json, Value};
-
-const TOKEN: &str = "test-token";
-const AMOUNT: &str = "1000";
-
-/// A settled period and `n` queued payouts of [`AMOUNT`], one per
-/// creator: each payout's id, creator, and the creator's balance before it.
-async fn queued_payouts(env: &Env, n: i64) -> Vec<(i64, Address, U256)> {
-    env.run_ok(&["seed", "--period", "2026-11-28", "--creators", &n.to_string()]);
-    env.run_ok(&["worker", "--period", "2026-11-28"]);
-    let server = env.serve(TOKEN).await;
-    let creators: Vec<String> = sqlx::query_scalar(
-        "SELECT creator FROM settlement.creator_balance WHERE balance >= $1::numeric ORDER BY creator LIMIT $2",
-    )
-    .bind(AMOUNT)
-    .bind(n)
-    .fetch_all(&env.pool)
-    .await
-    .unwrap();
-    assert_eq!(creators.len() as i64, n, "creators with enough balance");
-    let client = reqwest::Client::new();
-    let mut made = Vec::new();
-    for (i, creator) in creators.iter().enumerate() {
-        let r = client
-            .post(format!("{}/v1/payouts", server.base))
-            .bearer_auth(TOKEN)
-            .header("Idempotency-Key", format!("chain-{i}"))
-            .json(&json!({ "creator": creator, "amount": AMOUNT }))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 201);
-        let id = r.json::<Value>().await.unwrap()["id"].as_i64().unwrap();
-        made.push((
-            id,
-            creator.parse().unwrap(),
-            balance(env, creator).await + U256::from(1000u32),
-        ));
-    }
-    made
-}
-
-/// `settled deliver` on the chain through `url`, with the tests' short leases.
-fn deliver(env: &Env, chain: &TestChain, url: &str, confirmations: u32) -> Child {
-    let mut args: Vec<String> = [
-        "deliver",
-        "--lease-ttl-ms",
-        "1000",
-        "--rescue-interval-ms",
-        "200",
-        "--shutdown-grace-ms",
-        "300",
-        "--concurrency",
-        "3",
-        "--batch",
-        "4",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    args.extend(chain.flags(url, confirmations));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    env.cmd(&args).stdout(Stdio::null()).spawn().unwrap()
-}
-
-/// `creator`'s balance in settled.
-async fn balance(env: &Env, creator: &str) -> U256 {
-    let text: String = sqlx::query_scalar("SELECT balance::text FROM settlement.creator_balance WHERE creator = $1")
-        .bind(creator)
-        .fetch_one(&env.pool)
-        .await
-        .unwrap();
-    U256::from_str_radix(&text, 10).unwrap()
-}
-
-async fn count(env: &Env, sql: &str) -> i64 {
-    env.scalar_i64(sql).await
-}
+use serde_json::json;
 
 /// True when the node knows transaction `hash` (pooled or mined).
 async fn node_knows(chain: &TestChain, hash: &str) -> bool {
@@ -111,7 +36,7 @@ async fn each_payout_is_paid_once_on_chain_though_deliverers_die_between_signing
 
     // 1. Broadcasts never leave: the deliverer signs and stores, then is killed.
     proxy.set(Broadcasts::Swallow);
-    let mut first = deliver(&env, &chain, &proxy.url, 2);
+    let mut first = deliver(&env, &chain, &proxy.url, 2, &[]);
     wait_until(60, "transactions signed ahead", || async {
         count(&env, "SELECT count(*) FROM settlement.chain_txs").await >= 3
     })
@@ -132,7 +57,7 @@ async fn each_payout_is_paid_once_on_chain_though_deliverers_die_between_signing
     // 2. Broadcasts leave, their answers never come back: killed before recording.
     proxy.set(Broadcasts::ForwardUnanswered);
     let before = count(&env, "SELECT count(*) FROM settlement.chain_txs").await;
-    let mut second = deliver(&env, &chain, &proxy.url, 2);
+    let mut second = deliver(&env, &chain, &proxy.url, 2, &[]);
     wait_until(60, "more transactions signed and sent", || async {
         count(&env, "SELECT count(*) FROM settlement.chain_txs").await >= before + 3
     })
@@ -158,7 +83,7 @@ async fn each_payout_is_paid_once_on_chain_though_deliverers_die_between_signing
 
     // 3. Three deliverers straight to the node, one killed while they confirm.
     proxy.set(Broadcasts::Pass);
-    let mut fleet: Vec<Child> = (0..3).map(|_| deliver(&env, &chain, &chain.url(), 2)).collect();
+    let mut fleet: Vec<Deliverer> = (0..3).map(|_| deliver(&env, &chain, &chain.url(), 2, &[])).collect();
     wait_until(60, "a payout paid", || async {
         count(&env, "SELECT count(*) FROM settlement.payouts WHERE status = 'paid'").await >= 1
     })

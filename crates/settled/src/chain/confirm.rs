@@ -19,7 +19,7 @@ use super::broadcast::{self, Sent};
 use super::rail::reverted_reason;
 use super::rpc::Receipt;
 use super::store::{self, ChainTx, TxState};
-use super::{Chain, REBROADCAST_AFTER};
+use super::{sign, Chain, REBROADCAST_AFTER};
 use crate::payouts::{apply_word, ProviderWord, Source};
 
 /// What one round did.
@@ -31,6 +31,8 @@ pub struct Round {
     pub broadcast: usize,
     /// Found mined.
     pub included: usize,
+    /// Replaced (stuck).
+    pub replaced: usize,
     /// Whose block left the canonical chain.
     pub reorged: usize,
     /// Confirmed at depth.
@@ -102,6 +104,13 @@ async fn not_mined(pool: &PgPool, chain: &Chain, tx: &ChainTx, done: &mut Round)
         }
         return Ok(());
     }
+    if tx.state == TxState::Broadcast
+        && tx.since_signed_ms >= chain.replace_after.as_millis() as i64
+        && replace(pool, chain, tx).await?
+    {
+        done.replaced += 1;
+        return Ok(());
+    }
     let due = tx
         .since_broadcast_ms
         .is_none_or(|ms| ms >= REBROADCAST_AFTER.as_millis() as i64);
@@ -110,6 +119,38 @@ async fn not_mined(pool: &PgPool, chain: &Chain, tx: &ChainTx, done: &mut Round)
         done.broadcast += 1;
     }
     Ok(())
+}
+
+/// Replaces `tx`, stuck: its newest attempt again with higher fees, the
+/// same nonce, stored as a new attempt (every attempt's hash is kept; the
+/// one mined counts) before it is broadcast. False when the fee cap
+/// leaves no room, or another process replaced it first.
+async fn replace(pool: &PgPool, chain: &Chain, tx: &ChainTx) -> anyhow::Result<bool> {
+    let latest = tx.latest();
+    let old = sign::fees_of(&latest.raw)?;
+    let Some(fees) = sign::replacement_fees(old, chain.fees().await?, chain.fee_cap) else {
+        tracing::warn!(tx = tx.id, nonce = tx.nonce, "stuck at the fee cap: not replaced");
+        return Ok(false);
+    };
+    let (signed, gas_limit) = sign::replacement(chain, &latest.raw, fees)?;
+    let mut db = pool.begin().await?;
+    if !store::add_attempt(&mut db, tx.id, latest.attempt + 1, &signed, gas_limit, fees).await? {
+        return Ok(false);
+    }
+    db.commit().await?;
+    tracing::info!(tx = tx.id, nonce = tx.nonce, attempt = latest.attempt + 1, hash = %signed.hash,
+                   max_fee = fees.max_fee_per_gas, "stuck: replaced with higher fees");
+    let sent = broadcast::send(&chain.rpc, &signed.raw).await?;
+    if sent == Sent::NonceUsed {
+        tracing::info!(
+            tx = tx.id,
+            nonce = tx.nonce,
+            "nonce spent: an earlier attempt was mined"
+        );
+    }
+    let mut conn = pool.acquire().await?;
+    store::mark_broadcast(&mut conn, tx.id).await?;
+    Ok(true)
 }
 
 /// Sends `tx`'s newest attempt again and records it as broadcast, its

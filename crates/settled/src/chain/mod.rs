@@ -67,7 +67,16 @@ pub struct ChainFlags {
     #[arg(long, env = "SETTLED_CHAIN_FEE_CAP_GWEI", default_value_t = DEFAULT_FEE_CAP_GWEI,
           value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub fee_cap_gwei: u64,
+    /// A transaction sent and not mined this many seconds after its newest
+    /// attempt was signed is replaced: the same nonce, both fees raised by
+    /// at least 12.5% (or to the market), at most the fee cap.
+    #[arg(long, env = "SETTLED_CHAIN_REPLACE_AFTER_SECS", default_value_t = DEFAULT_REPLACE_AFTER_SECS,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub replace_after_secs: u64,
 }
+
+/// How long an unmined transaction waits before it is replaced, by default.
+pub const DEFAULT_REPLACE_AFTER_SECS: u64 = 60;
 
 /// Parses a contract or wallet address (any case).
 pub fn parse_address(text: &str) -> Result<Address, String> {
@@ -100,6 +109,8 @@ pub struct Chain {
     pub confirmations: u64,
     /// The most paid per gas, in wei.
     pub fee_cap: u128,
+    /// How long an unmined attempt waits before it is replaced.
+    pub replace_after: Duration,
     /// Batches, when a batch contract is given.
     pub batch: Option<Batch>,
 }
@@ -124,6 +135,7 @@ impl Chain {
             token,
             confirmations: flags.confirmations,
             fee_cap: u128::from(flags.fee_cap_gwei) * 1_000_000_000,
+            replace_after: Duration::from_secs(flags.replace_after_secs),
             batch: None,
         };
         let mined = chain.rpc.nonce(chain.wallet.address(), "latest").await?;

@@ -109,6 +109,7 @@ pub async fn sign_ahead(
     .bind(lower(chain.token)) // $5
     .fetch_one(&mut *db)
     .await?;
+    // Its state is `signed`: the first attempt goes in directly.
     sqlx::query(
         "INSERT INTO settlement.chain_tx_attempts
              (tx_id, attempt, hash, raw, gas_limit, max_fee_per_gas, max_priority_fee_per_gas)
@@ -146,4 +147,88 @@ pub async fn sign_ahead(
     db.commit().await?;
     tracing::info!(tx = tx_id, nonce, hash = %signed.hash, payouts = ?ids, "signed and stored before broadcast");
     Ok(Some(tx_id))
+}
+
+/// The least raise of both fees a replacement offers over the attempt it
+/// replaces, in eighths (+12.5%: nodes refuse a replacement under +10%).
+pub const REPLACEMENT_RAISE_EIGHTHS: u128 = 9;
+
+/// The fees of a replacement for an attempt signed with `old`: at least
+/// +12.5% on both, at least what `market` offers now, never above `cap`.
+/// None when the cap leaves no room for a raise of at least 10% (the
+/// attempt waits for the base fee to fall).
+pub fn replacement_fees(old: Fees, market: Fees, cap: u128) -> Option<Fees> {
+    let raise = |v: u128| (v.saturating_mul(REPLACEMENT_RAISE_EIGHTHS)).div_ceil(8).max(v + 1);
+    let max_fee = raise(old.max_fee_per_gas).max(market.max_fee_per_gas).min(cap);
+    let tip = raise(old.max_priority_fee_per_gas)
+        .max(market.max_priority_fee_per_gas)
+        .min(max_fee);
+    let enough = |new: u128, old: u128| new.saturating_mul(10) >= old.saturating_mul(11);
+    (enough(max_fee, old.max_fee_per_gas) && enough(tip, old.max_priority_fee_per_gas)).then_some(Fees {
+        max_fee_per_gas: max_fee,
+        max_priority_fee_per_gas: tip,
+    })
+}
+
+/// Signs a replacement of the transaction whose newest attempt is `raw`:
+/// the same transaction (nonce, call, gas limit), fees `fees`.
+pub fn replacement(chain: &Chain, raw: &[u8], fees: Fees) -> anyhow::Result<(super::wallet::Signed, u64)> {
+    use alloy_eips::eip2718::Decodable2718;
+    let envelope = alloy_consensus::TxEnvelope::decode_2718(&mut &raw[..])?;
+    let Some(signed) = envelope.as_eip1559() else {
+        anyhow::bail!("a stored attempt is not an EIP-1559 transaction");
+    };
+    let mut tx = signed.tx().clone();
+    tx.max_fee_per_gas = fees.max_fee_per_gas;
+    tx.max_priority_fee_per_gas = fees.max_priority_fee_per_gas;
+    let gas_limit = tx.gas_limit;
+    Ok((chain.wallet.sign(tx)?, gas_limit))
+}
+
+/// The fees an attempt stored as `raw` was signed with.
+pub fn fees_of(raw: &[u8]) -> anyhow::Result<Fees> {
+    use alloy_eips::eip2718::Decodable2718;
+    let envelope = alloy_consensus::TxEnvelope::decode_2718(&mut &raw[..])?;
+    let Some(signed) = envelope.as_eip1559() else {
+        anyhow::bail!("a stored attempt is not an EIP-1559 transaction");
+    };
+    Ok(Fees {
+        max_fee_per_gas: signed.tx().max_fee_per_gas,
+        max_priority_fee_per_gas: signed.tx().max_priority_fee_per_gas,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GWEI: u128 = 1_000_000_000;
+
+    fn fees(max: u128, tip: u128) -> Fees {
+        Fees {
+            max_fee_per_gas: max * GWEI,
+            max_priority_fee_per_gas: tip * GWEI,
+        }
+    }
+
+    #[test]
+    fn a_replacement_raises_both_fees_by_at_least_an_eighth_or_to_the_market_never_past_the_cap() {
+        let raised = replacement_fees(fees(8, 1), fees(3, 1), 500 * GWEI).unwrap();
+        assert_eq!(
+            raised,
+            Fees {
+                max_fee_per_gas: 9 * GWEI,
+                max_priority_fee_per_gas: GWEI * 9 / 8
+            }
+        );
+        let market = replacement_fees(fees(3, 1), fees(21, 1), 500 * GWEI).unwrap();
+        assert_eq!(market.max_fee_per_gas, 21 * GWEI, "the market, when it is higher");
+        let capped = replacement_fees(fees(8, 1), fees(40, 1), 20 * GWEI).unwrap();
+        assert_eq!(capped.max_fee_per_gas, 20 * GWEI, "never past the cap");
+        assert_eq!(
+            replacement_fees(fees(20, 1), fees(40, 1), 21 * GWEI),
+            None,
+            "+5% is no replacement"
+        );
+    }
 }

@@ -78,6 +78,8 @@ pub struct ChainTx {
     pub attempts: Vec<Attempt>,
     /// Milliseconds since it was last sent (None: never).
     pub since_broadcast_ms: Option<i64>,
+    /// Milliseconds since its newest attempt was signed.
+    pub since_signed_ms: i64,
 }
 
 impl ChainTx {
@@ -109,10 +111,13 @@ struct TxRow {
     block_hash: Option<String>,
     mined_hash: Option<String>,
     since_broadcast_ms: Option<i64>,
+    since_signed_ms: i64,
 }
 
 const TX_COLUMNS: &str = "t.id, t.nonce, t.state, t.block_number, t.block_hash, t.mined_hash, \
-     (extract(epoch FROM clock_timestamp() - t.broadcast_at) * 1000)::bigint AS since_broadcast_ms";
+     (extract(epoch FROM clock_timestamp() - t.broadcast_at) * 1000)::bigint AS since_broadcast_ms, \
+     (SELECT (extract(epoch FROM clock_timestamp() - max(a.signed_at)) * 1000)::bigint \
+      FROM settlement.chain_tx_attempts a WHERE a.tx_id = t.id) AS since_signed_ms";
 
 fn hash(text: &str) -> anyhow::Result<B256> {
     text.parse().map_err(|e| anyhow::anyhow!("stored hash {text:?}: {e}"))
@@ -149,6 +154,7 @@ async fn complete(conn: &mut PgConnection, row: TxRow) -> anyhow::Result<ChainTx
         mined,
         attempts: attempts(conn, row.id).await?,
         since_broadcast_ms: row.since_broadcast_ms,
+        since_signed_ms: row.since_signed_ms,
     })
 }
 
@@ -288,4 +294,34 @@ pub async fn mark_final(conn: &mut PgConnection, id: i64, block: B256, to: TxSta
     .execute(conn)
     .await?;
     Ok(moved.rows_affected() == 1)
+}
+
+/// Stores `attempt` of transaction `id` (a replacement: the same nonce,
+/// higher fees) while it is still broadcast and has no such attempt. False
+/// when another process replaced it first, or it was mined meanwhile.
+pub async fn add_attempt(
+    conn: &mut PgConnection,
+    id: i64,
+    attempt: i32,
+    signed: &super::wallet::Signed,
+    gas_limit: u64,
+    fees: super::sign::Fees,
+) -> anyhow::Result<bool> {
+    let added = sqlx::query(
+        "INSERT INTO settlement.chain_tx_attempts
+             (tx_id, attempt, hash, raw, gas_limit, max_fee_per_gas, max_priority_fee_per_gas)
+         SELECT $1, $2, $3, $4, $5, $6::numeric, $7::numeric
+         WHERE EXISTS (SELECT 1 FROM settlement.chain_txs WHERE id = $1 AND state = 'broadcast')
+         ON CONFLICT (tx_id, attempt) DO NOTHING",
+    )
+    .bind(id) // $1
+    .bind(attempt) // $2
+    .bind(hex(signed.hash)) // $3
+    .bind(&signed.raw) // $4
+    .bind(gas_limit as i64) // $5
+    .bind(fees.max_fee_per_gas.to_string()) // $6
+    .bind(fees.max_priority_fee_per_gas.to_string()) // $7
+    .execute(conn)
+    .await?;
+    Ok(added.rows_affected() == 1)
 }
