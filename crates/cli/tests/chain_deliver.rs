@@ -89,7 +89,7 @@ async fn each_payout_is_paid_once_on_chain_though_deliverers_die_between_signing
     })
     .await;
     kill9(&mut fleet[0]);
-    wait_until(120, "every payout paid or failed", || async {
+    wait_until(60, "every payout paid or failed", || async {
         count(
             &env,
             "SELECT count(*) FROM settlement.payouts WHERE status NOT IN ('paid', 'failed')",
@@ -161,5 +161,78 @@ async fn each_payout_is_paid_once_on_chain_though_deliverers_die_between_signing
         .await,
         0
     );
+    env.run_ok(&["verify", "--payouts"]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_pays_many_in_one_transaction_and_a_refused_recipient_fails_alone_after_splits() {
+    let env = Env::new().await;
+    let made = queued_payouts(&env, 10).await;
+    let refused = made[3].1;
+    let chain = TestChain::start(&["--block-time", "1"], "TestToken", refused).await;
+    let pay_many = chain_support::deploy(&chain.url(), "PayMany", Vec::new()).await;
+    let batch = format!("{pay_many:#x}");
+    let mut deliverer = deliver(
+        &env,
+        &chain,
+        &chain.url(),
+        1,
+        &["--batch-contract", &batch, "--batch-max", "8"],
+    );
+    wait_until(60, "every payout paid or failed", || async {
+        count(
+            &env,
+            "SELECT count(*) FROM settlement.payouts WHERE status NOT IN ('paid', 'failed')",
+        )
+        .await
+            == 0
+    })
+    .await;
+    common::stop(&mut deliverer);
+
+    let stored = payouts(&env.pool).await;
+    let failed: Vec<i64> = stored
+        .iter()
+        .filter(|(_, p)| p.2 == "failed")
+        .map(|(id, _)| *id)
+        .collect();
+    assert_eq!(failed, vec![made[3].0], "only the refused recipient's payout failed");
+    let transfers = chain.transfers_from_hot_wallet().await;
+    assert_eq!(transfers.len(), 9, "nine transfers: {transfers:?}");
+    for (id, (creator, amount, state)) in &stored {
+        let got: Vec<U256> = transfers.iter().filter(|t| t.0 == *creator).map(|t| t.1).collect();
+        match state.as_str() {
+            "paid" => assert_eq!(got, vec![*amount], "payout {id} paid once"),
+            _ => assert!(got.is_empty(), "payout {id} received nothing"),
+        }
+    }
+    let biggest: i64 = count(
+        &env,
+        "SELECT max(n) FROM (SELECT count(*) AS n FROM settlement.chain_tx_payouts GROUP BY tx_id) b",
+    )
+    .await;
+    assert!(biggest > 1, "payouts went out in batches");
+    assert!(
+        count(&env, "SELECT count(*) FROM settlement.chain_tx_payouts WHERE given_up").await > 1,
+        "the reverted batch was split"
+    );
+    assert_eq!(
+        count(
+            &env,
+            "SELECT count(*) FROM settlement.chain_txs WHERE purpose = 'approve' AND state = 'confirmed'"
+        )
+        .await,
+        1,
+        "the batch contract approved once"
+    );
+    for (id, creator, before) in &made {
+        let now = balance(&env, &format!("{creator:#x}")).await;
+        match stored[id].2.as_str() {
+            "failed" => assert_eq!(now, *before, "failed payout {id}: its funds are back, once"),
+            _ => assert_eq!(now, *before - U256::from(1000u32), "paid payout {id}: debited once"),
+        }
+    }
+    let hot: Address = HOT_WALLET.parse().unwrap();
+    assert_eq!(chain.balance_of(hot).await, U256::from(SUPPLY) - U256::from(9000u32));
     env.run_ok(&["verify", "--payouts"]);
 }

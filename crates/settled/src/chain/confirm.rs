@@ -39,6 +39,8 @@ pub struct Round {
     pub confirmed: usize,
     /// Reverted at depth.
     pub reverted: usize,
+    /// Batches that reverted and were split.
+    pub split: usize,
 }
 
 /// Follows heads every `every` until aborted.
@@ -196,15 +198,68 @@ async fn included(pool: &PgPool, chain: &Chain, tx: &ChainTx, head: u64, done: &
     } else {
         (TxState::Reverted, Word::Failed(reverted_reason(tx)))
     };
+    // A batch that reverted is split: fees for its halves, read before the
+    // database transaction that signs them.
+    let split_fees = match to {
+        TxState::Reverted => Some(chain.fees().await?),
+        _ => None,
+    };
     let mut db = pool.begin().await?;
-    if store::mark_final(&mut db, tx.id, block, to).await? {
-        move_payouts(&mut db, chain, tx.id, word).await?;
-        db.commit().await?;
-        match to {
-            TxState::Confirmed => done.confirmed += 1,
-            _ => done.reverted += 1,
-        }
+    if !store::mark_final(&mut db, tx.id, block, to).await? {
+        return Ok(());
     }
+    let paid = store::payouts_of(&mut db, tx.id).await?;
+    match split_fees {
+        Some(fees) if paid.len() > 1 => {
+            split(&mut db, chain, tx, &paid, fees).await?;
+            done.split += 1;
+        }
+        _ => move_payouts(&mut db, chain, tx.id, word).await?,
+    }
+    db.commit().await?;
+    match to {
+        TxState::Confirmed => done.confirmed += 1,
+        _ => done.reverted += 1,
+    }
+    Ok(())
+}
+
+/// Splits `tx`, a batch of `paid` that reverted at the confirmation depth
+/// (final: its nonce is spent, none of its attempts can be mined again):
+/// its payouts are given up by it and signed again in two halves under
+/// new nonces, in the database transaction that records the revert. A half
+/// of one payout is a plain transfer: if it reverts, that payout alone
+/// fails.
+async fn split(
+    db: &mut sqlx::PgConnection,
+    chain: &Chain,
+    tx: &ChainTx,
+    paid: &[store::Paid],
+    fees: sign::Fees,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        store::give_up_payouts(db, tx.id).await?,
+        "batch {} reverted with no payout to give up",
+        tx.id
+    );
+    let mut payouts = Vec::with_capacity(paid.len());
+    for p in paid {
+        let row = crate::payouts::row::load(db, p.payout_id)
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("payout {} is gone", p.payout_id))?;
+        payouts.push(row);
+    }
+    for half in payouts.chunks(payouts.len().div_ceil(2)) {
+        let nonce = sign::lock_nonce(db, chain).await?;
+        let signed = sign::sign_in(db, chain, nonce, half, fees, &["queued", "sent"]).await?;
+        anyhow::ensure!(signed.is_some(), "batch {}: a half could not be signed again", tx.id);
+    }
+    tracing::warn!(
+        tx = tx.id,
+        nonce = tx.nonce,
+        payouts = paid.len(),
+        "a batch reverted: split in two halves, signed again"
+    );
     Ok(())
 }
 

@@ -100,6 +100,8 @@ pub struct Paid {
     pub recipient: Address,
     /// The amount signed into it.
     pub amount: Amount,
+    /// Its transaction reverted as a batch: it is signed again in a smaller one.
+    pub given_up: bool,
 }
 
 #[derive(sqlx::FromRow)]
@@ -162,7 +164,7 @@ async fn complete(conn: &mut PgConnection, row: TxRow) -> anyhow::Result<ChainTx
 pub async fn tx_of_payout(conn: &mut PgConnection, payout_id: i64) -> anyhow::Result<Option<(ChainTx, Paid)>> {
     let row: Option<TxRow> = sqlx::query_as(&format!(
         "SELECT {TX_COLUMNS} FROM settlement.chain_tx_payouts l JOIN settlement.chain_txs t ON t.id = l.tx_id
-         WHERE l.payout_id = $1"
+         WHERE l.payout_id = $1 AND NOT l.given_up"
     ))
     .bind(payout_id) // $1
     .fetch_optional(&mut *conn)
@@ -172,27 +174,28 @@ pub async fn tx_of_payout(conn: &mut PgConnection, payout_id: i64) -> anyhow::Re
     let paid = payouts_of(conn, tx.id)
         .await?
         .into_iter()
-        .find(|p| p.payout_id == payout_id)
+        .find(|p| p.payout_id == payout_id && !p.given_up)
         .ok_or_else(|| anyhow::anyhow!("payout {payout_id} lost its transaction"))?;
     Ok(Some((tx, paid)))
 }
 
 /// The payouts transaction `tx_id` pays, in call order.
 pub async fn payouts_of(conn: &mut PgConnection, tx_id: i64) -> anyhow::Result<Vec<Paid>> {
-    let rows: Vec<(i64, i32, String, String)> = sqlx::query_as(
-        "SELECT payout_id, position, recipient, amount::text FROM settlement.chain_tx_payouts
+    let rows: Vec<(i64, i32, String, String, bool)> = sqlx::query_as(
+        "SELECT payout_id, position, recipient, amount::text, given_up FROM settlement.chain_tx_payouts
          WHERE tx_id = $1 ORDER BY position",
     )
     .bind(tx_id) // $1
     .fetch_all(&mut *conn)
     .await?;
     rows.into_iter()
-        .map(|(payout_id, position, recipient, amount)| {
+        .map(|(payout_id, position, recipient, amount, given_up)| {
             Ok(Paid {
                 payout_id,
                 position,
                 recipient: recipient.parse()?,
                 amount: Amount::parse_decimal(&amount)?,
+                given_up,
             })
         })
         .collect()
@@ -324,4 +327,19 @@ pub async fn add_attempt(
     .execute(conn)
     .await?;
     Ok(added.rows_affected() == 1)
+}
+
+/// Gives up the payouts of transaction `id`, a batch that reverted at the
+/// confirmation depth (final: its nonce is spent), so that they can be
+/// signed again in smaller batches. False when it is not reverted.
+pub async fn give_up_payouts(conn: &mut PgConnection, id: i64) -> anyhow::Result<bool> {
+    let given = sqlx::query(
+        "UPDATE settlement.chain_tx_payouts l SET given_up = true
+         WHERE l.tx_id = $1 AND NOT l.given_up
+           AND EXISTS (SELECT 1 FROM settlement.chain_txs t WHERE t.id = $1 AND t.state = 'reverted')",
+    )
+    .bind(id) // $1
+    .execute(conn)
+    .await?;
+    Ok(given.rows_affected() > 0)
 }
