@@ -12,6 +12,7 @@ mod common;
 use std::collections::BTreeMap;
 
 use alloy_primitives::{Address, U256};
+use alloy_sol_types::SolCall;
 use chain_support::{
     balance, count, deliver, kill9, payouts, queued_payouts, Broadcasts, Deliverer, RpcProxy, TestChain, HOT_WALLET,
     SUPPLY,
@@ -235,4 +236,28 @@ async fn a_batch_pays_many_in_one_transaction_and_a_refused_recipient_fails_alon
     let hot: Address = HOT_WALLET.parse().unwrap();
     assert_eq!(chain.balance_of(hot).await, U256::from(SUPPLY) - U256::from(9000u32));
     env.run_ok(&["verify", "--payouts"]);
+
+    // Reconcile agrees with the chain; then a transfer from the hot wallet
+    // outside settled, to a paid creator, of its amount: reconcile names it.
+    let token = format!("{:#x}", chain.token);
+    let reconcile = ["reconcile", "--chain-rpc-url", &chain.url(), "--token-address", &token];
+    let clean = env.run(&reconcile);
+    assert!(clean.status.success(), "{}", String::from_utf8_lossy(&clean.stdout));
+    let (paid_id, paid_creator, _) = made[0];
+    let data = settled::chain::abi::IERC20::transferCall {
+        to: paid_creator,
+        value: U256::from(1000u32),
+    }
+    .abi_encode();
+    let hash = chain_support::rpc(
+        &chain.url(),
+        "eth_sendTransaction",
+        json!([{"from": HOT_WALLET, "to": chain.token, "data": alloy_primitives::Bytes::from(data)}]),
+    )
+    .await;
+    chain_support::receipt(&chain.url(), hash.as_str().unwrap()).await;
+    let out = env.run(&reconcile);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains(&format!("payout {paid_id}: paid twice?")), "{text}");
 }

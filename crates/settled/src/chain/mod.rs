@@ -26,6 +26,7 @@ pub mod abi;
 pub mod broadcast;
 pub mod confirm;
 pub mod rail;
+pub mod reconcile;
 pub mod rpc;
 pub mod sign;
 pub mod store;
