@@ -237,6 +237,39 @@ async fn a_batch_pays_many_in_one_transaction_and_a_refused_recipient_fails_alon
     assert_eq!(chain.balance_of(hot).await, U256::from(SUPPLY) - U256::from(9000u32));
     env.run_ok(&["verify", "--payouts"]);
 
+    // The wallet as operators see it: its address, not its key; nothing in flight.
+    let key = chain.key_file.path().display().to_string();
+    let wallet = env.run_ok(&[
+        "wallet",
+        "--chain-rpc-url",
+        &chain.url(),
+        "--token-address",
+        &format!("{:#x}", chain.token),
+        "--signer-key-file",
+        &key,
+    ]);
+    assert!(
+        wallet.contains(&format!("wallet {HOT_WALLET} on chain 31337")),
+        "{wallet}"
+    );
+    assert!(wallet.contains("in flight: 0"), "{wallet}");
+    assert!(
+        wallet.contains(&format!(
+            "token {:#x}: {}",
+            chain.token,
+            U256::from(SUPPLY) - U256::from(9000u32)
+        )),
+        "{wallet}"
+    );
+    let nonces = count(&env, "SELECT next_nonce FROM settlement.chain_senders").await;
+    assert!(
+        wallet.contains(&format!(
+            "next nonce: database {nonces}, node {nonces} mined, {nonces} pending"
+        )),
+        "{wallet}"
+    );
+    assert!(!wallet.contains(&chain_support::HOT_WALLET_KEY[2..]), "never the key");
+
     // Reconcile agrees with the chain; then a transfer from the hot wallet
     // outside settled, to a paid creator, of its amount: reconcile names it.
     let token = format!("{:#x}", chain.token);

@@ -23,6 +23,7 @@ pub mod seed;
 pub mod serve;
 pub mod status;
 pub mod verify;
+pub mod wallet;
 pub mod worker;
 pub mod workers;
 
