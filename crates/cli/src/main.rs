@@ -45,6 +45,7 @@ enum Command {
     Status(cmd::status::Args),
     Verify(cmd::verify::Args),
     Reconcile(cmd::reconcile::Args),
+    Wallet(cmd::wallet::Args),
     Archive(cmd::archive::Args),
     Demo(cmd::demo::Args),
     // The lab.
@@ -81,6 +82,7 @@ fn dispatch(command: Command) -> Box<dyn Runnable> {
         Command::Status(args) => on_database(args),
         Command::Verify(args) => on_database(args),
         Command::Reconcile(args) => Box::new(cmd::reconcile::Reconcile(args)),
+        Command::Wallet(args) => on_database(args),
         Command::Archive(args) => on_database(args),
         Command::Demo(args) => on_database(args),
         Command::ProviderSim(args) => Box::new(args),

@@ -10,89 +10,15 @@ mod chain_support;
 mod common;
 
 use std::collections::BTreeMap;
-use std::process::{Child, Stdio};
 
 use alloy_primitives::{Address, U256};
-use chain_support::{kill9, payouts, Broadcasts, RpcProxy, TestChain, HOT_WALLET, SUPPLY};
+use alloy_sol_types::SolCall;
+use chain_support::{
+    balance, count, deliver, kill9, payouts, queued_payouts, Broadcasts, Deliverer, RpcProxy, TestChain, HOT_WALLET,
+    SUPPLY,
+};
 use common::{wait_until, Env};
-use serde_json::{json, Value};
-
-const TOKEN: &str = "test-token";
-const AMOUNT: &str = "1000";
-
-/// A settled period and `n` queued payouts of [`AMOUNT`], one per
-/// creator: each payout's id, creator, and the creator's balance before it.
-async fn queued_payouts(env: &Env, n: i64) -> Vec<(i64, Address, U256)> {
-    env.run_ok(&["seed", "--period", "2026-11-28", "--creators", &n.to_string()]);
-    env.run_ok(&["worker", "--period", "2026-11-28"]);
-    let server = env.serve(TOKEN).await;
-    let creators: Vec<String> = sqlx::query_scalar(
-        "SELECT creator FROM settlement.creator_balance WHERE balance >= $1::numeric ORDER BY creator LIMIT $2",
-    )
-    .bind(AMOUNT)
-    .bind(n)
-    .fetch_all(&env.pool)
-    .await
-    .unwrap();
-    assert_eq!(creators.len() as i64, n, "creators with enough balance");
-    let client = reqwest::Client::new();
-    let mut made = Vec::new();
-    for (i, creator) in creators.iter().enumerate() {
-        let r = client
-            .post(format!("{}/v1/payouts", server.base))
-            .bearer_auth(TOKEN)
-            .header("Idempotency-Key", format!("chain-{i}"))
-            .json(&json!({ "creator": creator, "amount": AMOUNT }))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 201);
-        let id = r.json::<Value>().await.unwrap()["id"].as_i64().unwrap();
-        made.push((
-            id,
-            creator.parse().unwrap(),
-            balance(env, creator).await + U256::from(1000u32),
-        ));
-    }
-    made
-}
-
-/// `settled deliver` on the chain through `url`, with the tests' short leases.
-fn deliver(env: &Env, chain: &TestChain, url: &str, confirmations: u32) -> Child {
-    let mut args: Vec<String> = [
-        "deliver",
-        "--lease-ttl-ms",
-        "1000",
-        "--rescue-interval-ms",
-        "200",
-        "--shutdown-grace-ms",
-        "300",
-        "--concurrency",
-        "3",
-        "--batch",
-        "4",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    args.extend(chain.flags(url, confirmations));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    env.cmd(&args).stdout(Stdio::null()).spawn().unwrap()
-}
-
-/// `creator`'s balance in settled.
-async fn balance(env: &Env, creator: &str) -> U256 {
-    let text: String = sqlx::query_scalar("SELECT balance::text FROM settlement.creator_balance WHERE creator = $1")
-        .bind(creator)
-        .fetch_one(&env.pool)
-        .await
-        .unwrap();
-    U256::from_str_radix(&text, 10).unwrap()
-}
-
-async fn count(env: &Env, sql: &str) -> i64 {
-    env.scalar_i64(sql).await
-}
+use serde_json::json;
 
 /// True when the node knows transaction `hash` (pooled or mined).
 async fn node_knows(chain: &TestChain, hash: &str) -> bool {
@@ -111,7 +37,7 @@ async fn each_payout_is_paid_once_on_chain_though_deliverers_die_between_signing
 
     // 1. Broadcasts never leave: the deliverer signs and stores, then is killed.
     proxy.set(Broadcasts::Swallow);
-    let mut first = deliver(&env, &chain, &proxy.url, 2);
+    let mut first = deliver(&env, &chain, &proxy.url, 2, &[]);
     wait_until(60, "transactions signed ahead", || async {
         count(&env, "SELECT count(*) FROM settlement.chain_txs").await >= 3
     })
@@ -132,7 +58,7 @@ async fn each_payout_is_paid_once_on_chain_though_deliverers_die_between_signing
     // 2. Broadcasts leave, their answers never come back: killed before recording.
     proxy.set(Broadcasts::ForwardUnanswered);
     let before = count(&env, "SELECT count(*) FROM settlement.chain_txs").await;
-    let mut second = deliver(&env, &chain, &proxy.url, 2);
+    let mut second = deliver(&env, &chain, &proxy.url, 2, &[]);
     wait_until(60, "more transactions signed and sent", || async {
         count(&env, "SELECT count(*) FROM settlement.chain_txs").await >= before + 3
     })
@@ -158,13 +84,13 @@ async fn each_payout_is_paid_once_on_chain_though_deliverers_die_between_signing
 
     // 3. Three deliverers straight to the node, one killed while they confirm.
     proxy.set(Broadcasts::Pass);
-    let mut fleet: Vec<Child> = (0..3).map(|_| deliver(&env, &chain, &chain.url(), 2)).collect();
+    let mut fleet: Vec<Deliverer> = (0..3).map(|_| deliver(&env, &chain, &chain.url(), 2, &[])).collect();
     wait_until(60, "a payout paid", || async {
         count(&env, "SELECT count(*) FROM settlement.payouts WHERE status = 'paid'").await >= 1
     })
     .await;
     kill9(&mut fleet[0]);
-    wait_until(120, "every payout paid or failed", || async {
+    wait_until(60, "every payout paid or failed", || async {
         count(
             &env,
             "SELECT count(*) FROM settlement.payouts WHERE status NOT IN ('paid', 'failed')",
@@ -237,4 +163,134 @@ async fn each_payout_is_paid_once_on_chain_though_deliverers_die_between_signing
         0
     );
     env.run_ok(&["verify", "--payouts"]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_pays_many_in_one_transaction_and_a_refused_recipient_fails_alone_after_splits() {
+    let env = Env::new().await;
+    let made = queued_payouts(&env, 10).await;
+    let refused = made[3].1;
+    let chain = TestChain::start(&["--block-time", "1"], "TestToken", refused).await;
+    let pay_many = chain_support::deploy(&chain.url(), "PayMany", Vec::new()).await;
+    let batch = format!("{pay_many:#x}");
+    let mut deliverer = deliver(
+        &env,
+        &chain,
+        &chain.url(),
+        1,
+        &["--batch-contract", &batch, "--batch-max", "8"],
+    );
+    wait_until(60, "every payout paid or failed", || async {
+        count(
+            &env,
+            "SELECT count(*) FROM settlement.payouts WHERE status NOT IN ('paid', 'failed')",
+        )
+        .await
+            == 0
+    })
+    .await;
+    common::stop(&mut deliverer);
+
+    let stored = payouts(&env.pool).await;
+    let failed: Vec<i64> = stored
+        .iter()
+        .filter(|(_, p)| p.2 == "failed")
+        .map(|(id, _)| *id)
+        .collect();
+    assert_eq!(failed, vec![made[3].0], "only the refused recipient's payout failed");
+    let transfers = chain.transfers_from_hot_wallet().await;
+    assert_eq!(transfers.len(), 9, "nine transfers: {transfers:?}");
+    for (id, (creator, amount, state)) in &stored {
+        let got: Vec<U256> = transfers.iter().filter(|t| t.0 == *creator).map(|t| t.1).collect();
+        match state.as_str() {
+            "paid" => assert_eq!(got, vec![*amount], "payout {id} paid once"),
+            _ => assert!(got.is_empty(), "payout {id} received nothing"),
+        }
+    }
+    let biggest: i64 = count(
+        &env,
+        "SELECT max(n) FROM (SELECT count(*) AS n FROM settlement.chain_tx_payouts GROUP BY tx_id) b",
+    )
+    .await;
+    assert!(biggest > 1, "payouts went out in batches");
+    assert!(
+        count(&env, "SELECT count(*) FROM settlement.chain_tx_payouts WHERE given_up").await > 1,
+        "the reverted batch was split"
+    );
+    assert_eq!(
+        count(
+            &env,
+            "SELECT count(*) FROM settlement.chain_txs WHERE purpose = 'approve' AND state = 'confirmed'"
+        )
+        .await,
+        1,
+        "the batch contract approved once"
+    );
+    for (id, creator, before) in &made {
+        let now = balance(&env, &format!("{creator:#x}")).await;
+        match stored[id].2.as_str() {
+            "failed" => assert_eq!(now, *before, "failed payout {id}: its funds are back, once"),
+            _ => assert_eq!(now, *before - U256::from(1000u32), "paid payout {id}: debited once"),
+        }
+    }
+    let hot: Address = HOT_WALLET.parse().unwrap();
+    assert_eq!(chain.balance_of(hot).await, U256::from(SUPPLY) - U256::from(9000u32));
+    env.run_ok(&["verify", "--payouts"]);
+
+    // The wallet as operators see it: its address, not its key; nothing in flight.
+    let key = chain.key_file.path().display().to_string();
+    let wallet = env.run_ok(&[
+        "wallet",
+        "--chain-rpc-url",
+        &chain.url(),
+        "--token-address",
+        &format!("{:#x}", chain.token),
+        "--signer-key-file",
+        &key,
+    ]);
+    assert!(
+        wallet.contains(&format!("wallet {HOT_WALLET} on chain 31337")),
+        "{wallet}"
+    );
+    assert!(wallet.contains("in flight: 0"), "{wallet}");
+    assert!(
+        wallet.contains(&format!(
+            "token {:#x}: {}",
+            chain.token,
+            U256::from(SUPPLY) - U256::from(9000u32)
+        )),
+        "{wallet}"
+    );
+    let nonces = count(&env, "SELECT next_nonce FROM settlement.chain_senders").await;
+    assert!(
+        wallet.contains(&format!(
+            "next nonce: database {nonces}, node {nonces} mined, {nonces} pending"
+        )),
+        "{wallet}"
+    );
+    assert!(!wallet.contains(&chain_support::HOT_WALLET_KEY[2..]), "never the key");
+
+    // Reconcile agrees with the chain; then a transfer from the hot wallet
+    // outside settled, to a paid creator, of its amount: reconcile names it.
+    let token = format!("{:#x}", chain.token);
+    let reconcile = ["reconcile", "--chain-rpc-url", &chain.url(), "--token-address", &token];
+    let clean = env.run(&reconcile);
+    assert!(clean.status.success(), "{}", String::from_utf8_lossy(&clean.stdout));
+    let (paid_id, paid_creator, _) = made[0];
+    let data = settled::chain::abi::IERC20::transferCall {
+        to: paid_creator,
+        value: U256::from(1000u32),
+    }
+    .abi_encode();
+    let hash = chain_support::rpc(
+        &chain.url(),
+        "eth_sendTransaction",
+        json!([{"from": HOT_WALLET, "to": chain.token, "data": alloy_primitives::Bytes::from(data)}]),
+    )
+    .await;
+    chain_support::receipt(&chain.url(), hash.as_str().unwrap()).await;
+    let out = env.run(&reconcile);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains(&format!("payout {paid_id}: paid twice?")), "{text}");
 }

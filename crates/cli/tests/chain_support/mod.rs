@@ -17,6 +17,114 @@ use alloy_sol_types::{SolCall, SolEvent, SolValue};
 use serde_json::{json, Value};
 use settled::chain::abi::IERC20;
 use settled_testkit::Anvil;
+use std::process::{Child, Stdio};
+
+use crate::common::Env;
+
+const TOKEN: &str = "test-token";
+const AMOUNT: &str = "1000";
+
+/// A settled period and `n` queued payouts of [`AMOUNT`], one per
+/// creator: each payout's id, creator, and the creator's balance before it.
+pub(crate) async fn queued_payouts(env: &Env, n: i64) -> Vec<(i64, Address, U256)> {
+    env.run_ok(&["seed", "--period", "2026-11-28", "--creators", &n.to_string()]);
+    env.run_ok(&["worker", "--period", "2026-11-28"]);
+    let server = env.serve(TOKEN).await;
+    let creators: Vec<String> = sqlx::query_scalar(
+        "SELECT creator FROM settlement.creator_balance WHERE balance >= $1::numeric ORDER BY creator LIMIT $2",
+    )
+    .bind(AMOUNT)
+    .bind(n)
+    .fetch_all(&env.pool)
+    .await
+    .unwrap();
+    assert_eq!(creators.len() as i64, n, "creators with enough balance");
+    let client = reqwest::Client::new();
+    let mut made = Vec::new();
+    for (i, creator) in creators.iter().enumerate() {
+        let r = client
+            .post(format!("{}/v1/payouts", server.base))
+            .bearer_auth(TOKEN)
+            .header("Idempotency-Key", format!("chain-{i}"))
+            .json(&json!({ "creator": creator, "amount": AMOUNT }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201);
+        let id = r.json::<Value>().await.unwrap()["id"].as_i64().unwrap();
+        made.push((
+            id,
+            creator.parse().unwrap(),
+            balance(env, creator).await + U256::from(1000u32),
+        ));
+    }
+    made
+}
+
+/// `settled deliver` on the chain through `url`, with the tests' short
+/// leases, then `extra` flags.
+pub(crate) fn deliver(env: &Env, chain: &TestChain, url: &str, confirmations: u32, extra: &[&str]) -> Deliverer {
+    let mut args: Vec<String> = [
+        "deliver",
+        "--lease-ttl-ms",
+        "1000",
+        "--rescue-interval-ms",
+        "200",
+        "--shutdown-grace-ms",
+        "300",
+        "--concurrency",
+        "3",
+        "--batch",
+        "4",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(chain.flags(url, confirmations));
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Deliverer(env.cmd(&args).stdout(Stdio::null()).spawn().unwrap())
+}
+
+/// A `settled deliver` process, SIGKILLed (by its pid) if the test ends
+/// while it still runs.
+pub(crate) struct Deliverer(pub Child);
+
+impl std::ops::Deref for Deliverer {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Deliverer {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Deliverer {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// `creator`'s balance in settled.
+pub(crate) async fn balance(env: &Env, creator: &str) -> U256 {
+    let text: String = sqlx::query_scalar("SELECT balance::text FROM settlement.creator_balance WHERE creator = $1")
+        .bind(creator)
+        .fetch_one(&env.pool)
+        .await
+        .unwrap();
+    U256::from_str_radix(&text, 10).unwrap()
+}
+
+pub(crate) async fn count(env: &Env, sql: &str) -> i64 {
+    env.scalar_i64(sql).await
+}
 
 /// anvil's well-known development accounts (public test data): the first
 /// deploys, the second is the hot wallet.
@@ -78,6 +186,8 @@ pub(crate) async fn deploy(url: &str, name: &str, args: Vec<u8>) -> Address {
         json!([{"from": DEPLOYER, "data": format!("0x{}", alloy_primitives::hex::encode(data)), "gas": "0x2dc6c0"}]),
     )
     .await;
+    // Mined at once, whether the node mines by itself or not.
+    rpc(url, "evm_mine", json!([])).await;
     let r = receipt(url, hash.as_str().unwrap()).await;
     assert_eq!(r["status"], "0x1", "deploying {name}: {r}");
     r["contractAddress"].as_str().unwrap().parse().unwrap()
@@ -182,6 +292,9 @@ pub(crate) enum Broadcasts {
     Swallow = 1,
     /// Forwarded, its answer never given (killed before it recorded the broadcast).
     ForwardUnanswered = 2,
+    /// The first signed bytes seen (and repeats of them) forwarded, any
+    /// other answered 502: a replacement that never reaches the node.
+    OnlyTheFirst = 3,
 }
 
 /// A JSON-RPC proxy in front of the node: everything passes but
@@ -197,7 +310,12 @@ impl RpcProxy {
         let mode = Arc::new(AtomicU8::new(Broadcasts::Pass as u8));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
-        let state = (node, mode.clone(), reqwest::Client::new());
+        let state = Proxied {
+            node,
+            mode: mode.clone(),
+            http: reqwest::Client::new(),
+            first: Arc::new(std::sync::Mutex::new(None)),
+        };
         let app = axum::Router::new()
             .route("/", axum::routing::post(forward))
             .with_state(state);
@@ -218,8 +336,21 @@ impl Drop for RpcProxy {
     }
 }
 
+#[derive(Clone)]
+struct Proxied {
+    node: String,
+    mode: Arc<AtomicU8>,
+    http: reqwest::Client,
+    first: Arc<std::sync::Mutex<Option<Value>>>,
+}
+
 async fn forward(
-    axum::extract::State((node, mode, http)): axum::extract::State<(String, Arc<AtomicU8>, reqwest::Client)>,
+    axum::extract::State(Proxied {
+        node,
+        mode,
+        http,
+        first,
+    }): axum::extract::State<Proxied>,
     body: axum::body::Bytes,
 ) -> axum::response::Response {
     let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
@@ -227,6 +358,16 @@ async fn forward(
     let mode = mode.load(Ordering::SeqCst);
     if broadcast && mode == Broadcasts::Swallow as u8 {
         std::future::pending::<()>().await;
+    }
+    if broadcast && mode == Broadcasts::OnlyTheFirst as u8 {
+        let raw = request["params"][0].clone();
+        let mut first = first.lock().unwrap();
+        if first.get_or_insert_with(|| raw.clone()) != &raw {
+            return axum::response::Response::builder()
+                .status(502)
+                .body(axum::body::Body::from("lost on the way"))
+                .unwrap();
+        }
     }
     let answer = http
         .post(&node)

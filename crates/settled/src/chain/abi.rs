@@ -11,6 +11,7 @@ sol! {
         event Transfer(address indexed from, address indexed to, uint256 value);
         function transfer(address to, uint256 value) external;
         function approve(address spender, uint256 value) external returns (bool);
+        function allowance(address owner, address spender) external view returns (uint256);
         function balanceOf(address owner) external view returns (uint256);
     }
 

@@ -19,7 +19,7 @@ use super::broadcast::{self, Sent};
 use super::rail::reverted_reason;
 use super::rpc::Receipt;
 use super::store::{self, ChainTx, TxState};
-use super::{Chain, REBROADCAST_AFTER};
+use super::{sign, Chain, REBROADCAST_AFTER};
 use crate::payouts::{apply_word, ProviderWord, Source};
 
 /// What one round did.
@@ -31,12 +31,16 @@ pub struct Round {
     pub broadcast: usize,
     /// Found mined.
     pub included: usize,
+    /// Replaced (stuck).
+    pub replaced: usize,
     /// Whose block left the canonical chain.
     pub reorged: usize,
     /// Confirmed at depth.
     pub confirmed: usize,
     /// Reverted at depth.
     pub reverted: usize,
+    /// Batches that reverted and were split.
+    pub split: usize,
 }
 
 /// Follows heads every `every` until aborted.
@@ -102,6 +106,13 @@ async fn not_mined(pool: &PgPool, chain: &Chain, tx: &ChainTx, done: &mut Round)
         }
         return Ok(());
     }
+    if tx.state == TxState::Broadcast
+        && tx.since_signed_ms >= chain.replace_after.as_millis() as i64
+        && replace(pool, chain, tx).await?
+    {
+        done.replaced += 1;
+        return Ok(());
+    }
     let due = tx
         .since_broadcast_ms
         .is_none_or(|ms| ms >= REBROADCAST_AFTER.as_millis() as i64);
@@ -110,6 +121,38 @@ async fn not_mined(pool: &PgPool, chain: &Chain, tx: &ChainTx, done: &mut Round)
         done.broadcast += 1;
     }
     Ok(())
+}
+
+/// Replaces `tx`, stuck: its newest attempt again with higher fees, the
+/// same nonce, stored as a new attempt (every attempt's hash is kept; the
+/// one mined counts) before it is broadcast. False when the fee cap
+/// leaves no room, or another process replaced it first.
+async fn replace(pool: &PgPool, chain: &Chain, tx: &ChainTx) -> anyhow::Result<bool> {
+    let latest = tx.latest();
+    let old = sign::fees_of(&latest.raw)?;
+    let Some(fees) = sign::replacement_fees(old, chain.fees().await?, chain.fee_cap) else {
+        tracing::warn!(tx = tx.id, nonce = tx.nonce, "stuck at the fee cap: not replaced");
+        return Ok(false);
+    };
+    let (signed, gas_limit) = sign::replacement(chain, &latest.raw, fees)?;
+    let mut db = pool.begin().await?;
+    if !store::add_attempt(&mut db, tx.id, latest.attempt + 1, &signed, gas_limit, fees).await? {
+        return Ok(false);
+    }
+    db.commit().await?;
+    tracing::info!(tx = tx.id, nonce = tx.nonce, attempt = latest.attempt + 1, hash = %signed.hash,
+                   max_fee = fees.max_fee_per_gas, "stuck: replaced with higher fees");
+    let sent = broadcast::send(&chain.rpc, &signed.raw).await?;
+    if sent == Sent::NonceUsed {
+        tracing::info!(
+            tx = tx.id,
+            nonce = tx.nonce,
+            "nonce spent: an earlier attempt was mined"
+        );
+    }
+    let mut conn = pool.acquire().await?;
+    store::mark_broadcast(&mut conn, tx.id).await?;
+    Ok(true)
 }
 
 /// Sends `tx`'s newest attempt again and records it as broadcast, its
@@ -155,15 +198,68 @@ async fn included(pool: &PgPool, chain: &Chain, tx: &ChainTx, head: u64, done: &
     } else {
         (TxState::Reverted, Word::Failed(reverted_reason(tx)))
     };
+    // A batch that reverted is split: fees for its halves, read before the
+    // database transaction that signs them.
+    let split_fees = match to {
+        TxState::Reverted => Some(chain.fees().await?),
+        _ => None,
+    };
     let mut db = pool.begin().await?;
-    if store::mark_final(&mut db, tx.id, block, to).await? {
-        move_payouts(&mut db, chain, tx.id, word).await?;
-        db.commit().await?;
-        match to {
-            TxState::Confirmed => done.confirmed += 1,
-            _ => done.reverted += 1,
-        }
+    if !store::mark_final(&mut db, tx.id, block, to).await? {
+        return Ok(());
     }
+    let paid = store::payouts_of(&mut db, tx.id).await?;
+    match split_fees {
+        Some(fees) if paid.len() > 1 => {
+            split(&mut db, chain, tx, &paid, fees).await?;
+            done.split += 1;
+        }
+        _ => move_payouts(&mut db, chain, tx.id, word).await?,
+    }
+    db.commit().await?;
+    match to {
+        TxState::Confirmed => done.confirmed += 1,
+        _ => done.reverted += 1,
+    }
+    Ok(())
+}
+
+/// Splits `tx`, a batch of `paid` that reverted at the confirmation depth
+/// (final: its nonce is spent, none of its attempts can be mined again):
+/// its payouts are given up by it and signed again in two halves under
+/// new nonces, in the database transaction that records the revert. A half
+/// of one payout is a plain transfer: if it reverts, that payout alone
+/// fails.
+async fn split(
+    db: &mut sqlx::PgConnection,
+    chain: &Chain,
+    tx: &ChainTx,
+    paid: &[store::Paid],
+    fees: sign::Fees,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        store::give_up_payouts(db, tx.id).await?,
+        "batch {} reverted with no payout to give up",
+        tx.id
+    );
+    let mut payouts = Vec::with_capacity(paid.len());
+    for p in paid {
+        let row = crate::payouts::row::load(db, p.payout_id)
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("payout {} is gone", p.payout_id))?;
+        payouts.push(row);
+    }
+    for half in payouts.chunks(payouts.len().div_ceil(2)) {
+        let nonce = sign::lock_nonce(db, chain).await?;
+        let signed = sign::sign_in(db, chain, nonce, half, fees, &["queued", "sent"]).await?;
+        anyhow::ensure!(signed.is_some(), "batch {}: a half could not be signed again", tx.id);
+    }
+    tracing::warn!(
+        tx = tx.id,
+        nonce = tx.nonce,
+        payouts = paid.len(),
+        "a batch reverted: split in two halves, signed again"
+    );
     Ok(())
 }
 

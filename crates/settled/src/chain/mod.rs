@@ -26,6 +26,7 @@ pub mod abi;
 pub mod broadcast;
 pub mod confirm;
 pub mod rail;
+pub mod reconcile;
 pub mod rpc;
 pub mod sign;
 pub mod store;
@@ -67,7 +68,28 @@ pub struct ChainFlags {
     #[arg(long, env = "SETTLED_CHAIN_FEE_CAP_GWEI", default_value_t = DEFAULT_FEE_CAP_GWEI,
           value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub fee_cap_gwei: u64,
+    /// A transaction sent and not mined this many seconds after its newest
+    /// attempt was signed is replaced: the same nonce, both fees raised by
+    /// at least 12.5% (or to the market), at most the fee cap.
+    #[arg(long, env = "SETTLED_CHAIN_REPLACE_AFTER_SECS", default_value_t = DEFAULT_REPLACE_AFTER_SECS,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub replace_after_secs: u64,
+    /// Pay up to --batch-max payouts in one transaction through this
+    /// multi-transfer contract (contracts/PayMany.sol); the hot wallet
+    /// approves it once, by a transaction of its own.
+    #[arg(long, requires = "chain_rpc_url", value_parser = parse_address)]
+    pub batch_contract: Option<Address>,
+    /// Payouts per batch, 2..=1000.
+    #[arg(long, default_value_t = DEFAULT_BATCH_MAX, requires = "batch_contract",
+          value_parser = clap::value_parser!(u32).range(2..=1_000))]
+    pub batch_max: u32,
 }
+
+/// Payouts per batch by default.
+pub const DEFAULT_BATCH_MAX: u32 = 100;
+
+/// How long an unmined transaction waits before it is replaced, by default.
+pub const DEFAULT_REPLACE_AFTER_SECS: u64 = 60;
 
 /// Parses a contract or wallet address (any case).
 pub fn parse_address(text: &str) -> Result<Address, String> {
@@ -100,6 +122,8 @@ pub struct Chain {
     pub confirmations: u64,
     /// The most paid per gas, in wei.
     pub fee_cap: u128,
+    /// How long an unmined attempt waits before it is replaced.
+    pub replace_after: Duration,
     /// Batches, when a batch contract is given.
     pub batch: Option<Batch>,
 }
@@ -124,7 +148,11 @@ impl Chain {
             token,
             confirmations: flags.confirmations,
             fee_cap: u128::from(flags.fee_cap_gwei) * 1_000_000_000,
-            batch: None,
+            replace_after: Duration::from_secs(flags.replace_after_secs),
+            batch: flags.batch_contract.map(|contract| Batch {
+                contract,
+                max: flags.batch_max,
+            }),
         };
         let mined = chain.rpc.nonce(chain.wallet.address(), "latest").await?;
         sqlx::query(
@@ -136,6 +164,7 @@ impl Chain {
         .bind(mined as i64) // $3
         .execute(pool)
         .await?;
+        sign::ensure_approval(pool, &chain).await?;
         Ok(Some(chain))
     }
 

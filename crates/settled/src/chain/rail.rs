@@ -50,7 +50,7 @@ impl ChainRail {
         }
         let fees = self.chain.fees().await.map_err(transient)?;
         // None: another process signed for it first, or it left `queued`.
-        super::sign::sign_ahead(&self.pool, &self.chain, std::slice::from_ref(payout), fees)
+        super::sign::sign_ahead(&self.pool, &self.chain, payout, fees)
             .await
             .map_err(transient)?;
         self.stored(payout.id)

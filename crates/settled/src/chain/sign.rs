@@ -10,7 +10,7 @@
 use alloy_consensus::TxEip1559;
 use alloy_primitives::{Address, TxKind, U256};
 use alloy_sol_types::SolCall;
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 
 use super::abi::{PayMany, IERC20};
 use super::store::lower;
@@ -67,26 +67,112 @@ pub fn call_for(chain: &Chain, payouts: &[PayoutRow]) -> anyhow::Result<(Address
     }
 }
 
-/// Signs one transaction paying `payouts` under the sender's next nonce
-/// and stores it, all in one database transaction. Returns its id, or None
-/// when one of the payouts has a transaction already or is no longer
-/// queued (nothing was stored, no nonce spent).
-pub async fn sign_ahead(
-    pool: &PgPool,
-    chain: &Chain,
-    payouts: &[PayoutRow],
-    fees: Fees,
-) -> anyhow::Result<Option<i64>> {
-    let (target, input, gas_limit) = call_for(chain, payouts)?;
-    let sender = lower(chain.wallet.address());
+/// Signs one transaction paying `payout` (and, with a batch contract, up
+/// to its batch size of other queued payouts that have no transaction)
+/// under the sender's next nonce and stores it, all in one database
+/// transaction. Returns its id, or None when the payout has a transaction
+/// already or is no longer queued (nothing was stored, no nonce spent).
+pub async fn sign_ahead(pool: &PgPool, chain: &Chain, payout: &PayoutRow, fees: Fees) -> anyhow::Result<Option<i64>> {
     let mut db = pool.begin().await?;
-    let nonce: i64 = sqlx::query_scalar(
+    let nonce = lock_nonce(&mut db, chain).await?;
+    let mut payouts = vec![payout.clone()];
+    if let Some(batch) = chain.batch {
+        payouts.extend(gather(&mut db, payout.id, batch.max as i64 - 1).await?);
+    }
+    let Some(tx_id) = sign_in(&mut db, chain, nonce, &payouts, fees, &["queued"]).await? else {
+        db.rollback().await?;
+        return Ok(None);
+    };
+    db.commit().await?;
+    Ok(Some(tx_id))
+}
+
+/// Locks the sender's nonce row (until the database transaction ends) and
+/// reads its next nonce.
+pub async fn lock_nonce(db: &mut PgConnection, chain: &Chain) -> anyhow::Result<i64> {
+    Ok(sqlx::query_scalar(
         "SELECT next_nonce FROM settlement.chain_senders WHERE chain_id = $1 AND sender = $2 FOR UPDATE",
     )
     .bind(chain.chain_id as i64) // $1
-    .bind(&sender) // $2
+    .bind(lower(chain.wallet.address())) // $2
     .fetch_one(&mut *db)
+    .await?)
+}
+
+/// Up to `max` queued payouts besides `first` with no transaction, whose
+/// creators are not on hold, oldest first: the rest of a batch.
+async fn gather(db: &mut PgConnection, first: i64, max: i64) -> anyhow::Result<Vec<PayoutRow>> {
+    if max <= 0 {
+        return Ok(Vec::new());
+    }
+    Ok(sqlx::query_as(&format!(
+        "SELECT {} FROM settlement.payouts p
+         WHERE p.status = 'queued' AND p.id <> $1
+           AND NOT EXISTS (SELECT 1 FROM settlement.chain_tx_payouts l WHERE l.payout_id = p.id AND NOT l.given_up)
+           AND NOT EXISTS (SELECT 1 FROM settlement.creator_holds h
+                           WHERE h.creator = p.creator AND h.released_at IS NULL)
+         ORDER BY p.id LIMIT $2
+         FOR NO KEY UPDATE SKIP LOCKED",
+        crate::payouts::PAYOUT_COLUMNS
+    ))
+    .bind(first) // $1
+    .bind(max) // $2
+    .fetch_all(&mut *db)
+    .await?)
+}
+
+/// Signs one transaction paying `payouts` under `nonce` (the sender's row
+/// locked by the caller's database transaction) and stores it, its first
+/// attempt and its payouts, advancing the nonce. None when one of the
+/// payouts has a transaction already, or is in none of `statuses`: the
+/// caller rolls back.
+pub async fn sign_in(
+    db: &mut PgConnection,
+    chain: &Chain,
+    nonce: i64,
+    payouts: &[PayoutRow],
+    fees: Fees,
+    statuses: &[&str],
+) -> anyhow::Result<Option<i64>> {
+    let (target, input, gas_limit) = call_for(chain, payouts)?;
+    let Some(tx_id) = store_signed(db, chain, nonce, target, input, gas_limit, fees, "payouts").await? else {
+        return Ok(None);
+    };
+    let ids: Vec<i64> = payouts.iter().map(|p| p.id).collect();
+    let linked = sqlx::query(
+        "INSERT INTO settlement.chain_tx_payouts (payout_id, tx_id, position, recipient, amount)
+         SELECT p.id, $2, (x.position - 1)::int, p.creator, p.amount
+         FROM unnest($1::bigint[]) WITH ORDINALITY AS x(id, position)
+         JOIN settlement.payouts p ON p.id = x.id AND p.status = ANY($3)
+         ON CONFLICT (payout_id) WHERE NOT given_up DO NOTHING",
+    )
+    .bind(&ids) // $1
+    .bind(tx_id) // $2
+    .bind(statuses) // $3
+    .execute(&mut *db)
     .await?;
+    if linked.rows_affected() != ids.len() as u64 {
+        return Ok(None);
+    }
+    tracing::info!(tx = tx_id, nonce, payouts = ?ids, "signed and stored before broadcast");
+    Ok(Some(tx_id))
+}
+
+/// Signs a call of `target` with `input` under `nonce`, stores the
+/// transaction (for `purpose`) and its first attempt, and advances the
+/// sender's nonce; its id.
+#[allow(clippy::too_many_arguments)]
+pub async fn store_signed(
+    db: &mut PgConnection,
+    chain: &Chain,
+    nonce: i64,
+    target: Address,
+    input: Vec<u8>,
+    gas_limit: u64,
+    fees: Fees,
+    purpose: &str,
+) -> anyhow::Result<Option<i64>> {
+    let sender = lower(chain.wallet.address());
     let signed = chain.wallet.sign(TxEip1559 {
         chain_id: chain.chain_id,
         nonce: nonce as u64,
@@ -99,16 +185,18 @@ pub async fn sign_ahead(
         input: input.into(),
     })?;
     let tx_id: i64 = sqlx::query_scalar(
-        "INSERT INTO settlement.chain_txs (chain_id, sender, nonce, target, token) VALUES ($1, $2, $3, $4, $5)
-         RETURNING id",
+        "INSERT INTO settlement.chain_txs (chain_id, sender, nonce, target, token, purpose)
+         VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
     )
     .bind(chain.chain_id as i64) // $1
     .bind(&sender) // $2
     .bind(nonce) // $3
     .bind(lower(target)) // $4
     .bind(lower(chain.token)) // $5
+    .bind(purpose) // $6
     .fetch_one(&mut *db)
     .await?;
+    // Its state is `signed`: the first attempt goes in directly.
     sqlx::query(
         "INSERT INTO settlement.chain_tx_attempts
              (tx_id, attempt, hash, raw, gas_limit, max_fee_per_gas, max_priority_fee_per_gas)
@@ -122,28 +210,146 @@ pub async fn sign_ahead(
     .bind(fees.max_priority_fee_per_gas.to_string()) // $6
     .execute(&mut *db)
     .await?;
-    let ids: Vec<i64> = payouts.iter().map(|p| p.id).collect();
-    let linked = sqlx::query(
-        "INSERT INTO settlement.chain_tx_payouts (payout_id, tx_id, position, recipient, amount)
-         SELECT p.id, $2, (x.position - 1)::int, p.creator, p.amount
-         FROM unnest($1::bigint[]) WITH ORDINALITY AS x(id, position)
-         JOIN settlement.payouts p ON p.id = x.id AND p.status = 'queued'
-         ON CONFLICT (payout_id) DO NOTHING",
-    )
-    .bind(&ids) // $1
-    .bind(tx_id) // $2
-    .execute(&mut *db)
-    .await?;
-    if linked.rows_affected() != ids.len() as u64 {
-        db.rollback().await?;
-        return Ok(None);
-    }
     sqlx::query("UPDATE settlement.chain_senders SET next_nonce = next_nonce + 1 WHERE chain_id = $1 AND sender = $2")
         .bind(chain.chain_id as i64) // $1
         .bind(&sender) // $2
         .execute(&mut *db)
         .await?;
-    db.commit().await?;
-    tracing::info!(tx = tx_id, nonce, hash = %signed.hash, payouts = ?ids, "signed and stored before broadcast");
     Ok(Some(tx_id))
+}
+
+/// Gas for the approval of the batch contract.
+pub const APPROVE_GAS_LIMIT: u64 = 100_000;
+
+/// With a batch contract: makes sure the hot wallet lets it spend the
+/// token, signing an approval ahead (unless one is in flight) when the
+/// allowance is under half the largest. The approval's nonce is below every
+/// batch signed after it, so it is mined first.
+pub async fn ensure_approval(pool: &PgPool, chain: &Chain) -> anyhow::Result<()> {
+    let Some(batch) = chain.batch else { return Ok(()) };
+    let call = IERC20::allowanceCall {
+        owner: chain.wallet.address(),
+        spender: batch.contract,
+    };
+    let answer = chain.rpc.eth_call(chain.token, call.abi_encode().into()).await?;
+    let allowance = IERC20::allowanceCall::abi_decode_returns(&answer)?;
+    if allowance >= U256::MAX >> 1 {
+        return Ok(());
+    }
+    let fees = chain.fees().await?;
+    let mut db = pool.begin().await?;
+    let nonce = lock_nonce(&mut db, chain).await?;
+    let in_flight: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM settlement.chain_txs
+         WHERE chain_id = $1 AND sender = $2 AND purpose = 'approve' AND state IN ('signed', 'broadcast', 'included')",
+    )
+    .bind(chain.chain_id as i64) // $1
+    .bind(lower(chain.wallet.address())) // $2
+    .fetch_one(&mut *db)
+    .await?;
+    if in_flight == 0 {
+        let input = IERC20::approveCall {
+            spender: batch.contract,
+            value: U256::MAX,
+        }
+        .abi_encode();
+        store_signed(
+            &mut db,
+            chain,
+            nonce,
+            chain.token,
+            input,
+            APPROVE_GAS_LIMIT,
+            fees,
+            "approve",
+        )
+        .await?;
+        tracing::info!(nonce, spender = %batch.contract, "approval of the batch contract signed ahead");
+    }
+    db.commit().await?;
+    Ok(())
+}
+
+/// The least raise of both fees a replacement offers over the attempt it
+/// replaces, in eighths (+12.5%: nodes refuse a replacement under +10%).
+pub const REPLACEMENT_RAISE_EIGHTHS: u128 = 9;
+
+/// The fees of a replacement for an attempt signed with `old`: at least
+/// +12.5% on both, at least what `market` offers now, never above `cap`.
+/// None when the cap leaves no room for a raise of at least 10% (the
+/// attempt waits for the base fee to fall).
+pub fn replacement_fees(old: Fees, market: Fees, cap: u128) -> Option<Fees> {
+    let raise = |v: u128| (v.saturating_mul(REPLACEMENT_RAISE_EIGHTHS)).div_ceil(8).max(v + 1);
+    let max_fee = raise(old.max_fee_per_gas).max(market.max_fee_per_gas).min(cap);
+    let tip = raise(old.max_priority_fee_per_gas)
+        .max(market.max_priority_fee_per_gas)
+        .min(max_fee);
+    let enough = |new: u128, old: u128| new.saturating_mul(10) >= old.saturating_mul(11);
+    (enough(max_fee, old.max_fee_per_gas) && enough(tip, old.max_priority_fee_per_gas)).then_some(Fees {
+        max_fee_per_gas: max_fee,
+        max_priority_fee_per_gas: tip,
+    })
+}
+
+/// Signs a replacement of the transaction whose newest attempt is `raw`:
+/// the same transaction (nonce, call, gas limit), fees `fees`.
+pub fn replacement(chain: &Chain, raw: &[u8], fees: Fees) -> anyhow::Result<(super::wallet::Signed, u64)> {
+    use alloy_eips::eip2718::Decodable2718;
+    let envelope = alloy_consensus::TxEnvelope::decode_2718(&mut &raw[..])?;
+    let Some(signed) = envelope.as_eip1559() else {
+        anyhow::bail!("a stored attempt is not an EIP-1559 transaction");
+    };
+    let mut tx = signed.tx().clone();
+    tx.max_fee_per_gas = fees.max_fee_per_gas;
+    tx.max_priority_fee_per_gas = fees.max_priority_fee_per_gas;
+    let gas_limit = tx.gas_limit;
+    Ok((chain.wallet.sign(tx)?, gas_limit))
+}
+
+/// The fees an attempt stored as `raw` was signed with.
+pub fn fees_of(raw: &[u8]) -> anyhow::Result<Fees> {
+    use alloy_eips::eip2718::Decodable2718;
+    let envelope = alloy_consensus::TxEnvelope::decode_2718(&mut &raw[..])?;
+    let Some(signed) = envelope.as_eip1559() else {
+        anyhow::bail!("a stored attempt is not an EIP-1559 transaction");
+    };
+    Ok(Fees {
+        max_fee_per_gas: signed.tx().max_fee_per_gas,
+        max_priority_fee_per_gas: signed.tx().max_priority_fee_per_gas,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GWEI: u128 = 1_000_000_000;
+
+    fn fees(max: u128, tip: u128) -> Fees {
+        Fees {
+            max_fee_per_gas: max * GWEI,
+            max_priority_fee_per_gas: tip * GWEI,
+        }
+    }
+
+    #[test]
+    fn a_replacement_raises_both_fees_by_at_least_an_eighth_or_to_the_market_never_past_the_cap() {
+        let raised = replacement_fees(fees(8, 1), fees(3, 1), 500 * GWEI).unwrap();
+        assert_eq!(
+            raised,
+            Fees {
+                max_fee_per_gas: 9 * GWEI,
+                max_priority_fee_per_gas: GWEI * 9 / 8
+            }
+        );
+        let market = replacement_fees(fees(3, 1), fees(21, 1), 500 * GWEI).unwrap();
+        assert_eq!(market.max_fee_per_gas, 21 * GWEI, "the market, when it is higher");
+        let capped = replacement_fees(fees(8, 1), fees(40, 1), 20 * GWEI).unwrap();
+        assert_eq!(capped.max_fee_per_gas, 20 * GWEI, "never past the cap");
+        assert_eq!(
+            replacement_fees(fees(20, 1), fees(40, 1), 21 * GWEI),
+            None,
+            "+5% is no replacement"
+        );
+    }
 }

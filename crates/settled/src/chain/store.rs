@@ -78,6 +78,8 @@ pub struct ChainTx {
     pub attempts: Vec<Attempt>,
     /// Milliseconds since it was last sent (None: never).
     pub since_broadcast_ms: Option<i64>,
+    /// Milliseconds since its newest attempt was signed.
+    pub since_signed_ms: i64,
 }
 
 impl ChainTx {
@@ -98,6 +100,8 @@ pub struct Paid {
     pub recipient: Address,
     /// The amount signed into it.
     pub amount: Amount,
+    /// Its transaction reverted as a batch: it is signed again in a smaller one.
+    pub given_up: bool,
 }
 
 #[derive(sqlx::FromRow)]
@@ -109,10 +113,13 @@ struct TxRow {
     block_hash: Option<String>,
     mined_hash: Option<String>,
     since_broadcast_ms: Option<i64>,
+    since_signed_ms: i64,
 }
 
 const TX_COLUMNS: &str = "t.id, t.nonce, t.state, t.block_number, t.block_hash, t.mined_hash, \
-     (extract(epoch FROM clock_timestamp() - t.broadcast_at) * 1000)::bigint AS since_broadcast_ms";
+     (extract(epoch FROM clock_timestamp() - t.broadcast_at) * 1000)::bigint AS since_broadcast_ms, \
+     (SELECT (extract(epoch FROM clock_timestamp() - max(a.signed_at)) * 1000)::bigint \
+      FROM settlement.chain_tx_attempts a WHERE a.tx_id = t.id) AS since_signed_ms";
 
 fn hash(text: &str) -> anyhow::Result<B256> {
     text.parse().map_err(|e| anyhow::anyhow!("stored hash {text:?}: {e}"))
@@ -149,6 +156,7 @@ async fn complete(conn: &mut PgConnection, row: TxRow) -> anyhow::Result<ChainTx
         mined,
         attempts: attempts(conn, row.id).await?,
         since_broadcast_ms: row.since_broadcast_ms,
+        since_signed_ms: row.since_signed_ms,
     })
 }
 
@@ -156,7 +164,7 @@ async fn complete(conn: &mut PgConnection, row: TxRow) -> anyhow::Result<ChainTx
 pub async fn tx_of_payout(conn: &mut PgConnection, payout_id: i64) -> anyhow::Result<Option<(ChainTx, Paid)>> {
     let row: Option<TxRow> = sqlx::query_as(&format!(
         "SELECT {TX_COLUMNS} FROM settlement.chain_tx_payouts l JOIN settlement.chain_txs t ON t.id = l.tx_id
-         WHERE l.payout_id = $1"
+         WHERE l.payout_id = $1 AND NOT l.given_up"
     ))
     .bind(payout_id) // $1
     .fetch_optional(&mut *conn)
@@ -166,27 +174,28 @@ pub async fn tx_of_payout(conn: &mut PgConnection, payout_id: i64) -> anyhow::Re
     let paid = payouts_of(conn, tx.id)
         .await?
         .into_iter()
-        .find(|p| p.payout_id == payout_id)
+        .find(|p| p.payout_id == payout_id && !p.given_up)
         .ok_or_else(|| anyhow::anyhow!("payout {payout_id} lost its transaction"))?;
     Ok(Some((tx, paid)))
 }
 
 /// The payouts transaction `tx_id` pays, in call order.
 pub async fn payouts_of(conn: &mut PgConnection, tx_id: i64) -> anyhow::Result<Vec<Paid>> {
-    let rows: Vec<(i64, i32, String, String)> = sqlx::query_as(
-        "SELECT payout_id, position, recipient, amount::text FROM settlement.chain_tx_payouts
+    let rows: Vec<(i64, i32, String, String, bool)> = sqlx::query_as(
+        "SELECT payout_id, position, recipient, amount::text, given_up FROM settlement.chain_tx_payouts
          WHERE tx_id = $1 ORDER BY position",
     )
     .bind(tx_id) // $1
     .fetch_all(&mut *conn)
     .await?;
     rows.into_iter()
-        .map(|(payout_id, position, recipient, amount)| {
+        .map(|(payout_id, position, recipient, amount, given_up)| {
             Ok(Paid {
                 payout_id,
                 position,
                 recipient: recipient.parse()?,
                 amount: Amount::parse_decimal(&amount)?,
+                given_up,
             })
         })
         .collect()
@@ -288,4 +297,49 @@ pub async fn mark_final(conn: &mut PgConnection, id: i64, block: B256, to: TxSta
     .execute(conn)
     .await?;
     Ok(moved.rows_affected() == 1)
+}
+
+/// Stores `attempt` of transaction `id` (a replacement: the same nonce,
+/// higher fees) while it is still broadcast and has no such attempt. False
+/// when another process replaced it first, or it was mined meanwhile.
+pub async fn add_attempt(
+    conn: &mut PgConnection,
+    id: i64,
+    attempt: i32,
+    signed: &super::wallet::Signed,
+    gas_limit: u64,
+    fees: super::sign::Fees,
+) -> anyhow::Result<bool> {
+    let added = sqlx::query(
+        "INSERT INTO settlement.chain_tx_attempts
+             (tx_id, attempt, hash, raw, gas_limit, max_fee_per_gas, max_priority_fee_per_gas)
+         SELECT $1, $2, $3, $4, $5, $6::numeric, $7::numeric
+         WHERE EXISTS (SELECT 1 FROM settlement.chain_txs WHERE id = $1 AND state = 'broadcast')
+         ON CONFLICT (tx_id, attempt) DO NOTHING",
+    )
+    .bind(id) // $1
+    .bind(attempt) // $2
+    .bind(hex(signed.hash)) // $3
+    .bind(&signed.raw) // $4
+    .bind(gas_limit as i64) // $5
+    .bind(fees.max_fee_per_gas.to_string()) // $6
+    .bind(fees.max_priority_fee_per_gas.to_string()) // $7
+    .execute(conn)
+    .await?;
+    Ok(added.rows_affected() == 1)
+}
+
+/// Gives up the payouts of transaction `id`, a batch that reverted at the
+/// confirmation depth (final: its nonce is spent), so that they can be
+/// signed again in smaller batches. False when it is not reverted.
+pub async fn give_up_payouts(conn: &mut PgConnection, id: i64) -> anyhow::Result<bool> {
+    let given = sqlx::query(
+        "UPDATE settlement.chain_tx_payouts l SET given_up = true
+         WHERE l.tx_id = $1 AND NOT l.given_up
+           AND EXISTS (SELECT 1 FROM settlement.chain_txs t WHERE t.id = $1 AND t.state = 'reverted')",
+    )
+    .bind(id) // $1
+    .execute(conn)
+    .await?;
+    Ok(given.rows_affected() > 0)
 }

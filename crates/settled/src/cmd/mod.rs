@@ -24,6 +24,7 @@ pub mod serve;
 pub mod status;
 pub mod tokens;
 pub mod verify;
+pub mod wallet;
 pub mod worker;
 pub mod workers;
 

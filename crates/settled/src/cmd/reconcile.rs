@@ -32,13 +32,30 @@ pub const LAGS_LISTED: usize = 10;
 /// failed or returned, and paid ones it returned (behind: a webhook or a
 /// lookup applies it). It changes nothing.
 ///
+/// With --chain-rpc-url and --token-address it compares instead the payouts
+/// paid on-chain with the token's Transfer logs from the hot wallet, one to
+/// one, naming each mismatch: a transfer no payout explains (and the payout
+/// it could pay twice), another amount or recipient, a paid payout with no
+/// transfer, a confirmed transaction whose receipt is gone.
+///
 /// Exit codes: 0 settled and the provider agree; 1 anything differs; 2 the
 /// comparison could not be made (database or provider unreachable).
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// The payment provider (e.g. http://127.0.0.1:9100).
-    #[arg(long)]
-    provider_url: String,
+    /// The payment provider (e.g. http://127.0.0.1:9100); or compare with
+    /// a chain with --chain-rpc-url.
+    #[arg(long, required_unless_present = "chain_rpc_url", conflicts_with = "chain_rpc_url")]
+    provider_url: Option<String>,
+    /// Compare the payouts paid on-chain with the token's Transfer logs from
+    /// the hot wallet, through this node's JSON-RPC.
+    #[arg(long, env = "SETTLED_CHAIN_RPC_URL", requires = "token_address")]
+    chain_rpc_url: Option<String>,
+    /// The ERC-20 token paid out.
+    #[arg(long, env = "SETTLED_TOKEN_ADDRESS", requires = "chain_rpc_url", value_parser = crate::chain::parse_address)]
+    token_address: Option<alloy_primitives::Address>,
+    /// The first block whose logs are read.
+    #[arg(long, default_value_t = 0, requires = "chain_rpc_url")]
+    from_block: u64,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -60,13 +77,17 @@ impl DbCommand for Args {
     const ACCESS: Access = Access::Reads;
 
     async fn run(self, db: &Database) -> Outcome {
-        let provider = HttpProvider::new(&self.provider_url, crate::cmd::verify::RECONCILE_TIMEOUT)?;
+        if let (Some(url), Some(token)) = (&self.chain_rpc_url, self.token_address) {
+            return reconcile_chain(db, url, token, self.from_block).await;
+        }
+        let provider_url = self.provider_url.clone().unwrap_or_default();
+        let provider = HttpProvider::new(&provider_url, crate::cmd::verify::RECONCILE_TIMEOUT)?;
         let mut conn = db.pool.acquire().await?;
         let comparison = reconcile::reconcile(&mut conn, &provider, Scope::All).await?;
         if self.json {
             let report = Report {
                 ok: comparison.ok(),
-                provider_url: &self.provider_url,
+                provider_url: &provider_url,
                 counts: MismatchKind::ALL
                     .into_iter()
                     .map(|k| (k.as_str(), comparison.of(k).count()))
@@ -76,10 +97,26 @@ impl DbCommand for Args {
             println!("{}", serde_json::to_string_pretty(&report)?);
         } else {
             // Ids, creators and dead letters' errors are the provider's text.
-            print!("{}", printable(&render(&comparison, &self.provider_url)));
+            print!("{}", printable(&render(&comparison, &provider_url)));
         }
         Ok(exit_code(comparison.ok()))
     }
+}
+
+/// `settled reconcile --chain-rpc-url`: each mismatch on a line; exit 1 on any.
+async fn reconcile_chain(db: &Database, url: &str, token: alloy_primitives::Address, from_block: u64) -> Outcome {
+    let rpc = crate::chain::Rpc::new(url)?;
+    let mut conn = db.pool.acquire().await?;
+    let mismatches = crate::chain::reconcile::reconcile(&mut conn, &rpc, token, from_block).await?;
+    if mismatches.is_empty() {
+        println!("reconcile with {url}: the chain and settled agree (token {token:#x}, from block {from_block})");
+    } else {
+        println!("reconcile with {url}: {} mismatches", mismatches.len());
+        for m in &mismatches {
+            println!("  {}", printable(m));
+        }
+    }
+    Ok(exit_code(mismatches.is_empty()))
 }
 
 /// The human rendering: a verdict, the counts, each mismatch by payout

@@ -4,7 +4,7 @@
 //! after 24 hours). settled records each key's first use
 //! (`settlement.provider_keys`, before the first call under it), and
 //! before any call under a key first used longer ago than the window it
-//! finds the payment by its reference instead ([`find`]): it sends again
+//! finds the payment by its reference instead ([`super::Rail::find`]): it sends again
 //! only when the provider certainly has no payment for it
 //! ([`Found::Nothing`]); when the provider cannot say, the key waits for
 //! an operator ([`await_operator`]) and nothing is sent under it.

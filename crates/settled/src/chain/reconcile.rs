@@ -1,0 +1,189 @@
+//! `settled reconcile --chain-rpc-url`: the token's `Transfer` logs from
+//! each hot wallet settled signs for, compared one to one with the payouts
+//! its transactions pay. Every mismatch is named: a transfer no payout
+//! explains (naming the payout it could be a second payment of, when one
+//! pays the same creator the same amount), a transfer in a payout's
+//! transaction to another recipient or of another amount, a paid payout
+//! with no transfer, a confirmed transaction whose receipt is gone. It
+//! reads; it changes nothing.
+
+use std::collections::BTreeMap;
+
+use alloy_primitives::{Address, B256, U256};
+use alloy_sol_types::SolEvent;
+use sqlx::PgConnection;
+
+use super::abi::IERC20;
+use super::rpc::Rpc;
+use super::store::{hex, lower};
+
+/// One transfer read from the chain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Transfer {
+    to: Address,
+    value: U256,
+    tx: B256,
+}
+
+/// A payout settled paid (or is paying) on-chain: its mined transaction.
+#[derive(Debug, Clone, sqlx::FromRow)]
+struct Expected {
+    payout_id: i64,
+    status: String,
+    recipient: String,
+    amount: String,
+    tx_state: String,
+    mined_hash: Option<String>,
+}
+
+/// Compares the chain with the database; the mismatches, each a line
+/// naming what differs.
+pub async fn reconcile(
+    conn: &mut PgConnection,
+    rpc: &Rpc,
+    token: Address,
+    from_block: u64,
+) -> anyhow::Result<Vec<String>> {
+    let chain_id = rpc.chain_id().await?;
+    let senders: Vec<String> = sqlx::query_scalar("SELECT sender FROM settlement.chain_senders WHERE chain_id = $1")
+        .bind(chain_id as i64) // $1
+        .fetch_all(&mut *conn)
+        .await?;
+    let head = rpc.block_number().await?;
+    let mut mismatches = Vec::new();
+    for sender in senders {
+        let sender: Address = sender.parse()?;
+        let transfers = transfers_from(rpc, token, sender, from_block, head).await?;
+        let expected: Vec<Expected> = sqlx::query_as(
+            "SELECT l.payout_id, p.status, l.recipient, l.amount::text AS amount, t.state AS tx_state, t.mined_hash
+             FROM settlement.chain_tx_payouts l
+             JOIN settlement.chain_txs t ON t.id = l.tx_id
+             JOIN settlement.payouts p ON p.id = l.payout_id
+             WHERE t.chain_id = $1 AND t.sender = $2 AND t.token = $3 AND NOT l.given_up
+             ORDER BY l.payout_id",
+        )
+        .bind(chain_id as i64) // $1
+        .bind(lower(sender)) // $2
+        .bind(lower(token)) // $3
+        .fetch_all(&mut *conn)
+        .await?;
+        mismatches.extend(compare(&expected, transfers, from_block));
+        mismatches.extend(receipts_gone(rpc, &expected).await?);
+    }
+    Ok(mismatches)
+}
+
+async fn transfers_from(
+    rpc: &Rpc,
+    token: Address,
+    sender: Address,
+    from: u64,
+    to: u64,
+) -> anyhow::Result<Vec<Transfer>> {
+    let topic1 = B256::left_padding_from(sender.as_slice());
+    let logs = rpc
+        .logs(token, IERC20::Transfer::SIGNATURE_HASH, Some(topic1), from, to)
+        .await?;
+    logs.into_iter()
+        .map(|log| {
+            let transfer = IERC20::Transfer::decode_raw_log(log.topics.iter().copied(), &log.data)?;
+            Ok(Transfer {
+                to: transfer.to,
+                value: transfer.value,
+                tx: log.transaction_hash.unwrap_or_default(),
+            })
+        })
+        .collect()
+}
+
+/// Matches each transfer with a payout of its transaction, one to one.
+fn compare(expected: &[Expected], transfers: Vec<Transfer>, from_block: u64) -> Vec<String> {
+    let mut open: BTreeMap<i64, &Expected> = expected
+        .iter()
+        .filter(|e| e.mined_hash.is_some())
+        .map(|e| (e.payout_id, e))
+        .collect();
+    let mut out = Vec::new();
+    for t in transfers {
+        let in_tx: Vec<&Expected> = open
+            .values()
+            .copied()
+            .filter(|e| e.mined_hash.as_deref() == Some(hex(t.tx).as_str()))
+            .collect();
+        let exact = in_tx
+            .iter()
+            .find(|e| e.recipient == lower(t.to) && e.amount == t.value.to_string());
+        if let Some(e) = exact {
+            open.remove(&e.payout_id);
+            continue;
+        }
+        if let Some(e) = in_tx.first() {
+            out.push(format!(
+                "payout {}: its transaction {} transferred {} to {:#x}, the payout is {} to {}",
+                e.payout_id,
+                hex(t.tx),
+                t.value,
+                t.to,
+                e.amount,
+                e.recipient
+            ));
+            open.remove(&e.payout_id);
+            continue;
+        }
+        let twin = expected
+            .iter()
+            .find(|e| e.recipient == lower(t.to) && e.amount == t.value.to_string());
+        out.push(match twin {
+            Some(e) => format!(
+                "payout {}: paid twice? a transfer of {} to {:#x} in transaction {} is no payout's \
+                 (the payout's transaction is {})",
+                e.payout_id,
+                t.value,
+                t.to,
+                hex(t.tx),
+                e.mined_hash.as_deref().unwrap_or("not mined")
+            ),
+            None => format!(
+                "transfer of {} to {:#x} in transaction {}: no payout explains it",
+                t.value,
+                t.to,
+                hex(t.tx)
+            ),
+        });
+    }
+    for e in open.values() {
+        if e.status == "paid" {
+            out.push(format!(
+                "payout {}: paid, but no transfer from the hot wallet in its transaction {} (from block {from_block})",
+                e.payout_id,
+                e.mined_hash.as_deref().unwrap_or("-")
+            ));
+        }
+    }
+    for e in expected.iter().filter(|e| e.status == "paid" && e.mined_hash.is_none()) {
+        out.push(format!(
+            "payout {}: paid, but its transaction was never mined",
+            e.payout_id
+        ));
+    }
+    out
+}
+
+/// Confirmed transactions whose receipt the node no longer has.
+async fn receipts_gone(rpc: &Rpc, expected: &[Expected]) -> anyhow::Result<Vec<String>> {
+    let mut out = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    for e in expected.iter().filter(|e| e.tx_state == "confirmed") {
+        let Some(hash) = &e.mined_hash else { continue };
+        if !seen.insert(hash.clone()) {
+            continue;
+        }
+        if rpc.receipt(hash.parse()?).await?.is_none() {
+            out.push(format!(
+                "payout {}: its confirmed transaction {hash} has no receipt on the node",
+                e.payout_id
+            ));
+        }
+    }
+    Ok(out)
+}
