@@ -21,13 +21,7 @@ async fn setup() -> (Env, Server, ProviderSim) {
     env.run_ok(&["worker", "--period", "2026-11-28"]);
     let server = env.serve_with(TOKEN, &["--provider-webhook-secret", SECRET]).await;
     let sim = ProviderSim::start(&[]);
-    let r = reqwest::Client::new()
-        .post(format!("{}/v1/webhook-endpoint", sim.url))
-        .json(&json!({ "url": format!("{}/v1/provider-events", server.base), "secret": SECRET }))
-        .send()
-        .await
-        .unwrap();
-    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    sim.post_webhooks_to(&server, SECRET).await;
     (env, server, sim)
 }
 

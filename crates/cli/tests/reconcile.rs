@@ -32,13 +32,7 @@ async fn setup(creators: &str, sim_flags: &[&str], serve: &[&str]) -> (Env, Serv
 }
 
 async fn point_webhooks(sim: &ProviderSim, server: &Server) {
-    let r = reqwest::Client::new()
-        .post(format!("{}/v1/webhook-endpoint", sim.url))
-        .json(&json!({ "url": format!("{}/v1/provider-events", server.base), "secret": SECRET }))
-        .send()
-        .await
-        .unwrap();
-    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    sim.post_webhooks_to(server, SECRET).await;
 }
 
 /// `settled deliver`, looking up payouts sent a second ago.

@@ -47,13 +47,7 @@ async fn setup(sim_flags: &[&str]) -> (Env, Server, ProviderSim) {
 }
 
 async fn point_webhooks(sim: &ProviderSim, server: &Server) {
-    let r = reqwest::Client::new()
-        .post(format!("{}/v1/webhook-endpoint", sim.url))
-        .json(&json!({ "url": format!("{}/v1/provider-events", server.base), "secret": SECRET }))
-        .send()
-        .await
-        .unwrap();
-    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    sim.post_webhooks_to(server, SECRET).await;
 }
 
 /// A payout of [`AMOUNT`], with what it needs to be spoken of.

@@ -204,7 +204,7 @@ effects AS (SELECT creator FROM raised UNION ALL SELECT creator FROM opened)";
 
 /// The creators of the CTE `picked` with an active hold: not paid now. The
 /// engine's one-statement chunk runs it over the rows it claimed; the
-/// several-statement path over the chunk's keys ([`held_creators`]).
+/// several-statement path over the chunk's keys (`held_creators`).
 pub const CHUNK_HELD_SQL: &str = "SELECT h.creator AS key FROM settlement.creator_holds h
      WHERE h.released_at IS NULL AND h.creator IN (SELECT creator FROM picked)";
 

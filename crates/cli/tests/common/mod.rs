@@ -141,6 +141,18 @@ impl ProviderSim {
         panic!("provider-sim did not start");
     }
 
+    /// Points the simulator's webhooks at `server`'s provider-events
+    /// endpoint, signed with `secret`.
+    pub(crate) async fn post_webhooks_to(&self, server: &Server, secret: &str) {
+        let r = reqwest::Client::new()
+            .post(format!("{}/v1/webhook-endpoint", self.url))
+            .json(&serde_json::json!({ "url": format!("{}/v1/provider-events", server.base), "secret": secret }))
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    }
+
     pub(crate) async fn counters(&self) -> serde_json::Value {
         reqwest::get(format!("{}/v1/counters", self.url))
             .await
