@@ -60,7 +60,8 @@ fn the_engine_roots_names_are_the_reviewed_list() {
 
 #[test]
 fn the_list_is_read_from_every_form_of_pub_use() {
-    let lib = "pub mod raw;\n// pub use commented::Out;\npub use a::b::One;\npub use c::{\n    Two, three,\n};\nmod private;";
+    let lib =
+        "pub mod raw;\n// pub use commented::Out;\npub use a::b::One;\npub use c::{\n    Two, three,\n};\nmod private;";
     let names: Vec<String> = root_names(lib).into_iter().collect();
     assert_eq!(names, ["One", "Two", "mod raw", "three"]);
 }
