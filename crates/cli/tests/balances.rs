@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{wait_until, Env, ProviderSim, Server};
+use common::{wait_until, Env, ProviderSim, Server, PERIOD};
 use serde_json::{json, Value};
 
 const TOKEN: &str = "test-token";
@@ -17,8 +17,8 @@ const SECRET: &str = "whsec-balances";
 /// that pays at once and posts its webhooks to the server.
 async fn setup() -> (Env, Server, ProviderSim) {
     let env = Env::new().await;
-    env.run_ok(&["seed", "--period", "2026-11-28", "--creators", "20"]);
-    env.run_ok(&["worker", "--period", "2026-11-28"]);
+    env.seed(20);
+    env.run_ok(&["worker", "--period", PERIOD]);
     let server = env.serve_with(TOKEN, &["--provider-webhook-secret", SECRET]).await;
     let sim = ProviderSim::start(&[]);
     sim.post_webhooks_to(&server, SECRET).await;
@@ -289,8 +289,8 @@ async fn a_creators_statement_adds_up_to_its_balances_through_payouts_a_hold_and
 #[tokio::test(flavor = "multi_thread")]
 async fn a_statement_query_that_cannot_be_read_is_refused_naming_its_field() {
     let env = Env::new().await;
-    env.run_ok(&["seed", "--period", "2026-11-28", "--creators", "3"]);
-    env.run_ok(&["worker", "--period", "2026-11-28"]);
+    env.seed(3);
+    env.run_ok(&["worker", "--period", PERIOD]);
     let server = env.serve(TOKEN).await;
     let creator = env
         .scalar_text("SELECT creator FROM settlement.creator_balance ORDER BY creator LIMIT 1")

@@ -5,21 +5,21 @@ mod common;
 
 use std::time::Duration;
 
-use common::Env;
+use common::{Env, PERIOD};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sigkill_mid_chunk_rolls_back_and_the_rest_settles_once() {
     let env = Env::new().await;
-    env.run_ok(&["seed", "--period", "2026-11-28", "--creators", "3000"]);
+    env.seed(3000);
 
     // Slow chunks: 10 creators x 30 ms of work after the writes, before commit.
     let mut victim = env
         .cmd(&[
             "lab-worker",
             "--period",
-            "2026-11-28",
+            PERIOD,
             "--concurrency",
             "2",
             "--chunk",
@@ -91,7 +91,7 @@ async fn sigkill_mid_chunk_rolls_back_and_the_rest_settles_once() {
     // Survivors finish the period; verify proves each creator paid once.
     let mut rest: Vec<_> = (0..3)
         .map(|_| {
-            env.cmd(&["worker", "--period", "2026-11-28", "--chunk", "50"])
+            env.cmd(&["worker", "--period", PERIOD, "--chunk", "50"])
                 .stdout(std::process::Stdio::null())
                 .spawn()
                 .unwrap()
@@ -100,7 +100,7 @@ async fn sigkill_mid_chunk_rolls_back_and_the_rest_settles_once() {
     for child in &mut rest {
         assert!(common::wait_bounded(child, 180).success());
     }
-    env.run_ok(&["verify", "--period", "2026-11-28"]);
+    env.run_ok(&["verify", "--period", PERIOD]);
     assert_eq!(
         env.scalar_i64("SELECT count(*) FROM settlement.reward_ledger").await,
         3000
@@ -115,7 +115,6 @@ async fn sigkill_mid_chunk_rolls_back_and_the_rest_settles_once() {
 /// still settles exactly once.
 #[tokio::test(flavor = "multi_thread")]
 async fn sigkill_of_the_production_worker_inside_its_chunk_statement_leaves_nothing_and_the_period_settles_once() {
-    const PERIOD: &str = "2026-11-28";
     let env = Env::new().await;
     env.run_ok(&["seed", "--period", PERIOD, "--creators", "3000"]);
     // A creator in the middle of the keys, with a balance row the chunk's

@@ -9,7 +9,7 @@ mod common;
 use std::process::Child;
 use std::time::Duration;
 
-use common::{wait_until, Env, ProviderSim, Server};
+use common::{wait_until, Env, ProviderSim, Server, PERIOD};
 use serde_json::{json, Value};
 
 const TOKEN: &str = "test-token";
@@ -18,8 +18,8 @@ const SECRET: &str = "whsec-test";
 /// A settled period, a server that takes webhooks, a simulator posting them.
 async fn setup(creators: &str, sim_flags: &[&str]) -> (Env, Server, ProviderSim) {
     let env = Env::new().await;
-    env.run_ok(&["seed", "--period", "2026-11-28", "--creators", creators]);
-    env.run_ok(&["worker", "--period", "2026-11-28"]);
+    env.run_ok(&["seed", "--period", PERIOD, "--creators", creators]);
+    env.run_ok(&["worker", "--period", PERIOD]);
     let server = env.serve_with(TOKEN, &["--provider-webhook-secret", SECRET]).await;
     let sim = ProviderSim::start(sim_flags);
     sim.post_webhooks_to(&server, SECRET).await;
@@ -119,7 +119,7 @@ async fn check_final(env: &Env, sim: &ProviderSim) {
             p.idempotency_key
         );
     }
-    env.run_ok(&["verify", "--period", "2026-11-28"]);
+    env.run_ok(&["verify", "--period", PERIOD]);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -377,12 +377,12 @@ async fn a_lost_webhook_is_made_good_by_a_lookup() {
 #[tokio::test(flavor = "multi_thread")]
 async fn leased_settlement_pays_through_the_provider_and_a_failed_payment_returns_the_reward() {
     let env = Env::new().await;
-    env.run_ok(&["seed", "--period", "2026-11-28", "--creators", "60"]);
+    env.seed(60);
     let sim = ProviderSim::start(&["--failure-rate", "0.3"]);
     env.run_ok(&[
         "worker",
         "--period",
-        "2026-11-28",
+        PERIOD,
         "--mode",
         "leased",
         "--provider-url",
@@ -419,7 +419,7 @@ async fn leased_settlement_pays_through_the_provider_and_a_failed_payment_return
         "a balance holds exactly the rewards whose payment failed"
     );
     assert!(count(&env, "SELECT count(*) FROM settlement.payout_returns").await > 0);
-    env.run_ok(&["verify", "--period", "2026-11-28", "--provider-url", &sim.url]);
+    env.run_ok(&["verify", "--period", PERIOD, "--provider-url", &sim.url]);
     env.run_ok(&["verify", "--payouts", "--provider-url", &sim.url]);
     env.run_ok(&["reconcile", "--provider-url", &sim.url]);
     // The provider now says a paid settlement payment is pending: the
@@ -442,7 +442,7 @@ async fn leased_settlement_pays_through_the_provider_and_a_failed_payment_return
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    let out = env.run(&["verify", "--period", "2026-11-28", "--provider-url", &sim.url]);
+    let out = env.run(&["verify", "--period", PERIOD, "--provider-url", &sim.url]);
     let report = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{report}");
     assert!(

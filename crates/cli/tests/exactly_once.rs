@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::Env;
+use common::{Env, PERIOD};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn eight_worker_processes_settle_20000_creators_exactly_once() {
@@ -11,7 +11,7 @@ async fn eight_worker_processes_settle_20000_creators_exactly_once() {
     env.run_ok(&[
         "seed",
         "--period",
-        "2026-11-28",
+        PERIOD,
         "--creators",
         "20000",
         "--seed",
@@ -23,18 +23,10 @@ async fn eight_worker_processes_settle_20000_creators_exactly_once() {
     // Eight processes started at once, small chunks so they contend hard.
     let mut children: Vec<_> = (0..8)
         .map(|_| {
-            env.cmd(&[
-                "worker",
-                "--period",
-                "2026-11-28",
-                "--concurrency",
-                "3",
-                "--chunk",
-                "25",
-            ])
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .expect("spawn worker")
+            env.cmd(&["worker", "--period", PERIOD, "--concurrency", "3", "--chunk", "25"])
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .expect("spawn worker")
         })
         .collect();
     for child in &mut children {
@@ -64,14 +56,14 @@ async fn eight_worker_processes_settle_20000_creators_exactly_once() {
     let run_state = env.scalar_text("SELECT state FROM settled_engine.runs").await;
     assert_eq!(run_state, "finished");
 
-    let out = env.run(&["verify", "--period", "2026-11-28", "--json"]);
+    let out = env.run(&["verify", "--period", PERIOD, "--json"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["ok"], true);
     assert_eq!(report["ledger_total"], report["expected_total"]);
 
     // A late worker finds the run finished and changes nothing.
-    env.run_ok(&["worker", "--period", "2026-11-28"]);
+    env.run_ok(&["worker", "--period", PERIOD]);
     assert_eq!(
         env.scalar_i64("SELECT count(*) FROM settlement.reward_ledger").await,
         20_000
@@ -180,9 +172,9 @@ fn the_database_password_never_appears_in_errors_or_logs() {
 #[tokio::test(flavor = "multi_thread")]
 async fn json_logs_are_one_object_per_line_and_name_the_run_and_scope() {
     let env = Env::new().await;
-    env.run_ok(&["seed", "--period", "2026-11-28", "--creators", "10"]);
+    env.seed(10);
     let out = env
-        .cmd(&["--log-format", "json", "worker", "--period", "2026-11-28"])
+        .cmd(&["--log-format", "json", "worker", "--period", PERIOD])
         .env("SETTLED_LOG", "info")
         .output()
         .unwrap();
@@ -196,7 +188,7 @@ async fn json_logs_are_one_object_per_line_and_name_the_run_and_scope() {
         .iter()
         .find(|l| l["message"] == "working on run")
         .expect("a 'working on run' line");
-    assert_eq!(working["scope"], "2026-11-28");
+    assert_eq!(working["scope"], PERIOD);
     assert!(working["run"].is_number());
 }
 
@@ -251,9 +243,9 @@ fn commands_run_back_to_back_on_the_private_postgres_each_keep_their_server() {
             String::from_utf8_lossy(&out.stderr)
         );
     };
-    run(&["seed", "--period", "2026-11-28", "--creators", "10"]);
+    run(&["seed", "--period", PERIOD, "--creators", "10"]);
     for _ in 0..3 {
-        run(&["status", "--period", "2026-11-28"]);
+        run(&["status", "--period", PERIOD]);
         run(&["runs"]);
     }
 }

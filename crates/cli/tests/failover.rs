@@ -10,13 +10,12 @@ mod common;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{free_port, spawn_server, wait_bounded, ProviderSim, Server, LEASED_FAST, SETTLED};
+use common::{free_port, spawn_server, wait_bounded, ProviderSim, Server, LEASED_FAST, PERIOD, SETTLED};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use settled_testkit::{LocalOptions, LocalPostgres};
 use sqlx::{Connection, PgConnection};
 
-const PERIOD: &str = "2026-11-28";
 const CREATORS: i64 = 6000;
 
 /// A primary and a standby that follows it; both stopped and removed on drop.

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{wait_bounded, Env, Server};
+use common::{wait_bounded, Env, Server, PERIOD};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::{json, Value};
@@ -323,7 +323,7 @@ fn assert_problem(what: &str, got: &(u16, reqwest::header::HeaderMap, String), s
 #[tokio::test(flavor = "multi_thread")]
 async fn every_error_is_problem_json_every_answer_has_security_headers_and_foreign_hosts_are_refused() {
     let env = Env::new().await;
-    env.run_ok(&["seed", "--period", "2026-11-28", "--creators", "5"]);
+    env.seed(5);
     let server = env.serve(TOKEN).await;
     let b = &server.base;
     let c = common::client_with(TOKEN);
@@ -538,8 +538,8 @@ async fn metric(base: &str, name: &str) -> f64 {
 #[tokio::test(flavor = "multi_thread")]
 async fn costly_pages_wait_on_their_own_pool_and_share_one_verification_while_payouts_and_healthz_go_on() {
     let env = Env::new().await;
-    env.run_ok(&["seed", "--period", "2026-11-28", "--creators", "2000"]);
-    env.run_ok(&["worker", "--period", "2026-11-28"]);
+    env.seed(2000);
+    env.run_ok(&["worker", "--period", PERIOD]);
     let run_id = env.scalar_i64("SELECT id FROM settled_engine.runs").await;
     let (creator, _) = sqlx::query_as::<_, (String, String)>(
         "SELECT creator, balance::text FROM settlement.creator_balance ORDER BY balance DESC LIMIT 1",
@@ -594,7 +594,7 @@ async fn costly_pages_wait_on_their_own_pool_and_share_one_verification_while_pa
     while let Some(page) = readers.join_next().await {
         let (status, page) = page.unwrap();
         assert_eq!(status, 200, "{page}");
-        assert!(page.contains("2026-11-28"), "{page}");
+        assert!(page.contains(PERIOD), "{page}");
         if page.contains("verification") {
             assert!(page.contains("every check holds"), "{page}");
             assert!(page.contains("stored report"), "a finished run shows its stored report");
@@ -622,8 +622,8 @@ async fn pay(base: &str, key: &str, body: &Value) -> (u16, Value, bool) {
 }
 
 async fn settled_creator(env: &Env) -> (String, String) {
-    env.run_ok(&["seed", "--period", "2026-11-28", "--creators", "10"]);
-    env.run_ok(&["worker", "--period", "2026-11-28"]);
+    env.seed(10);
+    env.run_ok(&["worker", "--period", PERIOD]);
     sqlx::query_as("SELECT creator, balance::text FROM settlement.creator_balance ORDER BY balance DESC LIMIT 1")
         .fetch_one(&env.pool)
         .await
@@ -766,7 +766,7 @@ async fn a_balance_past_78_digits_keeps_growing_and_a_run_without_a_date_scope_l
     .execute(&env.pool)
     .await
     .unwrap();
-    env.run_ok(&["worker", "--period", "2026-11-28"]);
+    env.run_ok(&["worker", "--period", PERIOD]);
     let status = env
         .scalar_text("SELECT status FROM settlement.token_trade_volume WHERE period = '2026-11-28'")
         .await;
@@ -791,7 +791,7 @@ async fn a_balance_past_78_digits_keeps_growing_and_a_run_without_a_date_scope_l
         .unwrap();
     assert_eq!(page.status(), 200);
     let page = page.text().await.unwrap();
-    assert!(page.contains("not-a-date") && page.contains("2026-11-28"), "{page}");
+    assert!(page.contains("not-a-date") && page.contains(PERIOD), "{page}");
     // Amounts for people: whole tokens (18 decimals) next to base units.
     let paid = env
         .scalar_text("SELECT sum(amount)::text FROM settlement.reward_ledger WHERE period = '2026-11-27'")

@@ -11,13 +11,12 @@ use std::process::{Child, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{wait_until, Env, Server};
+use common::{wait_until, Env, Server, PERIOD};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 const TOKEN: &str = "test-token";
-const PERIOD: &str = "2026-11-28";
 const MIB: u64 = 1024 * 1024;
 
 /// One request the provider received.

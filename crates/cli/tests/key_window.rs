@@ -12,7 +12,7 @@ mod common;
 use std::process::Child;
 use std::time::Duration;
 
-use common::{wait_until, Env, ProviderSim, Server};
+use common::{wait_until, Env, ProviderSim, Server, PERIOD};
 use serde_json::{json, Value};
 
 /// A `settled deliver` process, killed if a failed test leaves it running.
@@ -41,8 +41,8 @@ const WINDOW: &str = "1s";
 
 async fn settled_env() -> (Env, Server) {
     let env = Env::new().await;
-    env.run_ok(&["seed", "--period", "2026-11-28", "--creators", "20"]);
-    env.run_ok(&["worker", "--period", "2026-11-28"]);
+    env.seed(20);
+    env.run_ok(&["worker", "--period", PERIOD]);
     let server = env.serve(TOKEN).await;
     (env, server)
 }
@@ -322,7 +322,7 @@ async fn an_operator_who_found_no_payment_renews_the_key_and_the_replayed_payout
 #[tokio::test(flavor = "multi_thread")]
 async fn a_leased_settlement_item_retried_after_the_providers_key_window_is_paid_once() {
     let env = Env::new().await;
-    env.run_ok(&["seed", "--period", "2026-11-28", "--creators", "5"]);
+    env.seed(5);
     // Every first payment is applied and answered too late; a retry comes
     // after the provider has forgotten the key.
     let sim = ProviderSim::start(&[
@@ -336,7 +336,7 @@ async fn a_leased_settlement_item_retried_after_the_providers_key_window_is_paid
     let out = env.run_ok(&[
         "worker",
         "--period",
-        "2026-11-28",
+        PERIOD,
         "--mode",
         "leased",
         "--provider-url",
@@ -371,7 +371,7 @@ async fn a_leased_settlement_item_retried_after_the_providers_key_window_is_paid
         counters["reference_lookups"].as_u64().unwrap() >= 1,
         "a retry past the window found its payment by reference: {counters}"
     );
-    env.run_ok(&["verify", "--period", "2026-11-28", "--provider-url", &sim.url]);
+    env.run_ok(&["verify", "--period", PERIOD, "--provider-url", &sim.url]);
 }
 
 #[test]

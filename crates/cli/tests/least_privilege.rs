@@ -9,9 +9,7 @@ mod common;
 
 use std::process::Stdio;
 
-use common::{wait_bounded, Env, ProviderSim, LEASED_FAST};
-
-const PERIOD: &str = "2026-11-28";
+use common::{wait_bounded, Env, ProviderSim, LEASED_FAST, PERIOD};
 
 /// Runs `settled ARGS` and requires exit 0 and a verification that holds.
 fn verified(env: &Env, args: &[&str]) {

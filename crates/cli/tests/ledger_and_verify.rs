@@ -5,24 +5,16 @@
 
 mod common;
 
-use common::Env;
+use common::{Env, PERIOD};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use settled::money::{reward, Amount, FeeBps, U256};
 
 async fn settled_period(creators: &str) -> Env {
     let env = Env::new().await;
-    env.run_ok(&[
-        "seed",
-        "--period",
-        "2026-11-28",
-        "--creators",
-        creators,
-        "--fee-bps",
-        "250",
-    ]);
-    env.run_ok(&["worker", "--period", "2026-11-28"]);
-    env.run_ok(&["verify", "--period", "2026-11-28"]);
+    env.run_ok(&["seed", "--period", PERIOD, "--creators", creators, "--fee-bps", "250"]);
+    env.run_ok(&["worker", "--period", PERIOD]);
+    env.run_ok(&["verify", "--period", PERIOD]);
     env
 }
 
@@ -72,7 +64,7 @@ async fn the_ledger_refuses_a_second_row_and_any_edit() {
         env.scalar_i64("SELECT count(*) FROM settlement.reward_ledger").await,
         50
     );
-    env.run_ok(&["verify", "--period", "2026-11-28"]);
+    env.run_ok(&["verify", "--period", PERIOD]);
 }
 
 /// Runs `tamper` with triggers and foreign keys off (what only a superuser
@@ -92,7 +84,7 @@ async fn expect_verify_to_catch(tamper: &str, check: &str) {
         .unwrap();
     drop(conn);
 
-    let out = env.run(&["verify", "--period", "2026-11-28", "--json"]);
+    let out = env.run(&["verify", "--period", PERIOD, "--json"]);
     assert_eq!(out.status.code(), Some(1), "verify passed after: {tamper}");
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["ok"], false);
@@ -114,7 +106,7 @@ async fn expect_verify_to_catch(tamper: &str, check: &str) {
         .unwrap()
         .len();
     assert!(offenders >= 1);
-    let human = env.run(&["verify", "--period", "2026-11-28"]);
+    let human = env.run(&["verify", "--period", PERIOD]);
     assert_eq!(human.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&human.stdout).contains("FAIL"));
 }
@@ -177,7 +169,7 @@ async fn verify_fails_on_a_volume_changed_after_settling() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_volume_raised_before_the_run_is_paid_and_verify_names_the_changed_input() {
     let env = Env::new().await;
-    env.run_ok(&["seed", "--period", "2026-11-28", "--creators", "50"]);
+    env.seed(50);
     sqlx::query(
         "UPDATE settlement.token_trade_volume SET volume = 10::numeric ^ 70
          WHERE creator = (SELECT creator FROM settlement.token_trade_volume ORDER BY creator LIMIT 1)",
@@ -185,8 +177,8 @@ async fn a_volume_raised_before_the_run_is_paid_and_verify_names_the_changed_inp
     .execute(&env.pool)
     .await
     .unwrap();
-    env.run_ok(&["worker", "--period", "2026-11-28"]);
-    let out = env.run(&["--role-per-command", "verify", "--period", "2026-11-28", "--json"]);
+    env.run_ok(&["worker", "--period", PERIOD]);
+    let out = env.run(&["--role-per-command", "verify", "--period", PERIOD, "--json"]);
     assert_eq!(out.status.code(), Some(1));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let failed: Vec<&str> = report["checks"]
@@ -197,7 +189,7 @@ async fn a_volume_raised_before_the_run_is_paid_and_verify_names_the_changed_inp
         .map(|c| c["name"].as_str().unwrap())
         .collect();
     assert_eq!(failed, ["items_match_their_input"], "{report}");
-    let human = env.run(&["verify", "--period", "2026-11-28"]);
+    let human = env.run(&["verify", "--period", PERIOD]);
     let text = String::from_utf8_lossy(&human.stdout);
     assert!(
         text.contains("[FAIL] items_match_their_input") && text.contains("seed and import wrote 50"),
@@ -348,15 +340,7 @@ async fn the_creator_check_accepts_exactly_the_address_form_in_every_table() {
 /// settled by `worker_args`, on a database seeded like every other here.
 async fn settled_by(worker_args: &[&str]) -> (Vec<(String, String, i64, i32)>, Vec<(String, String)>) {
     let env = Env::new().await;
-    env.run_ok(&[
-        "seed",
-        "--period",
-        "2026-11-28",
-        "--creators",
-        "300",
-        "--fee-bps",
-        "250",
-    ]);
+    env.run_ok(&["seed", "--period", PERIOD, "--creators", "300", "--fee-bps", "250"]);
     // 120 of the creators paid before, in an earlier period (the same seed
     // makes the same addresses): their balances are raised, the others'
     // opened.
@@ -371,7 +355,7 @@ async fn settled_by(worker_args: &[&str]) -> (Vec<(String, String, i64, i32)>, V
     ]);
     env.run_ok(&["worker", "--period", "2026-11-27"]);
     env.run_ok(worker_args);
-    env.run_ok(&["verify", "--period", "2026-11-28"]);
+    env.run_ok(&["verify", "--period", PERIOD]);
     let ledger = sqlx::query_as(
         "SELECT creator, amount::text, run_id, attempt FROM settlement.reward_ledger
          WHERE period = '2026-11-28' ORDER BY creator",
@@ -393,17 +377,8 @@ async fn settled_by(worker_args: &[&str]) -> (Vec<(String, String, i64, i32)>, V
 /// writes the same ledger rows and balances.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_period_paid_in_one_statement_per_chunk_or_in_several_writes_the_same_ledger_and_balances() {
-    let one = settled_by(&["worker", "--period", "2026-11-28", "--chunk", "50"]).await;
-    let several = settled_by(&[
-        "lab-worker",
-        "--period",
-        "2026-11-28",
-        "--chunk",
-        "50",
-        "--work-ms",
-        "1",
-    ])
-    .await;
+    let one = settled_by(&["worker", "--period", PERIOD, "--chunk", "50"]).await;
+    let several = settled_by(&["lab-worker", "--period", PERIOD, "--chunk", "50", "--work-ms", "1"]).await;
     assert_eq!(one.0.len(), 300, "a ledger row per creator");
     assert_eq!(one.1.len(), 300, "a balance per creator: 120 raised, 180 opened");
     assert_eq!(one, several, "one statement and several disagree");

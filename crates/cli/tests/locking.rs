@@ -6,13 +6,13 @@ mod common;
 
 use std::time::Duration;
 
-use common::Env;
+use common::{Env, PERIOD};
 use sqlx::{Connection, PgConnection};
 
 /// The engine's own in-transaction claim of ten items (what every worker sends).
 async fn engine_claim(conn: &mut PgConnection, run_id: i64) -> Vec<String> {
     settled::settlement::queue()
-        .claim_chunk_in_tx(conn, "2026-11-28", 10, run_id)
+        .claim_chunk_in_tx(conn, PERIOD, 10, run_id)
         .await
         .unwrap()
         .into_iter()
@@ -22,14 +22,14 @@ async fn engine_claim(conn: &mut PgConnection, run_id: i64) -> Vec<String> {
 
 async fn seeded(creators: &str) -> Env {
     let env = Env::new().await;
-    env.run_ok(&["seed", "--period", "2026-11-28", "--creators", creators]);
+    env.run_ok(&["seed", "--period", PERIOD, "--creators", creators]);
     env
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn skip_locked_claimers_pass_each_other_while_plain_for_update_waits() {
     let env = seeded("100").await;
-    env.run_ok(&["run", "--period", "2026-11-28"]);
+    env.run_ok(&["run", "--period", PERIOD]);
     let run_id = env.scalar_i64("SELECT id FROM settled_engine.runs").await;
     let mut a = PgConnection::connect(&env.db.url).await.unwrap();
     let mut b = PgConnection::connect(&env.db.url).await.unwrap();
@@ -146,7 +146,7 @@ async fn offset_paging_locks_every_row_it_skips() {
 
     // The engine's claim locks exactly the rows it returns.
     sqlx::query("BEGIN").execute(&mut pager).await.unwrap();
-    env.run_ok(&["run", "--period", "2026-11-28"]);
+    env.run_ok(&["run", "--period", PERIOD]);
     let run_id = env.scalar_i64("SELECT id FROM settled_engine.runs").await;
     let claimed = engine_claim(&mut pager, run_id).await;
     let locked: i64 = sqlx::query_scalar("SELECT count(*) FROM pgrowlocks('settlement.token_trade_volume_p20261128')")

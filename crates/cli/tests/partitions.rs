@@ -7,7 +7,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{wait_bounded, wait_until, Env, ProviderSim, LEASED_FAST};
+use common::{wait_bounded, wait_until, Env, ProviderSim, LEASED_FAST, PERIOD};
 use settled_testkit::{CommitFault, FaultPlan, PgProxy};
 
 /// The migrations before the partitioning one, both crates', in version order.
@@ -165,8 +165,8 @@ async fn an_unpartitioned_database_with_settled_periods_moves_to_partitions_and_
 
     // The period that was waiting settles on the new layout, and balances
     // (carried across both periods) still prove.
-    env.run_ok(&["run", "--period", "2026-11-28", "--wait"]);
-    let verified = env.run_ok(&["verify", "--period", "2026-11-28"]);
+    env.run_ok(&["run", "--period", PERIOD, "--wait"]);
+    let verified = env.run_ok(&["verify", "--period", PERIOD]);
     assert!(verified.contains("OK, every check holds"), "{verified}");
     assert_eq!(
         env.scalar_i64("SELECT count(*) FROM settlement.reward_ledger_p20261128")
@@ -191,7 +191,7 @@ async fn archive_round_trips_through_verify_refuses_unfinished_periods_and_an_ar
     // A run in progress (started, nobody working it): refused, with the
     // items that have no run at all, and nothing archived.
     env.run_ok(&["run", "--period", "2026-11-27"]);
-    let refused = env.run(&["archive", "--before", "2026-11-28", "--dir", dir_arg]);
+    let refused = env.run(&["archive", "--before", PERIOD, "--dir", dir_arg]);
     assert_eq!(refused.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(stderr.contains("2026-11-27: its run is running"), "{stderr}");
@@ -301,7 +301,7 @@ async fn archive_round_trips_through_verify_refuses_unfinished_periods_and_an_ar
     );
 
     // --drop-ledger: the file is the record, the partition goes.
-    let out = env.run_ok(&["archive", "--before", "2026-11-28", "--dir", dir_arg, "--drop-ledger"]);
+    let out = env.run_ok(&["archive", "--before", PERIOD, "--dir", dir_arg, "--drop-ledger"]);
     assert!(out.contains("archived 2026-11-27: 150 ledger rows"), "{out}");
     assert_eq!(
         env.scalar_i64("SELECT count(*) FROM pg_class WHERE relname = 'reward_ledger_p20261127'")

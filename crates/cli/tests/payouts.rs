@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::Env;
+use common::{Env, PERIOD};
 use serde_json::{json, Value};
 use settled::payouts::word::REFUSAL;
 use settled::payouts::{PayoutRow, PayoutState, ProviderWord, Source};
@@ -17,8 +17,8 @@ const TOKEN: &str = "test-token";
 /// A period settled for `n` creators; returns the richest creator and its balance.
 async fn settled_env(n: &str) -> (Env, String, String) {
     let env = Env::new().await;
-    env.run_ok(&["seed", "--period", "2026-11-28", "--creators", n]);
-    env.run_ok(&["worker", "--period", "2026-11-28"]);
+    env.run_ok(&["seed", "--period", PERIOD, "--creators", n]);
+    env.run_ok(&["worker", "--period", PERIOD]);
     let (creator, balance): (String, String) =
         sqlx::query_as("SELECT creator, balance::text FROM settlement.creator_balance ORDER BY balance DESC LIMIT 1")
             .fetch_one(&env.pool)
@@ -88,7 +88,7 @@ async fn a_payout_commits_its_debit_row_and_delivery_job_together_with_its_histo
         .unwrap();
     assert_eq!(shown["history"][0]["to_state"], "queued", "{shown}");
     assert!(shown["history"][0]["from_state"].is_null(), "{shown}");
-    env.run_ok(&["verify", "--period", "2026-11-28"]);
+    env.run_ok(&["verify", "--period", PERIOD]);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -208,7 +208,7 @@ async fn an_unconfirmed_payout_expires_or_is_cancelled_and_its_funds_come_back_o
         env.scalar_i64("SELECT count(*) FROM settlement.payout_returns").await,
         2
     );
-    env.run_ok(&["verify", "--period", "2026-11-28"]);
+    env.run_ok(&["verify", "--period", PERIOD]);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -275,7 +275,7 @@ async fn the_database_refuses_every_change_the_state_machine_does_not_allow() {
         env.scalar_i64("SELECT count(*) FROM settlement.payout_returns").await,
         0
     );
-    env.run_ok(&["verify", "--period", "2026-11-28"]);
+    env.run_ok(&["verify", "--period", PERIOD]);
 }
 
 #[tokio::test(flavor = "multi_thread")]

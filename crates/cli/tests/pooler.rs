@@ -8,13 +8,11 @@ mod common;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{free_port, spawn_server, wait_bounded, Env, Server, SETTLED};
+use common::{free_port, spawn_server, wait_bounded, Env, Server, PERIOD, SETTLED};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::{json, Value};
 use settled_testkit::{PgBouncer, TestDb};
-
-const PERIOD: &str = "2026-11-28";
 
 /// `settled ARGS` through the pooler, in transaction-pooler mode.
 fn pooled(url: &str, args: &[&str]) -> std::process::Command {

@@ -10,12 +10,11 @@ mod common;
 use std::collections::HashSet;
 use std::process::{Child, Output};
 
-use common::{free_port, wait_until, Env, ProviderSim, Server};
+use common::{free_port, wait_until, Env, ProviderSim, Server, PERIOD};
 use serde_json::{json, Value};
 
 const TOKEN: &str = "test-token";
 const SECRET: &str = "whsec-test";
-const PERIOD: &str = "2026-11-28";
 
 /// A settled period for `creators`, a server taking webhooks (with `serve`
 /// flags), and a simulator posting them to it.

@@ -5,11 +5,9 @@ mod common;
 
 use std::process::Stdio;
 
-use common::{wait_until, Env, ProviderSim, LEASED_FAST};
+use common::{wait_until, Env, ProviderSim, LEASED_FAST, PERIOD};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-
-const PERIOD: &str = "2026-11-28";
 
 fn worker(env: &Env, extra: &[&str]) -> std::process::Child {
     let mut args = vec!["lab-worker", "--period", PERIOD];

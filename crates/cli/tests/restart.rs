@@ -6,7 +6,7 @@ mod common;
 
 use std::process::{Command, Stdio};
 
-use common::own_server;
+use common::{own_server, PERIOD};
 use sqlx::{Connection, PgConnection};
 
 /// `settled ARGS` on `url`, logging errors only.
@@ -23,13 +23,13 @@ fn settled_on(url: &str, args: &[&str]) -> Command {
 async fn workers_survive_a_postgres_restart_mid_run() {
     let (server, url) = own_server("restart_test").await;
     let settled = |args: &[&str]| settled_on(&url, args);
-    assert!(settled(&["seed", "--period", "2026-11-28", "--creators", "2000"])
+    assert!(settled(&["seed", "--period", PERIOD, "--creators", "2000"])
         .status()
         .unwrap()
         .success());
 
     for mode in ["tx", "leased"] {
-        let period = if mode == "tx" { "2026-11-28" } else { "2026-11-27" };
+        let period = if mode == "tx" { PERIOD } else { "2026-11-27" };
         if mode == "leased" {
             assert!(settled(&["seed", "--period", period, "--creators", "2000"])
                 .status()
@@ -233,7 +233,7 @@ async fn give_up_after_the_outage_limit(mode_flags: &[&str], finisher: &[&str]) 
     let settled = |args: &[&str]| settled_on(&url, args);
     // Enough creators, in small chunks, that the database stops mid-run:
     // each claim loop is in a chunk or about to claim one.
-    assert!(settled(&["seed", "--period", "2026-11-28", "--creators", "20000"])
+    assert!(settled(&["seed", "--period", PERIOD, "--creators", "20000"])
         .status()
         .unwrap()
         .success());
@@ -242,7 +242,7 @@ async fn give_up_after_the_outage_limit(mode_flags: &[&str], finisher: &[&str]) 
         &[
             "lab-worker",
             "--period",
-            "2026-11-28",
+            PERIOD,
             "--chunk",
             "100",
             "--work-ms",
@@ -291,12 +291,12 @@ async fn give_up_after_the_outage_limit(mode_flags: &[&str], finisher: &[&str]) 
     assert!(stderr.contains("unavailable"), "the error names the outage: {stderr}");
     // Back: another worker finishes the run, every creator paid once.
     tokio::task::block_in_place(|| server.restart()).unwrap();
-    let mut finishing = settled(&[finisher, &["--period", "2026-11-28"]].concat())
+    let mut finishing = settled(&[finisher, &["--period", PERIOD]].concat())
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
     assert!(tokio::task::block_in_place(|| common::wait_bounded(&mut finishing, 120)).success());
-    let out = settled(&["verify", "--period", "2026-11-28"]).output().unwrap();
+    let out = settled(&["verify", "--period", PERIOD]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
     let mut conn = PgConnection::connect(&url).await.unwrap();
     let paid: i64 = sqlx::query_scalar("SELECT count(DISTINCT creator) FROM settlement.reward_ledger")

@@ -11,7 +11,7 @@ mod common;
 
 use std::process::Child;
 
-use common::{wait_until, Env, ProviderSim, Server};
+use common::{wait_until, Env, ProviderSim, Server, PERIOD};
 use serde_json::{json, Value};
 
 /// A `settled deliver` process, killed if a failed test leaves it running.
@@ -38,8 +38,8 @@ const AMOUNT: &str = "1000";
 /// A settled period, a server that takes webhooks, a simulator posting them.
 async fn setup(sim_flags: &[&str]) -> (Env, Server, ProviderSim) {
     let env = Env::new().await;
-    env.run_ok(&["seed", "--period", "2026-11-28", "--creators", "20"]);
-    env.run_ok(&["worker", "--period", "2026-11-28"]);
+    env.seed(20);
+    env.run_ok(&["worker", "--period", PERIOD]);
     let server = env.serve_with(TOKEN, &["--provider-webhook-secret", SECRET]).await;
     let sim = ProviderSim::start(sim_flags);
     point_webhooks(&sim, &server).await;

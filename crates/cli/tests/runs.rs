@@ -8,7 +8,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use chrono::{DateTime, Timelike, Utc};
-use common::{wait_until, Env};
+use common::{wait_until, Env, PERIOD};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
@@ -175,13 +175,13 @@ async fn two_periods_due_at_once_run_one_after_the_other() {
 #[tokio::test(flavor = "multi_thread")]
 async fn cancel_stops_claims_and_gives_back_leases_then_run_resumes() {
     let env = Env::new().await;
-    env.run_ok(&["seed", "--period", "2026-11-28", "--creators", "400"]);
-    let out = env.run_ok(&["run", "--period", "2026-11-28"]);
+    env.seed(400);
+    let out = env.run_ok(&["run", "--period", PERIOD]);
     assert!(out.contains("started run"), "{out}");
     let mut args = vec![
         "lab-worker",
         "--period",
-        "2026-11-28",
+        PERIOD,
         "--chunk",
         "10",
         "--work-ms",
@@ -201,7 +201,7 @@ async fn cancel_stops_claims_and_gives_back_leases_then_run_resumes() {
             > 0
     })
     .await;
-    let out = env.run_ok(&["run", "--period", "2026-11-28", "--cancel"]);
+    let out = env.run_ok(&["run", "--period", PERIOD, "--cancel"]);
     assert!(out.contains("cancelled"), "{out}");
     assert!(common::wait_bounded(&mut worker, 180).success());
     assert_eq!(
@@ -218,9 +218,9 @@ async fn cancel_stops_claims_and_gives_back_leases_then_run_resumes() {
         "cancelled"
     );
 
-    let out = env.run_ok(&["run", "--period", "2026-11-28", "--wait"]);
+    let out = env.run_ok(&["run", "--period", PERIOD, "--wait"]);
     assert!(out.contains("resumed") && out.contains("finished"), "{out}");
-    env.run_ok(&["verify", "--period", "2026-11-28"]);
+    env.run_ok(&["verify", "--period", PERIOD]);
     let workers = env.run_ok(&["workers", "--json"]);
     let list: serde_json::Value = serde_json::from_str(&workers).unwrap();
     assert!(
@@ -233,8 +233,8 @@ async fn cancel_stops_claims_and_gives_back_leases_then_run_resumes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn workers_draining_at_once_finish_the_run_once_with_one_report() {
     let env = Env::new().await;
-    env.run_ok(&["seed", "--period", "2026-11-28", "--creators", "2000"]);
-    env.run_ok(&["worker", "--period", "2026-11-28", "--chunk", "500"]);
+    env.seed(2000);
+    env.run_ok(&["worker", "--period", PERIOD, "--chunk", "500"]);
     // Everything is settled; put the run back to running, as if its last
     // chunks had just committed on every worker at the same moment.
     sqlx::query(
@@ -244,7 +244,7 @@ async fn workers_draining_at_once_finish_the_run_once_with_one_report() {
     .await
     .unwrap();
     let run_id = env.scalar_i64("SELECT id FROM settled_engine.runs").await;
-    let period = settled::period::Period::parse("2026-11-28").unwrap();
+    let period = settled::period::Period::parse(PERIOD).unwrap();
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(40)
         .connect(&env.db.url)

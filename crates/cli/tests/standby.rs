@@ -9,11 +9,9 @@ mod common;
 
 use std::process::Stdio;
 
-use common::{free_port, spawn_server, Env, Server, SETTLED};
+use common::{free_port, spawn_server, Env, Server, PERIOD, SETTLED};
 use settled_testkit::{LocalOptions, LocalPostgres};
 use sqlx::{Connection, PgConnection};
-
-const PERIOD: &str = "2026-11-28";
 
 /// A primary and a standby following it; both stopped and removed on drop.
 struct Pair {

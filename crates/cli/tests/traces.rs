@@ -15,7 +15,7 @@ use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use axum::Router;
-use common::{wait_until, Env, Server};
+use common::{wait_until, Env, Server, PERIOD};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
 use opentelemetry_proto::tonic::common::v1::KeyValue;
@@ -25,7 +25,6 @@ use serde_json::{json, Value};
 
 const TOKEN: &str = "test-token";
 const SECRET: &str = "whsec-test";
-const PERIOD: &str = "2026-11-28";
 /// The client's trace: the payout request's `traceparent`.
 const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const CLIENT_SPAN: &str = "00f067aa0ba902b7";

@@ -10,6 +10,9 @@ use sqlx::PgPool;
 /// The `settled` binary built for these tests.
 pub(crate) const SETTLED: &str = env!("CARGO_BIN_EXE_settled");
 
+/// The period most tests settle.
+pub(crate) const PERIOD: &str = "2026-11-28";
+
 /// A fresh database with the migrations applied, and a pool on it.
 pub(crate) struct Env {
     pub db: TestDb,
@@ -83,6 +86,12 @@ impl Env {
     }
 
     /// Runs `settled ARGS` and requires exit 0.
+    /// Seeds `creators` creators' trade volumes into [`PERIOD`] (`settled
+    /// seed`), and returns what it printed.
+    pub(crate) fn seed(&self, creators: u64) -> String {
+        self.run_ok(&["seed", "--period", PERIOD, "--creators", &creators.to_string()])
+    }
+
     pub(crate) fn run_ok(&self, args: &[&str]) -> String {
         let out = self.run(args);
         assert!(
