@@ -18,7 +18,7 @@ use chain_support::{count, deliver, queued_payouts, rpc, Deliverer, TestChain, H
 use common::{wait_until, Env, Server};
 use serde_json::json;
 
-const TOKEN: &str = "ops-token";
+const TOKEN: &str = common::BROWSER_TOKEN;
 const GWEI: u64 = 1_000_000_000;
 
 async fn mine(chain: &TestChain) {
@@ -118,6 +118,37 @@ async fn paid_through_a_replacement_and_a_reorg(env: &Env, chain: &TestChain, se
     deliverer
 }
 
+/// The `/chain` page as headless Chromium renders it (when installed; CI
+/// installs it), and a screenshot.
+fn in_a_browser(server: &Server, tx_id: i64, mined: &str) {
+    let Some(browser) = common::chromium() else {
+        assert!(
+            std::env::var("CI").is_err(),
+            "CI must have chromium (.ci/run installs it)"
+        );
+        eprintln!("skipped the browser: no chromium here (apt-get install chromium)");
+        return;
+    };
+    let profile = tempfile::tempdir().unwrap();
+    let url = format!("{}/chain", server.base);
+    let dom = common::browse(&browser, profile.path(), &["--dump-dom"], &url);
+    assert!(dom.contains(&format!("id=\"tx-{tx_id}\"")), "{dom}");
+    assert!(
+        dom.contains(&format!("data-hash=\"{mined}\" data-mined=\"true\"")),
+        "{dom}"
+    );
+    let shots = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/screenshots");
+    std::fs::create_dir_all(&shots).unwrap();
+    let shot = shots.join("dashboard-chain.png");
+    common::browse(
+        &browser,
+        profile.path(),
+        &[&format!("--screenshot={}", shot.display())],
+        &url,
+    );
+    assert!(shot.exists());
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn metrics_the_chain_page_and_verify_follow_a_replacement_a_reorg_and_a_transfer_outside_settled() {
     let env = Env::new().await;
@@ -189,6 +220,7 @@ async fn metrics_the_chain_page_and_verify_follow_a_replacement_a_reorg_and_a_tr
     assert!(get(&server, &format!("/chain?tx={tx_id}"))
         .await
         .contains(&format!("id=\"tx-{tx_id}\"")));
+    in_a_browser(&server, tx_id, &mined);
 
     // verify with the chain: clean; then a transfer from the hot wallet
     // outside settled, to the paid creator, of its amount.

@@ -9,7 +9,10 @@ use crate::chain::listing::{Listed, Page};
 
 fn block(l: &Listed) -> Markup {
     match (l.tx.block_number, &l.tx.block_hash) {
-        (Some(n), Some(hash)) => html! { (n) br; span.mono { (hash) } },
+        (Some(n), Some(hash)) => html! {
+            (n) br;
+            span.mono title=(hash) data-block-hash=(hash) { (hash.get(..10).unwrap_or(hash)) "…" }
+        },
         _ => html! { "-" },
     }
 }
