@@ -125,3 +125,44 @@ pub fn text(wallets: &[WalletGauges]) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wallet(sender: &str, watched: bool) -> WalletGauges {
+        WalletGauges {
+            chain_id: 1,
+            sender: sender.to_string(),
+            in_flight: 2,
+            oldest_in_flight_secs: 12.5,
+            reorgs: 3,
+            gas_balance: watched
+                .then(|| "115792089237316195423570985008687907853269984665640564039457584007913129639935".into()),
+            observed_age_secs: watched.then_some(1.0),
+            reconcile_mismatches: watched.then_some(0),
+            reconciled_age_secs: watched.then_some(2.0),
+        }
+    }
+
+    #[test]
+    fn each_family_is_written_once_with_a_series_per_wallet_that_has_a_value_and_exact_amounts() {
+        assert_eq!(text(&[]), "");
+        let out = text(&[wallet("0xaa", true), wallet("0xbb", false)]);
+        for (name, kind, _, _) in FAMILIES {
+            assert_eq!(out.matches(&format!("# TYPE {name} {kind}\n")).count(), 1, "{out}");
+        }
+        assert!(
+            out.contains("settled_chain_reorgs_total{chain_id=\"1\",sender=\"0xbb\"} 3\n"),
+            "{out}"
+        );
+        assert!(out.contains("settled_chain_oldest_in_flight_seconds{chain_id=\"1\",sender=\"0xaa\"} 12.500\n"));
+        let gas = "settled_chain_gas_balance_wei{chain_id=\"1\",sender=\"0xaa\"} 115792089237316195423570985008687907853269984665640564039457584007913129639935\n";
+        assert!(out.contains(gas), "the balance as the database's exact integer: {out}");
+        assert!(
+            !out.contains("settled_chain_gas_balance_wei{chain_id=\"1\",sender=\"0xbb\"}"),
+            "never watched: no series"
+        );
+        assert!(!out.contains("settled_chain_reconcile_mismatches{chain_id=\"1\",sender=\"0xbb\"}"));
+    }
+}
