@@ -51,14 +51,13 @@ pub async fn record_gas(pool: &PgPool, chain: &Chain) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// How long after a reconciliation that found mismatches the second one
-/// runs: long enough for the heads follower to record what moved.
-pub const RECHECK_AFTER: Duration = Duration::from_secs(2);
-
 /// Reconciles the chain with the payouts (every sender of the chain, from
 /// block 0) and records how many mismatches, and the first.
 pub async fn record_reconcile(pool: &PgPool, chain: &Chain) -> anyhow::Result<()> {
-    let mismatches = lasting_mismatches(pool, chain).await?;
+    let mismatches = {
+        let mut conn = pool.acquire().await?;
+        super::reconcile::lasting_mismatches(&mut conn, &chain.rpc, chain.token, 0).await?
+    };
     if let Some(first) = mismatches.first() {
         tracing::error!(mismatches = mismatches.len(), first = %first, "chain watch: the chain and settled disagree");
     }
@@ -78,22 +77,4 @@ pub async fn record_reconcile(pool: &PgPool, chain: &Chain) -> anyhow::Result<()
         "no wallet row to record the reconciliation in"
     );
     Ok(())
-}
-
-/// The mismatches a reconciliation finds, kept only when a second one
-/// [`RECHECK_AFTER`] later finds them too: the logs are read before the
-/// database, so a transaction mined or reorged out between the two reads
-/// looks like a mismatch once, and an alert must not fire on that.
-async fn lasting_mismatches(pool: &PgPool, chain: &Chain) -> anyhow::Result<Vec<String>> {
-    let once = || async {
-        let mut conn = pool.acquire().await?;
-        super::reconcile::reconcile(&mut conn, &chain.rpc, chain.token, 0).await
-    };
-    let first = once().await?;
-    if first.is_empty() {
-        return Ok(first);
-    }
-    tokio::time::sleep(RECHECK_AFTER).await;
-    let second = once().await?;
-    Ok(second.into_iter().filter(|m| first.contains(m)).collect())
 }

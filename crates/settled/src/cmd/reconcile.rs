@@ -107,7 +107,7 @@ impl DbCommand for Args {
 async fn reconcile_chain(db: &Database, url: &str, token: alloy_primitives::Address, from_block: u64) -> Outcome {
     let rpc = crate::chain::Rpc::new(url)?;
     let mut conn = db.pool.acquire().await?;
-    let mismatches = crate::chain::reconcile::reconcile(&mut conn, &rpc, token, from_block).await?;
+    let mismatches = crate::chain::reconcile::lasting_mismatches(&mut conn, &rpc, token, from_block).await?;
     if mismatches.is_empty() {
         println!("reconcile with {url}: the chain and settled agree (token {token:#x}, from block {from_block})");
     } else {

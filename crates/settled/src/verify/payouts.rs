@@ -195,7 +195,7 @@ pub async fn verify_payouts(
         checks.extend(comparison.checks());
     }
     let chain = match chain {
-        Some(side) => Some(crate::chain::reconcile::reconcile(conn, side.rpc, side.token, 0).await?),
+        Some(side) => Some(crate::chain::reconcile::lasting_mismatches(conn, side.rpc, side.token, 0).await?),
         None => None,
     };
     if let Some(mismatches) = &chain {
