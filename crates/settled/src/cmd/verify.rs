@@ -57,11 +57,12 @@ pub struct Args {
     provider_url: Option<String>,
     /// With --payouts: also compare the payouts paid on-chain with the
     /// token's Transfer logs from the hot wallet, through this node's
-    /// JSON-RPC.
-    #[arg(long, env = "SETTLED_CHAIN_RPC_URL", requires_all = ["token_address", "payouts"])]
+    /// JSON-RPC. (No environment variable: a deliverer's
+    /// SETTLED_CHAIN_RPC_URL must not turn every verify into this one.)
+    #[arg(long, requires = "token_address", conflicts_with_all = ["period", "archive"])]
     chain_rpc_url: Option<String>,
     /// The ERC-20 token paid out (with --chain-rpc-url).
-    #[arg(long, env = "SETTLED_TOKEN_ADDRESS", requires = "chain_rpc_url", value_parser = crate::chain::parse_address)]
+    #[arg(long, requires = "chain_rpc_url", value_parser = crate::chain::parse_address)]
     token_address: Option<alloy_primitives::Address>,
 }
 
