@@ -13,7 +13,9 @@
 //! heads (inclusion, reorgs, the confirmation depth) and moves payouts
 //! through the payout state machine's own functions, `rail.rs` is the
 //! [`crate::payouts::Rail`] delivery calls, `store.rs` holds the
-//! statements. It never moves a payout but through `payouts::apply_word`,
+//! statements; `reconcile.rs` compares the chain with the payouts,
+//! `watch.rs` records the wallet for the metrics, `metrics.rs` and
+//! `listing.rs` are what `settled serve` reads. It never moves a payout but through `payouts::apply_word`,
 //! and never signs a second transaction for a payout.
 
 use std::path::PathBuf;
