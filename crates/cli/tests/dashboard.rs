@@ -4,10 +4,10 @@
 mod common;
 
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
-use common::{free_port, Env, Server};
+use common::{browse, chromium, free_port, Env, Server};
 use sqlx::{Connection, PgConnection};
 
 async fn serve(env: &Env) -> Server {
@@ -105,37 +105,6 @@ async fn every_page_answers_with_its_content() {
     assert!(runs.contains("running") && runs.contains("data-done=\"29\""), "{runs}");
 }
 
-/// Headless Chromium, as the Debian package installs it (CI installs it).
-fn chromium() -> Option<PathBuf> {
-    ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
-        .iter()
-        .map(PathBuf::from)
-        .find(|p| p.exists())
-}
-
-fn browse(browser: &PathBuf, profile: &std::path::Path, args: &[&str], url: &str) -> String {
-    let out = Command::new(browser)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--window-size=1280,800",
-        ])
-        .arg(format!("--user-data-dir={}", profile.display()))
-        .args(args)
-        // Every page needs the token: HTTP Basic's password, in the URL.
-        .arg(url.replacen("http://", "http://operator:t0ken@", 1))
-        .stderr(Stdio::null())
-        .output()
-        .expect("run chromium");
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 fn first_done(dom: &str) -> u64 {
     let start = dom.find("data-done=\"").expect("a progress bar") + "data-done=\"".len();
     dom[start..].split('"').next().unwrap().parse().unwrap()
@@ -190,6 +159,18 @@ async fn a_browser_sees_the_run_advance_and_a_waiting_backend_in_the_lock_view()
     assert!(shot.exists());
     let _ = worker.kill();
     let _ = worker.wait();
+    // The chain page, in the navigation, with nothing paid on a chain yet
+    // (crates/cli/tests/chain_ops.rs loads it with a real transaction).
+    let chain = browse(
+        &browser,
+        profile.path(),
+        &["--dump-dom"],
+        &format!("{}/chain", server.base),
+    );
+    assert!(
+        chain.contains("<h1>chain transactions</h1>") && chain.contains("No transactions."),
+        "{chain}"
+    );
 
     // The three-connection scenario: A and B claim with SKIP LOCKED, C waits with FOR UPDATE.
     let claim = "SELECT creator FROM settlement.token_trade_volume WHERE period = '2026-11-28' AND status = 'eligible'

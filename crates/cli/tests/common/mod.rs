@@ -382,3 +382,38 @@ pub(crate) fn client_with(token: &str) -> reqwest::Client {
         .build()
         .expect("a client")
 }
+
+/// Headless Chromium, as the Debian package installs it (CI installs it).
+pub(crate) fn chromium() -> Option<std::path::PathBuf> {
+    ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
+        .iter()
+        .map(std::path::PathBuf::from)
+        .find(|p| p.exists())
+}
+
+/// The API token `browse` gives as HTTP Basic's password: serve with it.
+pub(crate) const BROWSER_TOKEN: &str = "t0ken";
+
+/// Chromium's `--dump-dom` (or what `args` ask) of `url`, as the operator.
+pub(crate) fn browse(browser: &std::path::PathBuf, profile: &std::path::Path, args: &[&str], url: &str) -> String {
+    let out = Command::new(browser)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--window-size=1280,800",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(args)
+        // Every page needs the token: HTTP Basic's password, in the URL.
+        .arg(url.replacen("http://", &format!("http://operator:{BROWSER_TOKEN}@"), 1))
+        .stderr(Stdio::null())
+        .output()
+        .expect("run chromium");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}

@@ -12,6 +12,7 @@
 //! (`settled_payouts{state}`, `settled_payouts_amount{state}`,
 //! `settled_payout_oldest_sent_seconds`, `settled_payouts_returned_total`,
 //! `settled_provider_keys_awaiting_operator`,
+//! the chain rail's `settled_chain_*` ([`crate::chain::metrics`]),
 //! ...): amounts are written as the database's exact integers, never
 //! through a float. So are the newest finished run's verification and `settled_database_up`
 //! ([`crate::watch`]). While the database does not answer, a scrape gets
@@ -68,6 +69,7 @@ struct Snapshot {
     queues: Vec<crate::queues::QueueView>,
     due: crate::watch::RunsDue,
     due_secs: f64,
+    chain: Vec<crate::chain::metrics::WalletGauges>,
 }
 
 async fn snapshot(state: &AppState) -> anyhow::Result<Snapshot> {
@@ -99,7 +101,9 @@ async fn snapshot(state: &AppState) -> anyhow::Result<Snapshot> {
     let payouts = crate::payouts::overview::overview(&mut conn).await?;
     let ledger_entries = items.get(ItemStatus::Settled);
     let queues = crate::queues::overview(&mut conn).await?;
+    let chain = crate::chain::metrics::gauges(&mut conn).await?;
     Ok(Snapshot {
+        chain,
         items,
         runs,
         workers,
@@ -160,6 +164,7 @@ pub async fn serve(State(state): State<AppState>) -> Response {
     let mut text = handle().render();
     text.push_str(&queue_metrics(&s.queues));
     text.push_str(&payout_metrics(&s.payouts));
+    text.push_str(&crate::chain::metrics::text(&s.chain));
     text.push_str(&crate::watch::verification_text(&state.verification));
     text.push_str(&crate::watch::database_up_text(true));
     text_response(text)

@@ -156,6 +156,7 @@ pub fn dashboard_routes() -> Router<AppState> {
         .route("/payouts", get(dashboard::payouts))
         .route("/payouts/{id}", get(dashboard::find::payout))
         .route("/dashboard/payouts/{id}/cancel", post(dashboard::find::cancel_payout))
+        .route("/chain", get(dashboard::find::chain))
         .route("/holds", get(dashboard::find::holds))
         .route("/dashboard/holds", post(dashboard::find::place_hold))
         .route("/dashboard/holds/{id}/release", post(dashboard::find::release_hold))

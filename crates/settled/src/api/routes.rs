@@ -78,6 +78,7 @@ pub const ROUTES: &[Route] = &[
     route("GET", "/payouts", VIEWER),
     route("GET", "/payouts/{id}", VIEWER),
     route("POST", "/dashboard/payouts/{id}/cancel", APP),
+    route("GET", "/chain", VIEWER),
     route("GET", "/holds", VIEWER),
     route("POST", "/dashboard/holds", APP),
     route("POST", "/dashboard/holds/{id}/release", APP),

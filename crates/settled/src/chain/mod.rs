@@ -13,7 +13,9 @@
 //! heads (inclusion, reorgs, the confirmation depth) and moves payouts
 //! through the payout state machine's own functions, `rail.rs` is the
 //! [`crate::payouts::Rail`] delivery calls, `store.rs` holds the
-//! statements. It never moves a payout but through `payouts::apply_word`,
+//! statements; `reconcile.rs` compares the chain with the payouts,
+//! `watch.rs` records the wallet for the metrics, `metrics.rs` and
+//! `listing.rs` are what `settled serve` reads. It never moves a payout but through `payouts::apply_word`,
 //! and never signs a second transaction for a payout.
 
 use std::path::PathBuf;
@@ -25,12 +27,15 @@ use sqlx::PgPool;
 pub mod abi;
 pub mod broadcast;
 pub mod confirm;
+pub mod listing;
+pub mod metrics;
 pub mod rail;
 pub mod reconcile;
 pub mod rpc;
 pub mod sign;
 pub mod store;
 pub mod wallet;
+pub mod watch;
 
 pub use rail::ChainRail;
 pub use rpc::Rpc;
@@ -83,7 +88,23 @@ pub struct ChainFlags {
     #[arg(long, default_value_t = DEFAULT_BATCH_MAX, requires = "batch_contract",
           value_parser = clap::value_parser!(u32).range(2..=1_000))]
     pub batch_max: u32,
+    /// How often the hot wallet's gas balance is read from the node and
+    /// recorded for `settled serve`'s metrics, in seconds.
+    #[arg(long, env = "SETTLED_CHAIN_WATCH_EVERY_SECS", default_value_t = DEFAULT_WATCH_EVERY_SECS,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub watch_every_secs: u64,
+    /// How often the chain's Transfer logs are reconciled with the payouts
+    /// (as `settled reconcile --chain-rpc-url` does) and the mismatches
+    /// recorded for the metrics, in seconds; 0: never.
+    #[arg(long, env = "SETTLED_CHAIN_RECONCILE_EVERY_SECS", default_value_t = DEFAULT_RECONCILE_EVERY_SECS,
+          value_parser = clap::value_parser!(u64).range(0..=604_800))]
+    pub reconcile_every_secs: u64,
 }
+
+/// How often the gas balance is recorded by default, in seconds.
+pub const DEFAULT_WATCH_EVERY_SECS: u64 = 30;
+/// How often a deliverer reconciles with the chain by default, in seconds.
+pub const DEFAULT_RECONCILE_EVERY_SECS: u64 = 600;
 
 /// Payouts per batch by default.
 pub const DEFAULT_BATCH_MAX: u32 = 100;
@@ -126,6 +147,10 @@ pub struct Chain {
     pub replace_after: Duration,
     /// Batches, when a batch contract is given.
     pub batch: Option<Batch>,
+    /// How often the gas balance is recorded ([`watch`]).
+    pub watch_every: Duration,
+    /// How often the chain is reconciled ([`watch`]); never when `None`.
+    pub reconcile_every: Option<Duration>,
 }
 
 impl Chain {
@@ -153,6 +178,8 @@ impl Chain {
                 contract,
                 max: flags.batch_max,
             }),
+            watch_every: Duration::from_secs(flags.watch_every_secs),
+            reconcile_every: (flags.reconcile_every_secs > 0).then(|| Duration::from_secs(flags.reconcile_every_secs)),
         };
         let mined = chain.rpc.nonce(chain.wallet.address(), "latest").await?;
         sqlx::query(

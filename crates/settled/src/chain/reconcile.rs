@@ -5,7 +5,8 @@
 //! pays the same creator the same amount), a transfer in a payout's
 //! transaction to another recipient or of another amount, a paid payout
 //! with no transfer, a confirmed transaction whose receipt is gone. It
-//! reads; it changes nothing.
+//! reads; it changes nothing. Callers take [`lasting_mismatches`], which
+//! compares twice when the first finds anything.
 
 use std::collections::BTreeMap;
 
@@ -71,6 +72,29 @@ pub async fn reconcile(
         mismatches.extend(receipts_gone(rpc, &expected).await?);
     }
     Ok(mismatches)
+}
+
+/// How long after a comparison that found mismatches the second one runs:
+/// long enough for the heads follower to record what moved.
+pub const RECHECK_AFTER: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The mismatches [`reconcile`] finds, kept only when a second comparison
+/// [`RECHECK_AFTER`] later finds them too: the logs are read before the
+/// database, so a transaction mined or reorged out between the two reads
+/// looks like a mismatch once. A real one is found both times.
+pub async fn lasting_mismatches(
+    conn: &mut PgConnection,
+    rpc: &Rpc,
+    token: Address,
+    from_block: u64,
+) -> anyhow::Result<Vec<String>> {
+    let first = reconcile(conn, rpc, token, from_block).await?;
+    if first.is_empty() {
+        return Ok(first);
+    }
+    tokio::time::sleep(RECHECK_AFTER).await;
+    let second = reconcile(conn, rpc, token, from_block).await?;
+    Ok(second.into_iter().filter(|m| first.contains(m)).collect())
 }
 
 async fn transfers_from(

@@ -36,7 +36,10 @@ pub const LAGS_LISTED: usize = 10;
 /// paid on-chain with the token's Transfer logs from the hot wallet, one to
 /// one, naming each mismatch: a transfer no payout explains (and the payout
 /// it could pay twice), another amount or recipient, a paid payout with no
-/// transfer, a confirmed transaction whose receipt is gone.
+/// transfer, a confirmed transaction whose receipt is gone. When it finds
+/// any, it compares again two seconds later and names only those found
+/// both times (a transaction mined or reorged out between reading the logs
+/// and the database looks like a mismatch once).
 ///
 /// Exit codes: 0 settled and the provider agree; 1 anything differs; 2 the
 /// comparison could not be made (database or provider unreachable).
@@ -107,7 +110,7 @@ impl DbCommand for Args {
 async fn reconcile_chain(db: &Database, url: &str, token: alloy_primitives::Address, from_block: u64) -> Outcome {
     let rpc = crate::chain::Rpc::new(url)?;
     let mut conn = db.pool.acquire().await?;
-    let mismatches = crate::chain::reconcile::reconcile(&mut conn, &rpc, token, from_block).await?;
+    let mismatches = crate::chain::reconcile::lasting_mismatches(&mut conn, &rpc, token, from_block).await?;
     if mismatches.is_empty() {
         println!("reconcile with {url}: the chain and settled agree (token {token:#x}, from block {from_block})");
     } else {

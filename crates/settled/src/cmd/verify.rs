@@ -6,6 +6,7 @@ use crate::cmd::{exit_code, printable, DbCommand, Outcome};
 use crate::db::{Access, Database};
 use crate::period::Period;
 use crate::provider::HttpProvider;
+use crate::verify::payouts::ChainSide;
 
 /// How long one provider call of a reconciliation may take.
 pub const RECONCILE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -24,7 +25,10 @@ pub const RECONCILE_TIMEOUT: Duration = Duration::from_secs(60);
 /// settlement credited + what came back - every payout; every payout in one
 /// known state, its history a path of allowed transitions ending in it;
 /// funds returned exactly for the payouts that failed, were cancelled or
-/// expired, once, of their amount.
+/// expired, once, of their amount. With --chain-rpc-url and
+/// --token-address, also the chain's side: the token's Transfer logs from
+/// the hot wallet match the payouts paid on-chain one to one (the rule of
+/// `settled reconcile --chain-rpc-url`), each mismatch naming its payout.
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// The period (YYYY-MM-DD).
@@ -51,6 +55,15 @@ pub struct Args {
     /// that agree, none paid twice (`settled reconcile` lists them).
     #[arg(long, conflicts_with = "archive")]
     provider_url: Option<String>,
+    /// With --payouts: also compare the payouts paid on-chain with the
+    /// token's Transfer logs from the hot wallet, through this node's
+    /// JSON-RPC. (No environment variable: a deliverer's
+    /// SETTLED_CHAIN_RPC_URL must not turn every verify into this one.)
+    #[arg(long, requires = "token_address", conflicts_with_all = ["period", "archive"])]
+    chain_rpc_url: Option<String>,
+    /// The ERC-20 token paid out (with --chain-rpc-url).
+    #[arg(long, requires = "chain_rpc_url", value_parser = crate::chain::parse_address)]
+    token_address: Option<alloy_primitives::Address>,
 }
 
 impl DbCommand for Args {
@@ -68,8 +81,16 @@ impl DbCommand for Args {
             return self.print(&report, report.render(), report.ok);
         }
         if self.payouts {
+            let rpc = match &self.chain_rpc_url {
+                Some(url) => Some(crate::chain::Rpc::new(url)?),
+                None => None,
+            };
+            let chain = rpc
+                .as_ref()
+                .zip(self.token_address)
+                .map(|(rpc, token)| ChainSide { rpc, token });
             let mut conn = db.pool.acquire().await?;
-            let report = crate::verify::payouts::verify_payouts(&mut conn, provider.as_ref()).await?;
+            let report = crate::verify::payouts::verify_payouts(&mut conn, provider.as_ref(), chain).await?;
             return self.print(&report, report.render(), report.ok);
         }
         let period = self

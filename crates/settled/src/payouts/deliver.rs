@@ -749,6 +749,12 @@ pub async fn run_delivery(
     match opts.chain.clone() {
         Some(chain) => {
             let rail = crate::chain::ChainRail::new(chain.clone(), pool.clone());
+            let watcher = tokio::spawn(crate::chain::watch::watch(
+                pool.clone(),
+                chain.clone(),
+                chain.watch_every,
+                chain.reconcile_every,
+            ));
             let follower = tokio::spawn(crate::chain::confirm::follow(
                 pool.clone(),
                 chain,
@@ -756,6 +762,7 @@ pub async fn run_delivery(
             ));
             let served = serve_through(pool, rail, opts, stats).await;
             follower.abort();
+            watcher.abort();
             served
         }
         None => {

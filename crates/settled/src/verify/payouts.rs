@@ -5,11 +5,12 @@
 //! back exactly for the payouts that ended unpaid (failed, cancelled,
 //! expired, or returned by the provider after it paid), once. With a provider,
 //! its payments match settled's payouts one to one
-//! ([`crate::payouts::reconcile`]).
+//! ([`crate::payouts::reconcile`]); with a chain, the token's transfers from
+//! the hot wallet do ([`crate::chain::reconcile`], the one home of that rule).
 
 use sqlx::PgConnection;
 
-use super::{begin_snapshot, render_checks, run_check, Check, CheckSql, BALANCE_CHECK};
+use super::{begin_snapshot, render_checks, run_check, Check, CheckSql, BALANCE_CHECK, MAX_OFFENDERS};
 use crate::payouts::reconcile::{self, Comparison, Scope};
 use crate::provider::HttpProvider;
 
@@ -43,6 +44,9 @@ pub struct PayoutsReport {
     pub checks: Vec<Check>,
     /// The reconciliation with the provider, when asked for.
     pub provider: Option<Comparison>,
+    /// The mismatches with the chain, when asked for (each names its payout
+    /// or transfer; none when the chain and settled agree).
+    pub chain: Option<Vec<String>>,
     /// Seconds the database's checks took (one snapshot).
     pub seconds: f64,
 }
@@ -156,10 +160,27 @@ FROM settlement.payout_returns r
 WHERE NOT EXISTS (SELECT 1 FROM settlement.payouts p WHERE p.id = r.payout_id)",
 };
 
+/// The chain to compare payouts with: its node and the token paid out.
+#[derive(Debug, Clone, Copy)]
+pub struct ChainSide<'a> {
+    /// The node.
+    pub rpc: &'a crate::chain::Rpc,
+    /// The ERC-20 token paid out.
+    pub token: alloy_primitives::Address,
+}
+
+/// The check the chain's side adds: `chain::reconcile`'s mismatches, the
+/// first [`MAX_OFFENDERS`] listed.
+pub const CHAIN_CHECK_NAME: &str = "chain_transfers_match_payouts";
+
 /// Runs every payout check in one REPEATABLE READ snapshot on `conn`; with
-/// `provider`, then reconciles with it outside the snapshot (a payment made
-/// after the snapshot would otherwise look unknown).
-pub async fn verify_payouts(conn: &mut PgConnection, provider: Option<&HttpProvider>) -> anyhow::Result<PayoutsReport> {
+/// `provider` (or `chain`), then reconciles with it outside the snapshot (a
+/// payment made after the snapshot would otherwise look unknown).
+pub async fn verify_payouts(
+    conn: &mut PgConnection,
+    provider: Option<&HttpProvider>,
+    chain: Option<ChainSide<'_>>,
+) -> anyhow::Result<PayoutsReport> {
     begin_snapshot(conn, None).await?;
     let started = std::time::Instant::now();
     let checked = database_checks(conn).await;
@@ -173,13 +194,34 @@ pub async fn verify_payouts(conn: &mut PgConnection, provider: Option<&HttpProvi
     if let Some(comparison) = &comparison {
         checks.extend(comparison.checks());
     }
+    let chain = match chain {
+        Some(side) => Some(crate::chain::reconcile::lasting_mismatches(conn, side.rpc, side.token, 0).await?),
+        None => None,
+    };
+    if let Some(mismatches) = &chain {
+        checks.push(chain_check(mismatches));
+    }
     Ok(PayoutsReport {
         ok: checks.iter().all(|c| c.ok),
         totals,
         checks,
         provider: comparison,
+        chain,
         seconds,
     })
+}
+
+/// The chain's mismatches as one check.
+fn chain_check(mismatches: &[String]) -> Check {
+    Check {
+        name: CHAIN_CHECK_NAME,
+        description: "the token's Transfer logs from each hot wallet match the payouts paid on-chain one to one: \
+                      none paid twice, none unexplained, same recipient and amount, every paid payout's transfer \
+                      and confirmed receipt on the node",
+        ok: mismatches.is_empty(),
+        violations: mismatches.len() as i64,
+        offenders: mismatches.iter().take(MAX_OFFENDERS as usize).cloned().collect(),
+    }
 }
 
 async fn database_checks(conn: &mut PgConnection) -> anyhow::Result<(Totals, Vec<Check>)> {
@@ -236,6 +278,9 @@ impl PayoutsReport {
                 c.in_flight.len(),
                 c.behind.len()
             ));
+        }
+        if let Some(mismatches) = &self.chain {
+            out.push_str(&format!("  chain: {} mismatch(es)\n", mismatches.len()));
         }
         out
     }

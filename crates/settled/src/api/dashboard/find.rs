@@ -3,7 +3,7 @@
 //! release forms. Forms are authenticated as the retry form is
 //! ([`DashboardAuthorized`]) and act through the API's own functions.
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Redirect, Response};
 use serde::Deserialize;
@@ -102,7 +102,39 @@ pub async fn payout(State(state): State<AppState>, Path(id): Path<String>) -> Pa
         .await
         .map_err(Problem::unavailable)?
         .ok_or_else(|| Problem::not_found(ProblemType::UnknownPayout, format!("no payout {id}")))?;
-    Ok(payout_pages::payout(&detail, state.decimals))
+    let chain_txs = crate::chain::listing::of_payout(&mut conn, id)
+        .await
+        .map_err(Problem::unavailable)?;
+    Ok(payout_pages::payout(&detail, &chain_txs, state.decimals))
+}
+
+/// The query of `/chain`: the page before a transaction id, one
+/// transaction alone, how many per page.
+#[derive(Debug, Default, Deserialize)]
+pub struct ChainQuery {
+    before: Option<String>,
+    tx: Option<String>,
+    limit: Option<String>,
+}
+
+/// `GET /chain`: the chain rail's transactions, newest first, paged by
+/// keyset, each with its attempts, its block and the payouts it pays.
+pub async fn chain(State(state): State<AppState>, Query(q): Query<ChainQuery>, watch: super::Watch) -> Page {
+    use crate::chain::listing::{self, TXS_PER_PAGE_DEFAULT, TXS_PER_PAGE_MAX};
+    let before = given(&q.before).map(|t| whole("before", t)).transpose()?;
+    let only = given(&q.tx).map(|t| whole("tx", t)).transpose()?;
+    let limit = given(&q.limit).map(|t| whole("limit", t)).transpose()?;
+    if limit.is_some_and(|n| n > TXS_PER_PAGE_MAX) {
+        return Err(Problem::invalid(
+            "limit",
+            format!("limit must be 1..={TXS_PER_PAGE_MAX}"),
+        ));
+    }
+    let mut conn = state.reads.acquire().await.map_err(Problem::unavailable)?;
+    let found = listing::page(&mut conn, before, only, limit.unwrap_or(TXS_PER_PAGE_DEFAULT))
+        .await
+        .map_err(Problem::unavailable)?;
+    Ok(super::chain_pages::chain(&found, &watch))
 }
 
 /// `POST /dashboard/payouts/{id}/cancel`: cancels a payout awaiting its

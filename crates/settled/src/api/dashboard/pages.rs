@@ -40,6 +40,7 @@ pub(super) fn page(title: &str, watch: Option<&Watch>, body: Markup) -> Markup {
                     a href="/items?status=failed" { "failed" }
                     a href="/items?status=held" { "held" }
                     a href="/payouts" { "payouts" }
+                    a href="/chain" { "chain" }
                     a href="/holds" { "holds" }
                     a href="/queues" { "queues" }
                     a href="/locks" { "locks" }

@@ -217,8 +217,8 @@ fn list(listed: &Listed<'_>, decimals: u32) -> Markup {
 
 /// One payout: what it is, its history with what moved it, the provider's
 /// events about it, its return, its conflicts, its delivery job, and the
-/// actions the API allows in its state.
-pub(super) fn payout(d: &find::Detail, decimals: u32) -> Markup {
+/// actions the API allows in its state; paid on a chain, its transactions.
+pub(super) fn payout(d: &find::Detail, chain_txs: &[(i64, i64, String, bool)], decimals: u32) -> Markup {
     let l = &d.line;
     let body = html! {
         table {
@@ -244,6 +244,7 @@ pub(super) fn payout(d: &find::Detail, decimals: u32) -> Markup {
                 }
             }
         }
+        @if !chain_txs.is_empty() { (super::chain_pages::of_payout(chain_txs)) }
         h2 { "return of its funds" }
         @match &d.returned {
             Some((amount, at)) => p data-returned=(amount) {
