@@ -25,6 +25,7 @@ use sqlx::PgPool;
 pub mod abi;
 pub mod broadcast;
 pub mod confirm;
+pub mod give_up;
 pub mod rail;
 pub mod reconcile;
 pub mod rpc;
