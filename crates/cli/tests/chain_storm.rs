@@ -38,21 +38,27 @@ const REPLACE_AFTER_SECS: &str = "3";
 /// A fault this often while payouts are open.
 const FAULT_EVERY_MS: u64 = 1_500;
 /// Faults stop after this long, whatever is left; then everything settles.
-const STORM_SECS: u64 = 75;
+const STORM_SECS: u64 = 45;
 const SETTLE_SECS: u64 = 120;
-/// The base fee jumps to this many times the newest block's.
-const BASE_FEE_JUMP_TIMES: u64 = 30;
+/// A reorg waits up to this long for a transaction to take out.
+const REORG_WAIT_SECS: u64 = 10;
+/// The base fee jumps to this (from about 1 gwei: transactions signed
+/// before offer about 3 gwei, and are stuck until replaced).
+const BASE_FEE_JUMP_GWEI: u64 = 40;
 /// The faults, in the order they come round (each at least once).
 const FAULTS: [Fault; 8] = [
     Fault::Kill,
     Fault::Drop,
     Fault::KillBeforeBroadcast,
     Fault::BaseFeeJump,
+    // Stuck under the jump: the pool holds transactions to drop.
+    Fault::Drop,
     Fault::Reorg,
     Fault::KillBeforeRecord,
     Fault::Restart,
-    Fault::Drop,
 ];
+/// A drop waits up to this long for the pool to hold something.
+const DROP_WAIT_MS: u64 = 3_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Fault {
@@ -79,6 +85,8 @@ impl Rng {
 
 /// The fleet: each deliverer talks to the node through its own proxy.
 struct Fleet {
+    /// Transactions dropped from the node's pool so far.
+    dropped: usize,
     flags: Vec<String>,
     proxies: Vec<RpcProxy>,
     deliverers: Vec<Deliverer>,
@@ -109,19 +117,32 @@ async fn open_payouts(env: &Env) -> i64 {
     .await
 }
 
-/// Drops up to three attempts of transactions sent and not mined from
-/// the node's pool; how many it dropped.
-async fn drop_some(env: &Env, chain: &TestChain, rng: &mut Rng) -> usize {
-    let hashes: Vec<String> = sqlx::query_scalar(
-        "SELECT a.hash FROM settlement.chain_tx_attempts a JOIN settlement.chain_txs t ON t.id = a.tx_id
-         WHERE t.state = 'broadcast' ORDER BY a.hash",
-    )
-    .fetch_all(&env.pool)
-    .await
-    .unwrap();
+/// The hashes of the transactions in the node's pool.
+async fn in_pool(chain: &TestChain) -> Vec<String> {
+    let pool = rpc(&chain.url(), "txpool_content", json!([])).await;
+    let mut hashes: Vec<String> = Vec::new();
+    for part in ["pending", "queued"] {
+        for by_nonce in pool[part].as_object().into_iter().flat_map(|senders| senders.values()) {
+            for tx in by_nonce.as_object().into_iter().flat_map(|txs| txs.values()) {
+                hashes.extend(tx["hash"].as_str().map(str::to_string));
+            }
+        }
+    }
+    hashes
+}
+
+/// Drops up to three of the transactions in the node's pool (waiting a
+/// little for some); how many.
+async fn drop_some(chain: &TestChain, rng: &mut Rng) -> usize {
+    let deadline = Instant::now() + Duration::from_millis(DROP_WAIT_MS);
+    let mut hashes = in_pool(chain).await;
+    while hashes.is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        hashes = in_pool(chain).await;
+    }
     let mut dropped = 0;
     for _ in 0..hashes.len().min(3) {
-        let hash = &hashes[rng.below(hashes.len() as u64) as usize];
+        let hash = hashes.swap_remove(rng.below(hashes.len() as u64) as usize);
         if !rpc(&chain.url(), "anvil_dropTransaction", json!([hash]))
             .await
             .is_null()
@@ -132,10 +153,29 @@ async fn drop_some(env: &Env, chain: &TestChain, rng: &mut Rng) -> usize {
     dropped
 }
 
+/// A reorg's depth, 1..N-1: deep enough to take out the newest block with
+/// an included transaction of settled's (waiting a little for one), so
+/// that the reorg lands.
+async fn reorg_depth(env: &Env, chain: &TestChain, rng: &mut Rng) -> u64 {
+    let most = u64::from(CONFIRMATIONS) - 1;
+    let deadline = Instant::now() + Duration::from_secs(REORG_WAIT_SECS);
+    while Instant::now() < deadline {
+        let newest = count(
+            env,
+            "SELECT coalesce(max(block_number), -1) FROM settlement.chain_txs WHERE state = 'included'",
+        )
+        .await;
+        let head = chain_support::quantity(&rpc(&chain.url(), "eth_blockNumber", json!([])).await) as i64;
+        if newest >= 0 && head - newest + 1 <= most as i64 {
+            return (head - newest + 1).max(1) as u64;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    1 + rng.below(most)
+}
+
 async fn base_fee_jump(chain: &TestChain) {
-    let latest = rpc(&chain.url(), "eth_getBlockByNumber", json!(["latest", false])).await;
-    let base = chain_support::quantity(&latest["baseFeePerGas"]).max(1);
-    let next = format!("{:#x}", base * BASE_FEE_JUMP_TIMES);
+    let next = format!("{:#x}", BASE_FEE_JUMP_GWEI * 1_000_000_000);
     rpc(&chain.url(), "anvil_setNextBlockBaseFeePerGas", json!([next])).await;
 }
 
@@ -155,13 +195,17 @@ async fn inject(fault: Fault, env: &Env, fleet: &mut Fleet, chain: &mut TestChai
             fleet.kill(env, chain, i, Broadcasts::ForwardUnanswered, 700).await;
             format!("deliverer {i} SIGKILLed with the node's answers swallowed")
         }
-        Fault::Drop => format!("{} dropped from the pool", drop_some(env, chain, rng).await),
+        Fault::Drop => {
+            let dropped = drop_some(chain, rng).await;
+            fleet.dropped += dropped;
+            format!("{dropped} dropped from the pool")
+        }
         Fault::BaseFeeJump => {
             base_fee_jump(chain).await;
-            format!("base fee x{BASE_FEE_JUMP_TIMES}")
+            format!("base fee jumps to {BASE_FEE_JUMP_GWEI} gwei")
         }
         Fault::Reorg => {
-            let depth = 1 + rng.below(u64::from(CONFIRMATIONS) - 1);
+            let depth = reorg_depth(env, chain, rng).await;
             rpc(&chain.url(), "anvil_reorg", json!([depth, []])).await;
             format!("reorg of {depth}")
         }
@@ -213,6 +257,7 @@ async fn thousands_of_payouts_are_paid_exactly_once_through_kills_drops_fee_jump
     }
     let started = Instant::now();
     let mut fleet = Fleet {
+        dropped: 0,
         flags,
         proxies,
         deliverers: Vec::new(),
@@ -264,6 +309,23 @@ async fn thousands_of_payouts_are_paid_exactly_once_through_kills_drops_fee_jump
         String::from_utf8_lossy(&reconcile.stdout)
     );
     env.run_ok(&["verify", "--payouts"]);
+    let landed = [
+        (
+            "replaced",
+            "SELECT count(*) FROM settlement.chain_tx_attempts WHERE attempt > 1",
+        ),
+        (
+            "reorged",
+            "SELECT count(*) FROM settlement.chain_tx_history WHERE from_state = 'included' AND to_state = 'broadcast'",
+        ),
+    ];
+    assert!(
+        fleet.dropped >= 1,
+        "the faults landed: a transaction dropped from the pool"
+    );
+    for (what, sql) in landed {
+        assert!(count(&env, sql).await >= 1, "the faults landed: a transaction {what}");
+    }
     summary(&env, seed, &injected, storm, started.elapsed(), &found).await;
 }
 
