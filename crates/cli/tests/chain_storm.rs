@@ -166,8 +166,10 @@ async fn reorg_depth(env: &Env, chain: &TestChain, rng: &mut Rng) -> u64 {
         )
         .await;
         let head = chain_support::quantity(&rpc(&chain.url(), "eth_blockNumber", json!([])).await) as i64;
-        if newest >= 0 && head - newest + 1 <= most as i64 {
-            return (head - newest + 1).max(1) as u64;
+        // The depth that takes out block `newest`, itself included.
+        let depth = head - newest + 1;
+        if newest >= 0 && (1..=most as i64).contains(&depth) {
+            return depth as u64;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
