@@ -66,13 +66,14 @@ pub async fn round(pool: &PgPool, chain: &Chain) -> anyhow::Result<Round> {
         store::in_flight(&mut conn, chain.chain_id, chain.wallet.address()).await?
     };
     let head = chain.rpc.block_number().await?;
+    let mined = chain.rpc.nonce(chain.wallet.address(), "latest").await?;
     let mut done = Round {
         in_flight: txs.len(),
         ..Round::default()
     };
     for tx in txs {
         match tx.state {
-            TxState::Signed | TxState::Broadcast => not_mined(pool, chain, &tx, &mut done).await?,
+            TxState::Signed | TxState::Broadcast => not_mined(pool, chain, &tx, mined, &mut done).await?,
             TxState::Included => included(pool, chain, &tx, head, &mut done).await?,
             TxState::Confirmed | TxState::Reverted | TxState::Filled => {}
         }
@@ -90,7 +91,9 @@ async fn mined_receipt(chain: &Chain, tx: &ChainTx) -> anyhow::Result<Option<Rec
     Ok(None)
 }
 
-async fn not_mined(pool: &PgPool, chain: &Chain, tx: &ChainTx, done: &mut Round) -> anyhow::Result<()> {
+/// `tx`, not found mined; `mined` is the node's count of the wallet's
+/// mined transactions (the lowest nonce not mined).
+async fn not_mined(pool: &PgPool, chain: &Chain, tx: &ChainTx, mined: u64, done: &mut Round) -> anyhow::Result<()> {
     if let Some(receipt) = mined_receipt(chain, tx).await? {
         let mut db = pool.begin().await?;
         let number = receipt.block_number.to::<u64>();
@@ -112,7 +115,7 @@ async fn not_mined(pool: &PgPool, chain: &Chain, tx: &ChainTx, done: &mut Round)
     }
     if tx.state == TxState::Broadcast
         && tx.since_signed_ms >= chain.replace_after.as_millis() as i64
-        && replace(pool, chain, tx).await?
+        && replace(pool, chain, tx, mined).await?
     {
         done.replaced += 1;
         return Ok(());
@@ -130,11 +133,18 @@ async fn not_mined(pool: &PgPool, chain: &Chain, tx: &ChainTx, done: &mut Round)
 /// Replaces `tx`, stuck: its newest attempt again with higher fees, the
 /// same nonce, stored as a new attempt (every attempt's hash is kept; the
 /// one mined counts) before it is broadcast. False when the fee cap
-/// leaves no room, or another process replaced it first.
-async fn replace(pool: &PgPool, chain: &Chain, tx: &ChainTx) -> anyhow::Result<bool> {
+/// leaves no room, or another process replaced it first; and when it waits
+/// behind a lower nonce not mined yet (`mined` is the lowest) while
+/// offering the market's fees: it waits for that nonce, not for fees, and a
+/// raise would only spend more.
+async fn replace(pool: &PgPool, chain: &Chain, tx: &ChainTx, mined: u64) -> anyhow::Result<bool> {
     let latest = tx.latest();
     let old = sign::fees_of(&latest.raw)?;
-    let Some(fees) = sign::replacement_fees(old, chain.fees().await?, chain.fee_cap) else {
+    let market = chain.fees().await?;
+    if tx.nonce as u64 > mined && old.max_fee_per_gas >= market.max_fee_per_gas {
+        return Ok(false);
+    }
+    let Some(fees) = sign::replacement_fees(old, market, chain.fee_cap) else {
         tracing::warn!(tx = tx.id, nonce = tx.nonce, "stuck at the fee cap: not replaced");
         return Ok(false);
     };
