@@ -32,7 +32,7 @@ const PAYOUTS: i64 = 2_000;
 const DELIVERERS: usize = 3;
 const CONFIRMATIONS: u32 = 6;
 const STATE_INTERVAL_SECS: u64 = 2;
-const BATCH_MAX: &str = "25";
+const BATCH_MAX: &str = "10";
 /// Replace a transaction not mined this long after its newest attempt.
 const REPLACE_AFTER_SECS: &str = "3";
 /// A fault this often while payouts are open.
@@ -41,24 +41,26 @@ const FAULT_EVERY_MS: u64 = 1_500;
 const STORM_SECS: u64 = 45;
 const SETTLE_SECS: u64 = 120;
 /// A reorg waits up to this long for a transaction to take out.
-const REORG_WAIT_SECS: u64 = 10;
+const REORG_WAIT_SECS: u64 = 15;
 /// The base fee jumps to this (from about 1 gwei: transactions signed
 /// before offer about 3 gwei, and are stuck until replaced).
 const BASE_FEE_JUMP_GWEI: u64 = 40;
 /// The faults, in the order they come round (each at least once).
 const FAULTS: [Fault; 8] = [
-    Fault::Kill,
+    // First, while the backlog is being signed and sent: the pool is full.
     Fault::Drop,
+    // While transactions flow (not under a fee jump): some are included.
+    Fault::Reorg,
     Fault::KillBeforeBroadcast,
     Fault::BaseFeeJump,
     // Stuck under the jump: the pool holds transactions to drop.
     Fault::Drop,
-    Fault::Reorg,
     Fault::KillBeforeRecord,
     Fault::Restart,
+    Fault::Kill,
 ];
 /// A drop waits up to this long for the pool to hold something.
-const DROP_WAIT_MS: u64 = 3_000;
+const DROP_WAIT_MS: u64 = 8_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Fault {
@@ -137,7 +139,7 @@ async fn drop_some(chain: &TestChain, rng: &mut Rng) -> usize {
     let deadline = Instant::now() + Duration::from_millis(DROP_WAIT_MS);
     let mut hashes = in_pool(chain).await;
     while hashes.is_empty() && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
         hashes = in_pool(chain).await;
     }
     let mut dropped = 0;
@@ -155,8 +157,8 @@ async fn drop_some(chain: &TestChain, rng: &mut Rng) -> usize {
 
 /// A reorg's depth, 1..N-1: deep enough to take out the newest block with
 /// an included transaction of settled's (waiting a little for one), so
-/// that the reorg lands.
-async fn reorg_depth(env: &Env, chain: &TestChain, rng: &mut Rng) -> u64 {
+/// that the reorg lands; and whether there was one.
+async fn reorg_depth(env: &Env, chain: &TestChain, rng: &mut Rng) -> (u64, bool) {
     let most = u64::from(CONFIRMATIONS) - 1;
     let deadline = Instant::now() + Duration::from_secs(REORG_WAIT_SECS);
     while Instant::now() < deadline {
@@ -169,11 +171,11 @@ async fn reorg_depth(env: &Env, chain: &TestChain, rng: &mut Rng) -> u64 {
         // The depth that takes out block `newest`, itself included.
         let depth = head - newest + 1;
         if newest >= 0 && (1..=most as i64).contains(&depth) {
-            return depth as u64;
+            return (depth as u64, true);
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    1 + rng.below(most)
+    (1 + rng.below(most), false)
 }
 
 async fn base_fee_jump(chain: &TestChain) {
@@ -207,9 +209,14 @@ async fn inject(fault: Fault, env: &Env, fleet: &mut Fleet, chain: &mut TestChai
             format!("base fee jumps to {BASE_FEE_JUMP_GWEI} gwei")
         }
         Fault::Reorg => {
-            let depth = reorg_depth(env, chain, rng).await;
+            let (depth, aimed) = reorg_depth(env, chain, rng).await;
             rpc(&chain.url(), "anvil_reorg", json!([depth, []])).await;
-            format!("reorg of {depth}")
+            let aim = if aimed {
+                "an included transaction's block"
+            } else {
+                "no transaction included"
+            };
+            format!("reorg of {depth} ({aim})")
         }
         Fault::Restart => {
             chain.anvil.crash_and_restart();
@@ -311,6 +318,7 @@ async fn thousands_of_payouts_are_paid_exactly_once_through_kills_drops_fee_jump
         String::from_utf8_lossy(&reconcile.stdout)
     );
     env.run_ok(&["verify", "--payouts"]);
+    summary(&env, seed, &injected, storm, started.elapsed(), &found).await;
     let landed = [
         (
             "replaced",
@@ -328,7 +336,6 @@ async fn thousands_of_payouts_are_paid_exactly_once_through_kills_drops_fee_jump
     for (what, sql) in landed {
         assert!(count(&env, sql).await >= 1, "the faults landed: a transaction {what}");
     }
-    summary(&env, seed, &injected, storm, started.elapsed(), &found).await;
 }
 
 /// The summary the closing note quotes: the faults injected, what settled
