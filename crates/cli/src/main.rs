@@ -46,6 +46,7 @@ enum Command {
     Verify(cmd::verify::Args),
     Reconcile(cmd::reconcile::Args),
     Wallet(cmd::wallet::Args),
+    GiveUp(cmd::give_up::Args),
     Archive(cmd::archive::Args),
     Demo(cmd::demo::Args),
     // The lab.
@@ -83,6 +84,7 @@ fn dispatch(command: Command) -> Box<dyn Runnable> {
         Command::Verify(args) => on_database(args),
         Command::Reconcile(args) => Box::new(cmd::reconcile::Reconcile(args)),
         Command::Wallet(args) => on_database(args),
+        Command::GiveUp(args) => on_database(args),
         Command::Archive(args) => on_database(args),
         Command::Demo(args) => on_database(args),
         Command::ProviderSim(args) => Box::new(args),

@@ -230,3 +230,67 @@ async fn a_reorg_takes_an_included_transfer_out_and_it_is_sent_again_and_paid_on
     assert_eq!(transfers.len(), 1, "one transfer on the canonical chain: {transfers:?}");
     assert_eq!((transfers[0].0, transfers[0].1), (made[0].1, U256::from(1000u32)));
 }
+
+/// The attempts of the transaction under `nonce`.
+async fn attempts_of_nonce(env: &Env, nonce: i64) -> i64 {
+    count(
+        env,
+        &format!(
+            "SELECT count(*) FROM settlement.chain_tx_attempts a JOIN settlement.chain_txs t ON t.id = a.tx_id
+             WHERE t.nonce = {nonce}"
+        ),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_transfer_waiting_behind_a_lower_nonce_at_the_market_price_is_not_replaced_and_the_lower_one_is() {
+    let env = Env::new().await;
+    let made = queued_payouts(&env, 2).await;
+    let chain = TestChain::start(&["--no-mining"], "TestToken", Address::repeat_byte(0xee)).await;
+    let mut deliverer = deliver(&env, &chain, &chain.url(), 2, &["--replace-after-secs", "1"]);
+    wait_until(60, "both transfers broadcast", || async {
+        count(
+            &env,
+            "SELECT count(*) FROM settlement.chain_txs WHERE state = 'broadcast'",
+        )
+        .await
+            == 2
+    })
+    .await;
+    // Nonce 0 lost by the node (a restart, a drop): nonce 1 waits for it.
+    let first = env
+        .scalar_text("SELECT a.hash FROM settlement.chain_tx_attempts a JOIN settlement.chain_txs t ON t.id = a.tx_id WHERE t.nonce = 0")
+        .await;
+    rpc(&chain.url(), "anvil_dropTransaction", json!([first])).await;
+    wait_until(60, "nonce 0 replaced (and so sent again)", || async {
+        attempts_of_nonce(&env, 0).await >= 2
+    })
+    .await;
+    // Several rounds of the follower past --replace-after-secs.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        attempts_of_nonce(&env, 1).await,
+        1,
+        "nonce 1 offers the market price: waiting for nonce 0, not for fees, it is not replaced"
+    );
+    mine_until(
+        &env,
+        &chain,
+        60,
+        "both paid",
+        "SELECT (count(*) = 2)::int::bigint FROM settlement.payouts WHERE status = 'paid'",
+    )
+    .await;
+    common::stop(&mut deliverer);
+    let mut transfers: Vec<(Address, U256)> = chain
+        .transfers_from_hot_wallet()
+        .await
+        .into_iter()
+        .map(|t| (t.0, t.1))
+        .collect();
+    transfers.sort();
+    let mut expected: Vec<(Address, U256)> = made.iter().map(|m| (m.1, U256::from(1000u32))).collect();
+    expected.sort();
+    assert_eq!(transfers, expected, "each paid once");
+}

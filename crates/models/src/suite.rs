@@ -496,13 +496,17 @@ pub fn without_one_running_per_job() -> Counterexample {
     )
 }
 
-fn chain_case(guard: &'static str, property: &'static str, guards: chain::Guards) -> Counterexample {
+fn chain_case(
+    guard: &'static str,
+    property: &'static str,
+    guards: chain::Guards,
+    replayed_by: &'static str,
+) -> Counterexample {
     counterexample(
         GuardCase {
             guard,
             property,
-            // The chain rail's replays against anvil are still to be written.
-            replayed_by: None,
+            replayed_by: Some(replayed_by),
         },
         chain::Chain::ci().without(guards),
     )
@@ -519,6 +523,7 @@ pub fn without_write_ahead() -> Counterexample {
             write_ahead: false,
             ..chain::Guards::ALL
         },
+        "tests/replay_chain.rs: without_write_ahead_a_deliverer_killed_after_its_broadcast_signs_again_and_pays_twice (anvil)",
     )
 }
 
@@ -533,6 +538,7 @@ pub fn without_every_attempt() -> Counterexample {
             every_attempt: false,
             ..chain::Guards::ALL
         },
+        "tests/replay_chain.rs: tracking_only_the_latest_attempt_misreads_a_mined_original_and_pays_twice (anvil)",
     )
 }
 
@@ -546,6 +552,7 @@ pub fn without_depth() -> Counterexample {
             depth: false,
             ..chain::Guards::ALL
         },
+        "tests/replay_chain.rs: paid_at_inclusion_a_reorg_leaves_a_paid_payout_unpaid_and_at_depth_it_is_not (anvil)",
     )
 }
 
@@ -560,6 +567,7 @@ pub fn without_filler_confirmed() -> Counterexample {
             filler_confirmed: false,
             ..chain::Guards::ALL
         },
+        "tests/replay_chain.rs: requeued_before_its_filler_is_confirmed_a_payout_is_paid_twice_and_after_it_is_not (anvil)",
     )
 }
 

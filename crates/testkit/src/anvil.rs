@@ -92,6 +92,18 @@ impl Anvil {
         self.wait_ready();
     }
 
+    /// Kills it (SIGKILL, as a crash: nothing written on the way out) and
+    /// starts it again on the same port with its own args; with `--state
+    /// FILE`, it comes back from its last periodic dump, without the blocks
+    /// mined after it.
+    pub fn crash_and_restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        self.child = spawn_on(self.port, &args, self.dir.path());
+        self.wait_ready();
+    }
+
     fn stop(&mut self) {
         // SIGTERM first: anvil writes --dump-state on a clean exit.
         let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);

@@ -1,9 +1,10 @@
 //! Broadcasting stored bytes, idempotently: the same signed bytes may be
 //! sent any number of times (after a timeout, a crash, a restart, a node
-//! that forgot them). The node's refusals that mean "I have it" or "that
-//! nonce is spent" are answers, read here; only a failure to reach the
-//! node, or a refusal that says something else, is an error. This module
-//! never signs and never writes.
+//! that forgot them). The node's refusals that mean "I have it", "that
+//! nonce is spent" or "these bytes can never be valid" are answers, read
+//! here; only a failure to reach the node, or a refusal that says
+//! something else (a fee under the base fee, funds short: states that
+//! change), is an error. This module never signs and never writes.
 
 use super::rpc::{Rpc, RpcError};
 
@@ -17,7 +18,24 @@ pub enum Sent {
     /// The nonce is spent: one of the attempts was mined (the follower of
     /// heads finds which), or the nonce was used outside settled.
     NonceUsed,
+    /// The bytes break a rule of the chain that no fee, balance or
+    /// rebroadcast changes (their gas limit above the block gas limit or
+    /// under the intrinsic gas, their chain id, their signature): the
+    /// nonce is given up (`give_up.rs`). The node's message.
+    NeverValid(String),
 }
+
+/// The node's words (geth's, reth's and anvil's, lower-case) for signed
+/// bytes that can never be valid on its chain.
+pub const NEVER_VALID: [&str; 7] = [
+    "exceeds block gas limit",
+    "gas_limit > env.block.gas_limit",
+    "intrinsic gas too low",
+    "invalid chain id",
+    "invalid signature",
+    "invalid sender",
+    "transaction type not supported",
+];
 
 /// Reads a refusal of `eth_sendRawTransaction`.
 pub fn read_refusal(message: &str) -> Option<Sent> {
@@ -30,6 +48,8 @@ pub fn read_refusal(message: &str) -> Option<Sent> {
         || m.contains("replacement transaction underpriced")
     {
         Some(Sent::AlreadyKnown)
+    } else if NEVER_VALID.iter().any(|words| m.contains(words)) {
+        Some(Sent::NeverValid(message.to_string()))
     } else {
         None
     }
@@ -64,6 +84,12 @@ mod tests {
             Some(Sent::AlreadyKnown)
         );
         assert_eq!(read_refusal("insufficient funds for gas * price + value"), None);
+        let too_big = "intrinsic gas too high -- tx.gas_limit > env.block.gas_limit";
+        assert_eq!(read_refusal(too_big), Some(Sent::NeverValid(too_big.into())));
+        assert_eq!(
+            read_refusal("exceeds block gas limit"),
+            Some(Sent::NeverValid("exceeds block gas limit".into()))
+        );
         assert_eq!(read_refusal("max fee per gas less than block base fee"), None);
     }
 }

@@ -19,7 +19,7 @@ use super::broadcast::{self, Sent};
 use super::rail::reverted_reason;
 use super::rpc::Receipt;
 use super::store::{self, ChainTx, TxState};
-use super::{sign, Chain, REBROADCAST_AFTER};
+use super::{give_up, sign, Chain, REBROADCAST_AFTER};
 use crate::payouts::{apply_word, ProviderWord, Source};
 
 /// What one round did.
@@ -41,6 +41,10 @@ pub struct Round {
     pub reverted: usize,
     /// Batches that reverted and were split.
     pub split: usize,
+    /// Given up, their fillers confirmed (their payouts signed again).
+    pub filled: usize,
+    /// Given up because the node refused their bytes as never valid.
+    pub given_up: usize,
 }
 
 /// Follows heads every `every` until aborted.
@@ -62,15 +66,16 @@ pub async fn round(pool: &PgPool, chain: &Chain) -> anyhow::Result<Round> {
         store::in_flight(&mut conn, chain.chain_id, chain.wallet.address()).await?
     };
     let head = chain.rpc.block_number().await?;
+    let mined = chain.rpc.nonce(chain.wallet.address(), "latest").await?;
     let mut done = Round {
         in_flight: txs.len(),
         ..Round::default()
     };
     for tx in txs {
         match tx.state {
-            TxState::Signed | TxState::Broadcast => not_mined(pool, chain, &tx, &mut done).await?,
+            TxState::Signed | TxState::Broadcast => not_mined(pool, chain, &tx, mined, &mut done).await?,
             TxState::Included => included(pool, chain, &tx, head, &mut done).await?,
-            TxState::Confirmed | TxState::Reverted => {}
+            TxState::Confirmed | TxState::Reverted | TxState::Filled => {}
         }
     }
     Ok(done)
@@ -86,7 +91,9 @@ async fn mined_receipt(chain: &Chain, tx: &ChainTx) -> anyhow::Result<Option<Rec
     Ok(None)
 }
 
-async fn not_mined(pool: &PgPool, chain: &Chain, tx: &ChainTx, done: &mut Round) -> anyhow::Result<()> {
+/// `tx`, not found mined; `mined` is the node's count of the wallet's
+/// mined transactions (the lowest nonce not mined).
+async fn not_mined(pool: &PgPool, chain: &Chain, tx: &ChainTx, mined: u64, done: &mut Round) -> anyhow::Result<()> {
     if let Some(receipt) = mined_receipt(chain, tx).await? {
         let mut db = pool.begin().await?;
         let number = receipt.block_number.to::<u64>();
@@ -108,7 +115,7 @@ async fn not_mined(pool: &PgPool, chain: &Chain, tx: &ChainTx, done: &mut Round)
     }
     if tx.state == TxState::Broadcast
         && tx.since_signed_ms >= chain.replace_after.as_millis() as i64
-        && replace(pool, chain, tx).await?
+        && replace(pool, chain, tx, mined).await?
     {
         done.replaced += 1;
         return Ok(());
@@ -117,8 +124,8 @@ async fn not_mined(pool: &PgPool, chain: &Chain, tx: &ChainTx, done: &mut Round)
         .since_broadcast_ms
         .is_none_or(|ms| ms >= REBROADCAST_AFTER.as_millis() as i64);
     if tx.state == TxState::Signed || due {
-        rebroadcast(pool, chain, tx).await?;
         done.broadcast += 1;
+        rebroadcast(pool, chain, tx, done).await?;
     }
     Ok(())
 }
@@ -126,29 +133,44 @@ async fn not_mined(pool: &PgPool, chain: &Chain, tx: &ChainTx, done: &mut Round)
 /// Replaces `tx`, stuck: its newest attempt again with higher fees, the
 /// same nonce, stored as a new attempt (every attempt's hash is kept; the
 /// one mined counts) before it is broadcast. False when the fee cap
-/// leaves no room, or another process replaced it first.
-async fn replace(pool: &PgPool, chain: &Chain, tx: &ChainTx) -> anyhow::Result<bool> {
+/// leaves no room, or another process replaced it first; and when it waits
+/// behind a lower nonce not mined yet (`mined` is the lowest) while
+/// offering the market's fees: it waits for that nonce, not for fees, and a
+/// raise would only spend more.
+async fn replace(pool: &PgPool, chain: &Chain, tx: &ChainTx, mined: u64) -> anyhow::Result<bool> {
     let latest = tx.latest();
     let old = sign::fees_of(&latest.raw)?;
-    let Some(fees) = sign::replacement_fees(old, chain.fees().await?, chain.fee_cap) else {
+    let market = chain.fees().await?;
+    if tx.nonce as u64 > mined && old.max_fee_per_gas >= market.max_fee_per_gas {
+        return Ok(false);
+    }
+    let Some(fees) = sign::replacement_fees(old, market, chain.fee_cap) else {
         tracing::warn!(tx = tx.id, nonce = tx.nonce, "stuck at the fee cap: not replaced");
         return Ok(false);
     };
     let (signed, gas_limit) = sign::replacement(chain, &latest.raw, fees)?;
     let mut db = pool.begin().await?;
-    if !store::add_attempt(&mut db, tx.id, latest.attempt + 1, &signed, gas_limit, fees).await? {
+    let new = store::NewAttempt {
+        signed: &signed,
+        gas_limit,
+        fees,
+        filler: latest.filler,
+    };
+    if !store::add_attempt(&mut db, tx.id, latest.attempt + 1, &new).await? {
         return Ok(false);
     }
     db.commit().await?;
     tracing::info!(tx = tx.id, nonce = tx.nonce, attempt = latest.attempt + 1, hash = %signed.hash,
                    max_fee = fees.max_fee_per_gas, "stuck: replaced with higher fees");
-    let sent = broadcast::send(&chain.rpc, &signed.raw).await?;
-    if sent == Sent::NonceUsed {
-        tracing::info!(
+    match broadcast::send(&chain.rpc, &signed.raw).await? {
+        Sent::NonceUsed => tracing::info!(
             tx = tx.id,
             nonce = tx.nonce,
             "nonce spent: an earlier attempt was mined"
-        );
+        ),
+        // Given up by the next round, when the newest attempt is sent again.
+        Sent::NeverValid(why) => tracing::warn!(tx = tx.id, why, "the node refuses the replacement as never valid"),
+        Sent::Accepted | Sent::AlreadyKnown => {}
     }
     let mut conn = pool.acquire().await?;
     store::mark_broadcast(&mut conn, tx.id).await?;
@@ -157,14 +179,20 @@ async fn replace(pool: &PgPool, chain: &Chain, tx: &ChainTx) -> anyhow::Result<b
 
 /// Sends `tx`'s newest attempt again and records it as broadcast, its
 /// payouts sent.
-async fn rebroadcast(pool: &PgPool, chain: &Chain, tx: &ChainTx) -> anyhow::Result<()> {
-    let sent = broadcast::send(&chain.rpc, &tx.latest().raw).await?;
-    if sent == Sent::NonceUsed {
-        tracing::info!(
+async fn rebroadcast(pool: &PgPool, chain: &Chain, tx: &ChainTx, done: &mut Round) -> anyhow::Result<()> {
+    match broadcast::send(&chain.rpc, &tx.latest().raw).await? {
+        Sent::NonceUsed => tracing::info!(
             tx = tx.id,
             nonce = tx.nonce,
             "nonce spent; looking for the mined attempt"
-        );
+        ),
+        Sent::NeverValid(why) => {
+            if give_up::give_up(pool, chain, tx, &why).await? {
+                done.given_up += 1;
+            }
+            return Ok(());
+        }
+        Sent::Accepted | Sent::AlreadyKnown => {}
     }
     let mut db = pool.begin().await?;
     if store::mark_broadcast(&mut db, tx.id).await? {
@@ -192,54 +220,81 @@ async fn included(pool: &PgPool, chain: &Chain, tx: &ChainTx, head: u64, done: &
     if head + 1 < number + chain.confirmations {
         return Ok(());
     }
-    let receipt = receipt.expect("checked above");
-    let (to, word) = if receipt.succeeded() {
-        (TxState::Confirmed, Word::Paid)
+    at_depth(pool, chain, tx, block, receipt.expect("checked above"), done).await
+}
+
+/// `tx`'s block `block` has the confirmation depth on it: the transaction
+/// is final. Its transfer succeeded: confirmed, its payouts paid. It
+/// reverted: its payouts failed (a batch: split, signed again in halves).
+/// Its filler was mined: filled, and only now, its nonce spent by the
+/// filler for good, are its payouts signed again under new nonces.
+async fn at_depth(
+    pool: &PgPool,
+    chain: &Chain,
+    tx: &ChainTx,
+    block: B256,
+    receipt: Receipt,
+    done: &mut Round,
+) -> anyhow::Result<()> {
+    let to = if tx.filler_mined(receipt.transaction_hash) {
+        TxState::Filled
+    } else if receipt.succeeded() {
+        TxState::Confirmed
     } else {
-        (TxState::Reverted, Word::Failed(reverted_reason(tx)))
+        TxState::Reverted
     };
-    // A batch that reverted is split: fees for its halves, read before the
-    // database transaction that signs them.
-    let split_fees = match to {
-        TxState::Reverted => Some(chain.fees().await?),
-        _ => None,
+    // Fees for payouts signed again, read before the database transaction.
+    let fees = match to {
+        TxState::Confirmed => None,
+        _ => Some(chain.fees().await?),
     };
     let mut db = pool.begin().await?;
     if !store::mark_final(&mut db, tx.id, block, to).await? {
         return Ok(());
     }
     let paid = store::payouts_of(&mut db, tx.id).await?;
-    match split_fees {
-        Some(fees) if paid.len() > 1 => {
-            split(&mut db, chain, tx, &paid, fees).await?;
-            done.split += 1;
+    match (to, fees) {
+        (TxState::Filled, Some(fees)) => {
+            if !paid.is_empty() {
+                sign_again(&mut db, chain, tx, &paid, fees, "its filler confirmed").await?;
+            }
+            done.filled += 1;
         }
-        _ => move_payouts(&mut db, chain, tx.id, word).await?,
+        (TxState::Reverted, Some(fees)) if paid.len() > 1 => {
+            sign_again(&mut db, chain, tx, &paid, fees, "a batch reverted").await?;
+            done.split += 1;
+            done.reverted += 1;
+        }
+        (TxState::Reverted, _) => {
+            move_payouts(&mut db, chain, tx.id, Word::Failed(reverted_reason(tx))).await?;
+            done.reverted += 1;
+        }
+        _ => {
+            move_payouts(&mut db, chain, tx.id, Word::Paid).await?;
+            done.confirmed += 1;
+        }
     }
     db.commit().await?;
-    match to {
-        TxState::Confirmed => done.confirmed += 1,
-        _ => done.reverted += 1,
-    }
     Ok(())
 }
 
-/// Splits `tx`, a batch of `paid` that reverted at the confirmation depth
-/// (final: its nonce is spent, none of its attempts can be mined again):
-/// its payouts are given up by it and signed again in two halves under
-/// new nonces, in the database transaction that records the revert. A half
-/// of one payout is a plain transfer: if it reverts, that payout alone
-/// fails.
-async fn split(
+/// Signs `paid`, the payouts of `tx`, again (`why`): `tx` is final, a
+/// batch that reverted or a nonce filled, so its nonce is spent and none of
+/// its attempts can be mined again. Its payouts are given up by it and
+/// signed again in two halves (one payout: alone) under new nonces, in the
+/// database transaction that records `tx` final. A half of one payout is a
+/// plain transfer: if it reverts, that payout alone fails.
+async fn sign_again(
     db: &mut sqlx::PgConnection,
     chain: &Chain,
     tx: &ChainTx,
     paid: &[store::Paid],
     fees: sign::Fees,
+    why: &str,
 ) -> anyhow::Result<()> {
     anyhow::ensure!(
         store::give_up_payouts(db, tx.id).await?,
-        "batch {} reverted with no payout to give up",
+        "tx {} ({why}) has no payout to give up",
         tx.id
     );
     let mut payouts = Vec::with_capacity(paid.len());
@@ -258,7 +313,8 @@ async fn split(
         tx = tx.id,
         nonce = tx.nonce,
         payouts = paid.len(),
-        "a batch reverted: split in two halves, signed again"
+        why,
+        "payouts signed again under new nonces"
     );
     Ok(())
 }

@@ -27,6 +27,7 @@ use sqlx::PgPool;
 pub mod abi;
 pub mod broadcast;
 pub mod confirm;
+pub mod give_up;
 pub mod listing;
 pub mod metrics;
 pub mod rail;

@@ -62,7 +62,7 @@ impl ChainRail {
     /// The payment as this rail records it.
     fn payment(&self, payout: &PayoutRow, tx: &ChainTx, paid: &Paid) -> Payment {
         let status = match tx.state {
-            TxState::Signed | TxState::Broadcast | TxState::Included => PaymentStatus::Pending,
+            TxState::Signed | TxState::Broadcast | TxState::Included | TxState::Filled => PaymentStatus::Pending,
             TxState::Confirmed => PaymentStatus::Paid,
             TxState::Reverted => PaymentStatus::Failed,
         };
@@ -93,12 +93,19 @@ impl Rail for ChainRail {
             let sent = broadcast::send(&self.chain.rpc, &tx.latest().raw)
                 .await
                 .map_err(transient)?;
-            if sent == Sent::NonceUsed {
-                tracing::info!(
+            match sent {
+                Sent::NonceUsed => tracing::info!(
                     tx = tx.id,
                     nonce = tx.nonce,
                     "nonce spent: an attempt was mined; the follower finds it"
-                );
+                ),
+                Sent::NeverValid(why) => {
+                    super::give_up::give_up(&self.pool, &self.chain, &tx, &why)
+                        .await
+                        .map_err(transient)?;
+                    return Ok(self.payment(payout, &tx, &paid));
+                }
+                Sent::Accepted | Sent::AlreadyKnown => {}
             }
             let mut conn = self.pool.acquire().await.map_err(transient)?;
             store::mark_broadcast(&mut conn, tx.id).await.map_err(transient)?;

@@ -23,16 +23,20 @@ pub enum TxState {
     Confirmed,
     /// Mined, failed, and buried under the confirmation depth (final).
     Reverted,
+    /// Given up, and its filler buried under the confirmation depth (final):
+    /// its payouts are signed again under new nonces.
+    Filled,
 }
 
 impl TxState {
     /// Every state.
-    pub const ALL: [TxState; 5] = [
+    pub const ALL: [TxState; 6] = [
         TxState::Signed,
         TxState::Broadcast,
         TxState::Included,
         TxState::Confirmed,
         TxState::Reverted,
+        TxState::Filled,
     ];
 
     /// The stored value.
@@ -43,6 +47,7 @@ impl TxState {
             TxState::Included => "included",
             TxState::Confirmed => "confirmed",
             TxState::Reverted => "reverted",
+            TxState::Filled => "filled",
         }
     }
 
@@ -61,6 +66,8 @@ pub struct Attempt {
     pub hash: B256,
     /// Its signed bytes.
     pub raw: Vec<u8>,
+    /// The filler of a nonce given up (a zero-value transfer to itself).
+    pub filler: bool,
 }
 
 /// A stored transaction.
@@ -80,12 +87,19 @@ pub struct ChainTx {
     pub since_broadcast_ms: Option<i64>,
     /// Milliseconds since its newest attempt was signed.
     pub since_signed_ms: i64,
+    /// Given up: its newest attempt is a filler.
+    pub given_up: bool,
 }
 
 impl ChainTx {
     /// The newest attempt (the one sent).
     pub fn latest(&self) -> &Attempt {
         self.attempts.last().expect("a stored transaction has an attempt")
+    }
+
+    /// True when the attempt `hash` is its filler.
+    pub fn filler_mined(&self, hash: B256) -> bool {
+        self.attempts.iter().any(|a| a.hash == hash && a.filler)
     }
 }
 
@@ -114,29 +128,33 @@ struct TxRow {
     mined_hash: Option<String>,
     since_broadcast_ms: Option<i64>,
     since_signed_ms: i64,
+    given_up: bool,
 }
 
 const TX_COLUMNS: &str = "t.id, t.nonce, t.state, t.block_number, t.block_hash, t.mined_hash, \
      (extract(epoch FROM clock_timestamp() - t.broadcast_at) * 1000)::bigint AS since_broadcast_ms, \
      (SELECT (extract(epoch FROM clock_timestamp() - max(a.signed_at)) * 1000)::bigint \
-      FROM settlement.chain_tx_attempts a WHERE a.tx_id = t.id) AS since_signed_ms";
+      FROM settlement.chain_tx_attempts a WHERE a.tx_id = t.id) AS since_signed_ms, \
+     t.given_up_at IS NOT NULL AS given_up";
 
 fn hash(text: &str) -> anyhow::Result<B256> {
     text.parse().map_err(|e| anyhow::anyhow!("stored hash {text:?}: {e}"))
 }
 
 async fn attempts(conn: &mut PgConnection, tx_id: i64) -> anyhow::Result<Vec<Attempt>> {
-    let rows: Vec<(i32, String, Vec<u8>)> =
-        sqlx::query_as("SELECT attempt, hash, raw FROM settlement.chain_tx_attempts WHERE tx_id = $1 ORDER BY attempt")
-            .bind(tx_id) // $1
-            .fetch_all(&mut *conn)
-            .await?;
+    let rows: Vec<(i32, String, Vec<u8>, bool)> = sqlx::query_as(
+        "SELECT attempt, hash, raw, filler FROM settlement.chain_tx_attempts WHERE tx_id = $1 ORDER BY attempt",
+    )
+    .bind(tx_id) // $1
+    .fetch_all(&mut *conn)
+    .await?;
     rows.into_iter()
-        .map(|(attempt, h, raw)| {
+        .map(|(attempt, h, raw, filler)| {
             Ok(Attempt {
                 attempt,
                 hash: hash(&h)?,
                 raw,
+                filler,
             })
         })
         .collect()
@@ -157,6 +175,7 @@ async fn complete(conn: &mut PgConnection, row: TxRow) -> anyhow::Result<ChainTx
         attempts: attempts(conn, row.id).await?,
         since_broadcast_ms: row.since_broadcast_ms,
         since_signed_ms: row.since_signed_ms,
+        given_up: row.given_up,
     })
 }
 
@@ -281,11 +300,11 @@ pub async fn mark_reorged(conn: &mut PgConnection, id: i64, block: B256) -> anyh
     Ok(moved.rows_affected() == 1)
 }
 
-/// Transaction `id`, included in block `block`, is final: confirmed or
-/// reverted. False when it was not included there.
+/// Transaction `id`, included in block `block`, is final: confirmed,
+/// reverted, or filled. False when it was not included there.
 pub async fn mark_final(conn: &mut PgConnection, id: i64, block: B256, to: TxState) -> anyhow::Result<bool> {
     assert!(
-        matches!(to, TxState::Confirmed | TxState::Reverted),
+        matches!(to, TxState::Confirmed | TxState::Reverted | TxState::Filled),
         "{to:?} is not final"
     );
     let moved = sqlx::query(
@@ -299,44 +318,72 @@ pub async fn mark_final(conn: &mut PgConnection, id: i64, block: B256, to: TxSta
     Ok(moved.rows_affected() == 1)
 }
 
-/// Stores `attempt` of transaction `id` (a replacement: the same nonce,
-/// higher fees) while it is still broadcast and has no such attempt. False
-/// when another process replaced it first, or it was mined meanwhile.
-pub async fn add_attempt(
-    conn: &mut PgConnection,
-    id: i64,
-    attempt: i32,
-    signed: &super::wallet::Signed,
-    gas_limit: u64,
-    fees: super::sign::Fees,
-) -> anyhow::Result<bool> {
+/// An attempt to store: its signature, gas limit, fees, and whether it is
+/// a filler.
+#[derive(Debug, Clone, Copy)]
+pub struct NewAttempt<'a> {
+    /// The signed attempt.
+    pub signed: &'a super::wallet::Signed,
+    /// Its gas limit.
+    pub gas_limit: u64,
+    /// Its fees.
+    pub fees: super::sign::Fees,
+    /// The filler of a nonce given up.
+    pub filler: bool,
+}
+
+/// Stores `attempt` of transaction `id` (a replacement or a filler: the
+/// same nonce, higher fees) while it is not mined and has no such attempt.
+/// False when another process stored that attempt first, or it was mined
+/// meanwhile.
+pub async fn add_attempt(conn: &mut PgConnection, id: i64, attempt: i32, new: &NewAttempt<'_>) -> anyhow::Result<bool> {
     let added = sqlx::query(
         "INSERT INTO settlement.chain_tx_attempts
-             (tx_id, attempt, hash, raw, gas_limit, max_fee_per_gas, max_priority_fee_per_gas)
-         SELECT $1, $2, $3, $4, $5, $6::numeric, $7::numeric
-         WHERE EXISTS (SELECT 1 FROM settlement.chain_txs WHERE id = $1 AND state = 'broadcast')
+             (tx_id, attempt, hash, raw, gas_limit, max_fee_per_gas, max_priority_fee_per_gas, filler)
+         SELECT $1, $2, $3, $4, $5, $6::numeric, $7::numeric, $8
+         WHERE EXISTS (SELECT 1 FROM settlement.chain_txs WHERE id = $1 AND state IN ('signed', 'broadcast'))
          ON CONFLICT (tx_id, attempt) DO NOTHING",
     )
     .bind(id) // $1
     .bind(attempt) // $2
-    .bind(hex(signed.hash)) // $3
-    .bind(&signed.raw) // $4
-    .bind(gas_limit as i64) // $5
-    .bind(fees.max_fee_per_gas.to_string()) // $6
-    .bind(fees.max_priority_fee_per_gas.to_string()) // $7
+    .bind(hex(new.signed.hash)) // $3
+    .bind(&new.signed.raw) // $4
+    .bind(new.gas_limit as i64) // $5
+    .bind(new.fees.max_fee_per_gas.to_string()) // $6
+    .bind(new.fees.max_priority_fee_per_gas.to_string()) // $7
+    .bind(new.filler) // $8
     .execute(conn)
     .await?;
     Ok(added.rows_affected() == 1)
 }
 
-/// Gives up the payouts of transaction `id`, a batch that reverted at the
-/// confirmation depth (final: its nonce is spent), so that they can be
-/// signed again in smaller batches. False when it is not reverted.
+/// Marks transaction `id` given up because of `why`, while it is not mined
+/// and not given up yet. False otherwise.
+pub async fn mark_given_up(conn: &mut PgConnection, id: i64, why: &str) -> anyhow::Result<bool> {
+    let why: String = why.chars().take(GIVEN_UP_WHY_CHARS_MAX).collect();
+    let marked = sqlx::query(
+        "UPDATE settlement.chain_txs SET given_up_at = now(), given_up_why = $2
+         WHERE id = $1 AND given_up_at IS NULL AND state IN ('signed', 'broadcast')",
+    )
+    .bind(id) // $1
+    .bind(why) // $2
+    .execute(conn)
+    .await?;
+    Ok(marked.rows_affected() == 1)
+}
+
+/// The longest reason a give-up keeps (`chain_txs.given_up_why`).
+pub const GIVEN_UP_WHY_CHARS_MAX: usize = 500;
+
+/// Gives up the payouts of transaction `id`, a batch that reverted or a
+/// transaction filled at the confirmation depth (final: its nonce is spent
+/// and none of its attempts can be mined any more), so that they can be
+/// signed again. False when it is neither.
 pub async fn give_up_payouts(conn: &mut PgConnection, id: i64) -> anyhow::Result<bool> {
     let given = sqlx::query(
         "UPDATE settlement.chain_tx_payouts l SET given_up = true
          WHERE l.tx_id = $1 AND NOT l.given_up
-           AND EXISTS (SELECT 1 FROM settlement.chain_txs t WHERE t.id = $1 AND t.state = 'reverted')",
+           AND EXISTS (SELECT 1 FROM settlement.chain_txs t WHERE t.id = $1 AND t.state IN ('reverted', 'filled'))",
     )
     .bind(id) // $1
     .execute(conn)

@@ -9,6 +9,7 @@
 pub mod archive;
 pub mod deliver;
 pub mod demo;
+pub mod give_up;
 pub mod import;
 pub mod lease;
 pub mod migrate;

@@ -85,8 +85,13 @@ async fn show(
             (TxState::Included, Some((block, _, hash))) => format!(", mined as {} in block {block}", store::hex(hash)),
             _ => String::new(),
         };
+        let given_up = if tx.given_up {
+            ", given up (newest attempt: its filler)"
+        } else {
+            ""
+        };
         out.push_str(&format!(
-            "    nonce {} {} (tx {}), {} attempt(s), newest {} signed {:.1} s ago{mined_in}\n",
+            "    nonce {} {} (tx {}){given_up}, {} attempt(s), newest {} signed {:.1} s ago{mined_in}\n",
             tx.nonce,
             tx.state.as_str(),
             tx.id,
