@@ -160,7 +160,7 @@ async fn archive_once(pool: &PgPool, opts: &ArchiveOptions) -> anyhow::Result<Ar
     let mut conn = pool.acquire().await?;
     sqlx::query("BEGIN").execute(&mut *conn).await?;
     let mut written: Vec<Period> = Vec::new();
-    let archived = match archive_in_tx(&mut conn, opts, &mut written).await {
+    let archived = match archive_and_audit(&mut conn, opts, &mut written).await {
         Ok(archived) => archived,
         Err(err) => {
             // COMMIT was never sent: nothing is archived. The files go
@@ -183,6 +183,22 @@ async fn archive_once(pool: &PgPool, opts: &ArchiveOptions) -> anyhow::Result<Ar
     conn.close_on_drop();
     drop(conn);
     settle_unanswered_commit(pool, opts, archived, commit_err).await
+}
+
+/// [`archive_in_tx`], and the audit row of what it archived (when it did),
+/// in the same transaction.
+async fn archive_and_audit(
+    conn: &mut PgConnection,
+    opts: &ArchiveOptions,
+    written: &mut Vec<Period>,
+) -> anyhow::Result<Vec<Archived>> {
+    let archived = archive_in_tx(conn, opts, written).await?;
+    if !archived.is_empty() {
+        let periods: Vec<String> = archived.iter().map(|a| a.period.to_string()).collect();
+        let target = format!("periods {}", periods.join(" "));
+        crate::audit::record_cli(conn, "archive", &target, crate::audit::OK).await?;
+    }
+    Ok(archived)
 }
 
 /// After a COMMIT that returned an error: keeps the files when the archive

@@ -6,6 +6,7 @@
 //! conditional debit, the idempotency key's primary key, the partial unique
 //! index on active holds. Never: a check in memory, or check-then-write.
 
+pub mod audit;
 pub mod auth;
 pub mod creators;
 pub mod dashboard;
@@ -318,7 +319,8 @@ pub async fn begin(state: &AppState) -> Result<sqlx::Transaction<'static, sqlx::
     Ok(tx)
 }
 
-/// Commits an API write transaction. With a `synchronous_commit` configured,
+/// Commits an API write transaction, with the audit row of the request in
+/// progress (see [`audit`]). With a `synchronous_commit` configured,
 /// the statement timeout is lifted first, so that nothing but the standby
 /// ends the wait for it: PostgreSQL answers a cancelled wait with a
 /// successful COMMIT (and a warning), which would send a 201 for a payout
@@ -330,6 +332,7 @@ pub async fn begin(state: &AppState) -> Result<sqlx::Transaction<'static, sqlx::
 ///
 /// [`EngineError::CommitOutcomeUnknown`]: settled_engine::EngineError::CommitOutcomeUnknown
 pub async fn commit(state: &AppState, mut tx: sqlx::Transaction<'static, sqlx::Postgres>) -> anyhow::Result<()> {
+    let recorded = audit::record_in(&mut tx).await?;
     if state.synchronous_commit.is_some() {
         sqlx::query("SELECT set_config('statement_timeout', '0', true)")
             .execute(&mut *tx)
@@ -338,6 +341,9 @@ pub async fn commit(state: &AppState, mut tx: sqlx::Transaction<'static, sqlx::P
     tx.commit()
         .await
         .map_err(settled_engine::EngineError::at_commit("committing an API write"))?;
+    if let Some(recorded) = recorded {
+        recorded.committed();
+    }
     Ok(())
 }
 

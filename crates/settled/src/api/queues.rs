@@ -199,6 +199,8 @@ pub async fn replay_committed(state: &AppState, name: &str, filter: &ReplayFilte
     let mut tx = super::begin(state).await.map_err(Problem::unavailable)?;
     let found = queues::find_usable(&mut tx, name).await.map_err(problem)?;
     let replayed = queues::replay(&mut tx, &found, filter).await.map_err(problem)?;
+    super::audit::set_target(format!("queue {name}: {}", queues::describe(filter)));
+    super::audit::set_outcome(format!("{} {replayed} replayed", crate::audit::OK));
     super::commit(state, tx).await.map_err(Problem::unavailable)?;
     Ok(replayed)
 }
@@ -330,6 +332,7 @@ pub async fn cancel(
     let outcome = queues::cancel(&mut tx, &found, &b.key).await.map_err(problem)?;
     match outcome {
         Cancelled::Cancelled => {
+            super::audit::set_target(format!("queue {name} job {:?}", b.key));
             super::commit(&state, tx).await.map_err(Problem::unavailable)?;
             Ok(ok(JobCancelled {
                 queue: name,
