@@ -156,10 +156,54 @@ async fn each_role_acting_and_refused_leaves_the_rows_settled_audit_shows() {
     let released = rows.iter().find(|r| r["actor"] == "boss").unwrap();
     assert_eq!(released["target"], format!("/v1/holds/{hold_id}/release"));
 
+    // `/audit` shows the same rows to an operator, walked by keyset, and
+    // refuses a viewer.
+    let r = client
+        .get(url("/audit"))
+        .basic_auth("x", Some(&viewer))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    let mut shown = Vec::new();
+    let mut next = Some("/audit?limit=4".to_string());
+    while let Some(path) = next.take() {
+        let r = client
+            .get(url(&path))
+            .basic_auth("x", Some(&operator))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+        let page = r.text().await.unwrap();
+        assert!(!page.contains("<script"), "no script");
+        shown.extend(page.match_indices("data-audit=\"").map(|(at, _)| {
+            let rest = &page[at + 12..];
+            rest[..rest.find('"').unwrap()].parse::<i64>().unwrap()
+        }));
+        next = page
+            .split("rel=\"next\" href=\"")
+            .nth(1)
+            .map(|rest| rest[..rest.find('"').unwrap()].replace("&amp;", "&"));
+    }
+    let ids: Vec<i64> = rows.iter().rev().map(|r| r["id"].as_i64().unwrap()).collect();
+    // The viewer's refusal of /audit came after `rows` was read.
+    assert_eq!(shown[1..], ids[..], "newest first, every row once");
+    let r = client
+        .get(url("/audit?actor=shop"))
+        .basic_auth("x", Some(&operator))
+        .send()
+        .await
+        .unwrap();
+    let page = r.text().await.unwrap();
+    assert_eq!(page.matches("data-audit=").count(), 1, "{page}");
+    assert!(page.contains(&format!("hold {hold_id} creator {creator}")), "{page}");
+
     // --actor and --since filter.
     assert_eq!(lines(&audit_rows(&env, &["--actor", "ops"])).len(), 2);
     assert_eq!(audit_rows(&env, &["--since", "2999-01-01"]).len(), 0);
-    assert_eq!(audit_rows(&env, &["--since", "2000-01-01"]).len(), rows.len());
+    // And the viewer refused /audit.
+    assert_eq!(audit_rows(&env, &["--since", "2000-01-01"]).len(), rows.len() + 1);
 }
 
 #[tokio::test(flavor = "multi_thread")]

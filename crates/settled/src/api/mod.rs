@@ -165,9 +165,11 @@ pub fn dashboard_routes() -> Router<AppState> {
         .route("/dashboard/retry", post(dashboard::retry))
         .route("/queues", get(dashboard::queues::list))
         .route("/queues/{name}", get(dashboard::queues::show))
+        .route("/queues/{name}/jobs/{key}", get(dashboard::queues::job))
         .route("/dashboard/queues/{name}/replay", post(dashboard::queues::replay))
         .route("/dashboard/queues/{name}/pause", post(dashboard::queues::pause))
         .route("/dashboard/queues/{name}/resume", post(dashboard::queues::resume))
+        .route("/audit", get(dashboard::audit_page::audit))
 }
 
 /// Everything the server serves: the API, the dashboard, and a

@@ -4,6 +4,7 @@
 //! maud templates that escape whatever they show (`pages.rs`); this file
 //! only joins the two.
 
+pub mod audit_page;
 mod creator_pages;
 pub mod find;
 mod hold_pages;
