@@ -128,7 +128,9 @@ async fn each_role_acting_and_refused_leaves_the_rows_settled_audit_shows() {
 
     let rows = audit_rows(&env, &[]);
     let seen = lines(&rows);
-    let cli: Vec<&String> = seen.iter().filter(|l| l.starts_with("cli:postgres/")).collect();
+    let whoami = std::process::Command::new("id").arg("-un").output().unwrap();
+    let me = format!("cli:postgres/{} |", String::from_utf8_lossy(&whoami.stdout).trim());
+    let cli: Vec<&String> = seen.iter().filter(|l| l.starts_with(&me)).collect();
     assert_eq!(cli.len(), 5, "4 tokens made and a retry: {seen:#?}");
     assert!(
         cli[0].ends_with("| tokens create | ok") && cli[4].contains("| retry | ok 0 item(s) retried"),

@@ -62,13 +62,21 @@ pub async fn refused(conn: &mut PgConnection, entry: &Entry) -> sqlx::Result<()>
     Ok(())
 }
 
-/// The CLI's actor: `cli:<login role>/<OS user>`.
+/// The CLI's actor: `cli:<login role>/<OS user>` (the login role even
+/// under `--role-per-command`, whose SET ROLE does not change it).
 pub async fn cli_actor(conn: &mut PgConnection) -> sqlx::Result<String> {
     let login: String = sqlx::query_scalar("SELECT session_user::text").fetch_one(conn).await?;
-    let user = std::env::var("USER")
-        .or_else(|_| std::env::var("LOGNAME"))
-        .unwrap_or_else(|_| "?".to_string());
-    Ok(format!("cli:{login}/{user}"))
+    Ok(format!("cli:{login}/{}", os_user()))
+}
+
+/// The OS user running this process: its name in the user database, else
+/// `$USER`, else `uid <n>`.
+fn os_user() -> String {
+    let uid = nix::unistd::getuid();
+    match nix::unistd::User::from_uid(uid) {
+        Ok(Some(user)) => user.name,
+        _ => std::env::var("USER").unwrap_or_else(|_| format!("uid {uid}")),
+    }
 }
 
 /// Appends the CLI's `action` on `target` with `outcome`, as
