@@ -55,7 +55,13 @@ pub struct ArchiveOptions {
     /// Drop the detached ledger partition instead of keeping it in
     /// `settlement_archive`.
     pub drop_ledger: bool,
+    /// Who archives, for the audit log (None: the CLI's operator,
+    /// `cli:<login>/<OS user>`).
+    pub actor: Option<String>,
 }
+
+/// The audit log's actor of the worker daemon's archive (`--archive-after-days`).
+pub const DAEMON_ACTOR: &str = "worker --archive-after-days";
 
 /// A period's archive, as its manifest and `settlement.archived_periods` hold it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -196,7 +202,17 @@ async fn archive_and_audit(
     if !archived.is_empty() {
         let periods: Vec<String> = archived.iter().map(|a| a.period.to_string()).collect();
         let target = format!("periods {}", periods.join(" "));
-        crate::audit::record_cli(conn, "archive", &target, crate::audit::OK).await?;
+        let actor = match &opts.actor {
+            Some(actor) => actor.clone(),
+            None => crate::audit::cli_actor(&mut *conn).await?,
+        };
+        let entry = crate::audit::Entry {
+            actor,
+            action: "archive".to_string(),
+            target,
+            outcome: crate::audit::OK.to_string(),
+        };
+        crate::audit::record(conn, &entry).await?;
     }
     Ok(archived)
 }

@@ -8,8 +8,9 @@
 //! (with the challenge) or 403 (naming the role needed) before any body is
 //! read. Handlers that act take [`Authorized`] (the API) or
 //! [`DashboardAuthorized`] (the dashboard's forms, which also refuse a form
-//! posted from another site): the [`Actor`] the check found. Also owns what
-//! a configured token may be ([`parse_api_token`]).
+//! posted from another site): the [`Actor`] the check found. It also hands
+//! the audit log its refusals and the requests that act (`super::audit`).
+//! Also owns what a configured token may be ([`parse_api_token`]).
 
 use std::sync::Arc;
 
@@ -80,22 +81,27 @@ pub async fn authorize(State(state): State<AppState>, mut request: Request, next
     if actor.role < needed {
         entry.outcome = "refused 403".to_string();
         audit::refusal(&state, &entry).await;
-        return Problem::new(
-            StatusCode::FORBIDDEN,
-            ProblemType::Forbidden,
-            "The token's role is too low",
-            format!(
-                "this needs the role {needed} or above; token {} has the role {}",
-                actor.name, actor.role
-            ),
-        )
-        .into_response();
+        return forbidden(needed, &actor);
     }
     request.extensions_mut().insert(actor);
     if method == "GET" {
         return next.run(request).await;
     }
     audit::around(&state, entry, next.run(request)).await
+}
+
+/// 403, naming the role needed and the token's.
+fn forbidden(needed: Role, actor: &Actor) -> Response {
+    Problem::new(
+        StatusCode::FORBIDDEN,
+        ProblemType::Forbidden,
+        "The token's role is too low",
+        format!(
+            "this needs the role {needed} or above; token {} has the role {}",
+            actor.name, actor.role
+        ),
+    )
+    .into_response()
 }
 
 /// The audit row of a request to the route `path` (a template): the action
