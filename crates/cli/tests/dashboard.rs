@@ -259,6 +259,13 @@ async fn audit_and_job_pages(
         .unwrap();
     assert_eq!(refused.status(), 401);
     env.run_ok(&["retry", "--period", "2026-11-28"]);
+    // The server writes the refusals it counted once a second.
+    common::wait_until(30, "the refusal to be written", || async {
+        env.scalar_i64("SELECT count(*) FROM settlement.audit_log WHERE action = 'POST /v1/holds'")
+            .await
+            == 1
+    })
+    .await;
     let url = format!("{}/audit", server.base);
     let dom = browse(browser, profile, &["--dump-dom"], &url);
     for wanted in [

@@ -24,19 +24,22 @@ CREATE UNIQUE INDEX audit_log_refusal_per_minute ON settlement.audit_log (actor,
 CREATE INDEX audit_log_newest ON settlement.audit_log (id DESC);
 CREATE INDEX audit_log_actor_newest ON settlement.audit_log (actor, id DESC);
 
--- Records a refusal: a new row for this actor, action and outcome in the
--- current minute (of the database's clock), or one more on its count.
-CREATE FUNCTION settlement.audit_refused(p_actor text, p_action text, p_target text, p_outcome text)
+-- Records refusals: a new row for this actor, action and outcome in the
+-- current minute (of the database's clock), or `p_count` more on its count.
+-- (A server counts refusals in memory and writes each key at most once a
+-- second, so a flood neither contends on the row nor takes connections.)
+CREATE FUNCTION settlement.audit_refused(p_actor text, p_action text, p_target text, p_outcome text,
+                                         p_count bigint DEFAULT 1)
 RETURNS void
 LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-    INSERT INTO settlement.audit_log (actor, action, target, outcome, minute)
+    INSERT INTO settlement.audit_log (actor, action, target, outcome, count, minute)
     VALUES (left(p_actor, 200), left(p_action, 200), left(p_target, 500), left(p_outcome, 200),
-            date_trunc('minute', now()))
+            greatest(p_count, 1), date_trunc('minute', now()))
     ON CONFLICT (actor, action, outcome, minute) WHERE minute IS NOT NULL
-    DO UPDATE SET count = settlement.audit_log.count + 1
+    DO UPDATE SET count = settlement.audit_log.count + greatest(p_count, 1)
 $$;
-REVOKE ALL ON FUNCTION settlement.audit_refused(text, text, text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION settlement.audit_refused(text, text, text, text, bigint) FROM PUBLIC;
 
 GRANT SELECT, INSERT ON settlement.audit_log TO settled_api, settled_worker, settled_readonly;
-GRANT EXECUTE ON FUNCTION settlement.audit_refused(text, text, text, text)
+GRANT EXECUTE ON FUNCTION settlement.audit_refused(text, text, text, text, bigint)
     TO settled_api, settled_worker, settled_readonly;

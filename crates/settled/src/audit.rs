@@ -49,14 +49,16 @@ pub async fn record(conn: &mut PgConnection, entry: &Entry) -> sqlx::Result<()> 
     Ok(())
 }
 
-/// Counts a refusal: one row per actor, action and outcome per minute of the
-/// database's clock, whose count grows with each repeat.
-pub async fn refused(conn: &mut PgConnection, entry: &Entry) -> sqlx::Result<()> {
-    sqlx::query("SELECT settlement.audit_refused($1, $2, $3, $4)")
+/// Counts `count` refusals of `entry`: one row per actor, action and
+/// outcome per minute of the database's clock, whose count grows with each
+/// repeat.
+pub async fn refused(conn: &mut PgConnection, entry: &Entry, count: i64) -> sqlx::Result<()> {
+    sqlx::query("SELECT settlement.audit_refused($1, $2, $3, $4, $5)")
         .bind(cut(&entry.actor, TEXT_CHARS_MAX)) // $1
         .bind(cut(&entry.action, TEXT_CHARS_MAX)) // $2
         .bind(cut(&entry.target, TARGET_CHARS_MAX)) // $3
         .bind(cut(&entry.outcome, TEXT_CHARS_MAX)) // $4
+        .bind(count) // $5
         .execute(conn)
         .await?;
     Ok(())

@@ -1,7 +1,7 @@
 //! The audit log of the server's requests, driven by the table of routes:
 //! [`super::auth::authorize`] hands every request of a route that acts (a
 //! POST behind a role) to [`around`], and counts every refusal (401, 403)
-//! with [`refusal`]. A request that acts writes its row inside the
+//! with [`refusal`] (in memory, written once a second). A request that acts writes its row inside the
 //! transaction of its effect: [`super::commit`], the one commit of the
 //! API's and the dashboard's writes, appends the row of the request in
 //! progress (held in a task-local while its handler runs) before COMMIT.
@@ -10,6 +10,7 @@
 //! what they acted on ([`set_target`]) or how it ended ([`set_outcome`]).
 //! Never: a row for a read that was allowed, or a row the roles could change.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -90,15 +91,89 @@ pub fn is_refusal(status: StatusCode) -> bool {
     matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN)
 }
 
-/// Counts a refusal (best effort: a server that cannot write, a standby,
-/// still refuses).
+/// Counts a refusal: in memory, written by [`keep_writing_refusals`] (at
+/// most one write per actor, action and outcome per
+/// [`REFUSALS_WRITE_INTERVAL`]), so a flood of refused requests neither
+/// contends on one row nor takes the connections payouts need.
 pub async fn refusal(state: &AppState, entry: &Entry) {
+    state.refusals.add(entry);
+}
+
+/// How often counted refusals are written.
+pub const REFUSALS_WRITE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+/// Distinct actor, action and outcome triples held between writes; more
+/// are dropped (and logged). Routes and token names bound them far below.
+pub const REFUSALS_PENDING_MAX: usize = 10_000;
+
+/// Refusals counted since the last write, by actor, action and outcome
+/// (with the first target seen).
+#[derive(Debug, Default)]
+pub struct Refusals {
+    pending: Mutex<HashMap<RefusalKind, (String, i64)>>,
+}
+
+/// What refusals are counted by: actor, action, outcome.
+type RefusalKind = (String, String, String);
+
+impl Refusals {
+    fn add(&self, entry: &Entry) {
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let key = (entry.actor.clone(), entry.action.clone(), entry.outcome.clone());
+        if let Some((_, count)) = pending.get_mut(&key) {
+            *count += 1;
+        } else if pending.len() < REFUSALS_PENDING_MAX {
+            pending.insert(key, (entry.target.clone(), 1));
+        } else {
+            tracing::warn!(
+                actor = entry.actor,
+                action = entry.action,
+                "a refusal was not counted: too many kinds pending"
+            );
+        }
+    }
+
+    fn take(&self) -> Vec<(Entry, i64)> {
+        let taken = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()));
+        taken
+            .into_iter()
+            .map(|((actor, action, outcome), (target, count))| {
+                let entry = Entry {
+                    actor,
+                    action,
+                    target,
+                    outcome,
+                };
+                (entry, count)
+            })
+            .collect()
+    }
+}
+
+/// Writes the refusals counted so far (best effort: a server that cannot
+/// write, a standby, still refuses; what could not be written is logged).
+pub async fn write_refusals(state: &AppState) {
+    let taken = state.refusals.take();
+    if taken.is_empty() {
+        return;
+    }
     let written = async {
         let mut conn = state.pool.acquire().await?;
-        crate::audit::refused(&mut conn, entry).await
+        for (entry, count) in &taken {
+            crate::audit::refused(&mut conn, entry, *count).await?;
+        }
+        Ok::<_, sqlx::Error>(())
     };
     if let Err(err) = written.await {
-        tracing::debug!(error = %err, action = entry.action, "a refusal was not counted in the audit log");
+        tracing::debug!(error = %err, kinds = taken.len(), "refusals were not counted in the audit log");
+    }
+}
+
+/// Writes counted refusals every [`REFUSALS_WRITE_INTERVAL`], for ever.
+pub async fn keep_writing_refusals(state: AppState) {
+    let mut tick = tokio::time::interval(REFUSALS_WRITE_INTERVAL);
+    loop {
+        tick.tick().await;
+        write_refusals(&state).await;
     }
 }
 

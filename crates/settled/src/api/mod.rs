@@ -93,6 +93,8 @@ pub struct AppState {
     pub verification: crate::watch::VerificationSlot,
     /// How often [`serve`] verifies the newest finished run (None: never).
     pub verify_every: Option<Duration>,
+    /// Refusals counted and not yet written to the audit log.
+    pub refusals: Arc<audit::Refusals>,
 }
 
 impl AppState {
@@ -113,6 +115,7 @@ impl AppState {
             deadlines: Arc::default(),
             verification: crate::watch::VerificationSlot::default(),
             verify_every: None,
+            refusals: Arc::default(),
         }
     }
 }
@@ -223,8 +226,11 @@ pub async fn serve(listener: tokio::net::TcpListener, state: AppState) -> anyhow
             }
         }
     });
+    let refusals = tokio::spawn(audit::keep_writing_refusals(state.clone()));
     let limits = state.limits;
-    let served = server::run(listener, router(state), limits, shutdown_signal()).await;
+    let served = server::run(listener, router(state.clone()), limits, shutdown_signal()).await;
+    refusals.abort();
+    audit::write_refusals(&state).await;
     pruner.abort();
     if let Some(verifier) = verifier {
         verifier.abort();
