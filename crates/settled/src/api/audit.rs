@@ -1,14 +1,15 @@
 //! The audit log of the server's requests, driven by the table of routes:
 //! [`super::auth::authorize`] hands every request of a route that acts (a
 //! POST behind a role) to [`around`], and counts every refusal (401, 403)
-//! with [`refusal`] (in memory, written once a second). A request that acts writes its row inside the
-//! transaction of its effect: [`super::commit`], the one commit of the
-//! API's and the dashboard's writes, appends the row of the request in
-//! progress (held in a task-local while its handler runs) before COMMIT.
-//! A request that committed nothing (refused, invalid, answered from an
-//! idempotency key) gets its row afterwards, on its own. Handlers may name
-//! what they acted on ([`set_target`]) or how it ended ([`set_outcome`]).
-//! Never: a row for a read that was allowed, or a row the roles could change.
+//! with [`refusal`] (in memory, written once a second per kind). A request
+//! that acts writes its row inside the transaction of its effect:
+//! [`super::commit`], the one commit of the API's and the dashboard's
+//! writes, appends the row of the request in progress (held in a
+//! task-local while its handler runs) before COMMIT. A request that
+//! committed nothing (refused, invalid, answered from an idempotency key)
+//! gets its row afterwards, on its own. Handlers may name what they acted
+//! on ([`set_target`]) or how it ended ([`set_outcome`]). Never: a row for
+//! a read that was allowed, or a row the roles could change.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
