@@ -443,6 +443,15 @@ async fn the_queue_endpoints_read_with_any_role_and_act_only_with_an_operators_t
     assert!(paused(&env).await);
     let (_, body) = post(&client, &url("/v1/queues/mail/pause"), token, None).await;
     assert_eq!(body["changed"], false);
+    assert_eq!(
+        env.scalar_text(
+            "SELECT string_agg(outcome, ', ' ORDER BY id) FROM settlement.audit_log
+             WHERE action = 'POST /v1/queues/{name}/pause'"
+        )
+        .await,
+        "ok, no change: already paused",
+        "the audit log says which pause changed nothing"
+    );
     let (status, body) = post(&client, &url("/v1/queues/mail/resume"), token, None).await;
     assert_eq!((status, &body["changed"]), (200, &json!(true)));
     assert!(!paused(&env).await);

@@ -180,6 +180,13 @@ pub async fn set_paused(state: &AppState, name: &str, paused: bool) -> Result<bo
         found.queue.resume(&mut tx).await
     }
     .map_err(Problem::unavailable)?;
+    if !changed {
+        super::audit::set_outcome(if paused {
+            "no change: already paused"
+        } else {
+            "no change: not paused"
+        });
+    }
     super::commit(state, tx).await.map_err(Problem::unavailable)?;
     Ok(changed)
 }
