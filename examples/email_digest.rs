@@ -1,6 +1,6 @@
 //! A job that is not settlement: send each subscriber its digest exactly
 //! once, with several claim loops splitting the work, through the engine's
-//! API alone (no SQL against the engine's tables).
+//! API alone (no SQL against the engine's tables, nor its bookkeeping columns written by hand).
 //!
 //! `cargo run -p settled-engine --example email_digest` uses `DATABASE_URL`,
 //! or a throwaway private PostgreSQL when it is unset.
@@ -13,38 +13,22 @@
 
 use std::sync::Arc;
 
-use settled_engine::raw::WorkQueue;
 use settled_engine::{
     Chunk, ChunkHandler, DrainConfig, Handled, HandlerError, InTransaction, Job, NoHooks, QueueSpec, WorkOutcome,
-    Worker,
+    WorkQueue, Worker,
 };
 use sqlx::{PgConnection, PgPool};
 
-const SCHEMA_SQL: &[&str] = &[
-    "CREATE SCHEMA IF NOT EXISTS digest",
-    "CREATE TABLE IF NOT EXISTS digest.outbox (
-        week        date        NOT NULL,
-        subscriber  text        NOT NULL,
-        topic       text        NOT NULL,
-        status      text        NOT NULL DEFAULT 'eligible',
-        attempt     integer     NOT NULL DEFAULT 0,
-        attempt_base integer    NOT NULL DEFAULT 0,
-        fence_epoch  integer    NOT NULL DEFAULT 0,
-        lease_owner uuid,
-        lease_until timestamptz,
-        not_before  timestamptz,
-        last_error  text,
-        updated_at  timestamptz NOT NULL DEFAULT now(),
-        PRIMARY KEY (week, subscriber))",
-    "CREATE INDEX IF NOT EXISTS outbox_eligible ON digest.outbox (week, subscriber) WHERE status = 'eligible'",
-    "CREATE INDEX IF NOT EXISTS outbox_processing ON digest.outbox (week, lease_until) WHERE status = 'processing'",
-    "CREATE INDEX IF NOT EXISTS outbox_held ON digest.outbox (subscriber) WHERE status = 'held'",
-    "CREATE TABLE IF NOT EXISTS digest.sent (
-        week       date NOT NULL,
-        subscriber text NOT NULL,
-        body       text NOT NULL,
-        PRIMARY KEY (week, subscriber))",
-];
+/// The example's own columns of the work table; the engine adds its scope,
+/// key and bookkeeping columns and indexes ([`WorkQueue::table_sql`]).
+const OUTBOX_COLUMNS: &str = "topic text NOT NULL";
+
+/// Where a digest sent is recorded: its key refuses a second send.
+const SENT_SQL: &str = "CREATE TABLE IF NOT EXISTS digest.sent (
+    week       date NOT NULL,
+    subscriber text NOT NULL,
+    body       text NOT NULL,
+    PRIMARY KEY (week, subscriber))";
 
 /// The digest job: its work table, no extra hooks (any week with items may
 /// start; the report is the engine's counts; a due time covers its own date).
@@ -107,12 +91,19 @@ pub(crate) fn drain_config() -> DrainConfig {
     }
 }
 
-/// Creates the engine's and the example's tables.
+/// Creates the engine's and the example's tables (once).
 pub(crate) async fn install(pool: &PgPool) -> anyhow::Result<()> {
     settled_engine::migrate(pool).await?;
-    for statement in SCHEMA_SQL {
-        sqlx::query(statement).execute(pool).await?;
+    sqlx::query("CREATE SCHEMA IF NOT EXISTS digest").execute(pool).await?;
+    let exists: bool = sqlx::query_scalar("SELECT to_regclass('digest.outbox') IS NOT NULL")
+        .fetch_one(pool)
+        .await?;
+    if !exists {
+        sqlx::raw_sql(&job().queue().table_sql(OUTBOX_COLUMNS))
+            .execute(pool)
+            .await?;
     }
+    sqlx::query(SENT_SQL).execute(pool).await?;
     job().check_work_table(pool).await?;
     Ok(())
 }

@@ -18,7 +18,7 @@ mod document;
 use common::Env;
 use document::Generated;
 use settled::payouts::{Applied, PayoutState, Source};
-use settled_engine::raw::{ItemStatus, RunState};
+use settled_engine::{ItemStatus, RunState};
 use sqlx::{Connection, PgConnection};
 
 const SCHEMA_DOC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/schema.md");

@@ -17,13 +17,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::NaiveDate;
-use sqlx::{PgConnection, PgPool};
+use sqlx::{PgConnection, PgPool, Postgres};
 use tracing::field::Empty;
 use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::drainer::{Drainer, RunTarget};
-use crate::runs::{self, Joined, Run, RunState};
+use crate::runs::{self, Joined, Run, RunCounts, RunState};
 use crate::{DrainConfig, EngineError, WorkQueue, Worker};
 
 /// What an application adds to the engine's lifecycle of its runs.
@@ -422,24 +422,30 @@ impl<H: RunHooks> Job<H> {
         Ok(scope)
     }
 
-    /// The run of `scope`, if any.
-    pub async fn find_run(&self, pool: &PgPool, scope: &str) -> Result<Option<Run>, EngineError> {
-        runs::find(&mut *acquire(pool).await?, self.name(), scope).await
+    /// The run of `scope`, if any. Like every read of the job's runs, on a
+    /// pool or on the caller's own connection (inside its transaction).
+    pub async fn find_run<'c>(&self, db: impl Into<Db<'c>>, scope: &str) -> Result<Option<Run>, EngineError> {
+        runs::find(&mut *on(db).await?, self.name(), scope).await
     }
 
     /// Run `id` of this job, if any.
-    pub async fn get_run(&self, pool: &PgPool, id: i64) -> Result<Option<Run>, EngineError> {
-        runs::get(&mut *acquire(pool).await?, self.name(), id).await
+    pub async fn get_run<'c>(&self, db: impl Into<Db<'c>>, id: i64) -> Result<Option<Run>, EngineError> {
+        runs::get(&mut *on(db).await?, self.name(), id).await
     }
 
     /// The job's running run, if any.
-    pub async fn running_run(&self, pool: &PgPool) -> Result<Option<Run>, EngineError> {
-        runs::running(&mut *acquire(pool).await?, self.name()).await
+    pub async fn running_run<'c>(&self, db: impl Into<Db<'c>>) -> Result<Option<Run>, EngineError> {
+        runs::running(&mut *on(db).await?, self.name()).await
     }
 
     /// The job's runs, newest first.
-    pub async fn list_runs(&self, pool: &PgPool, limit: i64) -> Result<Vec<Run>, EngineError> {
-        runs::list(&mut *acquire(pool).await?, self.name(), limit).await
+    pub async fn list_runs<'c>(&self, db: impl Into<Db<'c>>, limit: i64) -> Result<Vec<Run>, EngineError> {
+        runs::list(&mut *on(db).await?, self.name(), limit).await
+    }
+
+    /// How many of the job's runs are in each state.
+    pub async fn count_runs<'c>(&self, db: impl Into<Db<'c>>) -> Result<RunCounts, EngineError> {
+        runs::count_by_state(&mut *on(db).await?, self.name()).await
     }
 
     /// One worker's turn at `scope`: joins (or starts) its run, drains it
@@ -530,6 +536,60 @@ impl<H: RunHooks> Job<H> {
 /// errors (a restart, a failover) before it gives up and leaves the finish
 /// to the next worker or daemon (no longer than its outage limit).
 pub const FINISH_RETRY_FOR: Duration = Duration::from_secs(300);
+
+/// Where a read of the job's runs runs: on a connection from a pool, or on
+/// the caller's own connection (inside its transaction).
+#[derive(Debug)]
+pub enum Db<'c> {
+    /// A connection taken from the pool for the read.
+    Pool(&'c PgPool),
+    /// The caller's connection.
+    Conn(&'c mut PgConnection),
+}
+
+impl<'c> From<&'c PgPool> for Db<'c> {
+    fn from(pool: &'c PgPool) -> Db<'c> {
+        Db::Pool(pool)
+    }
+}
+
+impl<'c> From<&'c mut PgConnection> for Db<'c> {
+    fn from(conn: &'c mut PgConnection) -> Db<'c> {
+        Db::Conn(conn)
+    }
+}
+
+/// A connection of a [`Db`]: pooled for the read, or borrowed.
+enum Held<'c> {
+    Pooled(sqlx::pool::PoolConnection<Postgres>),
+    Borrowed(&'c mut PgConnection),
+}
+
+impl std::ops::Deref for Held<'_> {
+    type Target = PgConnection;
+    fn deref(&self) -> &PgConnection {
+        match self {
+            Held::Pooled(conn) => conn,
+            Held::Borrowed(conn) => conn,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Held<'_> {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        match self {
+            Held::Pooled(conn) => conn,
+            Held::Borrowed(conn) => conn,
+        }
+    }
+}
+
+async fn on<'c>(db: impl Into<Db<'c>>) -> Result<Held<'c>, EngineError> {
+    Ok(match db.into() {
+        Db::Pool(pool) => Held::Pooled(acquire(pool).await?),
+        Db::Conn(conn) => Held::Borrowed(conn),
+    })
+}
 
 async fn acquire(pool: &PgPool) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>, EngineError> {
     pool.acquire().await.map_err(EngineError::db("acquiring a connection"))

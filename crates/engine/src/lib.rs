@@ -97,16 +97,13 @@ pub use continuous::{
 };
 
 // Batch queues: a job over a scoped work table, drained run by run.
-pub use drain::{ChunkHandler, DrainConfig};
-pub use drainer::{InTransaction, Leased};
-pub use item::{Chunk, Handled};
-pub use job::{Job, NoHooks, RunHooks, WorkOutcome};
+pub use drain::{ChunkHandler, DrainConfig, DrainStats};
+pub use drainer::{ByMode, Drainer, InTransaction, Leased, RunTarget};
+pub use item::{Chunk, ClaimedItem, Handled};
+pub use job::{Cancelled, Db, Job, NoHooks, Reopened, RunHooks, WorkOutcome};
 pub use leased::{LeaseConfig, LeasedHandler};
-pub use queue::QueueSpec;
+pub use queue::{ChunkSql, ChunkStatements, QueueSpec, RetryPolicy, StatusCounts, WorkQueue};
+pub use runs::{Joined, Run, RunCounts, RunState};
+pub use schedule::Schedule;
+pub use status::ItemStatus;
 pub use workers::Worker;
-
-// Inside the crate, the names every module uses.
-pub(crate) use drain::DrainStats;
-pub(crate) use item::ClaimedItem;
-pub(crate) use queue::WorkQueue;
-pub(crate) use schedule::Schedule;

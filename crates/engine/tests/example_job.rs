@@ -9,11 +9,11 @@ mod email_digest;
 use std::time::Duration;
 
 use settled_engine::daemon::DaemonConfig;
-use settled_engine::raw::{Cancelled, RunState, Schedule};
+use settled_engine::{Cancelled, RunState, Schedule};
 use settled_engine::{WorkOutcome, Worker};
 use sqlx::PgPool;
 
-async fn wait_for_state(pool: &PgPool, week: &str, state: RunState) -> settled_engine::raw::Run {
+async fn wait_for_state(pool: &PgPool, week: &str, state: RunState) -> settled_engine::Run {
     let job = email_digest::job();
     for _ in 0..600 {
         if let Some(run) = job.find_run(pool, week).await.unwrap() {

@@ -8,7 +8,7 @@ use settled::money::Amount;
 use settled::provider::{HttpProvider, Payment, PaymentStatus, PayoutProvider, ProviderError};
 use settled::settlement::{SettleRewards, SettleWithProvider};
 use settled::worker::Mode;
-use settled_engine::raw::{ByMode, ClaimedItem};
+use settled_engine::{ByMode, ClaimedItem};
 use settled_engine::{Chunk, ChunkHandler, Handled, HandlerError, InTransaction, LeaseConfig, Leased, LeasedHandler};
 use sqlx::{PgConnection, PgPool};
 use std::sync::Arc;
@@ -39,7 +39,7 @@ impl<H: ChunkHandler> ChunkHandler for SimulatedWork<H> {
 
     /// Without simulated work, the real handler's one-statement chunks (the
     /// product's path); with it, `handle_chunk`, where the work can sit.
-    fn chunk_sql(&self) -> Option<settled_engine::raw::ChunkSql> {
+    fn chunk_sql(&self) -> Option<settled_engine::ChunkSql> {
         if self.per_item.is_zero() {
             self.inner.chunk_sql()
         } else {

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use common::*;
 use settled::provider::HttpProvider;
-use settled_engine::raw::DrainStats;
+use settled_engine::DrainStats;
 use settled_engine::{Chunk, LeasedHandler};
 use uuid::Uuid;
 
@@ -167,7 +167,7 @@ async fn fence_replay(guarded: bool) -> FenceOutcome {
     }
 }
 
-fn chunk(s: &Settled, item: settled_engine::raw::ClaimedItem) -> Chunk {
+fn chunk(s: &Settled, item: settled_engine::ClaimedItem) -> Chunk {
     Chunk {
         run_id: s.run_id,
         scope: PERIOD.into(),

@@ -24,7 +24,7 @@ use serde_json::{json, Value};
 use settled::payouts::deliver::{poll, Deliver, Delivered, Limiter, Limits, Polling};
 use settled::payouts::word::word_of;
 use settled::provider::{EventType, HttpProvider, Payment, PayoutProvider, WebhookEvent};
-use settled_engine::raw::RetryPolicy;
+use settled_engine::RetryPolicy;
 use settled_engine::{ClaimedJob, HandlerError, LeaseConfig, LeasedJobHandler, ServeConfig, ServeStats};
 use settled_models::suite::{self, Counterexample};
 use sqlx::{PgConnection, PgPool};

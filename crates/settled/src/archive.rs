@@ -40,7 +40,6 @@ use sqlx::{PgConnection, PgPool};
 use crate::address::CreatorAddress;
 use crate::partitions;
 use crate::period::Period;
-use crate::settlement::JOB;
 
 /// The header line of an archive file: the ledger's columns, in order.
 pub const ARCHIVE_HEADER: &str = "period,creator,amount,run_id,attempt,created_at";
@@ -380,7 +379,8 @@ async fn archive_in_tx(
 
 /// Why `period` may not be archived, if it may not.
 async fn refusal(conn: &mut PgConnection, period: Period) -> anyhow::Result<Option<String>> {
-    let run_state = settled_engine::raw::runs::find(&mut *conn, JOB, &period.to_string())
+    let run_state = crate::settlement::job()
+        .find_run(&mut *conn, &period.to_string())
         .await?
         .map(|run| run.state.as_str().to_string());
     let unsettled: Vec<(String, i64)> = sqlx::query_as(

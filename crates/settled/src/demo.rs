@@ -5,13 +5,12 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use settled_engine::raw::runs;
 use sqlx::PgPool;
 
 use crate::money::FeeBps;
 use crate::period::Period;
 use crate::progress::Progress;
-use crate::settlement::{queue, JOB};
+use crate::settlement::queue;
 use crate::{seed, status, verify};
 
 /// Largest number of worker processes the demo starts.
@@ -81,7 +80,11 @@ pub async fn demo(pool: &PgPool, url: &str, opts: &DemoOptions) -> anyhow::Resul
     );
     let period = choose_period(pool).await?;
     let mut conn = pool.acquire().await?;
-    if runs::find(&mut conn, JOB, &period.to_string()).await?.is_none() {
+    if crate::settlement::job()
+        .find_run(&mut *conn, &period.to_string())
+        .await?
+        .is_none()
+    {
         eprintln!(
             "seeding {} creators for period {period} (seed {})",
             opts.creators, opts.seed
@@ -195,7 +198,7 @@ pub async fn demo(pool: &PgPool, url: &str, opts: &DemoOptions) -> anyhow::Resul
 /// every demo settles a fresh period and balances grow across demos.
 async fn choose_period(pool: &PgPool) -> anyhow::Result<Period> {
     let mut conn = pool.acquire().await?;
-    if let Some(run) = runs::running(&mut conn, JOB).await? {
+    if let Some(run) = crate::settlement::job().running_run(&mut *conn).await? {
         return Period::parse(&run.scope).map_err(anyhow::Error::msg);
     }
     let date: chrono::NaiveDate =

@@ -7,7 +7,7 @@
 
 use chrono::{DateTime, Utc};
 use settled_engine::raw::workers::WorkerTotals;
-use settled_engine::raw::{Run, RunState};
+use settled_engine::{Run, RunState};
 
 /// What a run is shown as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

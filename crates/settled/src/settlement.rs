@@ -13,10 +13,10 @@ use std::sync::{Arc, OnceLock};
 
 use anyhow::Context;
 
-use settled_engine::raw::{ChunkSql, ClaimedItem, WorkQueue};
 use settled_engine::{
     Chunk, ChunkHandler, EngineError, Handled, HandlerError, Job, LeasedHandler, QueueSpec, RunHooks,
 };
+use settled_engine::{ChunkSql, ClaimedItem, WorkQueue};
 use sqlx::{PgConnection, PgPool};
 
 use crate::address::CreatorAddress;
@@ -146,7 +146,7 @@ pub async fn hold_input_open(tx: &mut PgConnection, period: Period) -> anyhow::R
         .execute(&mut *tx)
         .await
         .with_context(|| format!("holding the input of {period} open"))?;
-    if let Some(run) = settled_engine::raw::runs::find(tx, JOB, &period.to_string()).await? {
+    if let Some(run) = job().find_run(&mut *tx, &period.to_string()).await? {
         anyhow::bail!(
             "period {period} already has run {} ({}): its input can no longer change",
             run.id,

@@ -1,12 +1,12 @@
 //! `settled status`: exact counts by status and amounts for a period, read
 //! from committed state (never SKIP LOCKED, which would hide claimed rows).
 
-use settled_engine::raw::StatusCounts;
-use settled_engine::raw::{runs, Run};
+use settled_engine::Run;
+use settled_engine::StatusCounts;
 use sqlx::PgConnection;
 
 use crate::period::Period;
-use crate::settlement::{queue, JOB};
+use crate::settlement::queue;
 
 /// A period's progress.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -48,7 +48,7 @@ async fn read(conn: &mut PgConnection, period: Period) -> anyhow::Result<PeriodS
     let counts = queue().count_by_status(conn, &p).await?;
     let total = counts.total();
     let done = counts.counts.iter().filter(|(s, _)| s.is_final()).map(|(_, n)| n).sum();
-    let run = runs::find(conn, JOB, &p).await?;
+    let run = crate::settlement::job().find_run(&mut *conn, &p).await?;
     let (settled_amount, expected_amount): (String, String) = sqlx::query_as(
         "SELECT coalesce((SELECT sum(amount) FROM settlement.reward_ledger WHERE period = $1::date), 0)::text,
                 coalesce((SELECT sum(settlement.reward(v.volume, p.fee_bps))

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use settled_engine::raw::{Run, RunState, Schedule};
+use settled_engine::{Run, RunState, Schedule};
 use sqlx::PgPool;
 
 use crate::cmd::worker::ScheduleFlags;
@@ -188,10 +188,7 @@ pub async fn keep_verifying(pool: PgPool, every: Duration, slot: VerificationSlo
 /// Verifies the newest finished run (None: no run has finished).
 async fn verify_newest(pool: &PgPool) -> anyhow::Result<Option<LastVerification>> {
     let job = crate::settlement::job();
-    let runs = {
-        let mut conn = pool.acquire().await?;
-        settled_engine::raw::runs::list(&mut conn, job.name(), NEWEST_RUNS_LOOKED_AT).await?
-    };
+    let runs = job.list_runs(pool, NEWEST_RUNS_LOOKED_AT).await?;
     let Some(run) = runs.into_iter().find(|r| r.state == RunState::Finished) else {
         return Ok(None);
     };

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use settled_engine::daemon::DaemonConfig;
-use settled_engine::raw::{ByMode, Drainer, RetryPolicy};
+use settled_engine::{ByMode, Drainer, RetryPolicy};
 use settled_engine::{DrainConfig, InTransaction, LeaseConfig, Leased, WorkOutcome, Worker};
 use sqlx::PgPool;
 
@@ -174,7 +174,7 @@ pub async fn stop_signal() {
 
 /// SIGTERM or SIGINT: stop claiming; in-flight work finishes (or, in leased
 /// mode, is given back after the shutdown grace).
-async fn stop_on_signal(stats: Arc<settled_engine::raw::DrainStats>) {
+async fn stop_on_signal(stats: Arc<settled_engine::DrainStats>) {
     stop_signal().await;
     tracing::info!("signal received: finishing the work in flight, claiming no more");
     stats.stop.store(true, std::sync::atomic::Ordering::Relaxed);

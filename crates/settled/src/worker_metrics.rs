@@ -6,7 +6,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use settled_engine::raw::DrainStats;
+use settled_engine::DrainStats;
 
 /// Serves a worker's own metrics (claim and handler latency histograms, its
 /// counters, and a probe of `pool`) on `listener` until the task is dropped.

@@ -40,6 +40,53 @@ pub const REQUIRED_INDEXES: &[&str] = &[
     "(key) WHERE status = 'held'",
 ];
 
+/// The engine's bookkeeping columns, as a work table created by
+/// [`WorkQueue::table_sql`] declares them (the ones [`REQUIRED_COLUMNS`]
+/// describes, with their defaults).
+const BOOKKEEPING_COLUMNS_SQL: &str = "status       text        NOT NULL DEFAULT 'eligible'
+                 CHECK (status IN ('eligible', 'processing', 'settled', 'failed', 'held')),
+    attempt      integer     NOT NULL DEFAULT 0,
+    attempt_base integer     NOT NULL DEFAULT 0,
+    fence_epoch  integer     NOT NULL DEFAULT 0,
+    lease_owner  uuid,
+    lease_until  timestamptz,
+    not_before   timestamptz,
+    last_error   text,
+    updated_at   timestamptz NOT NULL DEFAULT now()";
+
+impl WorkQueue {
+    /// The statements that create this work table with the application's
+    /// own `columns` (SQL column definitions, e.g. `"amount numeric NOT
+    /// NULL"`; empty for none): the scope and key, the columns, the
+    /// engine's bookkeeping columns and every index of
+    /// [`REQUIRED_INDEXES`]. The application runs them (in its own
+    /// migration, or at install); [`WorkQueue::check_table`] accepts what
+    /// they create.
+    pub fn table_sql(&self, columns: &str) -> String {
+        let spec = &self.spec;
+        let (table, scope, key) = (&spec.table, &spec.scope_column, &spec.key_column);
+        let base = table.rsplit('.').next().unwrap_or(table);
+        let columns = if columns.trim().is_empty() {
+            String::new()
+        } else {
+            format!("{},\n    ", columns.trim().trim_end_matches(','))
+        };
+        format!(
+            "CREATE TABLE {table} (
+    {scope} {scope_type} NOT NULL,
+    {key} {key_type} NOT NULL,
+    {columns}{BOOKKEEPING_COLUMNS_SQL},
+    PRIMARY KEY ({scope}, {key})
+);
+CREATE INDEX {base}_eligible ON {table} ({scope}, {key}) WHERE status = 'eligible';
+CREATE INDEX {base}_processing ON {table} ({scope}, lease_until) WHERE status = 'processing';
+CREATE INDEX {base}_held ON {table} ({key}) WHERE status = 'held';",
+            scope_type = spec.scope_type,
+            key_type = spec.key_type,
+        )
+    }
+}
+
 #[derive(sqlx::FromRow)]
 pub(crate) struct IndexRow {
     pub(crate) unique: bool,

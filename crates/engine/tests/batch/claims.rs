@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use settled_engine::raw::RunState;
+use settled_engine::RunState;
 use settled_engine::{InTransaction, Worker};
 
 use crate::common::*;
@@ -133,7 +133,7 @@ async fn workers_share_one_cut_of_key_ranges_visit_each_range_once_and_a_reopene
     for outcome in futures_util::future::join_all(drains).await {
         outcome.unwrap();
     }
-    let load = |get: fn(&settled_engine::raw::DrainStats) -> &std::sync::atomic::AtomicU64| {
+    let load = |get: fn(&settled_engine::DrainStats) -> &std::sync::atomic::AtomicU64| {
         workers
             .iter()
             .map(|w| get(w.stats()).load(std::sync::atomic::Ordering::Relaxed))

@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use settled_engine::raw::{RetryPolicy, WorkQueue};
 use settled_engine::{Chunk, ChunkHandler, DrainConfig, Handled, HandlerError, InTransaction, Job, NoHooks, QueueSpec};
+use settled_engine::{RetryPolicy, WorkQueue};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgConnection, PgPool};
 
@@ -118,7 +118,7 @@ pub(crate) fn config(chunk: u32, concurrency: u32) -> DrainConfig {
     }
 }
 
-/// A handler whose chunks are one statement ([`settled_engine::raw::ChunkSql`]):
+/// A handler whose chunks are one statement ([`settled_engine::ChunkSql`]):
 /// effects in `jobs.sql_effects` (a CHECK refuses `item-77`), holds from
 /// `jobs.holds`. Its `handle_chunk` fails everything.
 pub(crate) struct InSql;
@@ -138,8 +138,8 @@ impl ChunkHandler for InSql {
         ))
     }
 
-    fn chunk_sql(&self) -> Option<settled_engine::raw::ChunkSql> {
-        Some(settled_engine::raw::ChunkSql {
+    fn chunk_sql(&self) -> Option<settled_engine::ChunkSql> {
+        Some(settled_engine::ChunkSql {
             effects: "effects AS (
                 INSERT INTO jobs.sql_effects (day, item, fence, run)
                 SELECT s.day, s.item, s.attempt, r.id FROM settled s CROSS JOIN run r

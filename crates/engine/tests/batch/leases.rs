@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use settled_engine::raw::RetryPolicy;
+use settled_engine::RetryPolicy;
 
 use crate::common::*;
 

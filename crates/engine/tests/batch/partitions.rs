@@ -29,7 +29,7 @@ impl settled_engine::LeasedHandler for SlowLeased {
         &self,
         _batch: &(),
         _chunk: &Chunk,
-        _item: &settled_engine::raw::ClaimedItem,
+        _item: &settled_engine::ClaimedItem,
     ) -> Result<(), HandlerError> {
         tokio::time::sleep(Duration::from_millis(20)).await;
         Ok(())

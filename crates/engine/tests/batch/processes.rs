@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use settled_engine::raw::RunState;
+use settled_engine::RunState;
 use settled_engine::Worker;
 use sqlx::postgres::PgPoolOptions;
 

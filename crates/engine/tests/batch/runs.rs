@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use settled_engine::daemon::DaemonConfig;
-use settled_engine::raw::{Cancelled, RunState, Schedule, WorkQueue};
+use settled_engine::{Cancelled, RunState, Schedule, WorkQueue};
 use settled_engine::{EngineError, Job, NoHooks, QueueSpec, Worker};
 
 use crate::common::*;

@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use settled_engine::raw::{RunState, WorkQueue};
 use settled_engine::{ChunkHandler, InTransaction, Worker};
+use settled_engine::{RunState, WorkQueue};
 use sqlx::postgres::PgPoolOptions;
 
 use crate::common::*;
@@ -42,7 +42,7 @@ async fn one_statement_chunks_settle_hold_and_isolate_a_failing_item_with_two_wo
         1,
         "only item-77 failed"
     );
-    let settled = |s: &settled_engine::raw::DrainStats| s.items_settled.load(std::sync::atomic::Ordering::Relaxed);
+    let settled = |s: &settled_engine::DrainStats| s.items_settled.load(std::sync::atomic::Ordering::Relaxed);
     assert_eq!(settled(&sa) + settled(&sb), 2_997, "all but two held and one failing");
     assert!(settled(&sa) > 0 && settled(&sb) > 0, "both workers worked");
     assert!(
@@ -126,7 +126,7 @@ async fn chunk_statements_name_the_one_relation_of_a_scope_and_claim_nothing_onc
         WorkQueue::new(spec).unwrap()
     };
     let mut conn = pool.acquire().await.unwrap();
-    let on_relation = |statements: settled_engine::raw::ChunkStatements| statements.on_scope_relation();
+    let on_relation = |statements: settled_engine::ChunkStatements| statements.on_scope_relation();
     let queue: WorkQueue = (**job().queue()).clone();
     for (queue, scope, expected) in [
         (&queue, SCOPE, true),

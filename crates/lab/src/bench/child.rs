@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use settled_engine::raw::{ClaimedItem, RetryPolicy};
 use settled_engine::{Chunk, ChunkHandler, Fence, LeaseConfig, WorkOutcome};
+use settled_engine::{ClaimedItem, RetryPolicy};
 use sqlx::PgPool;
 
 use super::Strategy;

@@ -30,11 +30,11 @@ fn settle_chunk_script() -> String {
 }
 
 #[cfg(test)]
-fn table_statements() -> settled_engine::raw::ChunkStatements {
+fn table_statements() -> settled_engine::ChunkStatements {
     settled::settlement::queue().chunk_statements(&settlement_chunk_sql())
 }
 
-fn settlement_chunk_sql() -> settled_engine::raw::ChunkSql {
+fn settlement_chunk_sql() -> settled_engine::ChunkSql {
     use settled_engine::ChunkHandler;
     settled::settlement::SettleRewards
         .chunk_sql()
@@ -43,7 +43,7 @@ fn settlement_chunk_sql() -> settled_engine::raw::ChunkSql {
 
 /// The chunk statements a worker's drain of the case's period sends (on
 /// the period's partition).
-async fn case_statements(db: &super::CaseDb) -> anyhow::Result<settled_engine::raw::ChunkStatements> {
+async fn case_statements(db: &super::CaseDb) -> anyhow::Result<settled_engine::ChunkStatements> {
     let mut conn = PgConnection::connect(&db.url).await?;
     let statements = settled::settlement::queue()
         .chunk_statements_for(&mut conn, &db.period.to_string(), &settlement_chunk_sql())
@@ -65,7 +65,7 @@ fn with_variables(sql: &str, names: &[&str]) -> String {
     sql
 }
 
-fn chunk_script(statements: &settled_engine::raw::ChunkStatements) -> String {
+fn chunk_script(statements: &settled_engine::ChunkStatements) -> String {
     let chunk = with_variables(statements.from_start_sql(), &["period", "chunk", "run"]);
     format!(
         "-- One chunk of the in-transaction settlement, generated from the product's own\n\
@@ -79,7 +79,7 @@ fn chunk_script(statements: &settled_engine::raw::ChunkStatements) -> String {
 /// The product's claim inside a key range (keys after :lo, up to :hi, in
 /// key order) on the case's partition, as a pgbench script. Variables:
 /// :period, :run, :chunk, :lo, :hi.
-fn range_script(statements: &settled_engine::raw::ChunkStatements) -> String {
+fn range_script(statements: &settled_engine::ChunkStatements) -> String {
     let chunk = with_variables(statements.range_sql(), &["period", "chunk", "run", "lo", "hi"]);
     format!("BEGIN;\n{chunk};\nCOMMIT;\n")
 }

@@ -24,8 +24,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
-use settled_engine::raw::ItemStatus;
-use settled_engine::raw::StatusCounts;
+use settled_engine::ItemStatus;
+use settled_engine::StatusCounts;
 
 use super::dashboard::queries::StoredReport;
 use super::{AppState, Problem, ProblemType};
@@ -61,7 +61,7 @@ const RUNS_COUNTED: i64 = 100_000;
 /// The database's exact state at scrape time.
 struct Snapshot {
     items: StatusCounts,
-    runs: settled_engine::raw::runs::RunCounts,
+    runs: settled_engine::RunCounts,
     workers: settled_engine::raw::workers::WorkerTotals,
     payouts: crate::payouts::overview::Overview,
     ledger_entries: i64,
@@ -80,11 +80,11 @@ async fn snapshot(state: &AppState) -> anyhow::Result<Snapshot> {
     // at ten million). Every settled item has exactly one ledger row
     // (`settled verify` proves it), so the ledger's entries are the settled
     // items.
-    let live = match settled_engine::raw::runs::running(&mut conn, job.name()).await? {
+    let live = match job.running_run(&mut *conn).await? {
         Some(run) => vec![job.queue().count_by_status(&mut conn, &run.scope).await?],
         None => Vec::new(),
     };
-    let all_runs = settled_engine::raw::runs::list(&mut conn, job.name(), RUNS_COUNTED).await?;
+    let all_runs = job.list_runs(&mut *conn, RUNS_COUNTED).await?;
     let now: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()").fetch_one(&mut *conn).await?;
     let due = state.deadlines.runs_due(&all_runs, now);
     let stored: Vec<_> = all_runs.iter().filter_map(StoredReport::of).map(|r| r.counts).collect();
@@ -94,7 +94,7 @@ async fn snapshot(state: &AppState) -> anyhow::Result<Snapshot> {
             .map(|s| (*s, stored.iter().chain(&live).map(|c| c.get(*s)).sum()))
             .collect(),
     };
-    let runs = settled_engine::raw::runs::count_by_state(&mut conn, job.name()).await?;
+    let runs = job.count_runs(&mut *conn).await?;
     let workers = settled_engine::raw::workers::totals(&state.reads).await?;
     let payouts = crate::payouts::overview::overview(&mut conn).await?;
     let ledger_entries = items.get(ItemStatus::Settled);
@@ -127,7 +127,7 @@ pub async fn serve(State(state): State<AppState>) -> Response {
     for (status, n) in &s.items.counts {
         metrics::gauge!("settled_items", "status" => status.as_str()).set(*n as f64);
     }
-    let settled = s.items.get(settled_engine::raw::ItemStatus::Settled);
+    let settled = s.items.get(settled_engine::ItemStatus::Settled);
     metrics::counter!("settled_items_settled_total").absolute(settled as u64);
     metrics::counter!("settled_ledger_entries_total").absolute(s.ledger_entries as u64);
     for (run_state, n) in [

@@ -14,6 +14,13 @@ use serde_json::{json, Value};
 
 /// How long one call to the node may take.
 pub const RPC_TIMEOUT: Duration = Duration::from_secs(10);
+/// The longest answer read from the node: a receipt or a block header is a
+/// few kilobytes, and a log query covers at most [`LOG_BLOCKS_PER_CALL`]
+/// blocks. A longer answer is not read on, and the call has no answer.
+pub const ANSWER_BYTES_MAX: usize = 16 * 1024 * 1024;
+/// The blocks one `eth_getLogs` call covers; a longer range is read in
+/// windows of this size, so each answer stays under [`ANSWER_BYTES_MAX`].
+pub const LOG_BLOCKS_PER_CALL: u64 = 2_000;
 
 /// Why a call has no answer.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -133,7 +140,13 @@ pub struct Header {
 impl Rpc {
     /// A client of the node at `url`.
     pub fn new(url: &str) -> anyhow::Result<Rpc> {
-        let http = reqwest::Client::builder().timeout(RPC_TIMEOUT).build()?;
+        // A redirect is not the node's answer: it is never followed, and a
+        // call answered with one has no answer (a broadcast is then sent
+        // again, as after any doubt).
+        let http = reqwest::Client::builder()
+            .timeout(RPC_TIMEOUT)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()?;
         Ok(Rpc {
             url: url.to_string(),
             http,
@@ -162,7 +175,11 @@ impl Rpc {
             .send()
             .await
             .map_err(|e| transport(e.to_string()))?;
-        let answer: Answer = response.json().await.map_err(|e| transport(e.to_string()))?;
+        if !response.status().is_success() {
+            return Err(transport(format!("HTTP status {}", response.status())));
+        }
+        let body = read_capped(response, ANSWER_BYTES_MAX).await.map_err(transport)?;
+        let answer: Answer = serde_json::from_slice(&body).map_err(|e| transport(e.to_string()))?;
         if let Some(NodeError { code, message }) = answer.error {
             return Err(RpcError::Node { method, code, message });
         }
@@ -232,7 +249,8 @@ impl Rpc {
     }
 
     /// The logs of `address` with first topic `topic0` and, when given,
-    /// second topic `topic1`, in blocks `from..=to`.
+    /// second topic `topic1`, in blocks `from..=to`, read in windows of
+    /// [`LOG_BLOCKS_PER_CALL`] blocks.
     pub async fn logs(
         &self,
         address: Address,
@@ -245,10 +263,90 @@ impl Rpc {
             Some(t) => json!([topic0, t]),
             None => json!([topic0]),
         };
-        self.call(
-            "eth_getLogs",
-            json!([{"address": address, "topics": topics, "fromBlock": U64::from(from), "toBlock": U64::from(to)}]),
+        let mut logs = Vec::new();
+        let mut start = from;
+        while start <= to {
+            let end = to.min(start.saturating_add(LOG_BLOCKS_PER_CALL - 1));
+            let window: Vec<Log> = self
+                .call(
+                    "eth_getLogs",
+                    json!([{"address": address, "topics": topics, "fromBlock": U64::from(start), "toBlock": U64::from(end)}]),
+                )
+                .await?;
+            logs.extend(window);
+            start = end.saturating_add(1);
+            if end == u64::MAX {
+                break;
+            }
+        }
+        Ok(logs)
+    }
+}
+
+/// The body of `response`, read chunk by chunk, at most `bytes_max`.
+async fn read_capped(mut response: reqwest::Response, bytes_max: usize) -> Result<Vec<u8>, String> {
+    if response.content_length().is_some_and(|n| n > bytes_max as u64) {
+        return Err(format!("the answer is longer than {bytes_max} bytes; not read"));
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(|e| e.to_string())? {
+        if body.len() + chunk.len() > bytes_max {
+            return Err(format!("the answer is longer than {bytes_max} bytes; not read"));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A server on 127.0.0.1 that answers every request with `head` and
+    /// then `body_bytes` bytes of JSON-looking text.
+    async fn answering(head: &'static str, body_bytes: usize) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let mut request = vec![0u8; 4096];
+                let _ = socket.read(&mut request).await;
+                let head = head.replace("{len}", &body_bytes.to_string());
+                let _ = socket.write_all(head.as_bytes()).await;
+                let _ = socket.write_all(&vec![b' '; body_bytes]).await;
+            }
+        });
+        url
+    }
+
+    #[tokio::test]
+    async fn a_redirect_is_not_followed_and_the_call_has_no_answer() {
+        let url = answering(
+            "HTTP/1.1 307 Temporary Redirect\r\nLocation: http://127.0.0.1:9/\r\nContent-Length: 0\r\n\r\n",
+            0,
         )
-        .await
+        .await;
+        let err = Rpc::new(&url).unwrap().chain_id().await.unwrap_err();
+        assert!(
+            matches!(&err, RpcError::Transport { detail, .. } if detail.contains("307")),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_answer_over_the_cap_is_not_read() {
+        let url = answering("HTTP/1.1 200 OK\r\nContent-Length: {len}\r\n\r\n", ANSWER_BYTES_MAX + 1).await;
+        let err = Rpc::new(&url).unwrap().chain_id().await.unwrap_err();
+        assert!(
+            matches!(&err, RpcError::Transport { detail, .. } if detail.contains("longer than")),
+            "{err}"
+        );
+        let url = answering("HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n", ANSWER_BYTES_MAX + 1).await;
+        let err = Rpc::new(&url).unwrap().chain_id().await.unwrap_err();
+        assert!(
+            matches!(&err, RpcError::Transport { detail, .. } if detail.contains("longer than")),
+            "{err}"
+        );
     }
 }

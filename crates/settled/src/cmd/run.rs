@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use settled_engine::raw::{Cancelled, ItemStatus, Reopened, Run, RunState};
+use settled_engine::{Cancelled, ItemStatus, Reopened, Run, RunState};
 
 use crate::cmd::{DbCommand, Outcome, DEFAULT_CHUNK, DEFAULT_CONCURRENCY};
 use crate::db::Database;

@@ -4,7 +4,7 @@ use crate::cmd::{DbCommand, Outcome};
 use crate::db::{Access, Database};
 use crate::run_state::Shown;
 use crate::settlement::job;
-use settled_engine::raw::Run;
+use settled_engine::Run;
 
 /// List runs, newest first: state, starter, timing, report summary.
 #[derive(Debug, clap::Args)]

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use settled_engine::daemon::DaemonConfig;
-use settled_engine::raw::{Drainer, RetryPolicy};
+use settled_engine::{Drainer, RetryPolicy};
 use settled_engine::{LeaseConfig, WorkOutcome};
 
 use crate::cmd::{DbCommand, Outcome, DEFAULT_CHUNK, DEFAULT_CONCURRENCY, DEFAULT_LEASED_CHUNK};
@@ -97,8 +97,8 @@ pub const DEFAULT_CATCH_UP_DAYS: u32 = 3;
 
 impl ScheduleFlags {
     /// The parsed schedule.
-    pub fn parse(&self) -> anyhow::Result<settled_engine::raw::Schedule> {
-        Ok(settled_engine::raw::Schedule::parse(&self.schedule, &self.timezone)?)
+    pub fn parse(&self) -> anyhow::Result<settled_engine::Schedule> {
+        Ok(settled_engine::Schedule::parse(&self.schedule, &self.timezone)?)
     }
 }
 

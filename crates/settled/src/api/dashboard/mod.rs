@@ -26,7 +26,7 @@ use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Redirect, Response};
 use maud::Markup;
 use serde::Deserialize;
-use settled_engine::raw::{ItemStatus, RunState};
+use settled_engine::{ItemStatus, RunState};
 
 use super::{AppState, Problem, ProblemType};
 use crate::period::Period;

@@ -1,8 +1,8 @@
 //! What the dashboard reads: exact queries on committed state, as rows
 //! with names. No HTML here.
 
-use settled_engine::raw::StatusCounts;
-use settled_engine::raw::{ItemStatus, Run, RunState};
+use settled_engine::StatusCounts;
+use settled_engine::{ItemStatus, Run, RunState};
 use sqlx::PgPool;
 
 /// Runs listed on the front page.
