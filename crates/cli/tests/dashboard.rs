@@ -220,6 +220,91 @@ async fn a_browser_sees_the_run_advance_and_a_waiting_backend_in_the_lock_view()
         .await
         .unwrap()
         .unwrap();
+    audit_and_job_pages(&browser, profile.path(), &shots, &env, &server).await;
+}
+
+/// The audit log after a refused request and an operator's command, and a
+/// dead letter's page with its attempts, as a browser shows them.
+async fn audit_and_job_pages(
+    browser: &PathBuf,
+    profile: &std::path::Path,
+    shots: &std::path::Path,
+    env: &Env,
+    server: &Server,
+) {
+    let refused = reqwest::Client::new()
+        .post(format!("{}/v1/holds", server.base))
+        .json(&serde_json::json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 401);
+    env.run_ok(&["retry", "--period", "2026-11-28"]);
+    // The server writes the refusals it counted once a second.
+    common::wait_until(30, "the refusal to be written", || async {
+        env.scalar_i64("SELECT count(*) FROM settlement.audit_log WHERE action = 'POST /v1/holds'")
+            .await
+            == 1
+    })
+    .await;
+    let url = format!("{}/audit", server.base);
+    let dom = browse(browser, profile, &["--dump-dom"], &url);
+    for wanted in [
+        "anonymous",
+        "POST /v1/holds",
+        "refused 401",
+        "cli:",
+        "ok 0 item(s) retried",
+        "data-audit=",
+    ] {
+        assert!(dom.contains(wanted), "{wanted} on /audit:\n{dom}");
+    }
+    let shot = shots.join("dashboard-audit.png");
+    browse(browser, profile, &[&format!("--screenshot={}", shot.display())], &url);
+    assert!(shot.exists());
+
+    let mut conn = env.pool.acquire().await.unwrap();
+    sqlx::query("CREATE SCHEMA jobs").execute(&mut *conn).await.unwrap();
+    let queue = settled_engine::Queue::new("mail", "jobs.mail").unwrap();
+    queue.create_table(&mut conn).await.unwrap();
+    queue
+        .enqueue_many(&mut conn, &[settled_engine::NewJob::new("welcome-7")])
+        .await
+        .unwrap();
+    sqlx::raw_sql(
+        "UPDATE jobs.mail SET status = 'failed', attempt = 2, last_error = 'smtp 550 <no such user>',
+                errors = '[{\"attempt\": 1, \"at\": \"2026-12-06T05:00:00Z\", \"error\": \"timeout\"},
+                           {\"attempt\": 2, \"at\": \"2026-12-06T05:00:30Z\", \"error\": \"smtp 550 <no such user>\"}]';
+         GRANT USAGE ON SCHEMA jobs TO settled_api, settled_readonly;
+         GRANT SELECT ON jobs.mail TO settled_readonly;
+         GRANT SELECT, UPDATE ON jobs.mail TO settled_api;",
+    )
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    let dom = browse(
+        browser,
+        profile,
+        &["--dump-dom"],
+        &format!("{}/queues/mail", server.base),
+    );
+    assert!(
+        dom.contains("href=\"/queues/mail/jobs/welcome-7\""),
+        "the dead letter listed:\n{dom}"
+    );
+    let url = format!("{}/queues/mail/jobs/welcome-7", server.base);
+    let dom = browse(browser, profile, &["--dump-dom"], &url);
+    for wanted in [
+        "id=\"job-state\">failed",
+        "timeout",
+        "smtp 550 &lt;no such user&gt;",
+        "id=\"lease-holder\">none",
+    ] {
+        assert!(dom.contains(wanted), "{wanted} on the job's page:\n{dom}");
+    }
+    let shot = shots.join("dashboard-queue-job.png");
+    browse(browser, profile, &[&format!("--screenshot={}", shot.display())], &url);
+    assert!(shot.exists());
 }
 
 #[tokio::test(flavor = "multi_thread")]

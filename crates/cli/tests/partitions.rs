@@ -209,6 +209,14 @@ async fn archive_round_trips_through_verify_refuses_unfinished_periods_and_an_ar
     assert!(out.contains("archived 2026-11-25: 200 ledger rows"), "{out}");
     assert!(out.contains("archived 2026-11-26: 250 ledger rows"), "{out}");
     assert_eq!(
+        env.scalar_text(
+            "SELECT action || ': ' || target || ': ' || outcome FROM settlement.audit_log WHERE actor LIKE 'cli:%'"
+        )
+        .await,
+        "archive: periods 2026-11-25 2026-11-26: ok",
+        "the archive's row in the audit log, the refused archive's none"
+    );
+    assert_eq!(
         env.scalar_text(&partitions_of("settlement.token_trade_volume")).await,
         "token_trade_volume_p20261127"
     );
@@ -433,6 +441,12 @@ async fn the_daemon_archives_settled_periods_older_than_its_setting() {
         env.scalar_text("SELECT period::text FROM settlement.archived_periods")
             .await,
         old
+    );
+    assert_eq!(
+        env.scalar_text("SELECT actor || ': ' || target FROM settlement.audit_log WHERE action = 'archive'")
+            .await,
+        format!("worker --archive-after-days: periods {old}"),
+        "the daemon's archive in the audit log, by its name"
     );
     let file = dir.path().join(format!("ledger-{old}.csv"));
     let checked = env.run_ok(&["verify", "--archive", file.to_str().unwrap()]);

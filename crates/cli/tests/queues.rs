@@ -443,6 +443,15 @@ async fn the_queue_endpoints_read_with_any_role_and_act_only_with_an_operators_t
     assert!(paused(&env).await);
     let (_, body) = post(&client, &url("/v1/queues/mail/pause"), token, None).await;
     assert_eq!(body["changed"], false);
+    assert_eq!(
+        env.scalar_text(
+            "SELECT string_agg(outcome, ', ' ORDER BY id) FROM settlement.audit_log
+             WHERE action = 'POST /v1/queues/{name}/pause'"
+        )
+        .await,
+        "ok, no change: already paused",
+        "the audit log says which pause changed nothing"
+    );
     let (status, body) = post(&client, &url("/v1/queues/mail/resume"), token, None).await;
     assert_eq!((status, &body["changed"]), (200, &json!(true)));
     assert!(!paused(&env).await);
@@ -812,4 +821,80 @@ async fn a_payout_deliverys_dead_letter_is_replayed_under_the_least_role_by_the_
             .await,
         2
     );
+}
+
+/// The keys of the jobs listed in the table of `state` on a queue's page.
+fn listed_jobs(page: &str, state: &str) -> Vec<String> {
+    let Some(start) = page.find(&format!("<table data-state=\"{state}\">")) else {
+        return Vec::new();
+    };
+    let table = &page[start..start + page[start..].find("</table>").unwrap()];
+    table
+        .split("data-job=\"")
+        .skip(1)
+        .map(|rest| rest[..rest.find('"').unwrap()].to_string())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_queues_page_lists_each_states_jobs_by_keyset_and_a_jobs_page_shows_its_attempts_and_lease() {
+    let env = queue_env().await;
+    let server = env.serve(TOKEN).await;
+    let client = reqwest::Client::new();
+    let page = |path: String| {
+        let (client, url) = (client.clone(), format!("{}{path}", server.base));
+        async move {
+            let r = client.get(url).bearer_auth(TOKEN).send().await.unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    };
+    // Two a page: ready in claim order (r1 is due first), walked by its
+    // "more" link to the end; the other states on their first page.
+    let (status, mail) = page("/queues/mail?limit=2".into()).await;
+    assert_eq!(status, 200);
+    assert_eq!(listed_jobs(&mail, "ready"), ["r1", "r2"]);
+    assert_eq!(listed_jobs(&mail, "scheduled"), ["s1", "s2"]);
+    assert_eq!(listed_jobs(&mail, "processing"), ["p1"]);
+    assert_eq!(listed_jobs(&mail, "failed"), ["d2", "d1"], "newest failure first");
+    let next = mail
+        .split("<a rel=\"next\" href=\"")
+        .map(|rest| rest[..rest.find('"').unwrap()].replace("&amp;", "&"))
+        .find(|href| href.contains("state=ready"))
+        .expect("a link to the next ready jobs");
+    assert_eq!(next, "/queues/mail?state=ready&after=r2&limit=2#ready");
+    let (status, later) = page(next.replace("#ready", "")).await;
+    assert_eq!(status, 200);
+    assert_eq!(listed_jobs(&later, "ready"), ["r3"]);
+    assert_eq!(listed_jobs(&later, "failed"), ["d2", "d1"], "other states start over");
+    assert!(
+        !later.contains("state=ready&amp;after=r3"),
+        "the last page links no further"
+    );
+    let (status, _) = page("/queues/mail?state=stuck".into()).await;
+    assert_eq!(status, 422);
+
+    // A dead letter's page: its attempts with their errors, escaped; a
+    // processing job's: its lease holder.
+    assert!(mail.contains("href=\"/queues/mail/jobs/d1\""), "{mail}");
+    let (status, d1) = page("/queues/mail/jobs/d1".into()).await;
+    assert_eq!(status, 200);
+    for wanted in [
+        "<b id=\"job-state\">failed</b>",
+        "smtp 550 mailbox &lt;unknown&gt;",
+        "<td>1</td>",
+        "none",
+    ] {
+        assert!(d1.contains(wanted), "{wanted}: {d1}");
+    }
+    let owner = env
+        .scalar_text("SELECT lease_owner::text FROM jobs.mail WHERE key = 'p1'")
+        .await;
+    let (_, p1) = page("/queues/mail/jobs/p1".into()).await;
+    assert!(
+        p1.contains(&owner) && p1.contains("<b id=\"job-state\">processing</b>"),
+        "{p1}"
+    );
+    let (status, _) = page("/queues/mail/jobs/nope".into()).await;
+    assert_eq!(status, 404);
+    assert!(!d1.contains("<script") && !mail.contains("<script"), "no script");
 }

@@ -292,13 +292,20 @@ impl<H: RunHooks> Job<H> {
     /// worker still busy with a released item is refused by the fence.
     pub async fn cancel(&self, pool: &PgPool, scope: &str) -> Result<Cancelled, EngineError> {
         let mut tx = pool.begin().await.map_err(EngineError::db("beginning a cancel"))?;
-        if !runs::cancel(&mut tx, self.name(), scope).await? {
-            let state = runs::find(&mut tx, self.name(), scope).await?.map(|r| r.state);
-            tx.rollback().await.map_err(EngineError::db("ending a cancel"))?;
+        let cancelled = self.cancel_in(&mut tx, scope).await?;
+        tx.commit().await.map_err(EngineError::db("committing a cancel"))?;
+        Ok(cancelled)
+    }
+
+    /// [`Job::cancel`] on the caller's transaction (so it commits with the
+    /// application's own record of it); nothing is changed when the run
+    /// was not running.
+    pub async fn cancel_in(&self, tx: &mut PgConnection, scope: &str) -> Result<Cancelled, EngineError> {
+        if !runs::cancel(&mut *tx, self.name(), scope).await? {
+            let state = runs::find(&mut *tx, self.name(), scope).await?.map(|r| r.state);
             return Ok(Cancelled::NotRunning(state));
         }
-        let released = self.queue.release_scope(&mut tx, scope).await?;
-        tx.commit().await.map_err(EngineError::db("committing a cancel"))?;
+        let released = self.queue.release_scope(&mut *tx, scope).await?;
         tracing::info!(job = self.name(), scope, released, "run cancelled");
         Ok(Cancelled::Now { released })
     }
@@ -315,15 +322,26 @@ impl<H: RunHooks> Job<H> {
     /// the attempt itself (the fence) never goes down.
     pub async fn retry_failed(&self, pool: &PgPool, scope: &str, key: Option<&str>) -> Result<u64, EngineError> {
         let mut tx = pool.begin().await.map_err(EngineError::db("beginning a retry"))?;
-        let retried = self.queue.retry_failed(&mut tx, scope, key).await?;
-        if retried > 0 {
-            runs::interrupt_finish(&mut tx, self.name(), &[scope.to_string()]).await?;
-            runs::reopen(&mut tx, self.name(), scope, &[RunState::Finished]).await?;
-            runs::notify_items_eligible(&mut tx, self.name()).await?;
-        }
+        let retried = self.retry_failed_in(&mut tx, scope, key).await?;
         tx.commit()
             .await
             .map_err(EngineError::at_commit("committing a retry"))?;
+        Ok(retried)
+    }
+
+    /// [`Job::retry_failed`] on the caller's transaction.
+    pub async fn retry_failed_in(
+        &self,
+        tx: &mut PgConnection,
+        scope: &str,
+        key: Option<&str>,
+    ) -> Result<u64, EngineError> {
+        let retried = self.queue.retry_failed(&mut *tx, scope, key).await?;
+        if retried > 0 {
+            runs::interrupt_finish(&mut *tx, self.name(), &[scope.to_string()]).await?;
+            runs::reopen(&mut *tx, self.name(), scope, &[RunState::Finished]).await?;
+            runs::notify_items_eligible(&mut *tx, self.name()).await?;
+        }
         Ok(retried)
     }
 
@@ -362,31 +380,36 @@ impl<H: RunHooks> Job<H> {
     /// [`EngineError::OtherRunActive`] while another run of the job runs.
     pub async fn reopen_with_work(&self, pool: &PgPool, scope: &str) -> Result<Reopened, EngineError> {
         let mut tx = pool.begin().await.map_err(EngineError::db("beginning a reopen"))?;
-        let run = runs::find(&mut tx, self.name(), scope).await?;
-        let outcome = match run {
+        let outcome = self.reopen_with_work_in(&mut tx, scope).await?;
+        tx.commit().await.map_err(EngineError::db("committing a reopen"))?;
+        Ok(outcome)
+    }
+
+    /// [`Job::reopen_with_work`] on the caller's transaction.
+    pub async fn reopen_with_work_in(&self, tx: &mut PgConnection, scope: &str) -> Result<Reopened, EngineError> {
+        let run = runs::find(&mut *tx, self.name(), scope).await?;
+        Ok(match run {
             Some(run) if run.state == RunState::Finished => {
                 let eligible = self
                     .queue
-                    .count_by_status(&mut tx, scope)
+                    .count_by_status(&mut *tx, scope)
                     .await?
                     .get(crate::status::ItemStatus::Eligible);
                 if eligible == 0 {
                     Reopened::NoWork { run_id: run.id }
-                } else if runs::reopen(&mut tx, self.name(), scope, &[RunState::Finished]).await? {
-                    runs::notify_items_eligible(&mut tx, self.name()).await?;
+                } else if runs::reopen(&mut *tx, self.name(), scope, &[RunState::Finished]).await? {
+                    runs::notify_items_eligible(&mut *tx, self.name()).await?;
                     Reopened::Now {
                         run_id: run.id,
                         eligible,
                     }
                 } else {
                     // Reopened or changed by someone else since it was read.
-                    Reopened::NotFinished(runs::find(&mut tx, self.name(), scope).await?.map(|r| r.state))
+                    Reopened::NotFinished(runs::find(&mut *tx, self.name(), scope).await?.map(|r| r.state))
                 }
             }
             other => Reopened::NotFinished(other.map(|r| r.state)),
-        };
-        tx.commit().await.map_err(EngineError::db("committing a reopen"))?;
-        Ok(outcome)
+        })
     }
 
     /// Reopens the oldest finished run that has eligible items again (a

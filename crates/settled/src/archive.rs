@@ -54,7 +54,13 @@ pub struct ArchiveOptions {
     /// Drop the detached ledger partition instead of keeping it in
     /// `settlement_archive`.
     pub drop_ledger: bool,
+    /// Who archives, for the audit log (None: the CLI's operator,
+    /// `cli:<login>/<OS user>`).
+    pub actor: Option<String>,
 }
+
+/// The audit log's actor of the worker daemon's archive (`--archive-after-days`).
+pub const DAEMON_ACTOR: &str = "worker --archive-after-days";
 
 /// A period's archive, as its manifest and `settlement.archived_periods` hold it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -159,7 +165,7 @@ async fn archive_once(pool: &PgPool, opts: &ArchiveOptions) -> anyhow::Result<Ar
     let mut conn = pool.acquire().await?;
     sqlx::query("BEGIN").execute(&mut *conn).await?;
     let mut written: Vec<Period> = Vec::new();
-    let archived = match archive_in_tx(&mut conn, opts, &mut written).await {
+    let archived = match archive_and_audit(&mut conn, opts, &mut written).await {
         Ok(archived) => archived,
         Err(err) => {
             // COMMIT was never sent: nothing is archived. The files go
@@ -182,6 +188,32 @@ async fn archive_once(pool: &PgPool, opts: &ArchiveOptions) -> anyhow::Result<Ar
     conn.close_on_drop();
     drop(conn);
     settle_unanswered_commit(pool, opts, archived, commit_err).await
+}
+
+/// [`archive_in_tx`], and the audit row of what it archived (when it did),
+/// in the same transaction.
+async fn archive_and_audit(
+    conn: &mut PgConnection,
+    opts: &ArchiveOptions,
+    written: &mut Vec<Period>,
+) -> anyhow::Result<Vec<Archived>> {
+    let archived = archive_in_tx(conn, opts, written).await?;
+    if !archived.is_empty() {
+        let periods: Vec<String> = archived.iter().map(|a| a.period.to_string()).collect();
+        let target = format!("periods {}", periods.join(" "));
+        let actor = match &opts.actor {
+            Some(actor) => actor.clone(),
+            None => crate::audit::cli_actor(&mut *conn).await?,
+        };
+        let entry = crate::audit::Entry {
+            actor,
+            action: "archive".to_string(),
+            target,
+            outcome: crate::audit::OK.to_string(),
+        };
+        crate::audit::record(conn, &entry).await?;
+    }
+    Ok(archived)
 }
 
 /// After a COMMIT that returned an error: keeps the files when the archive

@@ -15,6 +15,7 @@
 pub mod address;
 pub mod api;
 pub mod archive;
+pub mod audit;
 pub mod balance;
 pub mod chain;
 pub mod cmd;

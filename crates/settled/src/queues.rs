@@ -5,6 +5,8 @@
 //! an answer saying why. The verbs themselves are the engine's; this module
 //! changes no job row of its own.
 
+pub mod jobs;
+
 use chrono::{DateTime, Utc};
 use settled_engine::continuous::{registered_queues, QueueStats, RegisteredQueue, ReplayFilter, MAX_BATCH_JOBS};
 use settled_engine::{EngineError, Queue};

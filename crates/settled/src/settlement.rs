@@ -577,10 +577,15 @@ pub async fn policy(conn: &mut PgConnection, period: Period) -> anyhow::Result<O
 }
 
 /// Puts failed items of `period` back to `eligible` (all, or one creator's)
-/// and reopens its finished run; see [`Job::retry_failed`].
-pub async fn retry_failed(pool: &PgPool, period: Period, creator: Option<&CreatorAddress>) -> anyhow::Result<u64> {
+/// and reopens its finished run, on the caller's transaction; see
+/// [`Job::retry_failed`].
+pub async fn retry_failed(
+    tx: &mut PgConnection,
+    period: Period,
+    creator: Option<&CreatorAddress>,
+) -> anyhow::Result<u64> {
     Ok(job()
-        .retry_failed(pool, &period.to_string(), creator.map(CreatorAddress::as_str))
+        .retry_failed_in(tx, &period.to_string(), creator.map(CreatorAddress::as_str))
         .await?)
 }
 
@@ -611,14 +616,11 @@ pub enum Released {
     NotFound,
 }
 
-/// Releases hold `id` with a conditional update (one caller wins); the
-/// creator's held items become eligible in the same transaction, and their
-/// finished runs are reopened so workers pay them (once: the ledger's key).
-pub async fn release_hold(
-    pool: &PgPool,
-    mut tx: sqlx::Transaction<'_, sqlx::Postgres>,
-    id: i64,
-) -> anyhow::Result<Released> {
+/// Releases hold `id` with a conditional update (one caller wins), on the
+/// caller's transaction; the creator's held items become eligible in it.
+/// Returns the periods that got work back: pass them to
+/// [`reopen_released`] once it commits.
+pub async fn release_hold(tx: &mut PgConnection, id: i64) -> anyhow::Result<(Released, Vec<String>)> {
     let hold: Option<Hold> = sqlx::query_as(
         "UPDATE settlement.creator_holds SET released_at = now()
          WHERE id = $1 AND released_at IS NULL
@@ -632,16 +634,19 @@ pub async fn release_hold(
             .bind(id) // $1
             .fetch_one(&mut *tx)
             .await?;
-        return Ok(if exists {
+        let released = if exists {
             Released::AlreadyReleased
         } else {
             Released::NotFound
-        });
+        };
+        return Ok((released, Vec::new()));
     };
-    let periods = job().release_held(&mut tx, &hold.creator).await?;
-    tx.commit()
-        .await
-        .map_err(settled_engine::EngineError::at_commit("releasing a hold"))?;
-    job().reopen_runs_with_work(pool, &periods).await;
-    Ok(Released::Released(hold))
+    let periods = job().release_held(tx, &hold.creator).await?;
+    Ok((Released::Released(hold), periods))
+}
+
+/// Reopens the finished runs of `periods` after a release committed, so
+/// workers pay what it made eligible (once: the ledger's key).
+pub async fn reopen_released(pool: &PgPool, periods: &[String]) {
+    job().reopen_runs_with_work(pool, periods).await;
 }

@@ -227,6 +227,7 @@ pub(super) async fn soak(ctx: &Ctx, days: u32, retain_days: u32, server_version:
                         before: before_date,
                         dir: archive_dir.clone(),
                         drop_ledger: true,
+                        actor: Some("bench soak".to_string()),
                     },
                 )
                 .await?

@@ -8,8 +8,9 @@
 //! (with the challenge) or 403 (naming the role needed) before any body is
 //! read. Handlers that act take [`Authorized`] (the API) or
 //! [`DashboardAuthorized`] (the dashboard's forms, which also refuse a form
-//! posted from another site): the [`Actor`] the check found. Also owns what
-//! a configured token may be ([`parse_api_token`]).
+//! posted from another site): the [`Actor`] the check found. It also hands
+//! the audit log its refusals and the requests that act (`super::audit`).
+//! Also owns what a configured token may be ([`parse_api_token`]).
 
 use std::sync::Arc;
 
@@ -19,6 +20,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
+use super::audit;
 use super::routes::{self, Access};
 use super::{AppState, Problem, ProblemType};
 pub use crate::tokens::{Actor, Role};
@@ -34,7 +36,9 @@ pub async fn authorize(State(state): State<AppState>, mut request: Request, next
     let method = match request.method().as_str() {
         "HEAD" => "GET",
         other => other,
-    };
+    }
+    .to_string();
+    let method = method.as_str();
     let Some(access) = routes::access(method, &path) else {
         if routes::ROUTES.iter().any(|r| r.path == path) {
             // Another method of a route in the table: the router answers 405.
@@ -57,25 +61,68 @@ pub async fn authorize(State(state): State<AppState>, mut request: Request, next
     } else {
         DASHBOARD_CHALLENGE
     };
+    let mut entry = audit_entry(method, &path, &request);
     let actor = match actor_of(&state, request.headers()).await {
         Ok(Some(actor)) => actor,
-        Ok(None) => return with_challenge(unauthorized(), challenge),
+        Ok(None) => {
+            entry.actor = if carries_token(request.headers()) {
+                audit::UNKNOWN_TOKEN
+            } else {
+                audit::ANONYMOUS
+            }
+            .to_string();
+            entry.outcome = "refused 401".to_string();
+            audit::refusal(&state, &entry).await;
+            return with_challenge(unauthorized(), challenge);
+        }
         Err(problem) => return problem.into_response(),
     };
+    entry.actor = actor.name.clone();
     if actor.role < needed {
-        return Problem::new(
-            StatusCode::FORBIDDEN,
-            ProblemType::Forbidden,
-            "The token's role is too low",
-            format!(
-                "this needs the role {needed} or above; token {} has the role {}",
-                actor.name, actor.role
-            ),
-        )
-        .into_response();
+        entry.outcome = "refused 403".to_string();
+        audit::refusal(&state, &entry).await;
+        return forbidden(needed, &actor);
     }
     request.extensions_mut().insert(actor);
-    next.run(request).await
+    if method == "GET" {
+        return next.run(request).await;
+    }
+    audit::around(&state, entry, next.run(request)).await
+}
+
+/// 403, naming the role needed and the token's.
+fn forbidden(needed: Role, actor: &Actor) -> Response {
+    Problem::new(
+        StatusCode::FORBIDDEN,
+        ProblemType::Forbidden,
+        "The token's role is too low",
+        format!(
+            "this needs the role {needed} or above; token {} has the role {}",
+            actor.name, actor.role
+        ),
+    )
+    .into_response()
+}
+
+/// The audit row of a request to the route `path` (a template): the action
+/// is the method and the template; the target, the path asked for when the
+/// template has parameters (a handler may name it better).
+fn audit_entry(method: &str, path: &str, request: &Request) -> crate::audit::Entry {
+    crate::audit::Entry {
+        actor: audit::ANONYMOUS.to_string(),
+        action: format!("{method} {path}"),
+        target: if path.contains('{') {
+            request.uri().path().to_string()
+        } else {
+            String::new()
+        },
+        outcome: crate::audit::OK.to_string(),
+    }
+}
+
+/// Whether the request carries a token at all (known or not).
+fn carries_token(headers: &HeaderMap) -> bool {
+    bearer(headers).is_some_and(|t| !t.is_empty()) || basic_password(headers).is_some_and(|t| !t.is_empty())
 }
 
 fn with_challenge(problem: Problem, challenge: &'static str) -> Response {

@@ -42,11 +42,13 @@ pub use crate::settlement::Hold;
 /// itself.)
 async fn place_hold(state: &AppState, creator: &CreatorAddress, reason: &str) -> anyhow::Result<Hold> {
     let mut tx = super::begin(state).await?;
-    let hold = sqlx::query_as("SELECT id, creator, reason, created_at, released_at FROM settlement.place_hold($1, $2)")
-        .bind(creator.as_str()) // $1
-        .bind(reason) // $2
-        .fetch_one(&mut *tx)
-        .await?;
+    let hold: Hold =
+        sqlx::query_as("SELECT id, creator, reason, created_at, released_at FROM settlement.place_hold($1, $2)")
+            .bind(creator.as_str()) // $1
+            .bind(reason) // $2
+            .fetch_one(&mut *tx)
+            .await?;
+    super::audit::set_target(format!("hold {} creator {}", hold.id, hold.creator));
     super::commit(state, tx).await?;
     Ok(hold)
 }
@@ -160,10 +162,17 @@ pub async fn release(
 /// Releases hold `id` (the API's and the dashboard's form): 404 for no such
 /// hold, 409 when it was already released.
 pub(crate) async fn release_by_id(state: &AppState, id: i64) -> Result<Hold, Problem> {
-    let tx = super::begin(state).await.map_err(Problem::unavailable)?;
-    let released = crate::settlement::release_hold(&state.pool, tx, id)
-        .await
-        .map_err(Problem::unavailable)?;
+    let released: anyhow::Result<_> = async {
+        let mut tx = super::begin(state).await?;
+        let (released, periods) = crate::settlement::release_hold(&mut tx, id).await?;
+        if matches!(released, crate::settlement::Released::Released(_)) {
+            super::commit(state, tx).await?;
+            crate::settlement::reopen_released(&state.pool, &periods).await;
+        }
+        Ok(released)
+    }
+    .await;
+    let released = released.map_err(Problem::unavailable)?;
     match released {
         crate::settlement::Released::Released(row) => Ok(row),
         crate::settlement::Released::AlreadyReleased => Err(Problem::new(

@@ -6,6 +6,7 @@
 //! conditional debit, the idempotency key's primary key, the partial unique
 //! index on active holds. Never: a check in memory, or check-then-write.
 
+pub mod audit;
 pub mod auth;
 pub mod creators;
 pub mod dashboard;
@@ -92,6 +93,8 @@ pub struct AppState {
     pub verification: crate::watch::VerificationSlot,
     /// How often [`serve`] verifies the newest finished run (None: never).
     pub verify_every: Option<Duration>,
+    /// Refusals counted and not yet written to the audit log.
+    pub refusals: Arc<audit::Refusals>,
 }
 
 impl AppState {
@@ -112,6 +115,7 @@ impl AppState {
             deadlines: Arc::default(),
             verification: crate::watch::VerificationSlot::default(),
             verify_every: None,
+            refusals: Arc::default(),
         }
     }
 }
@@ -165,9 +169,11 @@ pub fn dashboard_routes() -> Router<AppState> {
         .route("/dashboard/retry", post(dashboard::retry))
         .route("/queues", get(dashboard::queues::list))
         .route("/queues/{name}", get(dashboard::queues::show))
+        .route("/queues/{name}/jobs/{key}", get(dashboard::queues::job))
         .route("/dashboard/queues/{name}/replay", post(dashboard::queues::replay))
         .route("/dashboard/queues/{name}/pause", post(dashboard::queues::pause))
         .route("/dashboard/queues/{name}/resume", post(dashboard::queues::resume))
+        .route("/audit", get(dashboard::audit_page::audit))
 }
 
 /// Everything the server serves: the API, the dashboard, and a
@@ -221,8 +227,11 @@ pub async fn serve(listener: tokio::net::TcpListener, state: AppState) -> anyhow
             }
         }
     });
+    let refusals = tokio::spawn(audit::keep_writing_refusals(state.clone()));
     let limits = state.limits;
-    let served = server::run(listener, router(state), limits, shutdown_signal()).await;
+    let served = server::run(listener, router(state.clone()), limits, shutdown_signal()).await;
+    refusals.abort();
+    audit::write_refusals(&state).await;
     pruner.abort();
     if let Some(verifier) = verifier {
         verifier.abort();
@@ -319,7 +328,8 @@ pub async fn begin(state: &AppState) -> Result<sqlx::Transaction<'static, sqlx::
     Ok(tx)
 }
 
-/// Commits an API write transaction. With a `synchronous_commit` configured,
+/// Commits an API write transaction, with the audit row of the request in
+/// progress (see [`audit`]). With a `synchronous_commit` configured,
 /// the statement timeout is lifted first, so that nothing but the standby
 /// ends the wait for it: PostgreSQL answers a cancelled wait with a
 /// successful COMMIT (and a warning), which would send a 201 for a payout
@@ -331,6 +341,7 @@ pub async fn begin(state: &AppState) -> Result<sqlx::Transaction<'static, sqlx::
 ///
 /// [`EngineError::CommitOutcomeUnknown`]: settled_engine::EngineError::CommitOutcomeUnknown
 pub async fn commit(state: &AppState, mut tx: sqlx::Transaction<'static, sqlx::Postgres>) -> anyhow::Result<()> {
+    let recorded = audit::record_in(&mut tx).await?;
     if state.synchronous_commit.is_some() {
         sqlx::query("SELECT set_config('statement_timeout', '0', true)")
             .execute(&mut *tx)
@@ -339,6 +350,9 @@ pub async fn commit(state: &AppState, mut tx: sqlx::Transaction<'static, sqlx::P
     tx.commit()
         .await
         .map_err(settled_engine::EngineError::at_commit("committing an API write"))?;
+    if let Some(recorded) = recorded {
+        recorded.committed();
+    }
     Ok(())
 }
 

@@ -314,8 +314,18 @@ async fn pay(state: &AppState, key: &str, fingerprint: &str, made: &Making<'_>) 
             });
         }
         None => match debit(&mut tx, state, key, fingerprint, made).await? {
-            Ok(payout) => (StatusCode::CREATED, serde_json::to_value(&payout)?, false),
-            Err(problem) => (problem.status, problem.body(), false),
+            Ok(payout) => {
+                super::audit::set_target(format!("payout {} creator {}", payout.payout.id, made.creator));
+                (StatusCode::CREATED, serde_json::to_value(&payout)?, false)
+            }
+            Err(problem) => {
+                super::audit::set_target(format!("creator {}", made.creator));
+                super::audit::set_outcome(format!(
+                    "refused {} (answer kept under the key)",
+                    problem.status.as_u16()
+                ));
+                (problem.status, problem.body(), false)
+            }
         },
     };
     idempotency::finish(&mut tx, PAYOUTS_SCOPE, key, status.as_u16(), &body).await?;

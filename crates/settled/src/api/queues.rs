@@ -180,6 +180,13 @@ pub async fn set_paused(state: &AppState, name: &str, paused: bool) -> Result<bo
         found.queue.resume(&mut tx).await
     }
     .map_err(Problem::unavailable)?;
+    if !changed {
+        super::audit::set_outcome(if paused {
+            "no change: already paused"
+        } else {
+            "no change: not paused"
+        });
+    }
     super::commit(state, tx).await.map_err(Problem::unavailable)?;
     Ok(changed)
 }
@@ -199,6 +206,8 @@ pub async fn replay_committed(state: &AppState, name: &str, filter: &ReplayFilte
     let mut tx = super::begin(state).await.map_err(Problem::unavailable)?;
     let found = queues::find_usable(&mut tx, name).await.map_err(problem)?;
     let replayed = queues::replay(&mut tx, &found, filter).await.map_err(problem)?;
+    super::audit::set_target(format!("queue {name}: {}", queues::describe(filter)));
+    super::audit::set_outcome(format!("{} {replayed} replayed", crate::audit::OK));
     super::commit(state, tx).await.map_err(Problem::unavailable)?;
     Ok(replayed)
 }
@@ -330,6 +339,7 @@ pub async fn cancel(
     let outcome = queues::cancel(&mut tx, &found, &b.key).await.map_err(problem)?;
     match outcome {
         Cancelled::Cancelled => {
+            super::audit::set_target(format!("queue {name} job {:?}", b.key));
             super::commit(&state, tx).await.map_err(Problem::unavailable)?;
             Ok(ok(JobCancelled {
                 queue: name,

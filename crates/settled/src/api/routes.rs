@@ -87,9 +87,12 @@ pub const ROUTES: &[Route] = &[
     route("POST", "/dashboard/retry", OPERATOR),
     route("GET", "/queues", VIEWER),
     route("GET", "/queues/{name}", VIEWER),
+    route("GET", "/queues/{name}/jobs/{key}", VIEWER),
     route("POST", "/dashboard/queues/{name}/replay", OPERATOR),
     route("POST", "/dashboard/queues/{name}/pause", OPERATOR),
     route("POST", "/dashboard/queues/{name}/resume", OPERATOR),
+    // Who did what is an operator's to read.
+    route("GET", "/audit", OPERATOR),
 ];
 
 /// Who may call `method` on `path` (a router template); None: not a route.

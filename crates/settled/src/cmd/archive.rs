@@ -44,6 +44,7 @@ impl DbCommand for Args {
             before: self.before,
             dir: self.dir,
             drop_ledger: self.drop_ledger,
+            actor: None,
         };
         let done = crate::archive::archive(&db.pool, &opts).await?;
         let archived = &done.archived;

@@ -7,6 +7,7 @@
 //! (bad usage, no database and no PostgreSQL server binaries).
 
 pub mod archive;
+pub mod audit;
 pub mod deliver;
 pub mod demo;
 pub mod give_up;

@@ -125,17 +125,31 @@ impl DbCommand for Args {
         }
     }
 
+    /// The verbs run in one transaction each, with their audit row (written
+    /// only when the verb succeeds: a failed verb changes nothing).
     async fn run(self, db: &Database) -> Outcome {
-        let mut conn = db.pool.acquire().await?;
-        let conn = &mut *conn;
-        match self.verb {
+        let mut tx = db.pool.begin().await?;
+        let conn = &mut *tx;
+        let (action, target) = match &self.verb {
+            None | Some(Verb::Dead { .. }) => (None, String::new()),
+            Some(Verb::Pause { name }) => (Some("queues pause"), format!("queue {name}")),
+            Some(Verb::Resume { name }) => (Some("queues resume"), format!("queue {name}")),
+            Some(Verb::Cancel { name, key }) => (Some("queues cancel"), format!("queue {name} job {key:?}")),
+            Some(Verb::Replay(args)) => (Some("queues replay"), format!("queue {}", args.name)),
+        };
+        let done = match self.verb {
             None => list(conn, self.json).await,
             Some(Verb::Pause { name }) => pause(conn, &name).await,
             Some(Verb::Resume { name }) => resume(conn, &name).await,
             Some(Verb::Cancel { name, key }) => cancel(conn, &name, &key).await,
             Some(Verb::Replay(args)) => replay(conn, args).await,
             Some(Verb::Dead { name, limit, json }) => dead(conn, &name, limit, json).await,
+        }?;
+        if let Some(action) = action.filter(|_| done == ExitCode::SUCCESS) {
+            crate::audit::record_cli(conn, action, &target, crate::audit::OK).await?;
         }
+        tx.commit().await?;
+        Ok(done)
     }
 }
 

@@ -23,7 +23,15 @@ pub struct Args {
 impl DbCommand for Args {
     async fn run(self, db: &Database) -> Outcome {
         let creator = self.creator.map(|c| CreatorAddress::parse(&c)).transpose()?;
-        let n = crate::settlement::retry_failed(&db.pool, self.period, creator.as_ref()).await?;
+        let mut tx = db.pool.begin().await?;
+        let n = crate::settlement::retry_failed(&mut tx, self.period, creator.as_ref()).await?;
+        let target = match &creator {
+            Some(c) => format!("period {} creator {c}", self.period),
+            None => format!("period {}", self.period),
+        };
+        let outcome = format!("{} {n} item(s) retried", crate::audit::OK);
+        crate::audit::record_cli(&mut tx, "retry", &target, &outcome).await?;
+        tx.commit().await?;
         println!("{n} failed item(s) of {} put back to eligible", self.period);
         Ok(std::process::ExitCode::SUCCESS)
     }

@@ -54,16 +54,7 @@ impl DbCommand for Args {
     async fn run(self, db: &Database) -> Outcome {
         let (pool, period, scope) = (&db.pool, self.period, self.period.to_string());
         if self.cancel {
-            match job().cancel(pool, &scope).await? {
-                Cancelled::Now { released } => {
-                    println!("run of {period} cancelled; {released} leased item(s) given back")
-                }
-                Cancelled::NotRunning(state) => println!(
-                    "no running run for {period} (run: {})",
-                    state.map_or("none", RunState::as_str)
-                ),
-            }
-            return Ok(ExitCode::SUCCESS);
+            return cancel(db, period).await;
         }
         let existing = job().find_run(pool, &scope).await?;
         match existing {
@@ -90,13 +81,43 @@ impl DbCommand for Args {
     }
 }
 
+/// `--cancel`: cancels the running run of `period`, with its audit row, in
+/// one transaction.
+async fn cancel(db: &Database, period: crate::period::Period) -> Outcome {
+    let mut tx = db.pool.begin().await?;
+    let cancelled = job().cancel_in(&mut tx, &period.to_string()).await?;
+    let outcome = match &cancelled {
+        Cancelled::Now { released } => format!("{} {released} lease(s) given back", crate::audit::OK),
+        Cancelled::NotRunning(_) => "no change: not running".to_string(),
+    };
+    crate::audit::record_cli(&mut tx, "run cancel", &format!("period {period}"), &outcome).await?;
+    tx.commit().await?;
+    match cancelled {
+        Cancelled::Now { released } => println!("run of {period} cancelled; {released} leased item(s) given back"),
+        Cancelled::NotRunning(state) => println!(
+            "no running run for {period} (run: {})",
+            state.map_or("none", RunState::as_str)
+        ),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 impl Args {
     /// A finished run: reopened with --reopen when its period has eligible
     /// items (true: go on as with a running run), else reported.
     async fn reopen_finished(&self, db: &Database, run: Run) -> anyhow::Result<bool> {
         let (pool, period, scope) = (&db.pool, self.period, self.period.to_string());
         if self.reopen {
-            match job().reopen_with_work(pool, &scope).await? {
+            let mut tx = pool.begin().await?;
+            let reopened = job().reopen_with_work_in(&mut tx, &scope).await?;
+            let outcome = match &reopened {
+                Reopened::Now { eligible, .. } => format!("{} {eligible} eligible item(s)", crate::audit::OK),
+                Reopened::NoWork { .. } => "no change: nothing eligible".to_string(),
+                Reopened::NotFinished(_) => "no change: not finished".to_string(),
+            };
+            crate::audit::record_cli(&mut tx, "run reopen", &format!("period {period}"), &outcome).await?;
+            tx.commit().await?;
+            match reopened {
                 Reopened::Now { run_id, eligible } => {
                     println!("run {run_id} of {period} reopened: {eligible} eligible item(s) to settle");
                     return Ok(true);

@@ -51,8 +51,12 @@ impl DbCommand for Args {
         let mut conn = db.pool.acquire().await?;
         match self.verb {
             Verb::Create { name, role } => {
-                let by = made_by(&mut conn).await?;
-                let token = tokens::create(&mut conn, &name, role, &by).await?;
+                let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+                let by = made_by(&mut tx).await?;
+                let token = tokens::create(&mut tx, &name, role, &by).await?;
+                let target = format!("token {name} role {role}");
+                crate::audit::record_cli(&mut tx, "tokens create", &target, crate::audit::OK).await?;
+                tx.commit().await?;
                 println!("{token}");
             }
             Verb::List { json } => {
@@ -80,10 +84,13 @@ impl DbCommand for Args {
                 }
             }
             Verb::Revoke { name } => {
-                if !tokens::revoke(&mut conn, &name).await? {
+                let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+                if !tokens::revoke(&mut tx, &name).await? {
                     eprintln!("error: no live token named {name}");
                     return Ok(ExitCode::FAILURE);
                 }
+                crate::audit::record_cli(&mut tx, "tokens revoke", &format!("token {name}"), crate::audit::OK).await?;
+                tx.commit().await?;
                 eprintln!("token {name} revoked");
             }
         }

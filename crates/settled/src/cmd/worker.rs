@@ -124,6 +124,7 @@ async fn archive_loop(pool: sqlx::PgPool, days: u32, dir: std::path::PathBuf) {
             before,
             dir: dir.clone(),
             drop_ledger: false,
+            actor: Some(crate::archive::DAEMON_ACTOR.to_string()),
         };
         match crate::archive::archive(&pool, &opts).await {
             Ok(done) => {

@@ -4,6 +4,7 @@
 //! maud templates that escape whatever they show (`pages.rs`); this file
 //! only joins the two.
 
+pub mod audit_page;
 mod chain_pages;
 mod creator_pages;
 pub mod find;
@@ -376,9 +377,16 @@ pub async fn retry(
         Period::parse(&form.period).map_err(|_| Problem::invalid("period", "period must be a date, YYYY-MM-DD"))?;
     let creator = crate::address::CreatorAddress::parse(&form.creator)
         .map_err(|e| Problem::invalid("creator", format!("creator {e}")))?;
-    crate::settlement::retry_failed(&state.pool, period, Some(&creator))
-        .await
-        .map_err(Problem::unavailable)?;
+    let retried: anyhow::Result<u64> = async {
+        let mut tx = super::begin(&state).await?;
+        let n = crate::settlement::retry_failed(&mut tx, period, Some(&creator)).await?;
+        super::audit::set_target(format!("period {period} creator {creator}"));
+        super::audit::set_outcome(format!("{} {n} item(s) retried", crate::audit::OK));
+        super::commit(&state, tx).await?;
+        Ok(n)
+    }
+    .await;
+    retried.map_err(Problem::unavailable)?;
     Ok(Redirect::to("/items?status=failed").into_response())
 }
 

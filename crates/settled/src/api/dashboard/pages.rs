@@ -44,6 +44,7 @@ pub(super) fn page(title: &str, watch: Option<&Watch>, body: Markup) -> Markup {
                     a href="/holds" { "holds" }
                     a href="/queues" { "queues" }
                     a href="/locks" { "locks" }
+                    a href="/audit" { "audit" }
                     a href="/metrics" { "metrics" }
                     @if let Some(watch) = watch {
                         span.refresh {

@@ -15,7 +15,8 @@ use serde::Deserialize;
 use super::{queue_pages, Page};
 use crate::api::auth::DashboardAuthorized;
 use crate::api::queues::{problem, replay_committed, set_paused};
-use crate::api::{AppState, Problem};
+use crate::api::{AppState, Problem, ProblemType};
+use crate::queues::jobs::{self, JobState, JOBS_PAGE_MAX};
 use crate::queues::{self, ReplayRequest, DEAD_LETTERS_SHOWN};
 
 /// `GET /queues`.
@@ -25,29 +26,115 @@ pub async fn list(State(state): State<AppState>, watch: super::Watch) -> Page {
     Ok(queue_pages::queues(&views, &watch))
 }
 
-/// Query of a queue's page: what the form just posted did.
-#[derive(Debug, Deserialize)]
+/// Query of a queue's page: what the form just posted did, and which page
+/// of one state's jobs to show (`state=`, `after=` the last key shown,
+/// `limit=`; the other states show their first page).
+#[derive(Debug, Default, Deserialize)]
 pub struct ShowQuery {
     replayed: Option<u64>,
+    state: Option<String>,
+    after: Option<String>,
+    limit: Option<String>,
 }
 
-/// `GET /queues/{name}`.
+/// Jobs of each state shown unless `limit=` says otherwise.
+pub const JOBS_SHOWN_DEFAULT: i64 = 20;
+
+impl ShowQuery {
+    /// The state paged, its cursor and the page size; a field at fault is named.
+    fn paging(&self) -> Result<(Option<JobState>, Option<&str>, i64), Problem> {
+        let state = match self.state.as_deref().filter(|s| !s.is_empty()) {
+            None => None,
+            Some(s) => Some(JobState::parse(s).ok_or_else(|| {
+                Problem::invalid(
+                    "state",
+                    format!("state must be ready, scheduled, processing or failed, not {s:?}"),
+                )
+            })?),
+        };
+        let limit = match self.limit.as_deref().filter(|s| !s.is_empty()) {
+            None => JOBS_SHOWN_DEFAULT,
+            Some(text) => text
+                .parse()
+                .ok()
+                .filter(|n| (1..=JOBS_PAGE_MAX).contains(n))
+                .ok_or_else(|| {
+                    Problem::invalid(
+                        "limit",
+                        format!("limit must be an integer in 1..={JOBS_PAGE_MAX}, not {text:?}"),
+                    )
+                })?,
+        };
+        Ok((state, self.after.as_deref().filter(|a| !a.is_empty()), limit))
+    }
+}
+
+/// `GET /queues/{name}`: its counts, pickup latency, dead letters, and the
+/// jobs of each state, paged by keyset.
 pub async fn show(State(state): State<AppState>, Path(name): Path<String>, Query(q): Query<ShowQuery>) -> Page {
+    let paging = q.paging()?;
     let mut conn = state.reads.acquire().await.map_err(Problem::unavailable)?;
     let view = queues::view(&mut conn, &name).await.map_err(problem)?;
-    let dead = match view.error {
-        Some(_) => None,
+    let (dead, jobs) = match view.error {
+        Some(_) => (None, Vec::new()),
         None => {
             let found = queues::find(&mut conn, &name).await.map_err(problem)?;
-            Some(
-                queues::dead_letters(&mut conn, &found, DEAD_LETTERS_SHOWN)
-                    .await
-                    .map_err(problem)?,
-            )
+            let dead = queues::dead_letters(&mut conn, &found, DEAD_LETTERS_SHOWN)
+                .await
+                .map_err(problem)?;
+            (Some(dead), jobs_by_state(&mut conn, &found, paging).await?)
         }
     };
     let pickup = crate::api::metrics::pickup_latency(&name);
-    Ok(queue_pages::queue(&view, dead.as_deref(), pickup.as_ref(), q.replayed))
+    let shown = queue_pages::Shown {
+        dead: dead.as_deref(),
+        pickup: pickup.as_ref(),
+        replayed: q.replayed,
+        jobs: &jobs,
+        limit: paging.2,
+    };
+    Ok(queue_pages::queue(&view, &shown))
+}
+
+/// The page of each state's jobs: the asked-for page of the paged state,
+/// the first page of the others.
+async fn jobs_by_state(
+    conn: &mut sqlx::PgConnection,
+    found: &queues::Found,
+    (paged, after, limit): (Option<JobState>, Option<&str>, i64),
+) -> Result<Vec<queue_pages::StateJobs>, Problem> {
+    let mut all = Vec::new();
+    for state in JobState::ALL {
+        let after = after.filter(|_| paged == Some(state));
+        let lines = jobs::list(conn, found, state, after, limit).await.map_err(problem)?;
+        all.push(queue_pages::StateJobs {
+            state,
+            after: after.map(str::to_string),
+            lines,
+        });
+    }
+    Ok(all)
+}
+
+/// Workers of the registry searched for a job's lease holder (newest first).
+pub const WORKERS_SEARCHED: i64 = 1000;
+
+/// `GET /queues/{name}/jobs/{key}`: one job, its attempts, errors and lease.
+pub async fn job(State(state): State<AppState>, Path((name, key)): Path<(String, String)>) -> Page {
+    let mut conn = state.reads.acquire().await.map_err(Problem::unavailable)?;
+    let found = queues::find(&mut conn, &name).await.map_err(problem)?;
+    let job = jobs::one(&mut conn, &found, &key)
+        .await
+        .map_err(problem)?
+        .ok_or_else(|| Problem::not_found(ProblemType::UnknownJob, format!("queue {name} has no job {key:?}")))?;
+    let workers = settled_engine::raw::workers::list(&state.reads, None, WORKERS_SEARCHED)
+        .await
+        .map_err(Problem::unavailable)?;
+    let holder = job
+        .line
+        .lease_owner
+        .and_then(|owner| workers.into_iter().find(|w| w.id == owner));
+    Ok(queue_pages::job(&name, &job, holder.as_ref()))
 }
 
 /// The replay form: one dead letter by key, or (no key) every one.
