@@ -898,3 +898,107 @@ async fn a_queues_page_lists_each_states_jobs_by_keyset_and_a_jobs_page_shows_it
     assert_eq!(status, 404);
     assert!(!d1.contains("<script") && !mail.contains("<script"), "no script");
 }
+
+/// What the catalog says of a queue table, with its own name taken out so
+/// two tables can be compared: each column (name, type, null, default,
+/// identity), each index, check and trigger, and the storage options.
+async fn table_shape(env: &Env, table: &str) -> Vec<String> {
+    let base = table.rsplit('.').next().unwrap();
+    let rows: Vec<String> = sqlx::query_scalar(
+        "SELECT 'column ' || a.attname || ' ' || format_type(a.atttypid, a.atttypmod)
+                || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END
+                || coalesce(' default ' || pg_get_expr(d.adbin, d.adrelid), '')
+                || CASE WHEN a.attidentity <> '' THEN ' identity ' || a.attidentity::text ELSE '' END
+         FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+         WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped
+         UNION ALL
+         SELECT 'index ' || pg_get_indexdef(indexrelid) FROM pg_index WHERE indrelid = $1::regclass
+         UNION ALL
+         SELECT 'constraint ' || pg_get_constraintdef(oid) FROM pg_constraint WHERE conrelid = $1::regclass AND contype <> 't'
+         UNION ALL
+         SELECT 'trigger ' || pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = $1::regclass AND NOT tgisinternal
+         UNION ALL
+         SELECT 'options ' || array_to_string(reloptions, ',') FROM pg_class WHERE oid = $1::regclass",
+    )
+    .bind(table)
+    .fetch_all(&env.pool)
+    .await
+    .unwrap();
+    let mut shape: Vec<String> = rows
+        .into_iter()
+        .map(|row| row.replace(table, "TABLE").replace(base, "BASE"))
+        .collect();
+    shape.sort();
+    shape
+}
+
+/// The one continuous queue whose table an earlier migration wrote by hand
+/// (settled's `settlement.payout_jobs`, before the engine had
+/// `settled_engine.create_queue`) is the table that function creates: the
+/// same columns, defaults, indexes, checks, trigger and storage options.
+#[tokio::test]
+async fn the_payout_delivery_table_is_the_table_the_engines_create_queue_makes() {
+    let env = Env::new().await;
+    sqlx::query(
+        "SELECT settled_engine.create_queue('payout_delivery_twin', 'public.payout_jobs', 'payout_id', 'bigint')",
+    )
+    .execute(&env.pool)
+    .await
+    .unwrap();
+    let made = table_shape(&env, "public.payout_jobs").await;
+    let written = table_shape(&env, "settlement.payout_jobs").await;
+    let made_wake = "trigger CREATE TRIGGER BASE_wake AFTER INSERT ON TABLE FOR EACH STATEMENT EXECUTE FUNCTION \
+                     settled_engine.queue_wake('payout_delivery_twin')";
+    let written_wake = "trigger CREATE TRIGGER BASE_wake AFTER INSERT ON TABLE FOR EACH STATEMENT EXECUTE FUNCTION \
+                        settled_engine.queue_wake('payout_delivery')";
+    assert!(made.iter().any(|row| row == made_wake), "{made:#?}");
+    let made: Vec<String> = made.into_iter().filter(|row| row != made_wake).collect();
+    let only_written: Vec<&String> = written.iter().filter(|row| !made.contains(row)).collect();
+    let only_made: Vec<&String> = made.iter().filter(|row| !written.contains(row)).collect();
+    assert!(only_made.is_empty(), "the hand-written table lacks: {only_made:#?}");
+    // What settled added to its queue table since (its own guard trigger
+    // and grants live elsewhere), beside the engine's wake-up.
+    let own: Vec<&String> = only_written.into_iter().filter(|row| *row != written_wake).collect();
+    assert!(
+        own.iter().all(|row| row.starts_with("trigger ")),
+        "settled's queue table differs from the engine's: {own:#?}"
+    );
+    let registered: String =
+        sqlx::query_scalar("SELECT table_name FROM settled_engine.queues WHERE name = 'payout_delivery_twin'")
+            .fetch_one(&env.pool)
+            .await
+            .unwrap();
+    assert_eq!(registered, "public.payout_jobs");
+}
+
+/// `create_queue` checks its names itself (it can be called from any
+/// client): nothing that is not an identifier reaches its DDL.
+#[tokio::test]
+async fn create_queue_refuses_a_name_that_is_not_an_identifier_and_creates_nothing() {
+    let env = Env::new().await;
+    for (args, field) in [
+        (["bad name", "public.q", "key", "text"], "name"),
+        (["q", "public.q; DROP TABLE x", "key", "text"], "table"),
+        (["q", "public.q", "k\"ey", "text"], "key"),
+        (["q", "public.q", "key", "text) ; --"], "key type"),
+    ] {
+        let err = sqlx::query("SELECT settled_engine.create_queue($1, $2, $3, $4)")
+            .bind(args[0])
+            .bind(args[1])
+            .bind(args[2])
+            .bind(args[3])
+            .execute(&env.pool)
+            .await
+            .unwrap_err();
+        let message = err.as_database_error().unwrap().message().to_string();
+        assert!(
+            message.starts_with(&format!("create_queue: {field} ")),
+            "{args:?}: {message}"
+        );
+    }
+    let made: Option<String> = sqlx::query_scalar("SELECT to_regclass('public.q')::text")
+        .fetch_one(&env.pool)
+        .await
+        .unwrap();
+    assert_eq!(made, None);
+}

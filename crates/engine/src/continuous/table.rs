@@ -51,48 +51,29 @@ pub const CONTINUOUS_INDEXES: &[&str] = &[
 
 impl Queue {
     /// The SQL that creates this queue's table, its indexes and wake-up
-    /// trigger, and registers the queue: put it in a migration, or run it
-    /// with [`Queue::create_table`]. Add the application's own columns
-    /// after it (with defaults, so a plain enqueue still works).
+    /// trigger, and registers the queue, as a call of the engine's
+    /// `settled_engine.create_queue` (put it in a migration after the
+    /// engine's, or run it with [`Queue::create_table`]). Add the
+    /// application's own columns after it (with defaults, so a plain
+    /// enqueue still works).
     pub fn table_sql(&self) -> String {
-        let (name, table, key, key_type) = (&self.name, &self.table, &self.key, &self.key_type);
-        let base = table.rsplit('.').next().unwrap_or(table);
+        // The names are identifiers `Queue::new` checked (lowercase,
+        // digits, `_`): nothing in them needs quoting.
         format!(
-            "CREATE TABLE {table} (
-    {key} {key_type} PRIMARY KEY,
-    payload      jsonb       NOT NULL DEFAULT '{{}}',
-    priority     smallint    NOT NULL DEFAULT 0,
-    seq          bigint      GENERATED ALWAYS AS IDENTITY,
-    enqueued_at  timestamptz NOT NULL DEFAULT now(),
-    not_before   timestamptz NOT NULL DEFAULT now(),
-    status       text        NOT NULL DEFAULT 'eligible'
-                 CHECK (status IN ('eligible', 'processing', 'settled', 'failed', 'cancelled')),
-    attempt      integer     NOT NULL DEFAULT 0,
-    attempt_base integer     NOT NULL DEFAULT 0,
-    fence_epoch  integer     NOT NULL DEFAULT 0,
-    lease_owner  uuid,
-    lease_until  timestamptz,
-    last_error   text,
-    errors       jsonb       NOT NULL DEFAULT '[]',
-    traceparent  text,
-    updated_at   timestamptz NOT NULL DEFAULT now()
-) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 10000,
-        autovacuum_vacuum_insert_scale_factor = 0, autovacuum_vacuum_insert_threshold = 10000,
-        autovacuum_vacuum_cost_delay = 0);
-CREATE INDEX {base}_eligible ON {table} (priority, not_before, seq) WHERE status = 'eligible';
-CREATE INDEX {base}_processing ON {table} (lease_until) WHERE status = 'processing';
-CREATE INDEX {base}_finished ON {table} (updated_at) WHERE status IN ('settled', 'failed', 'cancelled');
-CREATE TRIGGER {base}_wake AFTER INSERT ON {table}
-    FOR EACH STATEMENT EXECUTE FUNCTION settled_engine.queue_wake('{name}');
-INSERT INTO settled_engine.queues (name, table_name) VALUES ('{name}', '{table}')
-    ON CONFLICT (name) DO NOTHING;"
+            "SELECT settled_engine.create_queue('{}', '{}', '{}', '{}');",
+            self.name, self.table, self.key, self.key_type
         )
     }
 
-    /// Creates the table, indexes and trigger of [`Queue::table_sql`] and
-    /// registers the queue, in one transaction of the caller's.
+    /// Creates the table, indexes and trigger (`settled_engine.create_queue`,
+    /// the one home of a continuous queue's table) and registers the queue,
+    /// in one transaction of the caller's.
     pub async fn create_table(&self, conn: &mut PgConnection) -> Result<(), EngineError> {
-        sqlx::raw_sql(&self.table_sql())
+        sqlx::query("SELECT settled_engine.create_queue($1, $2, $3, $4)")
+            .bind(&self.name) // $1
+            .bind(&self.table) // $2
+            .bind(&self.key) // $3
+            .bind(&self.key_type) // $4
             .execute(conn)
             .await
             .map_err(EngineError::db("creating a queue's table"))?;
