@@ -50,17 +50,7 @@ impl<H: crate::ChunkHandler> Drainer for InTransaction<H> {
     }
 
     async fn drain(&self, t: RunTarget<'_>) -> Result<(), EngineError> {
-        let handler = self.0.clone();
-        crate::drain::drain_in_transactions(
-            t.pool,
-            t.queue.clone(),
-            t.run_id,
-            t.scope,
-            handler,
-            t.cfg,
-            t.stats.clone(),
-        )
-        .await
+        crate::drain::drain_in_transactions(t, self.0.clone()).await
     }
 }
 
@@ -79,19 +69,7 @@ impl<H: crate::LeasedHandler> Drainer for Leased<H> {
     }
 
     async fn drain(&self, t: RunTarget<'_>) -> Result<(), EngineError> {
-        let (queue, handler, stats) = (t.queue.clone(), self.handler.clone(), t.stats.clone());
-        crate::leased::drain_leased(
-            t.pool,
-            queue,
-            t.run_id,
-            t.scope,
-            t.worker,
-            handler,
-            t.cfg,
-            self.leases,
-            stats,
-        )
-        .await
+        crate::leased::drain_leased(t, self.handler.clone(), self.leases).await
     }
 }
 

@@ -19,26 +19,26 @@ use std::time::Duration;
 use common::*;
 use settled::provider::HttpProvider;
 use settled_engine::DrainStats;
-use settled_engine::{Chunk, LeasedHandler};
+use settled_engine::{Chunk, LeasedHandler, RunTarget};
 use uuid::Uuid;
 
 /// Runs a worker's drain of [`PERIOD`] in the background.
 fn spawn_drain<H: LeasedHandler>(s: &Settled, handler: Arc<H>, stats: Arc<DrainStats>) -> tokio::task::JoinHandle<()> {
     let (pool, run_id) = (s.pool.clone(), s.run_id);
     tokio::spawn(async move {
-        settled_engine::raw::drain_leased(
-            &pool,
-            settled::settlement::queue(),
+        let queue = settled::settlement::queue();
+        let target = RunTarget {
+            pool: &pool,
+            queue: &queue,
             run_id,
-            PERIOD,
-            Uuid::new_v4(),
-            handler,
-            &drain_config(),
-            long_leases(),
-            stats,
-        )
-        .await
-        .unwrap();
+            scope: PERIOD,
+            worker: Uuid::new_v4(),
+            cfg: &drain_config(),
+            stats: &stats,
+        };
+        settled_engine::raw::drain_leased(target, handler, long_leases())
+            .await
+            .unwrap();
     })
 }
 

@@ -17,6 +17,7 @@ mod chunk;
 mod cursor;
 mod statement;
 
+use crate::drainer::RunTarget;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -168,19 +169,19 @@ impl Target {
 /// Drains `scope` of run `run_id` with `cfg.concurrency` claim loops until no
 /// eligible or processing item is left (or the run stops running, or
 /// `stats.stop` is set).
-pub async fn drain_in_transactions<H: ChunkHandler>(
-    pool: &PgPool,
-    queue: Arc<WorkQueue>,
-    run_id: i64,
-    scope: &str,
-    handler: Arc<H>,
-    cfg: &DrainConfig,
-    stats: Arc<DrainStats>,
-) -> Result<(), EngineError> {
+pub async fn drain_in_transactions<H: ChunkHandler>(run: RunTarget<'_>, handler: Arc<H>) -> Result<(), EngineError> {
+    let RunTarget {
+        pool,
+        run_id,
+        scope,
+        cfg,
+        stats,
+        ..
+    } = run;
     check_config(cfg)?;
     let target = Target {
         pool: pool.clone(),
-        queue,
+        queue: run.queue.clone(),
         run_id,
         scope: scope.to_string(),
         cfg: cfg.clone(),
@@ -214,7 +215,7 @@ pub async fn drain_in_transactions<H: ChunkHandler>(
             }
         }
     }
-    join_loops(loops, &stats).await
+    join_loops(loops, stats).await
 }
 
 pub(crate) async fn join_loops(

@@ -8,6 +8,7 @@
 //! no more work is started on it. Whatever a paused worker does afterwards,
 //! its completion carries an old fence and is refused.
 
+use crate::drainer::RunTarget;
 use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -116,20 +117,22 @@ pub(crate) fn check_lease_config(leases: &LeaseConfig) -> Result<(), EngineError
     Ok(())
 }
 
-/// Drains `scope` of run `run_id` in leased mode with `cfg.concurrency`
-/// claim loops. Runs the lease keeper and the rescuer alongside.
-#[allow(clippy::too_many_arguments)]
+/// Drains the run's scope in leased mode with `cfg.concurrency` claim
+/// loops. Runs the lease keeper and the rescuer alongside.
 pub async fn drain_leased<H: LeasedHandler>(
-    pool: &PgPool,
-    queue: Arc<WorkQueue>,
-    run_id: i64,
-    scope: &str,
-    worker: Uuid,
+    run: RunTarget<'_>,
     handler: Arc<H>,
-    cfg: &DrainConfig,
     leases: LeaseConfig,
-    stats: Arc<DrainStats>,
 ) -> Result<(), EngineError> {
+    let RunTarget {
+        pool,
+        run_id,
+        scope,
+        worker,
+        cfg,
+        ..
+    } = run;
+    let (queue, stats) = (run.queue.clone(), run.stats.clone());
     check_config(cfg)?;
     check_lease_config(&leases)?;
     let calls = Arc::new(tokio::sync::Semaphore::new(leases.calls_in_flight));
