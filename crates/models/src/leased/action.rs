@@ -25,7 +25,7 @@ pub enum Action {
         worker: u8,
     },
     /// Models `LeasedHandler::work_item` = `SettleWithProvider::work_item`
-    /// (settlement.rs): `PayoutProvider::pay(payout_key(period, creator),
+    /// (settlement/leased.rs): `PayoutProvider::pay(payout_key(period, creator),
     /// creator, amount)` at a provider that applies each key once.
     CallProvider {
         /// The worker.

@@ -9,7 +9,7 @@
 //! It models `crates/engine/src/leased.rs` (the claim loop and the lease
 //! keeper), `queue/claim.rs`, `queue/complete.rs`, `queue/fail.rs`,
 //! `queue/lease.rs`, `rescuer.rs`, `fence.rs` and `statement.rs` (in-transaction chunks),
-//! with settlement's leased handler (`crates/settled/src/settlement.rs`,
+//! with settlement's leased handler (`crates/settled/src/settlement/leased.rs`,
 //! `SettleWithProvider`) and its provider (`provider.rs`). A chunk is one
 //! item here: every statement is set-based and its conditions are per row.
 //!
