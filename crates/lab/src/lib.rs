@@ -3,7 +3,7 @@
 //! The benchmark (`bench/`: strategies as worker processes, the SQL floors,
 //! peer job queues, the report and its plots; `bench/continuous/`: job
 //! queues side by side on their own workload), the adapter of the public
-//! job-queue benchmark (`harness.rs`), the chaos harness
+//! job-queue benchmark (`harness/`), the chaos harness
 //! (`chaos/`), the payment provider simulator (`provider_sim/`), and
 //! the layers the lab puts around the product's real handlers
 //! (`simulate.rs`). Its commands (`cmd/`) are offered by the same `settled`

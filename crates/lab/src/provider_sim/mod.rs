@@ -2,7 +2,7 @@
 //! protocol (docs/api.md, "The provider protocol") for tests, demos and
 //! chaos runs, and misbehaves on demand as real providers do.
 //!
-//! - `payments.rs`: create (201 new, 200 replay, 422 for another body under
+//! - `payments/`: create (201 new, 200 replay, 422 for another body under
 //!   a key), look up (by key or by reference), list; the provider's own
 //!   state machine (pending, then paid or failed; paid, then maybe
 //!   returned; never back); keys forgotten after a window; the faults on

@@ -9,8 +9,6 @@
 //! as real providers prune them: a create under a forgotten key is a new
 //! payment.
 
-use std::collections::{BTreeMap, HashMap};
-use std::ops::Bound;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
@@ -24,11 +22,16 @@ use rand::Rng;
 use serde::Deserialize;
 
 use settled::money::Amount;
-use settled::provider::{
-    EventType, Payment, PaymentRequest, PaymentStatus, WebhookEvent, DEFAULT_PAGE_LIMIT, MAX_PAGE_LIMIT,
-};
+use settled::provider::{EventType, Payment, PaymentRequest, DEFAULT_PAGE_LIMIT, MAX_PAGE_LIMIT};
 
 use super::{chance, error, lock, webhooks, Shared, Sim};
+
+mod ledger;
+#[cfg(test)]
+mod tests;
+
+pub use ledger::Arrival;
+pub(super) use ledger::{Fate, Ledger};
 
 /// The longest idempotency key, creator or reference the simulator takes.
 pub(super) const TEXT_CHARS_MAX: usize = 255;
@@ -40,189 +43,6 @@ const FAILURE_REASONS: [&str; 4] = [
     "invalid_account",
     "could_not_process",
 ];
-
-/// Every payment and every refused key.
-#[derive(Default)]
-pub(super) struct Ledger {
-    /// Keys forgotten so far (their payments kept).
-    pub(super) keys_forgotten: u64,
-    by_id: BTreeMap<String, Record>,
-    id_by_key: HashMap<String, String>,
-    refused: HashMap<String, String>,
-    payments_made: u64,
-    events_made: u64,
-}
-
-struct Record {
-    request: PaymentRequest,
-    payment: Payment,
-    /// When the call that created it arrived, in microseconds since the
-    /// Unix epoch (before any latency the faults add).
-    arrived_us: i64,
-}
-
-/// When the call that created a payment arrived (`GET /v1/arrivals`).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Arrival {
-    /// The payment's idempotency key.
-    pub idempotency_key: String,
-    /// Microseconds since the Unix epoch, on this machine's clock.
-    pub arrived_us: i64,
-}
-
-/// How an accepted payment ends.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Fate {
-    Paid,
-    Failed(String),
-}
-
-impl Ledger {
-    fn by_key(&self, key: &str) -> Option<&Record> {
-        self.id_by_key.get(key).and_then(|id| self.by_id.get(id))
-    }
-
-    /// The payment under `key`, unless the key was first used more than
-    /// `forget_after_ms` before `now_us` (0: never forgotten): a forgotten
-    /// key is dropped, its payment kept.
-    fn remembered(&mut self, key: &str, now_us: i64, forget_after_ms: u64) -> Option<&Record> {
-        let first_used_us = self.by_key(key)?.arrived_us;
-        if forget_after_ms > 0 && now_us - first_used_us > (forget_after_ms as i64).saturating_mul(1_000) {
-            self.id_by_key.remove(key);
-            self.keys_forgotten += 1;
-            return None;
-        }
-        self.by_key(key)
-    }
-
-    /// The payments whose reference is `reference`, in id order.
-    fn by_reference(&self, reference: &str) -> Vec<Payment> {
-        self.by_id
-            .values()
-            .filter(|record| record.payment.reference.as_deref() == Some(reference))
-            .map(|record| record.payment.clone())
-            .collect()
-    }
-
-    /// Stores a new pending payment under `key`. Ids rise with each
-    /// payment, zero-padded, so their text order is their creation order.
-    fn accept(&mut self, key: String, request: PaymentRequest, arrived_us: i64) -> Payment {
-        self.payments_made += 1;
-        let payment = Payment {
-            id: format!("pay_{:012}", self.payments_made),
-            idempotency_key: key.clone(),
-            creator: request.creator.clone(),
-            amount: request.amount.clone(),
-            status: PaymentStatus::Pending,
-            failure_reason: None,
-            reference: request.reference.clone(),
-        };
-        self.id_by_key.insert(key, payment.id.clone());
-        self.by_id.insert(
-            payment.id.clone(),
-            Record {
-                request,
-                payment: payment.clone(),
-                arrived_us,
-            },
-        );
-        payment
-    }
-
-    /// The state machine's one transition: pending to paid or failed.
-    /// None (nothing changes) when the payment has already ended, or was
-    /// forgotten ([`Ledger::forget`]) before its time came.
-    pub(super) fn settle(&mut self, id: &str, fate: Fate, now: i64) -> Option<WebhookEvent> {
-        let record = self.by_id.get_mut(id)?;
-        let payment = &mut record.payment;
-        if payment.status.is_final() {
-            return None;
-        }
-        match fate {
-            Fate::Paid => payment.status = PaymentStatus::Paid,
-            Fate::Failed(reason) => {
-                payment.status = PaymentStatus::Failed;
-                payment.failure_reason = Some(reason);
-            }
-        }
-        Some(self.event(id, now))
-    }
-
-    /// The event announcing payment `id`'s status now.
-    fn event(&mut self, id: &str, now: i64) -> WebhookEvent {
-        self.events_made += 1;
-        let payment = &self.by_id[id].payment;
-        WebhookEvent {
-            id: format!("evt_{:012}", self.events_made),
-            r#type: EventType::for_status(payment.status).expect("a payment past pending"),
-            created: now,
-            data: payment.clone(),
-        }
-    }
-
-    /// A paid payment's bank sends it back: paid to returned (or to
-    /// failed, as a provider without a returned status says), with `reason`.
-    /// Err names why not (no such payment, or it is not paid).
-    pub(super) fn take_back(
-        &mut self,
-        id: &str,
-        reason: String,
-        as_failed: bool,
-        now: i64,
-    ) -> Result<WebhookEvent, String> {
-        let Some(record) = self.by_id.get_mut(id) else {
-            return Err(format!("no payment {id}"));
-        };
-        let payment = &mut record.payment;
-        if payment.status != PaymentStatus::Paid {
-            return Err(format!(
-                "payment {id} is {}: only a paid payment is returned",
-                payment.status
-            ));
-        }
-        payment.status = if as_failed {
-            PaymentStatus::Failed
-        } else {
-            PaymentStatus::Returned
-        };
-        payment.failure_reason = Some(reason);
-        Ok(self.event(id, now))
-    }
-
-    /// Loses payment `id`: gone from look-ups and pages, its key free
-    /// again (a new request under it makes a new payment). None when there
-    /// is no such payment.
-    pub(super) fn forget(&mut self, id: &str) -> Option<Payment> {
-        let record = self.by_id.remove(id)?;
-        self.id_by_key.remove(&record.payment.idempotency_key);
-        Some(record.payment)
-    }
-
-    /// Payment `id`, for a change outside the state machine ([`super::tamper`]).
-    pub(super) fn payment_mut(&mut self, id: &str) -> Option<&mut Payment> {
-        self.by_id.get_mut(id).map(|record| &mut record.payment)
-    }
-
-    /// Every payment's key and the arrival of the call that created it.
-    pub(super) fn arrivals(&self) -> Vec<Arrival> {
-        self.by_id
-            .values()
-            .map(|record| Arrival {
-                idempotency_key: record.payment.idempotency_key.clone(),
-                arrived_us: record.arrived_us,
-            })
-            .collect()
-    }
-
-    fn page(&self, after: Option<&str>, limit: usize) -> Vec<Payment> {
-        let start = after.map_or(Bound::Unbounded, Bound::Excluded);
-        self.by_id
-            .range::<str, _>((start, Bound::Unbounded))
-            .take(limit)
-            .map(|(_, record)| record.payment.clone())
-            .collect()
-    }
-}
 
 enum Decision {
     RateLimited(u64),
@@ -575,134 +395,5 @@ fn read(sim: &mut Sim, read: Read) -> Response {
             Json(sim.ledger.by_reference(&reference)).into_response()
         }
         Read::Page { after, limit } => Json(sim.ledger.page(after.as_deref(), limit)).into_response(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn request(amount: &str) -> PaymentRequest {
-        PaymentRequest {
-            creator: "0xabc".into(),
-            amount: amount.into(),
-            reference: None,
-        }
-    }
-
-    #[test]
-    fn a_final_state_never_changes() {
-        let mut ledger = Ledger::default();
-        let paid = ledger.accept("k1".into(), request("5"), 0).id;
-        let failed = ledger.accept("k2".into(), request("6"), 0).id;
-        let event = ledger.settle(&paid, Fate::Paid, 10).unwrap();
-        assert_eq!(
-            (event.r#type, event.data.status),
-            (EventType::PaymentPaid, PaymentStatus::Paid)
-        );
-        let event = ledger
-            .settle(&failed, Fate::Failed("account_closed".into()), 11)
-            .unwrap();
-        assert_eq!(event.data.failure_reason.as_deref(), Some("account_closed"));
-        assert_ne!(event.id, "evt_000000000001", "each event has its own id");
-        assert_eq!(ledger.settle(&paid, Fate::Failed("late".into()), 12), None);
-        assert_eq!(ledger.settle(&failed, Fate::Paid, 12), None);
-        assert_eq!(ledger.by_key("k1").unwrap().payment.status, PaymentStatus::Paid);
-        let failed = &ledger.by_key("k2").unwrap().payment;
-        assert_eq!(
-            (failed.status, failed.failure_reason.as_deref()),
-            (PaymentStatus::Failed, Some("account_closed"))
-        );
-    }
-
-    #[test]
-    fn only_a_paid_payment_is_returned_and_a_return_never_changes() {
-        let mut ledger = Ledger::default();
-        let paid = ledger.accept("k1".into(), request("5"), 0).id;
-        let pending = ledger.accept("k2".into(), request("6"), 0).id;
-        ledger.settle(&paid, Fate::Paid, 1).unwrap();
-        assert!(ledger.take_back(&pending, "bank".into(), false, 2).is_err(), "pending");
-        let event = ledger.take_back(&paid, "account_closed".into(), false, 2).unwrap();
-        assert_eq!(
-            (event.r#type, event.data.status, event.data.failure_reason.as_deref()),
-            (
-                EventType::PaymentReturned,
-                PaymentStatus::Returned,
-                Some("account_closed")
-            )
-        );
-        assert!(
-            ledger.take_back(&paid, "again".into(), false, 3).is_err(),
-            "returned once"
-        );
-        assert_eq!(ledger.settle(&paid, Fate::Paid, 3), None, "never paid again");
-        // A provider without a returned status says failed.
-        ledger.settle(&pending, Fate::Paid, 4).unwrap();
-        let event = ledger.take_back(&pending, "bank".into(), true, 5).unwrap();
-        assert_eq!(
-            (event.r#type, event.data.status),
-            (EventType::PaymentFailed, PaymentStatus::Failed)
-        );
-    }
-
-    #[test]
-    fn a_forgotten_key_is_free_again_and_its_payment_is_still_found_by_reference() {
-        let mut ledger = Ledger::default();
-        let with_reference = PaymentRequest {
-            reference: Some("ref-1".into()),
-            ..request("5")
-        };
-        let first = ledger.accept("k".into(), with_reference.clone(), 1_000_000).id;
-        assert!(ledger.remembered("k", 1_500_000, 1_000).is_some(), "within the window");
-        assert!(ledger.remembered("k", 1_500_000, 0).is_some(), "0 keeps keys for ever");
-        assert!(ledger.remembered("k", 2_000_001, 1_000).is_none(), "forgotten");
-        assert_eq!(ledger.keys_forgotten, 1);
-        let found: Vec<String> = ledger.by_reference("ref-1").into_iter().map(|p| p.id).collect();
-        assert_eq!(found, std::slice::from_ref(&first));
-        let second = ledger.accept("k".into(), with_reference, 2_000_002).id;
-        let found: Vec<String> = ledger.by_reference("ref-1").into_iter().map(|p| p.id).collect();
-        assert_eq!(found, [first, second], "a new payment under the forgotten key");
-        assert!(ledger.by_reference("ref-2").is_empty());
-    }
-
-    #[test]
-    fn pages_follow_id_order_after_the_cursor() {
-        let mut ledger = Ledger::default();
-        let ids: Vec<String> = (0..12)
-            .map(|i| ledger.accept(format!("k{i}"), request("1"), i).id)
-            .collect();
-        assert_eq!(ids[11], "pay_000000000012");
-        let page = |after: Option<&str>, limit| -> Vec<String> {
-            ledger.page(after, limit).into_iter().map(|p| p.id).collect()
-        };
-        assert_eq!(page(None, 5), ids[..5]);
-        assert_eq!(page(Some(&ids[4]), 5), ids[5..10]);
-        assert_eq!(page(Some(&ids[9]), 5), ids[10..]);
-        assert!(page(Some(&ids[11]), 5).is_empty());
-        assert_eq!(page(Some("pay_"), 2), ids[..2], "any text is a cursor");
-    }
-
-    #[test]
-    fn a_create_request_is_checked_and_its_amount_made_canonical() {
-        let mut headers = HeaderMap::new();
-        headers.insert("idempotency-key", "k-1".parse().unwrap());
-        let (key, parsed) = parse_create(&headers, br#"{"creator":"0xabc","amount":"007"}"#).unwrap();
-        assert_eq!((key.as_str(), parsed), ("k-1", request("7")));
-        for (body, why) in [
-            (r#"{"creator":"0xabc","amount":""}"#, "amount is empty"),
-            (r#"{"creator":"0xabc","amount":"1.5"}"#, "amount must be a whole number"),
-            (r#"{"creator":"0xabc","amount":7}"#, "body: invalid type"),
-            (r#"{"creator":"","amount":"7"}"#, "creator must be"),
-            (
-                r#"{"creator":"0xabc","amount":"7","memo":"x"}"#,
-                "body: unknown field `memo`",
-            ),
-        ] {
-            let error = parse_create(&headers, body.as_bytes()).unwrap_err();
-            assert!(error.starts_with(why), "{body}: {error}");
-        }
-        assert!(parse_create(&HeaderMap::new(), b"{}")
-            .unwrap_err()
-            .contains("missing Idempotency-Key"));
     }
 }
