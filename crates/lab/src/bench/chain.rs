@@ -302,7 +302,11 @@ impl Node {
     /// A plain `transfer` of the token from the hot wallet (anvil holds its
     /// key), mined at once; its gas.
     async fn transfer_gas(&self, to: Address) -> u64 {
-        let data = IERC20::transferCall { to, value: U256::from(1u32) }.abi_encode();
+        let data = IERC20::transferCall {
+            to,
+            value: U256::from(1u32),
+        }
+        .abi_encode();
         let tx = json!([{"from": HOT_WALLET, "to": self.token, "data": format!("0x{}", alloy_primitives::hex::encode(data))}]);
         let hash = rpc(&self.url(), "eth_sendTransaction", tx).await;
         rpc(&self.url(), "evm_mine", json!([])).await;
@@ -345,13 +349,25 @@ impl Fleet {
     }
 
     /// `n` deliverers on the chain, each waited for until it listens.
-    async fn deliverers(&mut self, pool: &PgPool, n: u32, opts: &ChainBenchOptions, chain: Vec<String>, scratch: &Path) -> anyhow::Result<()> {
+    async fn deliverers(
+        &mut self,
+        pool: &PgPool,
+        n: u32,
+        opts: &ChainBenchOptions,
+        chain: Vec<String>,
+        scratch: &Path,
+    ) -> anyhow::Result<()> {
         for i in 0..n {
             let mut args: Vec<String> = ["deliver", "--concurrency", &opts.concurrency.to_string()]
                 .iter()
                 .map(|s| s.to_string())
                 .collect();
-            args.extend(["--batch".to_string(), opts.batch.to_string(), "--shutdown-grace-ms".into(), "2000".into()]);
+            args.extend([
+                "--batch".to_string(),
+                opts.batch.to_string(),
+                "--shutdown-grace-ms".into(),
+                "2000".into(),
+            ]);
             args.extend(chain.iter().cloned());
             self.spawn(&args, &scratch.join(format!("deliver-{}-{i}.log", self.children.len())))?;
         }
@@ -401,15 +417,31 @@ async fn measure(opts: &ChainBenchOptions, url: &str, scratch: &Path) -> anyhow:
         children: Vec::new(),
     };
     let mut runs = Vec::new();
-    for (i, (mode, batch)) in [("unbatched", None), ("batched", Some(opts.batch_max))].into_iter().enumerate() {
-        fleet.deliverers(&db.pool, opts.deliverers, opts, node.flags(batch), scratch).await?;
-        let recipients: Vec<String> = creators.iter().cycle().skip(i * opts.backlog as usize).take(opts.backlog as usize).cloned().collect();
+    for (i, (mode, batch)) in [("unbatched", None), ("batched", Some(opts.batch_max))]
+        .into_iter()
+        .enumerate()
+    {
+        fleet
+            .deliverers(&db.pool, opts.deliverers, opts, node.flags(batch), scratch)
+            .await?;
+        let recipients: Vec<String> = creators
+            .iter()
+            .cycle()
+            .skip(i * opts.backlog as usize)
+            .take(opts.backlog as usize)
+            .cloned()
+            .collect();
         let run = saturation(&db.pool, &node, mode, &recipients).await?;
-        eprintln!("bench: chain: {mode}: {} payouts in {:.1} s, {:.0}/s, {:.0} gas each", run.payouts, run.seconds, run.per_sec, run.gas_per_payout);
+        eprintln!(
+            "bench: chain: {mode}: {} payouts in {:.1} s, {:.0}/s, {:.0} gas each",
+            run.payouts, run.seconds, run.per_sec, run.gas_per_payout
+        );
         runs.push(run);
         fleet.stop().await;
     }
-    fleet.deliverers(&db.pool, 1, opts, node.flags(Some(opts.batch_max)), scratch).await?;
+    fleet
+        .deliverers(&db.pool, 1, opts, node.flags(Some(opts.batch_max)), scratch)
+        .await?;
     let base = serve(&mut fleet, scratch).await?;
     let broadcast = broadcast_latency(&db.pool, &base, &creators, opts.latency_samples).await?;
     fleet.stop().await;
@@ -430,14 +462,27 @@ async fn measure(opts: &ChainBenchOptions, url: &str, scratch: &Path) -> anyhow:
 async fn creators(pool: &PgPool, exe: &Path, url: &str, n: u64) -> anyhow::Result<Vec<String>> {
     let period = Period::from_date(chrono::Utc::now().date_naive() - chrono::Duration::days(1));
     let n = n.clamp(CREATORS_MIN, settled::seed::MAX_SEED_CREATORS);
-    settled::seed::seed(pool, period, n, super::BENCH_SEED, None, settled::seed::Volumes::Realistic, &Progress::hidden()).await?;
+    settled::seed::seed(
+        pool,
+        period,
+        n,
+        super::BENCH_SEED,
+        None,
+        settled::seed::Volumes::Realistic,
+        &Progress::hidden(),
+    )
+    .await?;
     crate::settle_in_a_worker(exe, url, &period.to_string()).await?;
     // Enough for the two payouts a creator may get (cycled over a short list).
     let creators: Vec<String> =
         sqlx::query_scalar("SELECT creator FROM settlement.creator_balance WHERE balance >= 1000 ORDER BY creator")
             .fetch_all(pool)
             .await?;
-    anyhow::ensure!(creators.len() >= 10, "too few creators with a balance: {}", creators.len());
+    anyhow::ensure!(
+        creators.len() >= 10,
+        "too few creators with a balance: {}",
+        creators.len()
+    );
     Ok(creators)
 }
 
@@ -445,9 +490,15 @@ async fn creators(pool: &PgPool, exe: &Path, url: &str, n: u64) -> anyhow::Resul
 async fn serve(fleet: &mut Fleet, scratch: &Path) -> anyhow::Result<String> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let base = format!("http://127.0.0.1:{port}");
-    fleet.spawn(&["serve".into(), "--bind".into(), format!("127.0.0.1:{port}")], &scratch.join("serve.log"))?;
+    fleet.spawn(
+        &["serve".into(), "--bind".into(), format!("127.0.0.1:{port}")],
+        &scratch.join("serve.log"),
+    )?;
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !reqwest::get(format!("{base}/readyz")).await.is_ok_and(|r| r.status().is_success()) {
+    while !reqwest::get(format!("{base}/readyz"))
+        .await
+        .is_ok_and(|r| r.status().is_success())
+    {
         anyhow::ensure!(Instant::now() < deadline, "settled serve did not come up");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -472,7 +523,11 @@ async fn commit_backlog(pool: &PgPool, recipients: &[String], tag: &str) -> anyh
     .bind(tag) // $3
     .fetch_one(&mut *tx)
     .await?;
-    anyhow::ensure!(made == recipients.len() as i64, "the backlog made {made} of {} payouts", recipients.len());
+    anyhow::ensure!(
+        made == recipients.len() as i64,
+        "the backlog made {made} of {} payouts",
+        recipients.len()
+    );
     tx.commit().await?;
     let committed: f64 = sqlx::query_scalar("SELECT extract(epoch FROM clock_timestamp())::float8")
         .fetch_one(pool)
@@ -484,14 +539,18 @@ async fn commit_backlog(pool: &PgPool, recipients: &[String], tag: &str) -> anyh
 async fn wait_paid(pool: &PgPool, first: i64, secs: u64) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(secs);
     loop {
-        let left: i64 = sqlx::query_scalar("SELECT count(*) FROM settlement.payouts WHERE id >= $1 AND status <> 'paid'")
-            .bind(first) // $1
-            .fetch_one(pool)
-            .await?;
+        let left: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM settlement.payouts WHERE id >= $1 AND status <> 'paid'")
+                .bind(first) // $1
+                .fetch_one(pool)
+                .await?;
         if left == 0 {
             return Ok(());
         }
-        anyhow::ensure!(Instant::now() < deadline, "{left} payouts still not paid after {secs} s");
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "{left} payouts still not paid after {secs} s"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
@@ -499,7 +558,8 @@ async fn wait_paid(pool: &PgPool, first: i64, secs: u64) -> anyhow::Result<()> {
 /// A backlog paid to `recipients` by the running deliverers.
 async fn saturation(pool: &PgPool, node: &Node, mode: &str, recipients: &[String]) -> anyhow::Result<ChainRun> {
     let n = recipients.len() as u64;
-    let (first, committed) = commit_backlog(pool, recipients, &format!("{mode}-{}", uuid::Uuid::new_v4().simple())).await?;
+    let (first, committed) =
+        commit_backlog(pool, recipients, &format!("{mode}-{}", uuid::Uuid::new_v4().simple())).await?;
     wait_paid(pool, first, 120 + n * PAID_SECS_PER_HUNDRED / 100).await?;
     let last: f64 = sqlx::query_scalar(
         "SELECT extract(epoch FROM max(at))::float8 FROM settlement.payout_history WHERE payout_id >= $1 AND to_state = 'paid'",
@@ -518,7 +578,11 @@ async fn saturation(pool: &PgPool, node: &Node, mode: &str, recipients: &[String
     for (hash, _) in &txs {
         gas_used += quantity(&receipt(&node.url(), hash).await["gasUsed"]);
     }
-    let low = txs.iter().map(|t| t.1).min().context("the backlog has no transaction")? as u64;
+    let low = txs
+        .iter()
+        .map(|t| t.1)
+        .min()
+        .context("the backlog has no transaction")? as u64;
     let high = txs.iter().map(|t| t.1).max().unwrap_or_default() as u64;
     let (block_gas_limit, fills) = block_fills(&node.url(), low, high).await;
     let seconds = (last - committed).max(1e-6);
@@ -551,7 +615,12 @@ async fn block_fills(url: &str, low: u64, high: u64) -> (u64, Vec<f64>) {
 
 /// Payouts one at a time through `base`, each paid before the next; the
 /// time from each 201 to its transaction's broadcast.
-async fn broadcast_latency(pool: &PgPool, base: &str, creators: &[String], samples: u32) -> anyhow::Result<BroadcastLatency> {
+async fn broadcast_latency(
+    pool: &PgPool,
+    base: &str,
+    creators: &[String],
+    samples: u32,
+) -> anyhow::Result<BroadcastLatency> {
     let http = reqwest::Client::new();
     let tag = uuid::Uuid::new_v4().simple().to_string();
     let mut ms = Vec::new();
