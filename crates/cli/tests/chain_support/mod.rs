@@ -9,7 +9,6 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use alloy_primitives::{Address, B256, U256};
 use alloy_sol_types::{SolCall, SolEvent, SolValue};
@@ -125,7 +124,9 @@ pub(crate) async fn count(env: &Env, sql: &str) -> i64 {
     env.scalar_i64(sql).await
 }
 
-pub(crate) use settled_testkit::chain::{bytecode, deploy, quantity, receipt, rpc, HOT_WALLET, HOT_WALLET_KEY, SUPPLY};
+// Each test crate uses some of them.
+#[allow(unused_imports)]
+pub(crate) use settled_testkit::chain::{deploy, quantity, receipt, rpc, HOT_WALLET, HOT_WALLET_KEY, SUPPLY};
 
 /// A chain for a test: anvil, the token, the hot wallet's key file.
 pub(crate) struct TestChain {
