@@ -1,11 +1,13 @@
 //! settled-testkit: per-test databases on a shared throwaway PostgreSQL
 //! (`TestDb`), a real PgBouncer in front of one (`PgBouncer`),
 //! a proxy that loses a COMMIT or its answer (`PgProxy`, with a `FaultPlan`),
-//! a real EVM node (`Anvil`, Foundry's anvil from the npm registry),
+//! a real EVM node (`Anvil`, Foundry's anvil from the npm registry) and
+//! what its users share on it (`chain`: accounts, bytecode, JSON-RPC),
 //! for the test suites only. The server itself is `settled-embedded`,
 //! re-exported here for tests' convenience.
 
 mod anvil;
+pub mod chain;
 mod pgbouncer;
 mod pgproxy;
 mod testdb;

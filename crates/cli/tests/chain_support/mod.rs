@@ -7,10 +7,8 @@
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use alloy_primitives::{Address, B256, U256};
 use alloy_sol_types::{SolCall, SolEvent, SolValue};
@@ -128,72 +126,9 @@ pub(crate) async fn count(env: &Env, sql: &str) -> i64 {
     env.scalar_i64(sql).await
 }
 
-/// anvil's well-known development accounts (public test data): the first
-/// deploys, the second is the hot wallet.
-pub(crate) const DEPLOYER: &str = "0xf39fd6e51aad88f6f4ce6ab8827279cfffb92266";
-pub(crate) const HOT_WALLET_KEY: &str = "0x59c6995e998f97a5a0044966f0945389dc9e86dae88c7a8412f4603b6b78690d";
-pub(crate) const HOT_WALLET: &str = "0x70997970c51812dc3a010c7d01b50e0d17dc79c8";
-/// The hot wallet's token supply.
-pub(crate) const SUPPLY: u128 = 1_000_000_000_000_000_000_000;
-
-/// The checked-in bytecode of a contract of `contracts/`.
-pub(crate) fn bytecode(name: &str) -> Vec<u8> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../../contracts/build/{name}.bin"));
-    let hex = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    alloy_primitives::hex::decode(hex.trim()).expect("hex bytecode")
-}
-
-/// Calls the node.
-pub(crate) async fn rpc(url: &str, method: &str, params: Value) -> Value {
-    let answer: Value = reqwest::Client::new()
-        .post(url)
-        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{method}: {e}"))
-        .json()
-        .await
-        .unwrap();
-    if let Some(error) = answer.get("error") {
-        panic!("{method} refused: {error}");
-    }
-    answer["result"].clone()
-}
-
-/// A quantity the node answered (`0x..`).
-pub(crate) fn quantity(v: &Value) -> u64 {
-    u64::from_str_radix(v.as_str().expect("a quantity").trim_start_matches("0x"), 16).unwrap()
-}
-
-/// Waits for the receipt of `hash`.
-pub(crate) async fn receipt(url: &str, hash: &str) -> Value {
-    for _ in 0..600 {
-        let r = rpc(url, "eth_getTransactionReceipt", json!([hash])).await;
-        if !r.is_null() {
-            return r;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("no receipt for {hash}");
-}
-
-/// Deploys `name` with constructor arguments `args` (ABI-encoded) from
-/// the deployer; its address.
-pub(crate) async fn deploy(url: &str, name: &str, args: Vec<u8>) -> Address {
-    let mut data = bytecode(name);
-    data.extend(args);
-    let hash = rpc(
-        url,
-        "eth_sendTransaction",
-        json!([{"from": DEPLOYER, "data": format!("0x{}", alloy_primitives::hex::encode(data)), "gas": "0x2dc6c0"}]),
-    )
-    .await;
-    // Mined at once, whether the node mines by itself or not.
-    rpc(url, "evm_mine", json!([])).await;
-    let r = receipt(url, hash.as_str().unwrap()).await;
-    assert_eq!(r["status"], "0x1", "deploying {name}: {r}");
-    r["contractAddress"].as_str().unwrap().parse().unwrap()
-}
+// Each test crate uses some of them.
+#[allow(unused_imports)]
+pub(crate) use settled_testkit::chain::{deploy, quantity, receipt, rpc, HOT_WALLET, HOT_WALLET_KEY, SUPPLY};
 
 /// A chain for a test: anvil, the token, the hot wallet's key file.
 pub(crate) struct TestChain {

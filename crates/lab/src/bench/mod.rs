@@ -11,6 +11,7 @@
 //! failed, never as fast). Then the database is dropped.
 
 mod casedb;
+pub mod chain;
 pub mod child;
 pub mod continuous;
 mod floors;

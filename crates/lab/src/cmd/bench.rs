@@ -44,6 +44,17 @@ pub struct Args {
     /// payouts/s through `settled serve` with delivery running.
     #[arg(long, conflicts_with_all = ["continuous", "days", "held_xmin", "pairs", "replot"])]
     payouts: bool,
+    /// --payouts: pay on-chain instead, on an anvil the bench starts
+    /// (--block-time 1): payouts/s at saturation unbatched and batched, gas
+    /// per payout next to a plain ERC-20 transfer's, block fill, and p99
+    /// from a payout's 201 to its transaction's broadcast on an idle system.
+    #[arg(long, requires = "payouts")]
+    chain: bool,
+    /// --payouts --chain: payouts per transaction of the batched run
+    /// (`settled deliver --batch-max`).
+    #[arg(long, default_value_t = settled::chain::DEFAULT_BATCH_MAX, requires = "chain",
+          value_parser = clap::value_parser!(u32).range(2..=1_000))]
+    batch_max: u32,
     /// --payouts: `settled deliver` processes.
     #[arg(long, default_value_t = 4, requires = "payouts")]
     deliverers: u32,
@@ -220,6 +231,19 @@ impl Args {
         }
     }
 
+    fn chain_options(&self, global: &Global) -> crate::bench::chain::ChainBenchOptions {
+        crate::bench::chain::ChainBenchOptions {
+            deliverers: self.deliverers,
+            concurrency: self.deliver_concurrency,
+            batch: self.deliver_batch,
+            batch_max: self.batch_max,
+            backlog: self.backlog,
+            latency_samples: self.latency_samples,
+            database_url: global.database_url(),
+            command: command_line(),
+        }
+    }
+
     fn continuous_options(&self, global: &Global) -> ContinuousOptions {
         ContinuousOptions {
             settled_modes: if self.no_settled {
@@ -328,6 +352,11 @@ impl Runnable for Args {
                 return Ok(ExitCode::SUCCESS);
             }
             let json = self.json.clone();
+            if self.chain {
+                let report = crate::bench::chain::chain_payouts(&self.chain_options(&global)).await?;
+                print(&report, &json, || report.markdown())?;
+                return Ok(exit_code(report.ok()));
+            }
             if self.payouts {
                 let report = crate::bench::payouts::payouts(&self.payout_options(&global)).await?;
                 print(&report, &json, || report.markdown())?;
