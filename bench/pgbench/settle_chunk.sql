@@ -8,9 +8,9 @@ WITH run AS (SELECT CAST(:run AS bigint) AS id),
              SELECT t.tableoid AS engine_rel, t.ctid AS engine_tid, t.period, t.creator
              FROM settlement.token_trade_volume t
              WHERE t.period = CAST(:period AS date)
-               AND t.status = 'eligible'
-               AND (t.not_before IS NULL OR t.not_before <= now())
-               AND EXISTS (SELECT 1 FROM settled_engine.runs r WHERE r.id = :run AND r.state = 'running')
+                   AND t.status = 'eligible'
+                   AND (t.not_before IS NULL OR t.not_before <= now())
+                   AND EXISTS (SELECT 1 FROM settled_engine.runs r WHERE r.id = :run AND r.state = 'running')
              ORDER BY t.creator
              LIMIT :chunk
              FOR NO KEY UPDATE OF t SKIP LOCKED),
