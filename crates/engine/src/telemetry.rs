@@ -10,7 +10,7 @@
 //! never depends on one, and without hooks it does nothing more.
 
 /// Seconds one claim statement took (for a handler with a chunk statement,
-/// [`crate::raw::ChunkSql`], that statement: claim, status change and effects).
+/// [`crate::ChunkSql`], that statement: claim, status change and effects).
 pub const CLAIM_DURATION: &str = "work_queue_claim_duration_seconds";
 /// Seconds the application's handler took on one chunk (tx, handlers without
 /// a chunk statement) or item (leased).
