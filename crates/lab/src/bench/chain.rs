@@ -26,7 +26,6 @@ use anyhow::Context;
 use serde_json::{json, Value};
 use sqlx::PgPool;
 
-use super::casedb::{create_database_at, drop_database_at};
 use settled::chain::abi::IERC20;
 use settled::db::Database;
 use settled::period::Period;
@@ -229,19 +228,10 @@ fn check(opts: &ChainBenchOptions) -> anyhow::Result<()> {
 /// Runs the on-chain payout bench on a fresh database and a fresh anvil.
 pub async fn chain_payouts(opts: &ChainBenchOptions) -> anyhow::Result<ChainBenchReport> {
     check(opts)?;
-    let scratch = tempfile::Builder::new().prefix("settled-bench-").tempdir()?;
-    let (server, admin_url) = super::start_server_at(&opts.database_url, scratch.path(), Vec::new()).await?;
-    let result = async {
-        let (name, url) = create_database_at(&admin_url).await?;
-        let measured = measure(opts, &url, scratch.path()).await;
-        drop_database_at(&admin_url, &name).await?;
-        measured
-    }
-    .await;
-    if let Some(server) = server {
-        tokio::task::spawn_blocking(move || server.stop()).await??;
-    }
-    result
+    super::on_fresh_database(&opts.database_url, |url, scratch| async move {
+        measure(opts, &url, &scratch).await
+    })
+    .await
 }
 
 /// The node, the token, the batch contract, the hot wallet's key file.

@@ -255,6 +255,30 @@ async fn start_server_with(
     start_server_at(&opts.database_url, scratch, settings).await
 }
 
+/// Runs `measure` on a fresh database (with the database's URL and a
+/// scratch directory) of `database_url`'s server, or of a private one
+/// started for the run; the database is dropped and the private server
+/// stopped afterwards, whatever `measure` returned.
+async fn on_fresh_database<T, F, Fut>(database_url: &Option<String>, measure: F) -> anyhow::Result<T>
+where
+    F: FnOnce(String, PathBuf) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<T>>,
+{
+    let scratch = tempfile::Builder::new().prefix("settled-bench-").tempdir()?;
+    let (server, admin_url) = start_server_at(database_url, scratch.path(), Vec::new()).await?;
+    let result = async {
+        let (name, url) = casedb::create_database_at(&admin_url).await?;
+        let measured = measure(url, scratch.path().to_path_buf()).await;
+        casedb::drop_database_at(&admin_url, &name).await?;
+        measured
+    }
+    .await;
+    if let Some(server) = server {
+        tokio::task::spawn_blocking(move || server.stop()).await??;
+    }
+    result
+}
+
 /// `database_url`'s server, or a private one (fsync on) in `scratch`,
 /// started for the run; returns it (None: not ours) and its admin URL.
 async fn start_server_at(

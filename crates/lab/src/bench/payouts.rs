@@ -24,7 +24,6 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use sqlx::PgPool;
 
-use super::casedb::{create_database_at, drop_database_at};
 use crate::provider_sim::{Arrival, Faults, Options};
 use settled::db::Database;
 use settled::period::Period;
@@ -364,19 +363,10 @@ fn check(opts: &PayoutBenchOptions) -> anyhow::Result<()> {
 /// Runs the payout bench on a fresh database.
 pub async fn payouts(opts: &PayoutBenchOptions) -> anyhow::Result<PayoutBenchReport> {
     check(opts)?;
-    let scratch = tempfile::Builder::new().prefix("settled-bench-").tempdir()?;
-    let (server, admin_url) = super::start_server_at(&opts.database_url, scratch.path(), Vec::new()).await?;
-    let result = async {
-        let (name, url) = create_database_at(&admin_url).await?;
-        let measured = measure(opts, &url, scratch.path()).await;
-        drop_database_at(&admin_url, &name).await?;
-        measured
-    }
-    .await;
-    if let Some(server) = server {
-        tokio::task::spawn_blocking(move || server.stop()).await??;
-    }
-    result
+    super::on_fresh_database(&opts.database_url, |url, scratch| async move {
+        measure(opts, &url, &scratch).await
+    })
+    .await
 }
 
 /// The processes of the bench, stopped on drop.
