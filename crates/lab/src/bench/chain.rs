@@ -26,6 +26,7 @@ use anyhow::Context;
 use serde_json::{json, Value};
 use sqlx::PgPool;
 
+use super::payouts::{load_average, percentile, unix_us};
 use settled::chain::abi::IERC20;
 use settled::db::Database;
 use settled::period::Period;
@@ -643,25 +644,4 @@ async fn broadcast_latency(
         p99_ms: percentile(&ms, 99.0),
         max_ms: ms.last().copied().unwrap_or(0.0),
     })
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|l| l.split_whitespace().next().map(str::to_string))
-        .unwrap_or_else(|| "unknown".into())
-}
-
-fn unix_us() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as i64)
 }
