@@ -273,13 +273,18 @@ fn deliver(env: &Env, provider: &Provider, timeout_ms: &str) -> Deliverer {
 
 /// A line of /proc/PID/status (`VmHWM`, `VmRSS`) in bytes.
 fn memory_bytes(pid: u32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = status
-        .lines()
-        .find(|l| l.starts_with(&format!("{field}:")))
-        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"));
-    let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
-    kib * 1024
+    memory_bytes_if_alive(pid, field)
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
+}
+
+/// A line of /proc/PID/status in bytes, or `None` once the process has
+/// exited: an exited child not yet reaped (a zombie) still has a status
+/// file, without its memory lines.
+fn memory_bytes_if_alive(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with(&format!("{field}:")))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 /// Waits until each payout was POSTed at least twice (delivery retried it:
@@ -392,8 +397,7 @@ fn run_bounded(env: &Env, args: &[&str], rss_max: u64, secs: u64) -> (i32, Strin
     let started = Instant::now();
     let mut seen = 0;
     while child.try_wait().unwrap().is_none() {
-        let rss = std::fs::read_to_string(format!("/proc/{}/status", child.id()))
-            .map_or(0, |_| memory_bytes(child.id(), "VmRSS"));
+        let rss = memory_bytes_if_alive(child.id(), "VmRSS").unwrap_or(0);
         seen = seen.max(rss);
         if rss > rss_max || started.elapsed() > Duration::from_secs(secs) {
             let _ = child.kill();
