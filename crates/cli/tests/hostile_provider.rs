@@ -273,8 +273,7 @@ fn deliver(env: &Env, provider: &Provider, timeout_ms: &str) -> Deliverer {
 
 /// A line of /proc/PID/status (`VmHWM`, `VmRSS`) in bytes.
 fn memory_bytes(pid: u32, field: &str) -> u64 {
-    memory_bytes_if_alive(pid, field)
-        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
+    memory_bytes_if_alive(pid, field).unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
 }
 
 /// A line of /proc/PID/status in bytes, or `None` once the process has

@@ -94,7 +94,15 @@ async fn mined_receipt(chain: &Chain, tx: &ChainTx) -> anyhow::Result<Option<Rec
 /// `tx`, not found mined; `mined` is the node's count of the wallet's
 /// mined transactions (the lowest nonce not mined).
 async fn not_mined(pool: &PgPool, chain: &Chain, tx: &ChainTx, mined: u64, done: &mut Round) -> anyhow::Result<()> {
-    if let Some(receipt) = mined_receipt(chain, tx).await? {
+    // A nonce at or past the node's count of mined transactions has no
+    // mined attempt: its receipts are not asked for (a backlog of hundreds
+    // in flight costs one call a round, not one per attempt).
+    let receipt = if (tx.nonce as u64) < mined {
+        mined_receipt(chain, tx).await?
+    } else {
+        None
+    };
+    if let Some(receipt) = receipt {
         let mut db = pool.begin().await?;
         let number = receipt.block_number.to::<u64>();
         if store::mark_included(

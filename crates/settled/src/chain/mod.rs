@@ -19,7 +19,8 @@
 //! and never signs a second transaction for a payout.
 
 use std::path::PathBuf;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use alloy_primitives::{Address, U256};
 use sqlx::PgPool;
@@ -152,7 +153,15 @@ pub struct Chain {
     pub watch_every: Duration,
     /// How often the chain is reconciled ([`watch`]); never when `None`.
     pub reconcile_every: Option<Duration>,
+    /// The fees read last and when ([`Chain::recent_fees`]).
+    fees_read: Arc<Mutex<Option<(Instant, sign::Fees)>>>,
 }
+
+/// How long fees read from the node serve new transactions: about a block
+/// on a fast chain. A new transaction's fee cap is twice the base fee plus
+/// the tip, room for six blocks of the base fee's largest rise (12.5%
+/// each), so fees this old still get it mined.
+pub const FEES_FRESH_FOR: Duration = Duration::from_secs(1);
 
 impl Chain {
     /// Connects to the node of `flags`, reads the key, and makes sure the
@@ -181,6 +190,7 @@ impl Chain {
             }),
             watch_every: Duration::from_secs(flags.watch_every_secs),
             reconcile_every: (flags.reconcile_every_secs > 0).then(|| Duration::from_secs(flags.reconcile_every_secs)),
+            fees_read: Arc::default(),
         };
         let mined = chain.rpc.nonce(chain.wallet.address(), "latest").await?;
         sqlx::query(
@@ -210,6 +220,20 @@ impl Chain {
             max_fee_per_gas: max_fee.max(1),
             max_priority_fee_per_gas: tip.min(max_fee),
         })
+    }
+
+    /// The fees for a new transaction, read from the node at most once per
+    /// [`FEES_FRESH_FOR`] (deliverers signing many batches a second ask the
+    /// node once). A replacement or a filler reads [`Chain::fees`] fresh.
+    pub async fn recent_fees(&self) -> anyhow::Result<sign::Fees> {
+        if let Some((at, fees)) = *self.fees_read.lock().expect("fees") {
+            if at.elapsed() < FEES_FRESH_FOR {
+                return Ok(fees);
+            }
+        }
+        let fees = self.fees().await?;
+        *self.fees_read.lock().expect("fees") = Some((Instant::now(), fees));
+        Ok(fees)
     }
 
     /// The payment id settled records for payout `payout_id` paid on this

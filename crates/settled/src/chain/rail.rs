@@ -48,7 +48,7 @@ impl ChainRail {
         if let Some(found) = self.stored(payout.id).await.map_err(transient)? {
             return Ok(found);
         }
-        let fees = self.chain.fees().await.map_err(transient)?;
+        let fees = self.chain.recent_fees().await.map_err(transient)?;
         // None: another process signed for it first, or it left `queued`.
         super::sign::sign_ahead(&self.pool, &self.chain, payout, fees)
             .await
@@ -87,9 +87,17 @@ pub fn reverted_reason(tx: &ChainTx) -> String {
 }
 
 impl Rail for ChainRail {
+    const RATE_LIMITED: bool = false;
+    const KEYS_EXPIRE: bool = false;
+
     async fn send(&self, payout: &PayoutRow, _traceparent: Option<&str>) -> Result<Payment, ProviderError> {
         let (tx, paid) = self.tx_for(payout).await?;
-        if matches!(tx.state, TxState::Signed | TxState::Broadcast) {
+        // Only a transaction never sent is sent here: a batch's other
+        // payouts find it broadcast and send nothing (one send per
+        // transaction, not per payout it pays). One sent and not mined is
+        // sent again by the follower ([`super::confirm`]) once it has
+        // waited [`super::REBROADCAST_AFTER`]: a node that dropped or forgot it.
+        if tx.state == TxState::Signed {
             let sent = broadcast::send(&self.chain.rpc, &tx.latest().raw)
                 .await
                 .map_err(transient)?;

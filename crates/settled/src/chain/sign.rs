@@ -75,6 +75,13 @@ pub fn call_for(chain: &Chain, payouts: &[PayoutRow]) -> anyhow::Result<(Address
 pub async fn sign_ahead(pool: &PgPool, chain: &Chain, payout: &PayoutRow, fees: Fees) -> anyhow::Result<Option<i64>> {
     let mut db = pool.begin().await?;
     let nonce = lock_nonce(&mut db, chain).await?;
+    // Many deliverers wait on the nonce row at once, most of them for
+    // payouts the holder before them just put in its batch: those leave
+    // now, before any signing, rather than sign and roll back.
+    if !still_unsigned(&mut db, payout.id).await? {
+        db.rollback().await?;
+        return Ok(None);
+    }
     let mut payouts = vec![payout.clone()];
     if let Some(batch) = chain.batch {
         payouts.extend(gather(&mut db, payout.id, batch.max as i64 - 1).await?);
@@ -97,6 +104,19 @@ pub async fn lock_nonce(db: &mut PgConnection, chain: &Chain) -> anyhow::Result<
     .bind(lower(chain.wallet.address())) // $2
     .fetch_one(&mut *db)
     .await?)
+}
+
+/// True when payout `id` is queued and no transaction pays it.
+async fn still_unsigned(db: &mut PgConnection, id: i64) -> anyhow::Result<bool> {
+    Ok(sqlx::query_scalar(
+        "SELECT p.status = 'queued'
+                AND NOT EXISTS (SELECT 1 FROM settlement.chain_tx_payouts l WHERE l.payout_id = p.id AND NOT l.given_up)
+         FROM settlement.payouts p WHERE p.id = $1",
+    )
+    .bind(id) // $1
+    .fetch_optional(&mut *db)
+    .await?
+    .unwrap_or(false))
 }
 
 /// Up to `max` queued payouts besides `first` with no transaction, whose

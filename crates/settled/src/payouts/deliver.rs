@@ -250,6 +250,9 @@ impl<R: Rail> Deliver<R> {
         payout: &PayoutRow,
         traceparent: Option<&str>,
     ) -> Result<Result<Payment, ProviderError>, HandlerError> {
+        if !R::KEYS_EXPIRE {
+            return Ok(self.rail.send(payout, traceparent).await);
+        }
         let key = &payout.provider_key;
         let key_use = key_window::note_use(&self.pool, key)
             .await
@@ -398,14 +401,16 @@ impl<R: Rail> LeasedJobHandler for Deliver<R> {
                 ),
             ));
         }
-        match self
-            .limiter
-            .take()
-            .await
-            .map_err(|e| HandlerError::Transient(e.to_string()))?
-        {
-            Ok(()) => {}
-            Err(wait) => return Err(snooze(wait, "waiting for the provider's limits")),
+        let permitted = if R::RATE_LIMITED {
+            self.limiter
+                .take()
+                .await
+                .map_err(|e| HandlerError::Transient(e.to_string()))?
+        } else {
+            Ok(())
+        };
+        if let Err(wait) = permitted {
+            return Err(snooze(wait, "waiting for the provider's limits"));
         }
         // The call carries the payout request's trace (its own span's, a
         // descendant, when traces are exported).
@@ -606,7 +611,9 @@ pub struct DeliveryFlags {
     #[arg(long, default_value_t = crate::provider::DEFAULT_PROVIDER_TIMEOUT_MS, value_parser = clap::value_parser!(u64).range(1..=600_000))]
     pub provider_timeout_ms: u64,
     /// Calls per second to the provider, over every process that calls it
-    /// (`settled deliver`, and the payout delivery of `settled worker`'s daemon).
+    /// (`settled deliver`, and the payout delivery of `settled worker`'s
+    /// daemon). Payouts paid on-chain are not counted: the node is called
+    /// once per transaction.
     #[arg(long, env = "SETTLED_PROVIDER_RATE", default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub provider_rate: u32,
     /// Provider calls in flight at once in this process, over all its claim

@@ -16,6 +16,17 @@ use crate::provider::{Payment, ProviderError};
 
 /// A way of paying payouts.
 pub trait Rail: Send + Sync + 'static {
+    /// Whether each payout sent is a call the fleet's provider rate limit
+    /// (`--provider-rate`) counts. The chain rail calls its node once per
+    /// transaction, not per payout, and is not limited by it.
+    const RATE_LIMITED: bool = true;
+
+    /// Whether the rail forgets a payment's key after a while (the
+    /// provider's key window, [`super::key_window`]), so that a late retry
+    /// must look the payment up by its reference first. The chain rail's
+    /// record is settled's own database: it never forgets.
+    const KEYS_EXPIRE: bool = true;
+
     /// Sends `payout`'s payment, or asks again for the one sent before
     /// (never a second payment), passing on `traceparent` (the W3C trace
     /// context of the work it is sent for) where the rail can: the rail's
