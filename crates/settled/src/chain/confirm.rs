@@ -10,6 +10,7 @@
 //! database transaction that moves the payouts, so any number of processes
 //! can follow the same wallet.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use alloy_primitives::B256;
@@ -71,10 +72,13 @@ pub async fn round(pool: &PgPool, chain: &Chain) -> anyhow::Result<Round> {
         in_flight: txs.len(),
         ..Round::default()
     };
+    // The canonical block hash at each height asked about this round: the
+    // transactions of one block ask once.
+    let mut canonical = HashMap::new();
     for tx in txs {
         match tx.state {
             TxState::Signed | TxState::Broadcast => not_mined(pool, chain, &tx, mined, &mut done).await?,
-            TxState::Included => included(pool, chain, &tx, head, &mut done).await?,
+            TxState::Included => included(pool, chain, &tx, head, &mut canonical, &mut done).await?,
             TxState::Confirmed | TxState::Reverted | TxState::Filled => {}
         }
     }
@@ -210,11 +214,34 @@ async fn rebroadcast(pool: &PgPool, chain: &Chain, tx: &ChainTx, done: &mut Roun
     Ok(())
 }
 
-async fn included(pool: &PgPool, chain: &Chain, tx: &ChainTx, head: u64, done: &mut Round) -> anyhow::Result<()> {
+/// `tx`, included in a block: still there (the canonical block at its
+/// height is that block, which holds it), or taken out by a reorg; at
+/// depth, final. Its receipt is read only at depth, and must be in that
+/// block too.
+async fn included(
+    pool: &PgPool,
+    chain: &Chain,
+    tx: &ChainTx,
+    head: u64,
+    canonical: &mut HashMap<u64, Option<B256>>,
+    done: &mut Round,
+) -> anyhow::Result<()> {
     let (number, block, mined_hash) = tx.mined.expect("an included transaction has its block");
-    let canonical = chain.rpc.header(number).await?.map(|h| h.hash);
-    let receipt = chain.rpc.receipt(mined_hash).await?;
-    let still_there = canonical == Some(block) && receipt.as_ref().is_some_and(|r| r.block_hash == block);
+    let at_height = match canonical.get(&number) {
+        Some(hash) => *hash,
+        None => {
+            let hash = chain.rpc.header(number).await?.map(|h| h.hash);
+            canonical.insert(number, hash);
+            hash
+        }
+    };
+    let deep_enough = head + 1 >= number + chain.confirmations;
+    let receipt = match at_height == Some(block) && deep_enough {
+        true => chain.rpc.receipt(mined_hash).await?,
+        false => None,
+    };
+    let still_there =
+        at_height == Some(block) && (!deep_enough || receipt.as_ref().is_some_and(|r| r.block_hash == block));
     if !still_there {
         let mut db = pool.begin().await?;
         if store::mark_reorged(&mut db, tx.id, block).await? {
@@ -225,7 +252,7 @@ async fn included(pool: &PgPool, chain: &Chain, tx: &ChainTx, head: u64, done: &
         }
         return Ok(());
     }
-    if head + 1 < number + chain.confirmations {
+    if !deep_enough {
         return Ok(());
     }
     at_depth(pool, chain, tx, block, receipt.expect("checked above"), done).await

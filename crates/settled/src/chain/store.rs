@@ -5,6 +5,8 @@
 //! checks; every move appends to `settlement.chain_tx_history`). This
 //! module never signs and never calls the node.
 
+use std::collections::HashMap;
+
 use alloy_primitives::{Address, B256};
 use sqlx::PgConnection;
 
@@ -141,60 +143,86 @@ fn hash(text: &str) -> anyhow::Result<B256> {
     text.parse().map_err(|e| anyhow::anyhow!("stored hash {text:?}: {e}"))
 }
 
-async fn attempts(conn: &mut PgConnection, tx_id: i64) -> anyhow::Result<Vec<Attempt>> {
-    let rows: Vec<(i32, String, Vec<u8>, bool)> = sqlx::query_as(
-        "SELECT attempt, hash, raw, filler FROM settlement.chain_tx_attempts WHERE tx_id = $1 ORDER BY attempt",
+/// The attempts of transactions `ids`, oldest first, by transaction: one
+/// query for any number of transactions.
+async fn attempts_of(conn: &mut PgConnection, ids: &[i64]) -> anyhow::Result<HashMap<i64, Vec<Attempt>>> {
+    let rows: Vec<(i64, i32, String, Vec<u8>, bool)> = sqlx::query_as(
+        "SELECT tx_id, attempt, hash, raw, filler FROM settlement.chain_tx_attempts
+         WHERE tx_id = ANY($1) ORDER BY tx_id, attempt",
     )
-    .bind(tx_id) // $1
+    .bind(ids) // $1
     .fetch_all(&mut *conn)
     .await?;
+    let mut by_tx: HashMap<i64, Vec<Attempt>> = HashMap::with_capacity(ids.len());
+    for (tx_id, attempt, h, raw, filler) in rows {
+        by_tx.entry(tx_id).or_default().push(Attempt {
+            attempt,
+            hash: hash(&h)?,
+            raw,
+            filler,
+        });
+    }
+    Ok(by_tx)
+}
+
+/// The transactions of `rows`, with their attempts.
+async fn complete(conn: &mut PgConnection, rows: Vec<TxRow>) -> anyhow::Result<Vec<ChainTx>> {
+    let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
+    let mut attempts = attempts_of(conn, &ids).await?;
     rows.into_iter()
-        .map(|(attempt, h, raw, filler)| {
-            Ok(Attempt {
-                attempt,
-                hash: hash(&h)?,
-                raw,
-                filler,
+        .map(|row| {
+            let state = TxState::parse(&row.state)
+                .ok_or_else(|| anyhow::anyhow!("chain tx {}: state {:?}", row.id, row.state))?;
+            let mined = match (row.block_number, row.block_hash, row.mined_hash) {
+                (Some(n), Some(b), Some(m)) => Some((n as u64, hash(&b)?, hash(&m)?)),
+                _ => None,
+            };
+            Ok(ChainTx {
+                id: row.id,
+                nonce: row.nonce,
+                state,
+                mined,
+                attempts: attempts.remove(&row.id).unwrap_or_default(),
+                since_broadcast_ms: row.since_broadcast_ms,
+                since_signed_ms: row.since_signed_ms,
+                given_up: row.given_up,
             })
         })
         .collect()
 }
 
-async fn complete(conn: &mut PgConnection, row: TxRow) -> anyhow::Result<ChainTx> {
-    let state =
-        TxState::parse(&row.state).ok_or_else(|| anyhow::anyhow!("chain tx {}: state {:?}", row.id, row.state))?;
-    let mined = match (row.block_number, row.block_hash, row.mined_hash) {
-        (Some(n), Some(b), Some(m)) => Some((n as u64, hash(&b)?, hash(&m)?)),
-        _ => None,
-    };
-    Ok(ChainTx {
-        id: row.id,
-        nonce: row.nonce,
-        state,
-        mined,
-        attempts: attempts(conn, row.id).await?,
-        since_broadcast_ms: row.since_broadcast_ms,
-        since_signed_ms: row.since_signed_ms,
-        given_up: row.given_up,
-    })
+/// A payout's link to its transaction, read with the transaction.
+#[derive(sqlx::FromRow)]
+struct LinkRow {
+    #[sqlx(flatten)]
+    tx: TxRow,
+    position: i32,
+    recipient: String,
+    amount: String,
 }
 
 /// The transaction that pays payout `payout_id`, and what it pays it.
 pub async fn tx_of_payout(conn: &mut PgConnection, payout_id: i64) -> anyhow::Result<Option<(ChainTx, Paid)>> {
-    let row: Option<TxRow> = sqlx::query_as(&format!(
-        "SELECT {TX_COLUMNS} FROM settlement.chain_tx_payouts l JOIN settlement.chain_txs t ON t.id = l.tx_id
+    let row: Option<LinkRow> = sqlx::query_as(&format!(
+        "SELECT {TX_COLUMNS}, l.position, l.recipient, l.amount::text AS amount
+         FROM settlement.chain_tx_payouts l JOIN settlement.chain_txs t ON t.id = l.tx_id
          WHERE l.payout_id = $1 AND NOT l.given_up"
     ))
     .bind(payout_id) // $1
     .fetch_optional(&mut *conn)
     .await?;
     let Some(row) = row else { return Ok(None) };
-    let tx = complete(conn, row).await?;
-    let paid = payouts_of(conn, tx.id)
+    let paid = Paid {
+        payout_id,
+        position: row.position,
+        recipient: row.recipient.parse()?,
+        amount: Amount::parse_decimal(&row.amount)?,
+        given_up: false,
+    };
+    let tx = complete(conn, vec![row.tx])
         .await?
-        .into_iter()
-        .find(|p| p.payout_id == payout_id && !p.given_up)
-        .ok_or_else(|| anyhow::anyhow!("payout {payout_id} lost its transaction"))?;
+        .pop()
+        .expect("one row, one transaction");
     Ok(Some((tx, paid)))
 }
 
@@ -231,11 +259,7 @@ pub async fn in_flight(conn: &mut PgConnection, chain_id: u64, sender: Address) 
     .bind(lower(sender)) // $2
     .fetch_all(&mut *conn)
     .await?;
-    let mut txs = Vec::with_capacity(rows.len());
-    for row in rows {
-        txs.push(complete(conn, row).await?);
-    }
-    Ok(txs)
+    complete(conn, rows).await
 }
 
 /// An address as stored: lower-case hex.
