@@ -215,6 +215,36 @@ pub(crate) const LEASED_FAST: &[&str] = &[
     "300",
 ];
 
+/// Runs `cmd` (`settled ARGS`), requires exit 0, and returns its stdout.
+pub(crate) fn stdout_of_success(mut cmd: Command, args: &[&str]) -> String {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "settled {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A `settled deliver` process (from [`Env::deliver`]), killed on drop: a
+/// failed test leaves none running.
+pub(crate) struct Deliverer(pub(crate) std::process::Child);
+
+impl Deliverer {
+    /// SIGTERM, and its clean exit.
+    pub(crate) fn stop(mut self) {
+        stop(&mut self.0);
+    }
+}
+
+impl Drop for Deliverer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Waits for a child process, killing it and failing the test after `secs`:
 /// a test must end by itself, whatever the code under test does.
 /// SIGTERM to `child`, and its clean exit within 30 s.
