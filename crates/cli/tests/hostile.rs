@@ -652,13 +652,7 @@ async fn an_idempotency_key_used_after_its_retention_answers_its_own_payout_neve
     let (status, refused, _) = pay(&server.base, "old-key", &other).await;
     assert_eq!(status, 422, "{refused}");
     assert_eq!(refused["type"], "/problems/idempotency-key-reused");
-    assert_eq!(env.scalar_i64("SELECT count(*) FROM settlement.payouts").await, 1);
-    let after = env
-        .scalar_text(&format!(
-            "SELECT balance::text FROM settlement.creator_balance WHERE creator = '{creator}'"
-        ))
-        .await;
-    assert_eq!(after.parse::<u128>().unwrap() + 1000, before.parse::<u128>().unwrap());
+    common::assert_one_payout_of_1000(&env, &creator, &before).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -691,13 +685,7 @@ async fn past_its_retention_a_key_that_paid_stays_its_requests_and_a_late_repeat
         assert!(replayed);
         assert_eq!(again["id"], first["id"]);
     }
-    assert_eq!(env.scalar_i64("SELECT count(*) FROM settlement.payouts").await, 1);
-    let after = env
-        .scalar_text(&format!(
-            "SELECT balance::text FROM settlement.creator_balance WHERE creator = '{creator}'"
-        ))
-        .await;
-    assert_eq!(after.parse::<u128>().unwrap() + 1000, before.parse::<u128>().unwrap());
+    common::assert_one_payout_of_1000(&env, &creator, &before).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

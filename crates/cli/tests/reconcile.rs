@@ -361,13 +361,7 @@ async fn reconcile_detects_each_kind_of_mismatch_by_payout_and_key() {
     let out = env.run(&["verify", "--payouts", "--provider-url", &sim.url, "--json"]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     let verified: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let failing: Vec<&str> = verified["checks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|c| c["ok"] == false)
-        .map(|c| c["name"].as_str().unwrap())
-        .collect();
+    let failing = common::failed_checks(&verified);
     assert_eq!(
         failing,
         [

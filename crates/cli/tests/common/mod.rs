@@ -215,6 +215,30 @@ pub(crate) const LEASED_FAST: &[&str] = &[
     "300",
 ];
 
+/// The names of the checks that failed in a `--json` report of `settled
+/// verify`.
+pub(crate) fn failed_checks(report: &serde_json::Value) -> Vec<&str> {
+    report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["ok"] == false)
+        .map(|c| c["name"].as_str().unwrap())
+        .collect()
+}
+
+/// One payout in all, and `creator`'s balance 1000 below what it was
+/// (`before`).
+pub(crate) async fn assert_one_payout_of_1000(env: &Env, creator: &str, before: &str) {
+    assert_eq!(env.scalar_i64("SELECT count(*) FROM settlement.payouts").await, 1);
+    let after = env
+        .scalar_text(&format!(
+            "SELECT balance::text FROM settlement.creator_balance WHERE creator = '{creator}'"
+        ))
+        .await;
+    assert_eq!(after.parse::<u128>().unwrap() + 1000, before.parse::<u128>().unwrap());
+}
+
 /// Runs `cmd` (`settled ARGS`), requires exit 0, and returns its stdout.
 pub(crate) fn stdout_of_success(mut cmd: Command, args: &[&str]) -> String {
     let out = cmd.output().unwrap();
