@@ -31,11 +31,7 @@ async fn settled_env(n: &str) -> (Env, Vec<(String, String)>) {
 }
 
 async fn post(client: &reqwest::Client, url: &str, key: Option<&str>, body: &Value) -> (u16, Value, bool) {
-    let mut request = client.post(url).bearer_auth(TOKEN).json(body);
-    if let Some(key) = key {
-        request = request.header("Idempotency-Key", key);
-    }
-    let response = request.send().await.unwrap();
+    let response = common::post_json(client, url, TOKEN, key, body).await;
     let status = response.status().as_u16();
     let replayed = response.headers().contains_key("idempotent-replayed");
     let content_type = response.headers()["content-type"].to_str().unwrap().to_string();

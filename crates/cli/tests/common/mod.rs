@@ -215,6 +215,22 @@ pub(crate) const LEASED_FAST: &[&str] = &[
     "300",
 ];
 
+/// POSTs `body` as JSON to `url` with the bearer `token` and, when given,
+/// an `Idempotency-Key`; the answer, whatever its status.
+pub(crate) async fn post_json(
+    client: &reqwest::Client,
+    url: &str,
+    token: &str,
+    key: Option<&str>,
+    body: &serde_json::Value,
+) -> reqwest::Response {
+    let mut request = client.post(url).bearer_auth(token).json(body);
+    if let Some(key) = key {
+        request = request.header("Idempotency-Key", key);
+    }
+    request.send().await.unwrap()
+}
+
 /// The names of the checks that failed in a `--json` report of `settled
 /// verify`.
 pub(crate) fn failed_checks(report: &serde_json::Value) -> Vec<&str> {
