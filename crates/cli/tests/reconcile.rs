@@ -61,15 +61,7 @@ async fn post(url: &str, key: Option<&str>, body: &Value) -> (u16, Value) {
 
 /// One payout of `amount` for each of `n` creators, keys `{prefix}-{i}`.
 async fn make_payouts(env: &Env, server: &Server, prefix: &str, n: i64, amount: &str) -> Vec<i64> {
-    let creators: Vec<String> = sqlx::query_scalar(
-        "SELECT creator FROM settlement.creator_balance WHERE balance >= $1::numeric ORDER BY creator LIMIT $2",
-    )
-    .bind(amount)
-    .bind(n)
-    .fetch_all(&env.pool)
-    .await
-    .unwrap();
-    assert_eq!(creators.len() as i64, n, "creators with enough balance");
+    let creators = common::creators_with_balance(env, n, amount).await;
     let mut ids = Vec::new();
     for (i, creator) in creators.iter().enumerate() {
         let (status, body) = post(

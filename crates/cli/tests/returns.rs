@@ -51,15 +51,7 @@ async fn balance(env: &Env, creator: &str) -> String {
 
 /// `n` payouts of [`AMOUNT`], one per creator with enough balance.
 async fn make_payouts(env: &Env, server: &Server, n: i64) -> Vec<Payout> {
-    let creators: Vec<String> = sqlx::query_scalar(
-        "SELECT creator FROM settlement.creator_balance WHERE balance >= $1::numeric ORDER BY creator LIMIT $2",
-    )
-    .bind(AMOUNT)
-    .bind(n)
-    .fetch_all(&env.pool)
-    .await
-    .unwrap();
-    assert_eq!(creators.len() as i64, n, "creators with enough balance");
+    let creators = common::creators_with_balance(env, n, AMOUNT).await;
     let mut made = Vec::new();
     for (i, creator) in creators.into_iter().enumerate() {
         let balance_before = balance(env, &creator).await;

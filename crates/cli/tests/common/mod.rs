@@ -231,6 +231,21 @@ pub(crate) async fn post_json(
     request.send().await.unwrap()
 }
 
+/// `n` creators (in order) whose balance is at least `amount`; the test
+/// fails when there are fewer.
+pub(crate) async fn creators_with_balance(env: &Env, n: i64, amount: &str) -> Vec<String> {
+    let creators: Vec<String> = sqlx::query_scalar(
+        "SELECT creator FROM settlement.creator_balance WHERE balance >= $1::numeric ORDER BY creator LIMIT $2",
+    )
+    .bind(amount)
+    .bind(n)
+    .fetch_all(&env.pool)
+    .await
+    .unwrap();
+    assert_eq!(creators.len() as i64, n, "creators with enough balance");
+    creators
+}
+
 /// The names of the checks that failed in a `--json` report of `settled
 /// verify`.
 pub(crate) fn failed_checks(report: &serde_json::Value) -> Vec<&str> {
