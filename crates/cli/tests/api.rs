@@ -31,11 +31,7 @@ async fn settled_env(n: &str) -> (Env, Vec<(String, String)>) {
 }
 
 async fn post(client: &reqwest::Client, url: &str, key: Option<&str>, body: &Value) -> (u16, Value, bool) {
-    let mut request = client.post(url).bearer_auth(TOKEN).json(body);
-    if let Some(key) = key {
-        request = request.header("Idempotency-Key", key);
-    }
-    let response = request.send().await.unwrap();
+    let response = common::post_json(client, url, TOKEN, key, body).await;
     let status = response.status().as_u16();
     let replayed = response.headers().contains_key("idempotent-replayed");
     let content_type = response.headers()["content-type"].to_str().unwrap().to_string();
@@ -424,13 +420,7 @@ async fn a_lost_commit_answer_is_an_unknown_outcome_and_a_retry_with_the_same_ke
     assert!(again.headers().contains_key("idempotent-replayed"));
     let again: Value = again.json().await.unwrap();
     assert_eq!(again["id"], made);
-    assert_eq!(env.scalar_i64("SELECT count(*) FROM settlement.payouts").await, 1);
-    let after = env
-        .scalar_text(&format!(
-            "SELECT balance::text FROM settlement.creator_balance WHERE creator = '{creator}'"
-        ))
-        .await;
-    assert_eq!(after.parse::<u128>().unwrap() + 1000, before.parse::<u128>().unwrap());
+    common::assert_one_payout_of_1000(&env, &creator, &before).await;
 
     // Every other write says the same; repeating it shows what happened.
     let hold = || {

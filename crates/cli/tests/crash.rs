@@ -9,6 +9,22 @@ use common::{Env, PERIOD};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
+/// `n` workers started with `args` finish the period (within 180 s each),
+/// `verify` holds, and the ledger has one row for each of the 3000 creators.
+async fn survivors_settle_once(env: &Env, n: usize, args: &[&str]) {
+    let mut rest: Vec<_> = (0..n)
+        .map(|_| env.cmd(args).stdout(std::process::Stdio::null()).spawn().unwrap())
+        .collect();
+    for child in &mut rest {
+        assert!(common::wait_bounded(child, 180).success());
+    }
+    env.run_ok(&["verify", "--period", PERIOD]);
+    assert_eq!(
+        env.scalar_i64("SELECT count(*) FROM settlement.reward_ledger").await,
+        3000
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn sigkill_mid_chunk_rolls_back_and_the_rest_settles_once() {
     let env = Env::new().await;
@@ -89,22 +105,7 @@ async fn sigkill_mid_chunk_rolls_back_and_the_rest_settles_once() {
     );
 
     // Survivors finish the period; verify proves each creator paid once.
-    let mut rest: Vec<_> = (0..3)
-        .map(|_| {
-            env.cmd(&["worker", "--period", PERIOD, "--chunk", "50"])
-                .stdout(std::process::Stdio::null())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    for child in &mut rest {
-        assert!(common::wait_bounded(child, 180).success());
-    }
-    env.run_ok(&["verify", "--period", PERIOD]);
-    assert_eq!(
-        env.scalar_i64("SELECT count(*) FROM settlement.reward_ledger").await,
-        3000
-    );
+    survivors_settle_once(&env, 3, &["worker", "--period", PERIOD, "--chunk", "50"]).await;
 }
 
 /// The production path: `settled worker` (one chunk statement per chunk,
@@ -213,22 +214,7 @@ async fn sigkill_of_the_production_worker_inside_its_chunk_statement_leaves_noth
 
     // Two workers finish; the period verifies and the stalled creator holds
     // its reward once.
-    let mut rest: Vec<_> = (0..2)
-        .map(|_| {
-            env.cmd(&["worker", "--period", PERIOD])
-                .stdout(std::process::Stdio::null())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    for child in &mut rest {
-        assert!(common::wait_bounded(child, 180).success());
-    }
-    env.run_ok(&["verify", "--period", PERIOD]);
-    assert_eq!(
-        env.scalar_i64("SELECT count(*) FROM settlement.reward_ledger").await,
-        3000
-    );
+    survivors_settle_once(&env, 2, &["worker", "--period", PERIOD]).await;
     let (balance_once, ledger_rows): (bool, i64) = sqlx::query_as(
         "SELECT b.balance = l.amount, (SELECT count(*) FROM settlement.reward_ledger WHERE creator = $1)
          FROM settlement.creator_balance b

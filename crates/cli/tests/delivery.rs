@@ -28,15 +28,7 @@ async fn setup(creators: &str, sim_flags: &[&str]) -> (Env, Server, ProviderSim)
 
 /// `n` payouts of `amount`, one per creator with enough balance.
 async fn make_payouts(env: &Env, server: &Server, n: i64, amount: &str) -> Vec<i64> {
-    let creators: Vec<String> = sqlx::query_scalar(
-        "SELECT creator FROM settlement.creator_balance WHERE balance >= $1::numeric ORDER BY creator LIMIT $2",
-    )
-    .bind(amount)
-    .bind(n)
-    .fetch_all(&env.pool)
-    .await
-    .unwrap();
-    assert_eq!(creators.len() as i64, n, "creators with enough balance");
+    let creators = common::creators_with_balance(env, n, amount).await;
     let client = reqwest::Client::new();
     let mut ids = Vec::new();
     for (i, creator) in creators.iter().enumerate() {

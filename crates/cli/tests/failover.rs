@@ -87,14 +87,7 @@ fn settled(url: &str, args: &[&str]) -> std::process::Command {
 }
 
 fn run_ok(url: &str, args: &[&str]) -> String {
-    let out = settled(url, args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "settled {args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    common::stdout_of_success(settled(url, args), args)
 }
 
 async fn count(url: &str, sql: &str) -> i64 {

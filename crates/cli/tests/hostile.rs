@@ -460,21 +460,13 @@ async fn the_lock_view_hides_other_sessions_literals_unless_the_token_is_sent() 
         .execute(&mut *tx)
         .await
         .unwrap();
-    // A viewer's token sees the page with literals hidden; the admin's
-    // (SETTLED_API_TOKEN) sees queries whole.
-    let viewer = env.run_ok(&["tokens", "create", "--name", "viewer", "--role", "viewer"]);
-    let viewer = viewer.trim();
-    let locks = |token: Option<&str>| {
-        let request = reqwest::Client::new()
-            .get(format!("{}/locks", server.base))
-            .bearer_auth(token.unwrap_or(viewer));
-        async move { request.send().await.unwrap().text().await.unwrap() }
-    };
-    let page = locks(None).await;
+    let (page, admins_page) = lock_pages(&env, &server).await;
     assert!(page.contains(&format!("CREATE ROLE {role} LOGIN PASSWORD ?")), "{page}");
     assert!(!page.contains("S3cr3t"), "the lock view showed a password");
-    let page = locks(Some(TOKEN)).await;
-    assert!(page.contains("S3cr3t-pw"), "with the token the query is shown whole");
+    assert!(
+        admins_page.contains("S3cr3t-pw"),
+        "with the token the query is shown whole"
+    );
     tx.rollback().await.unwrap();
 }
 
@@ -496,17 +488,7 @@ async fn the_lock_view_hides_setting_values_and_nested_comments_of_other_session
     .execute(&mut *tx)
     .await
     .unwrap();
-    // A viewer's token sees the page with literals hidden; the admin's
-    // (SETTLED_API_TOKEN) sees queries whole.
-    let viewer = env.run_ok(&["tokens", "create", "--name", "viewer", "--role", "viewer"]);
-    let viewer = viewer.trim();
-    let locks = |token: Option<&str>| {
-        let request = reqwest::Client::new()
-            .get(format!("{}/locks", server.base))
-            .bearer_auth(token.unwrap_or(viewer));
-        async move { request.send().await.unwrap().text().await.unwrap() }
-    };
-    let page = locks(None).await;
+    let (page, admins_page) = lock_pages(&env, &server).await;
     assert!(
         page.contains("SET LOCAL my.to_value TO ?; SET LOCAL my.eq_value = ?;"),
         "{page}"
@@ -515,11 +497,26 @@ async fn the_lock_view_hides_setting_values_and_nested_comments_of_other_session
         !page.to_lowercase().contains("s3cr3t"),
         "the lock view showed a secret: {page}"
     );
-    let page = locks(Some(TOKEN)).await;
     for secret in ["S3cr3tTo", "S3cr3tEq", "S3cr3tComment"] {
-        assert!(page.contains(secret), "with the token the query is shown whole: {page}");
+        assert!(
+            admins_page.contains(secret),
+            "with the token the query is shown whole: {admins_page}"
+        );
     }
     tx.rollback().await.unwrap();
+}
+
+/// The lock view (`/locks`) as a viewer's token sees it, literals hidden,
+/// then as the admin's (SETTLED_API_TOKEN) does, queries whole.
+async fn lock_pages(env: &Env, server: &Server) -> (String, String) {
+    let viewer = env.run_ok(&["tokens", "create", "--name", "viewer", "--role", "viewer"]);
+    let locks = |token: &str| {
+        let request = reqwest::Client::new()
+            .get(format!("{}/locks", server.base))
+            .bearer_auth(token);
+        async move { request.send().await.unwrap().text().await.unwrap() }
+    };
+    (locks(viewer.trim()).await, locks(TOKEN).await)
 }
 
 async fn metric(base: &str, name: &str) -> f64 {
@@ -655,13 +652,7 @@ async fn an_idempotency_key_used_after_its_retention_answers_its_own_payout_neve
     let (status, refused, _) = pay(&server.base, "old-key", &other).await;
     assert_eq!(status, 422, "{refused}");
     assert_eq!(refused["type"], "/problems/idempotency-key-reused");
-    assert_eq!(env.scalar_i64("SELECT count(*) FROM settlement.payouts").await, 1);
-    let after = env
-        .scalar_text(&format!(
-            "SELECT balance::text FROM settlement.creator_balance WHERE creator = '{creator}'"
-        ))
-        .await;
-    assert_eq!(after.parse::<u128>().unwrap() + 1000, before.parse::<u128>().unwrap());
+    common::assert_one_payout_of_1000(&env, &creator, &before).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -694,13 +685,7 @@ async fn past_its_retention_a_key_that_paid_stays_its_requests_and_a_late_repeat
         assert!(replayed);
         assert_eq!(again["id"], first["id"]);
     }
-    assert_eq!(env.scalar_i64("SELECT count(*) FROM settlement.payouts").await, 1);
-    let after = env
-        .scalar_text(&format!(
-            "SELECT balance::text FROM settlement.creator_balance WHERE creator = '{creator}'"
-        ))
-        .await;
-    assert_eq!(after.parse::<u128>().unwrap() + 1000, before.parse::<u128>().unwrap());
+    common::assert_one_payout_of_1000(&env, &creator, &before).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -7,11 +7,11 @@
 
 mod common;
 
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{wait_until, Env, Server, PERIOD};
+use common::{wait_until, Deliverer, Env, Server, PERIOD};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -245,22 +245,6 @@ async fn conflicts(env: &Env, id: i64) -> Vec<String> {
         .fetch_all(&env.pool)
         .await
         .unwrap()
-}
-
-/// A `settled deliver` process, killed on drop (a failed test leaves none).
-struct Deliverer(Child);
-
-impl Deliverer {
-    fn stop(mut self) {
-        common::stop(&mut self.0);
-    }
-}
-
-impl Drop for Deliverer {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// `settled deliver` against `provider`, with `timeout_ms` per call.

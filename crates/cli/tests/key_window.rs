@@ -9,28 +9,10 @@
 
 mod common;
 
-use std::process::Child;
 use std::time::Duration;
 
-use common::{wait_until, Env, ProviderSim, Server, PERIOD};
+use common::{wait_until, Deliverer, Env, ProviderSim, Server, PERIOD};
 use serde_json::{json, Value};
-
-/// A `settled deliver` process, killed if a failed test leaves it running.
-struct Deliverer(Child);
-
-impl Deliverer {
-    /// SIGTERM, and its clean exit.
-    fn stop(mut self) {
-        common::stop(&mut self.0);
-    }
-}
-
-impl Drop for Deliverer {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 const TOKEN: &str = "test-token";
 const AMOUNT: &str = "1000";

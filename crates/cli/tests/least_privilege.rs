@@ -17,6 +17,37 @@ fn verified(env: &Env, args: &[&str]) {
     assert!(out.contains("OK, every check holds"), "settled {args:?}: {out}");
 }
 
+/// `verify --period PERIOD` against the provider at `provider_url`, under
+/// `--role-per-command`: every check holds.
+fn verified_with_provider(env: &Env, provider_url: &str) {
+    verified(
+        env,
+        &[
+            "--role-per-command",
+            "verify",
+            "--period",
+            PERIOD,
+            "--provider-url",
+            provider_url,
+        ],
+    );
+}
+
+/// `worker --period PERIOD` in leased mode through the provider at
+/// `provider_url`, under `--role-per-command`.
+fn leased_worker_args(provider_url: &str) -> Vec<&str> {
+    let mut args = vec![
+        "--role-per-command",
+        "worker",
+        "--period",
+        PERIOD,
+        "--provider-url",
+        provider_url,
+    ];
+    args.extend_from_slice(LEASED_FAST);
+    args
+}
+
 /// A login that is a member of `role` and nothing else, and its URL on the
 /// test's database; dropped with [`Login::drop_in`].
 struct Login {
@@ -133,28 +164,10 @@ async fn the_worker_role_settles_in_leased_mode_through_the_provider_under_role_
     let env = Env::new().await;
     env.run_ok(&["seed", "--period", PERIOD, "--creators", "400"]);
     let sim = ProviderSim::start(&[]);
-    let mut args = vec![
-        "--role-per-command",
-        "worker",
-        "--period",
-        PERIOD,
-        "--provider-url",
-        &sim.url,
-    ];
-    args.extend_from_slice(LEASED_FAST);
+    let args = leased_worker_args(&sim.url);
     let out = env.run_ok(&args);
     assert!(out.contains("settled 400 creators"), "{out}");
-    verified(
-        &env,
-        &[
-            "--role-per-command",
-            "verify",
-            "--period",
-            PERIOD,
-            "--provider-url",
-            &sim.url,
-        ],
-    );
+    verified_with_provider(&env, &sim.url);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -173,17 +186,7 @@ async fn a_login_that_is_only_a_member_of_settled_worker_settles_in_both_modes_w
     let out = login.run_ok(&env, &args);
     assert!(out.contains("settled 300 creators"), "{out}");
     verified(&env, &["--role-per-command", "verify", "--period", "2026-11-27"]);
-    verified(
-        &env,
-        &[
-            "--role-per-command",
-            "verify",
-            "--period",
-            PERIOD,
-            "--provider-url",
-            &sim.url,
-        ],
-    );
+    verified_with_provider(&env, &sim.url);
     login.drop_in(&env).await;
 }
 
@@ -322,15 +325,7 @@ async fn a_worker_without_a_grant_it_needs_stops_in_bounded_time_naming_the_tabl
         .await
         .unwrap();
     let sim = ProviderSim::start(&[]);
-    let mut args = vec![
-        "--role-per-command",
-        "worker",
-        "--period",
-        PERIOD,
-        "--provider-url",
-        &sim.url,
-    ];
-    args.extend_from_slice(LEASED_FAST);
+    let args = leased_worker_args(&sim.url);
     let (code, stderr) = run_bounded(&env, &args, 60);
     assert_eq!(code, Some(1), "{stderr}");
     let line = error_line(&stderr);
@@ -347,15 +342,5 @@ async fn a_worker_without_a_grant_it_needs_stops_in_bounded_time_naming_the_tabl
         .await
         .unwrap();
     env.run_ok(&args);
-    verified(
-        &env,
-        &[
-            "--role-per-command",
-            "verify",
-            "--period",
-            PERIOD,
-            "--provider-url",
-            &sim.url,
-        ],
-    );
+    verified_with_provider(&env, &sim.url);
 }

@@ -88,13 +88,7 @@ async fn expect_verify_to_catch(tamper: &str, check: &str) {
     assert_eq!(out.status.code(), Some(1), "verify passed after: {tamper}");
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["ok"], false);
-    let failed: Vec<&str> = report["checks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|c| c["ok"] == false)
-        .map(|c| c["name"].as_str().unwrap())
-        .collect();
+    let failed = common::failed_checks(&report);
     assert!(failed.contains(&check), "{tamper}: failed checks {failed:?}");
     let offenders = report["checks"]
         .as_array()
@@ -181,13 +175,7 @@ async fn a_volume_raised_before_the_run_is_paid_and_verify_names_the_changed_inp
     let out = env.run(&["--role-per-command", "verify", "--period", PERIOD, "--json"]);
     assert_eq!(out.status.code(), Some(1));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let failed: Vec<&str> = report["checks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|c| c["ok"] == false)
-        .map(|c| c["name"].as_str().unwrap())
-        .collect();
+    let failed = common::failed_checks(&report);
     assert_eq!(failed, ["items_match_their_input"], "{report}");
     let human = env.run(&["verify", "--period", PERIOD]);
     let text = String::from_utf8_lossy(&human.stdout);

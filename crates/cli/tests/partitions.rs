@@ -397,6 +397,38 @@ async fn two_archives_at_once_while_workers_settle_the_next_period_archive_once_
     );
 }
 
+/// `settled worker` as a daemon that archives into `dir` the periods older
+/// than five days, polling every 200 ms.
+fn archive_daemon(env: &Env, dir: &Path) -> std::process::Command {
+    env.cmd(&[
+        "worker",
+        "--archive-after-days",
+        "5",
+        "--archive-dir",
+        dir.to_str().unwrap(),
+        "--catch-up-days",
+        "0",
+        "--max-poll-ms",
+        "200",
+    ])
+}
+
+/// Waits (at most 60 s) until the daemon has archived one period.
+async fn wait_for_one_archived(env: &Env) {
+    let pool = env.pool.clone();
+    wait_until(60, "the daemon to archive the old period", || {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM settlement.archived_periods")
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+                == 1
+        }
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_daemon_archives_settled_periods_older_than_its_setting() {
     use nix::sys::signal::{kill, Signal};
@@ -408,33 +440,11 @@ async fn the_daemon_archives_settled_periods_older_than_its_setting() {
     let recent = (today - chrono::Duration::days(2)).to_string();
     seed_and_settle(&env, &old, "300");
     seed_and_settle(&env, &recent, "300");
-    let mut daemon = env
-        .cmd(&[
-            "worker",
-            "--archive-after-days",
-            "5",
-            "--archive-dir",
-            dir.path().to_str().unwrap(),
-            "--catch-up-days",
-            "0",
-            "--max-poll-ms",
-            "200",
-        ])
+    let mut daemon = archive_daemon(&env, dir.path())
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let pool = env.pool.clone();
-    common::wait_until(60, "the daemon to archive the old period", || {
-        let pool = pool.clone();
-        async move {
-            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM settlement.archived_periods")
-                .fetch_one(&pool)
-                .await
-                .unwrap()
-                == 1
-        }
-    })
-    .await;
+    wait_for_one_archived(&env).await;
     kill(Pid::from_raw(daemon.id() as i32), Signal::SIGTERM).unwrap();
     assert!(common::wait_bounded(&mut daemon, 30).success());
     assert_eq!(
@@ -796,36 +806,14 @@ async fn the_daemons_archive_keeps_its_files_when_the_commit_answer_is_lost() {
     let old = (chrono::Utc::now().date_naive() - chrono::Duration::days(10)).to_string();
     seed_and_settle(&env, &old, "300");
     let proxy = archive_commit_proxy(&env, CommitFault::LoseAnswer, false).await;
-    let mut daemon = env
-        .cmd(&[
-            "worker",
-            "--archive-after-days",
-            "5",
-            "--archive-dir",
-            dir.path().to_str().unwrap(),
-            "--catch-up-days",
-            "0",
-            "--max-poll-ms",
-            "200",
-        ])
+    let mut daemon = archive_daemon(&env, dir.path())
         .env("DATABASE_URL", proxy.url())
         .env("SETTLED_LOG", "warn")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let pool = env.pool.clone();
-    wait_until(60, "the daemon to archive the old period", || {
-        let pool = pool.clone();
-        async move {
-            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM settlement.archived_periods")
-                .fetch_one(&pool)
-                .await
-                .unwrap()
-                == 1
-        }
-    })
-    .await;
+    wait_for_one_archived(&env).await;
     // Its COMMIT's answer was lost: it must learn the outcome, not delete.
     let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
     let reader = {

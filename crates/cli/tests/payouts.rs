@@ -28,11 +28,7 @@ async fn settled_env(n: &str) -> (Env, String, String) {
 }
 
 async fn post(url: &str, key: Option<&str>, body: &Value) -> (u16, Value) {
-    let mut request = reqwest::Client::new().post(url).bearer_auth(TOKEN).json(body);
-    if let Some(key) = key {
-        request = request.header("Idempotency-Key", key);
-    }
-    let response = request.send().await.unwrap();
+    let response = common::post_json(&reqwest::Client::new(), url, TOKEN, key, body).await;
     let status = response.status().as_u16();
     (status, response.json().await.unwrap())
 }

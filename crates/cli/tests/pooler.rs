@@ -222,14 +222,7 @@ async fn serve(url: &str) -> Server {
 }
 
 async fn post(base: &str, path: &str, key: Option<&str>, body: &Value) -> (u16, Value) {
-    let mut request = reqwest::Client::new()
-        .post(format!("{base}{path}"))
-        .bearer_auth("t")
-        .json(body);
-    if let Some(key) = key {
-        request = request.header("Idempotency-Key", key);
-    }
-    let response = request.send().await.unwrap();
+    let response = common::post_json(&reqwest::Client::new(), &format!("{base}{path}"), "t", key, body).await;
     (response.status().as_u16(), response.json().await.unwrap())
 }
 

@@ -54,26 +54,14 @@ fn stop(mut child: Child) {
 }
 
 async fn post(url: &str, key: Option<&str>, body: &Value) -> (u16, Value) {
-    let mut request = reqwest::Client::new().post(url).bearer_auth(TOKEN).json(body);
-    if let Some(key) = key {
-        request = request.header("Idempotency-Key", key);
-    }
-    let response = request.send().await.unwrap();
+    let response = common::post_json(&reqwest::Client::new(), url, TOKEN, key, body).await;
     let status = response.status().as_u16();
     (status, response.json().await.unwrap_or(Value::Null))
 }
 
 /// One payout of `amount` for each of `n` creators, keys `{prefix}-{i}`.
 async fn make_payouts(env: &Env, server: &Server, prefix: &str, n: i64, amount: &str) -> Vec<i64> {
-    let creators: Vec<String> = sqlx::query_scalar(
-        "SELECT creator FROM settlement.creator_balance WHERE balance >= $1::numeric ORDER BY creator LIMIT $2",
-    )
-    .bind(amount)
-    .bind(n)
-    .fetch_all(&env.pool)
-    .await
-    .unwrap();
-    assert_eq!(creators.len() as i64, n, "creators with enough balance");
+    let creators = common::creators_with_balance(env, n, amount).await;
     let mut ids = Vec::new();
     for (i, creator) in creators.iter().enumerate() {
         let (status, body) = post(
@@ -361,13 +349,7 @@ async fn reconcile_detects_each_kind_of_mismatch_by_payout_and_key() {
     let out = env.run(&["verify", "--payouts", "--provider-url", &sim.url, "--json"]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     let verified: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let failing: Vec<&str> = verified["checks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|c| c["ok"] == false)
-        .map(|c| c["name"].as_str().unwrap())
-        .collect();
+    let failing = common::failed_checks(&verified);
     assert_eq!(
         failing,
         [

@@ -9,27 +9,8 @@
 
 mod common;
 
-use std::process::Child;
-
-use common::{wait_until, Env, ProviderSim, Server, PERIOD};
+use common::{wait_until, Deliverer, Env, ProviderSim, Server, PERIOD};
 use serde_json::{json, Value};
-
-/// A `settled deliver` process, killed if a failed test leaves it running.
-struct Deliverer(Child);
-
-impl Deliverer {
-    /// SIGTERM, and its clean exit.
-    fn stop(mut self) {
-        common::stop(&mut self.0);
-    }
-}
-
-impl Drop for Deliverer {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 const TOKEN: &str = "test-token";
 const SECRET: &str = "whsec-returns";
@@ -70,15 +51,7 @@ async fn balance(env: &Env, creator: &str) -> String {
 
 /// `n` payouts of [`AMOUNT`], one per creator with enough balance.
 async fn make_payouts(env: &Env, server: &Server, n: i64) -> Vec<Payout> {
-    let creators: Vec<String> = sqlx::query_scalar(
-        "SELECT creator FROM settlement.creator_balance WHERE balance >= $1::numeric ORDER BY creator LIMIT $2",
-    )
-    .bind(AMOUNT)
-    .bind(n)
-    .fetch_all(&env.pool)
-    .await
-    .unwrap();
-    assert_eq!(creators.len() as i64, n, "creators with enough balance");
+    let creators = common::creators_with_balance(env, n, AMOUNT).await;
     let mut made = Vec::new();
     for (i, creator) in creators.into_iter().enumerate() {
         let balance_before = balance(env, &creator).await;

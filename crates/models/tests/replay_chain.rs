@@ -41,16 +41,7 @@ const SUPPLY: u128 = 1_000_000_000_000_000_000;
 /// The model's counterexample, printed; it must take `steps` (each a part
 /// of one of its actions' lines), in this order.
 fn model_takes(found: Counterexample, steps: &[&str]) {
-    let trace = found.trace.unwrap_or_else(|| {
-        panic!(
-            "{}: no counterexample to \"{}\" without {}",
-            found.model, found.case.property, found.case.guard
-        )
-    });
-    println!(
-        "model, without {}: \"{}\" fails ({}):\n{trace}",
-        found.case.guard, found.case.property, found.model
-    );
+    let trace = common::printed_trace(found);
     let mut lines = trace.lines();
     for step in steps {
         assert!(

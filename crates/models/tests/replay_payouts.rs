@@ -41,16 +41,7 @@ const WEBHOOK_SECRET: &str = "whsec-replay";
 /// The model's counterexample, printed; its actions must be, in order,
 /// the replay's steps (each a part of the action's line).
 fn model_trace(found: Counterexample, steps: &[&str]) -> String {
-    let trace = found.trace.unwrap_or_else(|| {
-        panic!(
-            "{}: no counterexample to \"{}\" without {}",
-            found.model, found.case.property, found.case.guard
-        )
-    });
-    println!(
-        "model, without {}: \"{}\" fails ({}):\n{trace}",
-        found.case.guard, found.case.property, found.model
-    );
+    let trace = common::printed_trace(found);
     let actions: Vec<&str> = trace
         .lines()
         .map(str::trim_start)
@@ -619,25 +610,7 @@ async fn returned_twice(guarded: bool) -> Ended {
         // 10. The cancel's blind write.
         write_blind(&s.pool, id, "cancelled", "cancelled by request").await;
         // 11. The webhook's blind write, and its event.
-        sqlx::query("UPDATE settlement.payouts SET status = 'failed', reason = $2 WHERE id = $1")
-            .bind(id)
-            .bind(format!("failed (event {})", event.id))
-            .execute(&mut *webhook)
-            .await
-            .unwrap();
-        sqlx::query(
-            "INSERT INTO settlement.provider_events (id, type, created, provider_key, payout_id, outcome, body)
-             VALUES ($1, $2, $3, $4, $5, 'applied', $6) ON CONFLICT (id) DO NOTHING",
-        )
-        .bind(&event.id)
-        .bind(event.r#type.as_str())
-        .bind(event.created)
-        .bind(&event.data.idempotency_key)
-        .bind(id)
-        .bind(serde_json::to_value(&event).unwrap())
-        .execute(&mut *webhook)
-        .await
-        .unwrap();
+        write_event_blind(&mut webhook, id, "failed", &event).await;
         webhook.commit().await.unwrap();
     }
     let outcome = ended(&s, id).await;

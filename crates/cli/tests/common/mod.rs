@@ -215,6 +215,91 @@ pub(crate) const LEASED_FAST: &[&str] = &[
     "300",
 ];
 
+/// POSTs `body` as JSON to `url` with the bearer `token` and, when given,
+/// an `Idempotency-Key`; the answer, whatever its status.
+pub(crate) async fn post_json(
+    client: &reqwest::Client,
+    url: &str,
+    token: &str,
+    key: Option<&str>,
+    body: &serde_json::Value,
+) -> reqwest::Response {
+    let mut request = client.post(url).bearer_auth(token).json(body);
+    if let Some(key) = key {
+        request = request.header("Idempotency-Key", key);
+    }
+    request.send().await.unwrap()
+}
+
+/// `n` creators (in order) whose balance is at least `amount`; the test
+/// fails when there are fewer.
+pub(crate) async fn creators_with_balance(env: &Env, n: i64, amount: &str) -> Vec<String> {
+    let creators: Vec<String> = sqlx::query_scalar(
+        "SELECT creator FROM settlement.creator_balance WHERE balance >= $1::numeric ORDER BY creator LIMIT $2",
+    )
+    .bind(amount)
+    .bind(n)
+    .fetch_all(&env.pool)
+    .await
+    .unwrap();
+    assert_eq!(creators.len() as i64, n, "creators with enough balance");
+    creators
+}
+
+/// The names of the checks that failed in a `--json` report of `settled
+/// verify`.
+pub(crate) fn failed_checks(report: &serde_json::Value) -> Vec<&str> {
+    report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["ok"] == false)
+        .map(|c| c["name"].as_str().unwrap())
+        .collect()
+}
+
+/// One payout in all, and `creator`'s balance 1000 below what it was
+/// (`before`).
+pub(crate) async fn assert_one_payout_of_1000(env: &Env, creator: &str, before: &str) {
+    assert_eq!(env.scalar_i64("SELECT count(*) FROM settlement.payouts").await, 1);
+    let after = env
+        .scalar_text(&format!(
+            "SELECT balance::text FROM settlement.creator_balance WHERE creator = '{creator}'"
+        ))
+        .await;
+    assert_eq!(after.parse::<u128>().unwrap() + 1000, before.parse::<u128>().unwrap());
+}
+
+/// Runs `cmd` (`settled ARGS`), requires exit 0, and returns its stdout.
+pub(crate) fn stdout_of_success(mut cmd: Command, args: &[&str]) -> String {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "settled {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A `settled deliver` process (from [`Env::deliver`]), killed on drop: a
+/// failed test leaves none running.
+pub(crate) struct Deliverer(pub(crate) std::process::Child);
+
+impl Deliverer {
+    /// SIGTERM, and its clean exit.
+    pub(crate) fn stop(mut self) {
+        stop(&mut self.0);
+    }
+}
+
+impl Drop for Deliverer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Waits for a child process, killing it and failing the test after `secs`:
 /// a test must end by itself, whatever the code under test does.
 /// SIGTERM to `child`, and its clean exit within 30 s.

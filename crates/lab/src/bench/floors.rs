@@ -147,24 +147,11 @@ async fn measure_pgbench(
             .context("running pgbench")?;
         let elapsed = started.elapsed();
         case.client_cpu_seconds = Some(super::client_cpu() - cpu_before);
-        anyhow::ensure!(
-            out.status.success(),
-            "pgbench failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or_default()
-        );
+        pgbench_succeeded(&out)?;
         wait_disconnected(&mut admin, &db.name).await?;
         let after = transactions(&mut admin, &db.name).await?;
         admin.close().await?;
-        let mut conn = PgConnection::connect(&db.url).await?;
-        let left: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM settlement.token_trade_volume WHERE period = $1 AND status <> 'settled'",
-        )
-        .bind(db.period.date())
-        .fetch_one(&mut conn)
-        .await?;
-        anyhow::ensure!(left == 0, "pgbench left {left} items unsettled");
-        conn.close().await?;
+        all_settled(&db).await?;
         // The strategies' clocks stop when their workers exit, after the
         // last one finished the run (its report counts and sums the
         // period); the floor's clock includes the same finish.
@@ -252,29 +239,41 @@ async fn measure_pgbench_ranges(
         }
         for client in clients {
             let out = client.wait_with_output().await.context("running pgbench")?;
-            anyhow::ensure!(
-                out.status.success(),
-                "pgbench failed ({}): {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or_default()
-            );
+            pgbench_succeeded(&out)?;
         }
         let elapsed = started.elapsed();
-        let mut conn = PgConnection::connect(&db.url).await?;
-        let left: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM settlement.token_trade_volume WHERE period = $1 AND status <> 'settled'",
-        )
-        .bind(db.period.date())
-        .fetch_one(&mut conn)
-        .await?;
-        anyhow::ensure!(left == 0, "pgbench left {left} items unsettled");
-        conn.close().await?;
+        all_settled(&db).await?;
         let finished = finish_run(&db).await?;
         case.record_time(elapsed + finished);
         anyhow::Ok(())
     }
     .await;
     conclude(ctx, &db, measured, case).await
+}
+
+/// An error with pgbench's last line of stderr when it did not succeed.
+fn pgbench_succeeded(out: &std::process::Output) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        out.status.success(),
+        "pgbench failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or_default()
+    );
+    Ok(())
+}
+
+/// An error when pgbench left an item of the case's period unsettled.
+async fn all_settled(db: &super::CaseDb) -> anyhow::Result<()> {
+    let mut conn = PgConnection::connect(&db.url).await?;
+    let left: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM settlement.token_trade_volume WHERE period = $1 AND status <> 'settled'",
+    )
+    .bind(db.period.date())
+    .fetch_one(&mut conn)
+    .await?;
+    anyhow::ensure!(left == 0, "pgbench left {left} items unsettled");
+    conn.close().await?;
+    Ok(())
 }
 
 /// The set-based floor: the fastest plain transaction found that keeps

@@ -9,7 +9,7 @@ use super::state::{event_name, event_of, Intent, Post};
 /// models.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Action {
-    /// `payouts::create` (api/payouts.rs): `idempotency::begin` inserts
+    /// `payouts::create` (api/payouts/create.rs): `idempotency::begin` inserts
     /// the key `in_progress`, or takes over one whose `locked_until` passed;
     /// otherwise 409 (in progress) or the stored answer. A repeat is the
     /// client sending the same key again.
@@ -17,7 +17,7 @@ pub enum Action {
         /// The request.
         request: u8,
     },
-    /// `pay()` (api/payouts.rs), one transaction: `SELECT .. FROM payouts
+    /// `pay()` (api/payouts/create.rs), one transaction: `SELECT .. FROM payouts
     /// WHERE idempotency_key = $1` (an earlier payout is answered again);
     /// `settlement.debit_for_payout` (the conditional debit, the payout row
     /// `created` with a token or `queued` with its job, or insufficient
@@ -33,7 +33,7 @@ pub enum Action {
         /// The request.
         request: u8,
     },
-    /// `confirm_in_tx` (api/payouts.rs), one transaction: `redeem_in` and
+    /// `confirm_in_tx` (api/payouts/confirm.rs), one transaction: `redeem_in` and
     /// `move_payout(id, [created], queued)` with its delivery job. Without
     /// the conditional update, this is its read.
     Redeem {
@@ -53,7 +53,7 @@ pub enum Action {
         /// The payout.
         payout: u8,
     },
-    /// `payouts::cancel` (api/payouts.rs): `move_payout(id, [created],
+    /// `payouts::cancel` (api/payouts/confirm.rs): `move_payout(id, [created],
     /// cancelled)`, the return by the trigger. Without the conditional
     /// update, this is its read.
     Cancel {

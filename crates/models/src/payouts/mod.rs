@@ -1,6 +1,6 @@
 //! The payouts model: the payout protocol as built in
 //! `crates/settled/src/payouts/{mod.rs,deliver.rs}`,
-//! `crates/settled/src/api/{payouts.rs,provider_events.rs}` and migration
+//! `crates/settled/src/api/{payouts/,provider_events.rs}` and migration
 //! `20261203000501_payout_lifecycle.sql`.
 //!
 //! What it holds: a creator's balance; payout requests (`POST /v1/payouts`

@@ -14,6 +14,7 @@ use settled::provider::{HttpProvider, Payment, PayoutProvider};
 use settled::settlement::SettleWithProvider;
 use settled_engine::{Chunk, DrainConfig, HandlerError, LeaseConfig, LeasedHandler};
 use settled_engine::{ClaimedItem, RetryPolicy};
+use settled_models::suite::Counterexample;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgConnection, PgPool};
 use tokio::sync::{mpsc, Mutex};
@@ -272,15 +273,7 @@ pub(crate) async fn complete_by_hand<H: LeasedHandler>(
         .fetch_all(&mut *tx)
         .await
         .unwrap();
-    let kept: Vec<ClaimedItem> = chunk
-        .items
-        .iter()
-        .filter(|i| accepted.contains(&i.key))
-        .cloned()
-        .collect();
-    if !kept.is_empty() {
-        handler.commit(tx, &chunk.with_items(kept)).await.unwrap();
-    }
+    commit_accepted(tx, handler, chunk, &accepted).await;
     accepted
 }
 
@@ -293,6 +286,13 @@ pub(crate) async fn complete_fenced<H: LeasedHandler>(
 ) -> Vec<String> {
     let queue = settled::settlement::queue();
     let accepted = queue.complete_fenced(tx, &chunk.scope, &chunk.items).await.unwrap();
+    commit_accepted(tx, handler, chunk, &accepted).await;
+    accepted
+}
+
+/// The real handler's commit, on `tx`, for the items of `chunk` whose keys
+/// were `accepted` (none: nothing to commit).
+async fn commit_accepted<H: LeasedHandler>(tx: &mut PgConnection, handler: &H, chunk: &Chunk, accepted: &[String]) {
     let kept: Vec<ClaimedItem> = chunk
         .items
         .iter()
@@ -302,7 +302,22 @@ pub(crate) async fn complete_fenced<H: LeasedHandler>(
     if !kept.is_empty() {
         handler.commit(tx, &chunk.with_items(kept)).await.unwrap();
     }
-    accepted
+}
+
+/// A model's counterexample trace, printed; the test fails when the model
+/// found none.
+pub(crate) fn printed_trace(found: Counterexample) -> String {
+    let trace = found.trace.unwrap_or_else(|| {
+        panic!(
+            "{}: no counterexample to \"{}\" without {}",
+            found.model, found.case.property, found.case.guard
+        )
+    });
+    println!(
+        "model, without {}: \"{}\" fails ({}):\n{trace}",
+        found.case.guard, found.case.property, found.model
+    );
+    trace
 }
 
 /// A drain of one item at a time, retrying at once (1 ms backoff).

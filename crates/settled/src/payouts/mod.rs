@@ -26,7 +26,7 @@
 //! Beside the moves: a payout as settled reads it (`row.rs`: one typed
 //! row, one column list), what a rail's answer means for it (`word.rs`),
 //! the one interface delivery calls a rail through (`rail.rs`), delivery
-//! itself (`deliver.rs`), reconciliation (`reconcile.rs`) and what
+//! itself (`deliver.rs`), reconciliation (`reconcile/`) and what
 //! operators watch (`overview.rs`).
 
 use crate::provider::Payment;
