@@ -21,6 +21,10 @@ use crate::provider::{Payment, PaymentStatus, ProviderError};
 pub struct ChainRail {
     chain: Arc<Chain>,
     pool: PgPool,
+    /// One task of this process signs at a time: the others wait here, not
+    /// on the database's nonce row, and most find their payout in the batch
+    /// the task before them signed.
+    signing: Arc<tokio::sync::Mutex<()>>,
 }
 
 fn transient(e: impl std::fmt::Display) -> ProviderError {
@@ -30,7 +34,11 @@ fn transient(e: impl std::fmt::Display) -> ProviderError {
 impl ChainRail {
     /// The rail paying on `chain`, recording in `pool`'s database.
     pub fn new(chain: Arc<Chain>, pool: PgPool) -> ChainRail {
-        ChainRail { chain, pool }
+        ChainRail {
+            chain,
+            pool,
+            signing: Arc::default(),
+        }
     }
 
     /// The chain it pays on.
@@ -45,6 +53,10 @@ impl ChainRail {
 
     /// The payout's transaction: the stored one, or one signed now.
     async fn tx_for(&self, payout: &PayoutRow) -> Result<(ChainTx, Paid), ProviderError> {
+        if let Some(found) = self.stored(payout.id).await.map_err(transient)? {
+            return Ok(found);
+        }
+        let _signer = self.signing.lock().await;
         if let Some(found) = self.stored(payout.id).await.map_err(transient)? {
             return Ok(found);
         }
