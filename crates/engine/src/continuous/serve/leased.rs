@@ -16,9 +16,10 @@ use super::super::finish::Held;
 use super::super::ClaimedJob;
 use super::spans::{self, JobSpans};
 use super::{guarded, Ctx, LeasedJobHandler, Step};
-use crate::leased::{LeaseKeeper, COMPLETION_RETRIES};
-use crate::queue::Failure;
-use crate::{ClaimedItem, EngineError, HandlerError};
+use crate::common::error::{EngineError, HandlerError};
+use crate::common::item::ClaimedItem;
+use crate::common::lease::{LeaseKeeper, COMPLETION_RETRIES};
+use crate::common::retry::Failure;
 
 /// What the loops of one leased serve share besides [`Ctx`].
 struct Leased<H> {

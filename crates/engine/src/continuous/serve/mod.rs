@@ -27,9 +27,11 @@ use uuid::Uuid;
 
 pub use super::retention::Retention;
 use super::{ClaimedJob, Queue, MAX_BATCH_JOBS};
-use crate::drain::{Backoff, MAX_CONCURRENCY};
-use crate::queue::RetryPolicy;
-use crate::{EngineError, HandlerError, LeaseConfig};
+use crate::common::backoff::{Backoff, MAX_CONCURRENCY};
+use crate::common::error::{EngineError, HandlerError};
+use crate::common::lease::{check_lease_config, LeaseConfig};
+use crate::common::outage::OutageClock;
+use crate::common::retry::{FailOutcome, RetryPolicy};
 
 /// The application's work for a job in in-transaction mode.
 pub trait JobHandler: Send + Sync + 'static {
@@ -144,7 +146,7 @@ impl ServeConfig {
         if self.poll.is_zero() {
             return bad("poll must be longer than 0".into());
         }
-        crate::leased::check_lease_config(&self.lease)
+        check_lease_config(&self.lease)
     }
 }
 
@@ -171,7 +173,7 @@ pub struct ServeStats {
     pub pruned: AtomicU64,
     stop: AtomicBool,
     stopping: Notify,
-    outage: crate::outage::OutageClock,
+    outage: OutageClock,
 }
 
 impl ServeStats {
@@ -189,7 +191,7 @@ impl ServeStats {
     fn count(&self, queue: &Queue, outcome: &'static str, counter: &AtomicU64, n: u64) {
         if n > 0 {
             counter.fetch_add(n, Ordering::Relaxed);
-            metrics::counter!(crate::telemetry::JOBS, "queue" => queue.name().to_string(), "outcome" => outcome)
+            metrics::counter!(crate::common::telemetry::JOBS, "queue" => queue.name().to_string(), "outcome" => outcome)
                 .increment(n);
         }
     }
@@ -360,9 +362,9 @@ impl Ctx {
     /// Records a claim: its time, and how long each job waited for it.
     fn claimed(&self, mode: &'static str, took: Duration, jobs: &[(ClaimedJob, Duration)]) {
         let queue = self.queue.name().to_string();
-        metrics::histogram!(crate::telemetry::CLAIM_DURATION, "mode" => mode, "queue" => queue.clone())
+        metrics::histogram!(crate::common::telemetry::CLAIM_DURATION, "mode" => mode, "queue" => queue.clone())
             .record(took.as_secs_f64());
-        let pickup = metrics::histogram!(crate::telemetry::PICKUP_LATENCY, "queue" => queue);
+        let pickup = metrics::histogram!(crate::common::telemetry::PICKUP_LATENCY, "queue" => queue);
         for (_, waited) in jobs {
             pickup.record(waited.as_secs_f64());
         }
@@ -394,7 +396,8 @@ pub(crate) async fn guarded<T>(
             job.key
         )))
     });
-    metrics::histogram!(crate::telemetry::HANDLER_DURATION, "mode" => "job").record(started.elapsed().as_secs_f64());
+    metrics::histogram!(crate::common::telemetry::HANDLER_DURATION, "mode" => "job")
+        .record(started.elapsed().as_secs_f64());
     result
 }
 
@@ -426,7 +429,7 @@ pub async fn rescue_once(
     pool: &PgPool,
     queue: &Queue,
     policy: &RetryPolicy,
-) -> Result<Option<crate::queue::FailOutcome>, EngineError> {
+) -> Result<Option<FailOutcome>, EngineError> {
     let mut tx = pool.begin().await.map_err(EngineError::db("beginning a rescue"))?;
     let ours: bool =
         sqlx::query_scalar("SELECT pg_try_advisory_xact_lock(hashtext('settled-engine-rescue'), hashtext($1))")
