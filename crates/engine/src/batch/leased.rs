@@ -16,13 +16,14 @@ use std::time::{Duration, Instant};
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use crate::batch::drain::{check_config, idle_or_drained, join_loops, run_loop, Step};
+use crate::batch::drain::{check_config, idle_or_drained, run_loop, Step};
 use crate::batch::drainer::RunTarget;
 use crate::batch::queue::WorkQueue;
 use crate::batch::stats::{DrainConfig, DrainStats};
 use crate::common::error::{EngineError, HandlerError};
 use crate::common::item::{Chunk, ClaimedItem};
 use crate::common::lease::{check_lease_config, LeaseConfig, LeaseKeeper, LeaseStore, COMPLETION_RETRIES};
+use crate::common::loops::run_loops;
 use crate::common::retry::Failure;
 
 /// The application's work in leased mode.
@@ -99,8 +100,7 @@ pub async fn drain_leased<H: LeasedHandler>(
         leases.shutdown_grace,
     ));
 
-    let mut loops = tokio::task::JoinSet::new();
-    for _ in 0..cfg.concurrency {
+    let spawn_one = || {
         let ctx = LoopCtx {
             pool: pool.clone(),
             queue: queue.clone(),
@@ -115,11 +115,10 @@ pub async fn drain_leased<H: LeasedHandler>(
             hard_stop: hard_stop.clone(),
             calls: calls.clone(),
         };
-        loops.spawn(
-            async move { run_loop(&ctx.stats, &ctx.cfg, ctx.run_id, &ctx.scope, || ctx.lease_one_chunk()).await },
-        );
-    }
-    let result = join_loops(loops, &stats).await;
+        async move { run_loop(&ctx.stats, &ctx.cfg, ctx.run_id, &ctx.scope, || ctx.lease_one_chunk()).await }
+    };
+    let stop = || stats.stop.store(true, Ordering::Relaxed);
+    let result = run_loops(cfg.concurrency, "claim loop", spawn_one, stop).await;
     grace.abort();
     rescuing.abort();
     // Anything still tracked was abandoned at shutdown: give it back now,

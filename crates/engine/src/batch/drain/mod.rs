@@ -31,6 +31,7 @@ use crate::batch::ranges::RunRanges;
 use crate::batch::stats::{DrainConfig, DrainStats};
 use crate::common::backoff::{Backoff, MAX_CONCURRENCY};
 use crate::common::error::{EngineError, HandlerError};
+use crate::common::loops::run_loops;
 use crate::common::retry::Failure;
 use cursor::ClaimCursor;
 
@@ -117,39 +118,26 @@ pub async fn drain_in_transactions<H: ChunkHandler>(run: RunTarget<'_>, handler:
         };
         (ranges, statements)
     };
-    let mut loops = tokio::task::JoinSet::new();
-    for _ in 0..cfg.concurrency {
-        let (t, cursor) = (target.clone(), ClaimCursor::new(ranges));
-        match &statements {
-            Some(statements) => {
-                let statements = statements.clone();
-                loops.spawn(async move {
+    let stop = || stats.stop.store(true, Ordering::Relaxed);
+    match statements {
+        Some(statements) => {
+            let spawn_one = || {
+                let (t, cursor, statements) = (target.clone(), ClaimCursor::new(ranges), statements.clone());
+                async move {
                     t.run(|| statement::settle_one_statement(&t, &statements, &cursor))
                         .await
-                });
-            }
-            None => {
-                let handler = handler.clone();
-                loops.spawn(async move { t.run(|| chunk::settle_one_chunk(&t, &*handler, &cursor)).await });
-            }
+                }
+            };
+            run_loops(cfg.concurrency, "claim loop", spawn_one, stop).await
+        }
+        None => {
+            let spawn_one = || {
+                let (t, cursor, handler) = (target.clone(), ClaimCursor::new(ranges), handler.clone());
+                async move { t.run(|| chunk::settle_one_chunk(&t, &*handler, &cursor)).await }
+            };
+            run_loops(cfg.concurrency, "claim loop", spawn_one, stop).await
         }
     }
-    join_loops(loops, stats).await
-}
-
-pub(crate) async fn join_loops(
-    mut loops: tokio::task::JoinSet<Result<(), EngineError>>,
-    stats: &DrainStats,
-) -> Result<(), EngineError> {
-    let mut first_error = None;
-    while let Some(joined) = loops.join_next().await {
-        let result = joined.unwrap_or_else(|e| Err(EngineError::Invariant(format!("claim loop panicked: {e}"))));
-        if let Err(err) = result {
-            stats.stop.store(true, Ordering::Relaxed);
-            first_error.get_or_insert(err);
-        }
-    }
-    first_error.map_or(Ok(()), Err)
 }
 
 /// What one step of a claim loop did.

@@ -51,12 +51,12 @@ pub(super) async fn serve<H: LeasedJobHandler>(ctx: Ctx, handler: Arc<H>) -> Res
         hard_stop,
         calls: Arc::new(tokio::sync::Semaphore::new(ctx.cfg.lease.calls_in_flight)),
     });
-    let mut loops = tokio::task::JoinSet::new();
-    for _ in 0..ctx.cfg.concurrency {
-        let shared = shared.clone();
-        loops.spawn(async move { shared.ctx.run(|| shared.step()).await });
-    }
-    let result = ctx.finish(loops).await;
+    let result = ctx
+        .run_loops(|| {
+            let shared = shared.clone();
+            async move { shared.ctx.run(|| shared.step()).await }
+        })
+        .await;
     grace.abort();
     // What is still held was abandoned at the stop: give it back now, with
     // no renewal in flight (it could hold the same rows).

@@ -30,6 +30,7 @@ use super::{ClaimedJob, Queue, MAX_BATCH_JOBS};
 use crate::common::backoff::{Backoff, MAX_CONCURRENCY};
 use crate::common::error::{EngineError, HandlerError};
 use crate::common::lease::{check_lease_config, LeaseConfig};
+use crate::common::loops::run_loops;
 use crate::common::outage::OutageClock;
 use crate::common::retry::{FailOutcome, RetryPolicy};
 
@@ -207,12 +208,11 @@ pub async fn serve<H: JobHandler>(
     stats: Arc<ServeStats>,
 ) -> Result<(), EngineError> {
     let ctx = Ctx::start(pool, queue, cfg, stats).await?;
-    let mut loops = tokio::task::JoinSet::new();
-    for _ in 0..ctx.cfg.concurrency {
+    ctx.run_loops(|| {
         let (ctx, handler) = (ctx.clone(), handler.clone());
-        loops.spawn(async move { ctx.run(|| tx::step(&ctx, &*handler)).await });
-    }
-    ctx.finish(loops).await
+        async move { ctx.run(|| tx::step(&ctx, &*handler)).await }
+    })
+    .await
 }
 
 /// Serves `queue` in leased mode with `handler` until
@@ -288,20 +288,20 @@ impl Ctx {
         })
     }
 
-    /// Waits for the loops, then stops the background tasks.
-    async fn finish(&self, mut loops: tokio::task::JoinSet<Result<(), EngineError>>) -> Result<(), EngineError> {
-        let mut first_error = None;
-        while let Some(joined) = loops.join_next().await {
-            let result = joined.unwrap_or_else(|e| Err(EngineError::Invariant(format!("serve loop panicked: {e}"))));
-            if let Err(err) = result {
-                self.stats.request_stop();
-                first_error.get_or_insert(err);
-            }
-        }
+    /// Runs `cfg.concurrency` loops, each the future `spawn_one` returns,
+    /// until every one has stopped (one failing stops the rest), then stops
+    /// the background tasks.
+    async fn run_loops<F, Fut>(&self, spawn_one: F) -> Result<(), EngineError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<(), EngineError>> + Send + 'static,
+    {
+        let stop = || self.stats.request_stop();
+        let result = run_loops(self.cfg.concurrency, "serve loop", spawn_one, stop).await;
         for task in self.background.iter() {
             task.abort();
         }
-        first_error.map_or(Ok(()), Err)
+        result
     }
 
     /// Repeats `step` until stopped: at once after work, after a wake-up or
