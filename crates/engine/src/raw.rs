@@ -29,8 +29,8 @@ pub mod runs {
 /// The worker registry and its heartbeat.
 pub mod workers {
     pub use crate::batch::workers::{
-        heartbeat, list, mark_dead_and_prune, stopped, totals, WorkerRow, WorkerTotals, WORKER_DEAD_AFTER_SECS,
-        WORKER_HEARTBEAT_SECS, WORKER_RETENTION_DAYS, WORKER_STOP_RECORD_MS,
+        heartbeat, list, mark_dead_and_prune, stopped, totals, RegistryUpkeep, WorkerRow, WorkerTotals,
+        WORKER_DEAD_AFTER_SECS, WORKER_HEARTBEAT_SECS, WORKER_RETENTION_DAYS, WORKER_STOP_RECORD_MS,
     };
 }
 

@@ -118,8 +118,10 @@ async fn heartbeat_loop(pool: PgPool, worker: Uuid, stats: Arc<DrainStats>) {
         beats += 1;
         if beats % 12 == 1 {
             match mark_dead_and_prune(&pool).await {
-                Ok((0, 0)) => {}
-                Ok((dead, pruned)) => tracing::info!(dead, pruned, "worker registry: marked dead, pruned"),
+                Ok(RegistryUpkeep { dead: 0, pruned: 0 }) => {}
+                Ok(RegistryUpkeep { dead, pruned }) => {
+                    tracing::info!(dead, pruned, "worker registry: marked dead, pruned")
+                }
                 // A least-privilege worker may not delete: pruning is left to others.
                 Err(err) => tracing::debug!(error = %err, "worker registry upkeep failed"),
             }
@@ -183,9 +185,17 @@ pub const WORKER_DEAD_AFTER_SECS: i64 = 60;
 /// Rows of ended workers are kept this long, then pruned.
 pub const WORKER_RETENTION_DAYS: i64 = 7;
 
+/// What one upkeep of the worker registry did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RegistryUpkeep {
+    /// Silent workers marked dead.
+    pub dead: u64,
+    /// Rows of ended workers pruned.
+    pub pruned: u64,
+}
+
 /// Marks silent workers dead and prunes ended ones past retention.
-/// Returns (marked dead, pruned).
-pub async fn mark_dead_and_prune(pool: &PgPool) -> Result<(u64, u64), EngineError> {
+pub async fn mark_dead_and_prune(pool: &PgPool) -> Result<RegistryUpkeep, EngineError> {
     let dead = sqlx::query(
         "UPDATE settled_engine.workers SET ended = 'dead', stopped_at = heartbeat_at
          WHERE stopped_at IS NULL AND heartbeat_at < now() - make_interval(secs => $1)",
@@ -201,7 +211,7 @@ pub async fn mark_dead_and_prune(pool: &PgPool) -> Result<(u64, u64), EngineErro
         .await
         .map_err(EngineError::db("pruning ended workers"))?
         .rows_affected();
-    Ok((dead, pruned))
+    Ok(RegistryUpkeep { dead, pruned })
 }
 
 /// A row of the worker registry, as operators see it.

@@ -27,6 +27,16 @@ pub(crate) struct Backoff<'c> {
     max_outage: Duration,
 }
 
+/// What a loop does after a failed step it may retry.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Pause {
+    /// How long to sleep before the next step.
+    pub(crate) sleep: Duration,
+    /// Whether to log the failure (a transient streak is said once, at its
+    /// start).
+    pub(crate) say: bool,
+}
+
 impl Backoff<'_> {
     pub(crate) fn new(max_failures: u32, max_outage: Duration, outage: &OutageClock) -> Backoff<'_> {
         Backoff {
@@ -50,9 +60,8 @@ impl Backoff<'_> {
     }
 
     /// A step failed with `err`: the pause before the next step and
-    /// whether to say so (a transient streak is said once, at its start),
-    /// or the error that ends the loop.
-    pub(crate) fn failed(&mut self, err: &EngineError) -> Result<(Duration, bool), EngineError> {
+    /// whether to say so, or the error that ends the loop.
+    pub(crate) fn failed(&mut self, err: &EngineError) -> Result<Pause, EngineError> {
         let transient = err.is_transient();
         let mut longest = Duration::from_millis(MAX_RETRY_BACKOFF_MS);
         if transient {
@@ -76,8 +85,10 @@ impl Backoff<'_> {
             }
         }
         let exponent = (self.failures + self.transient_streak).min(10);
-        let pause = Duration::from_millis(25u64 << exponent).min(longest);
-        Ok((pause, !transient || self.transient_streak == 1))
+        Ok(Pause {
+            sleep: Duration::from_millis(25u64 << exponent).min(longest),
+            say: !transient || self.transient_streak == 1,
+        })
     }
 
     /// Failures in a row that were not transient.

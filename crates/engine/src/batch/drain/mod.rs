@@ -185,12 +185,12 @@ where
                     // No retry can succeed, and no item is at fault: stop every loop.
                     return Err(err);
                 }
-                let (pause, say) = backoff.failed(&err)?;
-                if say {
+                let pause = backoff.failed(&err)?;
+                if pause.say {
                     let (transient, failures) = (err.is_transient(), backoff.failures());
                     tracing::warn!(run = run_id, scope, transient, failures, error = %err, "chunk rolled back");
                 }
-                tokio::time::sleep(pause).await;
+                tokio::time::sleep(pause.sleep).await;
             }
         }
     }

@@ -333,11 +333,11 @@ impl Ctx {
                 }
                 Err(err) if err.is_fatal() => return Err(err),
                 Err(err) => {
-                    let (pause, say) = backoff.failed(&err)?;
-                    if say {
+                    let pause = backoff.failed(&err)?;
+                    if pause.say {
                         tracing::warn!(queue = self.queue.name(), transient = err.is_transient(), error = %err, "serve step failed");
                     }
-                    tokio::time::sleep(pause).await;
+                    tokio::time::sleep(pause.sleep).await;
                 }
             }
         }
