@@ -2,8 +2,8 @@
 //! a run. The [`job::Job`] owns a run's lifecycle (start, finish, cancel,
 //! reopen) over `runs.rs`; the [`drainer::Drainer`] drains a run in either
 //! mode, in transactions (`drain/`) or leased (`leased.rs`), over a work
-//! table's statements (`queue/`) and the run's key ranges (`ranges.rs`);
-//! the rescuer returns expired leases; `workers.rs` is the worker registry;
+//! table's statements (`queue/`) and the run's key ranges (`ranges.rs`),
+//! counting in its [`stats::DrainStats`]; the rescuer returns expired leases; `workers.rs` is the worker registry;
 //! the daemon (`daemon.rs`, on its [`schedule::Schedule`]) starts runs at
 //! their due times. It stands on `common/` and never uses `continuous/`.
 

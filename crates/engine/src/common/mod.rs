@@ -1,9 +1,10 @@
 //! The ground floor: what batch jobs and continuous queues both stand on.
 //! Errors, fences and claimed items; the retry decision; leases and their
-//! keeper; the loops of a drain or a serve, their backoff and the process's outage clock; identifier and
-//! catalog checks; session settings, item statuses and metric names. Nothing
-//! here names a batch or continuous type: each queue plugs in its own
-//! statements (a [`lease::LeaseStore`], its failure statements).
+//! keeper; the loops of a drain or a serve, their backoff and the
+//! process's outage clock; identifier and catalog checks; session settings,
+//! item statuses and metric names. Nothing here names a batch or continuous
+//! type: each queue plugs in its own statements (a [`lease::LeaseStore`],
+//! its failure statements).
 
 pub(crate) mod backoff;
 pub(crate) mod error;
