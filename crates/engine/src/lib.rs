@@ -63,32 +63,23 @@
 //! use. See `examples/webhook_sender.rs` (a continuous queue, leased) and
 //! `examples/email_digest.rs` (a batch job).
 
+// Three floors: `common` is what both kinds of queue stand on; `batch`
+// (jobs drained run by run) and `continuous` (queues served until stopped)
+// each build on it, and neither uses the other. `daemon` is the public face
+// of `batch::daemon`.
+mod batch;
+mod common;
 pub mod continuous;
 pub mod daemon;
-mod drain;
-mod drainer;
-mod error;
-mod fence;
-mod item;
-mod job;
-mod leased;
 mod migrate;
 pub mod once;
-mod outage;
-mod queue;
-mod ranges;
 pub mod raw;
-mod rescuer;
-mod runs;
-mod schedule;
-mod session;
-mod status;
-mod telemetry;
-mod workers;
 
 // Both kinds of queue.
-pub use error::{EngineError, HandlerError};
-pub use fence::Fence;
+pub use common::error::{EngineError, HandlerError};
+pub use common::fence::Fence;
+pub use common::lease::LeaseConfig;
+pub use common::retry::RetryPolicy;
 pub use migrate::migrate;
 
 // Continuous queues: declare, enqueue in a transaction, serve.
@@ -97,13 +88,14 @@ pub use continuous::{
 };
 
 // Batch queues: a job over a scoped work table, drained run by run.
-pub use drain::{ChunkHandler, DrainConfig, DrainStats};
-pub use drainer::{ByMode, Drainer, InTransaction, Leased, RunTarget};
-pub use item::{Chunk, ClaimedItem, Handled};
-pub use job::{Cancelled, Db, Job, NoHooks, Reopened, RunHooks, WorkOutcome};
-pub use leased::{LeaseConfig, LeasedHandler};
-pub use queue::{ChunkSql, ChunkStatements, QueueSpec, RetryPolicy, StatusCounts, WorkQueue};
-pub use runs::{Joined, Run, RunCounts, RunState};
-pub use schedule::Schedule;
-pub use status::ItemStatus;
-pub use workers::Worker;
+pub use batch::drain::ChunkHandler;
+pub use batch::drainer::{ByMode, Drainer, InTransaction, Leased, RunTarget};
+pub use batch::job::{Cancelled, Db, Job, NoHooks, Reopened, RunHooks, WorkOutcome};
+pub use batch::leased::LeasedHandler;
+pub use batch::queue::{ChunkSql, ChunkStatements, QueueSpec, StatusCounts, WorkQueue};
+pub use batch::runs::{Joined, Run, RunCounts, RunState};
+pub use batch::schedule::Schedule;
+pub use batch::stats::{DrainConfig, DrainStats};
+pub use batch::workers::Worker;
+pub use common::item::{Chunk, ClaimedItem, Handled};
+pub use common::status::ItemStatus;

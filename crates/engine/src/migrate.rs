@@ -6,7 +6,7 @@
 use sqlx::migrate::Migrator;
 use sqlx::PgPool;
 
-use crate::EngineError;
+use crate::common::error::EngineError;
 
 /// The engine's migrations, as embedded in this build.
 pub fn migrator() -> Migrator {

@@ -2,9 +2,9 @@
 //! with any number of worker processes on any number of servers.
 //!
 //! The money path reads top to bottom in three files: the engine's chunk
-//! statement (`crates/engine/src/queue/statement.rs`: claim with SKIP
+//! statement (`crates/engine/src/batch/queue/statement.rs`: claim with SKIP
 //! LOCKED, mark settled, hand out fences), [`settlement`] (pay a chunk with
-//! those fences), the engine's drain (`crates/engine/src/drain/`: check the
+//! those fences), the engine's drain (`crates/engine/src/batch/drain/`: check the
 //! counts, commit). Money leaves through [`payouts`].
 //!
 //! This crate is only the product: settlement, its commands ([`cmd`]), the

@@ -9,8 +9,8 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::{ClaimedJob, JobRow, Names, Queue, MAX_BATCH_JOBS};
-use crate::fence::ROW_FENCE;
-use crate::EngineError;
+use crate::common::error::EngineError;
+use crate::common::fence::ROW_FENCE;
 
 #[derive(Debug, Clone)]
 pub(super) struct Sql {

@@ -12,7 +12,7 @@ use sqlx::PgConnection;
 use tracing::Instrument;
 
 use super::{Names, Queue, MAX_BATCH_JOBS};
-use crate::EngineError;
+use crate::common::error::EngineError;
 
 /// A job to enqueue.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,7 +72,7 @@ impl NewJob {
     fn stored_traceparent(&self) -> Option<Cow<'_, str>> {
         match &self.traceparent {
             Some(own) => Some(Cow::Borrowed(own)),
-            None => crate::telemetry::current_traceparent().map(Cow::Owned),
+            None => crate::common::telemetry::current_traceparent().map(Cow::Owned),
         }
     }
 }

@@ -8,9 +8,9 @@ use std::time::Duration;
 use sqlx::PgConnection;
 
 use super::{keys_and_fences, ClaimedJob, Names, Queue, MAX_ERRORS_KEPT};
-use crate::fence::ROW_FENCE;
-use crate::queue::{retry_set, FailOutcome, Failure, RetryPolicy};
-use crate::EngineError;
+use crate::common::error::EngineError;
+use crate::common::fence::ROW_FENCE;
+use crate::common::retry::{retry_set, FailOutcome, Failure, RetryPolicy};
 
 #[derive(Debug, Clone)]
 pub(super) struct Sql {

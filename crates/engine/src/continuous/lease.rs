@@ -9,10 +9,11 @@ use uuid::Uuid;
 
 use super::finish::errors_appended;
 use super::{Names, Queue};
-use crate::fence::ROW_FENCE;
-use crate::leased::LeaseStore;
-use crate::queue::{retry_set, FailOutcome, RetryPolicy};
-use crate::{ClaimedItem, EngineError};
+use crate::common::error::EngineError;
+use crate::common::fence::{Fence, ROW_FENCE};
+use crate::common::item::ClaimedItem;
+use crate::common::lease::LeaseStore;
+use crate::common::retry::{retry_set, FailOutcome, RetryPolicy};
 
 #[derive(Debug, Clone)]
 pub(super) struct Sql {
@@ -110,7 +111,7 @@ impl LeaseStore for Queue {
         {
             let (keys, fences): (Vec<String>, Vec<i64>) =
                 held.iter().map(|i| (i.key.clone(), i.fence.packed())).unzip();
-            let rows: Vec<(String, crate::Fence)> = sqlx::query_as(&self.sql.lease.renew)
+            let rows: Vec<(String, Fence)> = sqlx::query_as(&self.sql.lease.renew)
                 .bind(worker) // $1
                 .bind(ttl.as_millis() as i64) // $2
                 .bind(keys) // $3

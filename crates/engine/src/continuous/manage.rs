@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 
 use super::{Names, Queue, MAX_BATCH_JOBS, WAKE_CHANNEL};
-use crate::EngineError;
+use crate::common::error::EngineError;
 
 #[derive(Debug, Clone)]
 pub(super) struct Sql {

@@ -51,7 +51,9 @@ pub use serve::{serve, serve_leased, JobHandler, LeasedJobHandler, ServeConfig, 
 pub use stats::QueueStats;
 pub use table::{CONTINUOUS_COLUMNS, CONTINUOUS_INDEXES};
 
-use crate::{EngineError, Fence, HandlerError};
+use crate::common::error::{EngineError, HandlerError};
+use crate::common::fence::Fence;
+use crate::common::ident::check_identifier;
 
 /// The channel the wake-up trigger notifies, with the queue's name as payload.
 pub const WAKE_CHANNEL: &str = "settled_engine_queue";
@@ -99,10 +101,10 @@ impl Queue {
 
     /// A queue whose key column and type are given (`bigint`, `uuid`, ...).
     pub fn with_key(name: &str, table: &str, key: &str, key_type: &str) -> Result<Queue, EngineError> {
-        crate::queue::check_identifier("queue name", name, false)?;
-        crate::queue::check_identifier("table", table, true)?;
-        crate::queue::check_identifier("key_column", key, false)?;
-        crate::queue::check_identifier("key_type", key_type, false)?;
+        check_identifier("queue name", name, false)?;
+        check_identifier("table", table, true)?;
+        check_identifier("key_column", key, false)?;
+        check_identifier("key_type", key_type, false)?;
         let names = Names { table, key, key_type };
         let sql = Statements {
             enqueue: enqueue::Sql::render(&names),

@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 
 use super::Queue;
-use crate::EngineError;
+use crate::common::error::EngineError;
 
 /// A registered queue.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, sqlx::FromRow)]

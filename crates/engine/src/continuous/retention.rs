@@ -15,7 +15,7 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
 
 use super::{Names, Queue};
-use crate::EngineError;
+use crate::common::error::EngineError;
 
 /// Most jobs one retention statement removes (each batch its own transaction).
 pub(super) const PRUNE_BATCH_JOBS: i64 = 5_000;

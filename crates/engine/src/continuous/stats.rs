@@ -5,7 +5,7 @@
 use sqlx::PgConnection;
 
 use super::{Names, Queue};
-use crate::EngineError;
+use crate::common::error::EngineError;
 
 /// What a queue holds now.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, sqlx::FromRow)]

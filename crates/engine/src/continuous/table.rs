@@ -5,8 +5,8 @@
 use sqlx::PgConnection;
 
 use super::Queue;
-use crate::queue::check::{IndexRow, COLUMNS_SQL, INDEXES_SQL};
-use crate::EngineError;
+use crate::common::error::EngineError;
+use crate::common::ident::{IndexRow, COLUMNS_SQL, INDEXES_SQL};
 
 /// Columns a continuous queue's table must have besides its key column.
 pub const CONTINUOUS_COLUMNS: &[(&str, &str)] = &[

@@ -46,7 +46,7 @@ use std::time::Duration;
 
 use sqlx::{PgConnection, PgPool};
 
-use crate::EngineError;
+use crate::common::error::EngineError;
 
 /// Longest idempotency key accepted, in characters.
 pub const MAX_IDEMPOTENCY_KEY_CHARS: usize = 255;

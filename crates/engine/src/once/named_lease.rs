@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 
-use crate::EngineError;
+use crate::common::error::EngineError;
 
 /// A held lease.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]

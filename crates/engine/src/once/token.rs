@@ -21,7 +21,7 @@ use std::time::Duration;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use crate::EngineError;
+use crate::common::error::EngineError;
 
 /// Longest validity of a token.
 pub const MAX_TOKEN_TTL_SECS: u64 = 30 * 24 * 3600;

@@ -6,7 +6,7 @@ use std::fmt;
 /// What can happen. Each action names the function and the statement it models.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Action {
-    /// Models `claim_leased` in crates/engine/src/queue/claim.rs: `WITH
+    /// Models `claim_leased` in crates/engine/src/batch/queue/claim.rs: `WITH
     /// picked AS (SELECT .. WHERE status = 'eligible' .. FOR NO KEY UPDATE
     /// SKIP LOCKED) UPDATE .. SET status = 'processing', attempt = attempt + 1,
     /// lease_owner = $4, lease_until = now() + ttl, fence_epoch =

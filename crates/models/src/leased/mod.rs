@@ -6,9 +6,10 @@
 //! synchronous failover), beside in-transaction claims and a crash in the
 //! middle of their transaction.
 //!
-//! It models `crates/engine/src/leased.rs` (the claim loop and the lease
-//! keeper), `queue/claim.rs`, `queue/complete.rs`, `queue/fail.rs`,
-//! `queue/lease.rs`, `rescuer.rs`, `fence.rs` and `statement.rs` (in-transaction chunks),
+//! It models, in `crates/engine/src/`, `batch/leased.rs` (the claim loop),
+//! `common/lease.rs` (the lease keeper), `batch/queue/claim.rs`,
+//! `queue/complete.rs`, `queue/fail.rs`, `queue/lease.rs`, `batch/rescuer.rs`,
+//! `common/fence.rs` and `batch/queue/statement.rs` (in-transaction chunks),
 //! with settlement's leased handler (`crates/settled/src/settlement/leased.rs`,
 //! `SettleWithProvider`) and its provider (`provider.rs`). A chunk is one
 //! item here: every statement is set-based and its conditions are per row.

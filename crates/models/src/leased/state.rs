@@ -18,7 +18,7 @@ pub enum Status {
     Failed,
 }
 
-/// A fence: `(fence_epoch << 32) | attempt` (`crates/engine/src/fence.rs`).
+/// A fence: `(fence_epoch << 32) | attempt` (`crates/engine/src/common/fence.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Fence {
     /// `fence_epoch`: the timeline of the primary that granted the claim

@@ -3,7 +3,7 @@
 //! one-finisher protocol (run-row lock, REPEATABLE READ, 40001), cancel and
 //! resume, retry and reopen, and a daemon killed in the middle.
 //!
-//! It models `crates/engine/src/daemon.rs` (`step`, `start_due_runs`),
+//! It models `crates/engine/src/batch/daemon.rs` (`step`, `start_due_runs`),
 //! `job.rs` (`start_or_join`, `work`, `finish_if_drained`, `cancel`,
 //! `resume`, `retry_failed`, `reopen_oldest_with_work`) and `runs.rs`
 //! (the statements on `settled_engine.runs`). Items are one per scope and

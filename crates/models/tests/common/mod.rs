@@ -236,7 +236,7 @@ impl LeasedHandler for KeyPerAttempt {
 }
 
 /// `complete_fenced`'s statement with the fence left out: the status alone
-/// decides (crates/engine/src/queue/complete.rs has `AND ROW_FENCE =
+/// decides (crates/engine/src/batch/queue/complete.rs has `AND ROW_FENCE =
 /// f.fence` besides).
 pub(crate) const COMPLETE_WITHOUT_FENCE: &str = "UPDATE settlement.token_trade_volume t
      SET status = 'settled', lease_owner = NULL, lease_until = NULL,

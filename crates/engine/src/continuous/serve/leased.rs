@@ -16,9 +16,10 @@ use super::super::finish::Held;
 use super::super::ClaimedJob;
 use super::spans::{self, JobSpans};
 use super::{guarded, Ctx, LeasedJobHandler, Step};
-use crate::leased::{LeaseKeeper, COMPLETION_RETRIES};
-use crate::queue::Failure;
-use crate::{ClaimedItem, EngineError, HandlerError};
+use crate::common::error::{EngineError, HandlerError};
+use crate::common::item::ClaimedItem;
+use crate::common::lease::{LeaseKeeper, COMPLETION_RETRIES};
+use crate::common::retry::Failure;
 
 /// What the loops of one leased serve share besides [`Ctx`].
 struct Leased<H> {
@@ -50,12 +51,12 @@ pub(super) async fn serve<H: LeasedJobHandler>(ctx: Ctx, handler: Arc<H>) -> Res
         hard_stop,
         calls: Arc::new(tokio::sync::Semaphore::new(ctx.cfg.lease.calls_in_flight)),
     });
-    let mut loops = tokio::task::JoinSet::new();
-    for _ in 0..ctx.cfg.concurrency {
-        let shared = shared.clone();
-        loops.spawn(async move { shared.ctx.run(|| shared.step()).await });
-    }
-    let result = ctx.finish(loops).await;
+    let result = ctx
+        .run_loops(|| {
+            let shared = shared.clone();
+            async move { shared.ctx.run(|| shared.step()).await }
+        })
+        .await;
     grace.abort();
     // What is still held was abandoned at the stop: give it back now, with
     // no renewal in flight (it could hold the same rows).

@@ -27,9 +27,12 @@ use uuid::Uuid;
 
 pub use super::retention::Retention;
 use super::{ClaimedJob, Queue, MAX_BATCH_JOBS};
-use crate::drain::{Backoff, MAX_CONCURRENCY};
-use crate::queue::RetryPolicy;
-use crate::{EngineError, HandlerError, LeaseConfig};
+use crate::common::backoff::{Backoff, MAX_CONCURRENCY};
+use crate::common::error::{EngineError, HandlerError};
+use crate::common::lease::{check_lease_config, LeaseConfig};
+use crate::common::loops::run_loops;
+use crate::common::outage::OutageClock;
+use crate::common::retry::{FailOutcome, RetryPolicy};
 
 /// The application's work for a job in in-transaction mode.
 pub trait JobHandler: Send + Sync + 'static {
@@ -144,7 +147,7 @@ impl ServeConfig {
         if self.poll.is_zero() {
             return bad("poll must be longer than 0".into());
         }
-        crate::leased::check_lease_config(&self.lease)
+        check_lease_config(&self.lease)
     }
 }
 
@@ -171,7 +174,7 @@ pub struct ServeStats {
     pub pruned: AtomicU64,
     stop: AtomicBool,
     stopping: Notify,
-    outage: crate::outage::OutageClock,
+    outage: OutageClock,
 }
 
 impl ServeStats {
@@ -189,7 +192,7 @@ impl ServeStats {
     fn count(&self, queue: &Queue, outcome: &'static str, counter: &AtomicU64, n: u64) {
         if n > 0 {
             counter.fetch_add(n, Ordering::Relaxed);
-            metrics::counter!(crate::telemetry::JOBS, "queue" => queue.name().to_string(), "outcome" => outcome)
+            metrics::counter!(crate::common::telemetry::JOBS, "queue" => queue.name().to_string(), "outcome" => outcome)
                 .increment(n);
         }
     }
@@ -205,12 +208,11 @@ pub async fn serve<H: JobHandler>(
     stats: Arc<ServeStats>,
 ) -> Result<(), EngineError> {
     let ctx = Ctx::start(pool, queue, cfg, stats).await?;
-    let mut loops = tokio::task::JoinSet::new();
-    for _ in 0..ctx.cfg.concurrency {
+    ctx.run_loops(|| {
         let (ctx, handler) = (ctx.clone(), handler.clone());
-        loops.spawn(async move { ctx.run(|| tx::step(&ctx, &*handler)).await });
-    }
-    ctx.finish(loops).await
+        async move { ctx.run(|| tx::step(&ctx, &*handler)).await }
+    })
+    .await
 }
 
 /// Serves `queue` in leased mode with `handler` until
@@ -286,20 +288,20 @@ impl Ctx {
         })
     }
 
-    /// Waits for the loops, then stops the background tasks.
-    async fn finish(&self, mut loops: tokio::task::JoinSet<Result<(), EngineError>>) -> Result<(), EngineError> {
-        let mut first_error = None;
-        while let Some(joined) = loops.join_next().await {
-            let result = joined.unwrap_or_else(|e| Err(EngineError::Invariant(format!("serve loop panicked: {e}"))));
-            if let Err(err) = result {
-                self.stats.request_stop();
-                first_error.get_or_insert(err);
-            }
-        }
+    /// Runs `cfg.concurrency` loops, each the future `spawn_one` returns,
+    /// until every one has stopped (one failing stops the rest), then stops
+    /// the background tasks.
+    async fn run_loops<F, Fut>(&self, spawn_one: F) -> Result<(), EngineError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<(), EngineError>> + Send + 'static,
+    {
+        let stop = || self.stats.request_stop();
+        let result = run_loops(self.cfg.concurrency, "serve loop", spawn_one, stop).await;
         for task in self.background.iter() {
             task.abort();
         }
-        first_error.map_or(Ok(()), Err)
+        result
     }
 
     /// Repeats `step` until stopped: at once after work, after a wake-up or
@@ -331,11 +333,11 @@ impl Ctx {
                 }
                 Err(err) if err.is_fatal() => return Err(err),
                 Err(err) => {
-                    let (pause, say) = backoff.failed(&err)?;
-                    if say {
+                    let pause = backoff.failed(&err)?;
+                    if pause.say {
                         tracing::warn!(queue = self.queue.name(), transient = err.is_transient(), error = %err, "serve step failed");
                     }
-                    tokio::time::sleep(pause).await;
+                    tokio::time::sleep(pause.sleep).await;
                 }
             }
         }
@@ -360,9 +362,9 @@ impl Ctx {
     /// Records a claim: its time, and how long each job waited for it.
     fn claimed(&self, mode: &'static str, took: Duration, jobs: &[(ClaimedJob, Duration)]) {
         let queue = self.queue.name().to_string();
-        metrics::histogram!(crate::telemetry::CLAIM_DURATION, "mode" => mode, "queue" => queue.clone())
+        metrics::histogram!(crate::common::telemetry::CLAIM_DURATION, "mode" => mode, "queue" => queue.clone())
             .record(took.as_secs_f64());
-        let pickup = metrics::histogram!(crate::telemetry::PICKUP_LATENCY, "queue" => queue);
+        let pickup = metrics::histogram!(crate::common::telemetry::PICKUP_LATENCY, "queue" => queue);
         for (_, waited) in jobs {
             pickup.record(waited.as_secs_f64());
         }
@@ -394,7 +396,8 @@ pub(crate) async fn guarded<T>(
             job.key
         )))
     });
-    metrics::histogram!(crate::telemetry::HANDLER_DURATION, "mode" => "job").record(started.elapsed().as_secs_f64());
+    metrics::histogram!(crate::common::telemetry::HANDLER_DURATION, "mode" => "job")
+        .record(started.elapsed().as_secs_f64());
     result
 }
 
@@ -426,7 +429,7 @@ pub async fn rescue_once(
     pool: &PgPool,
     queue: &Queue,
     policy: &RetryPolicy,
-) -> Result<Option<crate::queue::FailOutcome>, EngineError> {
+) -> Result<Option<FailOutcome>, EngineError> {
     let mut tx = pool.begin().await.map_err(EngineError::db("beginning a rescue"))?;
     let ours: bool =
         sqlx::query_scalar("SELECT pg_try_advisory_xact_lock(hashtext('settled-engine-rescue'), hashtext($1))")

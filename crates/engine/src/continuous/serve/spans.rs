@@ -57,7 +57,7 @@ impl JobSpans {
                 traceparent = job.traceparent.as_deref(),
                 outcome = tracing::field::Empty,
             );
-            crate::telemetry::continue_trace(&span, job.traceparent.as_deref());
+            crate::common::telemetry::continue_trace(&span, job.traceparent.as_deref());
             span.follows_from(claim);
             spans.by_key.insert(job.key.clone(), span);
         }

@@ -13,8 +13,8 @@ use super::super::finish::Held;
 use super::super::ClaimedJob;
 use super::spans::{self, JobSpans};
 use super::{guarded, Ctx, JobHandler, Step};
-use crate::queue::Failure;
-use crate::{EngineError, HandlerError};
+use crate::common::error::{is_transient_sqlx, EngineError, HandlerError};
+use crate::common::retry::Failure;
 
 /// One transaction: claim a batch, handle each job, complete them, commit.
 pub(super) async fn step<H: JobHandler>(ctx: &Ctx, handler: &H) -> Result<Step, EngineError> {
@@ -163,6 +163,6 @@ fn is_lost_connection(err: &HandlerError) -> bool {
             let code = db.code().unwrap_or_default();
             code == "25006" || code.starts_with("08") || code.starts_with("57")
         }
-        other => crate::error::is_transient_sqlx(other),
+        other => is_transient_sqlx(other),
     }
 }
