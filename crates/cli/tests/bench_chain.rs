@@ -82,4 +82,6 @@ fn check_run(run: &Value) {
     assert!(run["block_gas_limit"].as_u64().unwrap() > 0, "{run}");
     let (mean, max) = (f(&run["block_fill_mean"]), f(&run["block_fill_max"]));
     assert!(0.0 < mean && mean <= max && max <= 1.0, "{run}");
+    let saturated = f(&run["block_fill_saturated"]);
+    assert!((0.0..=max).contains(&saturated), "{run}");
 }

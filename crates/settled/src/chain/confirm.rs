@@ -21,7 +21,7 @@ use super::rail::reverted_reason;
 use super::rpc::Receipt;
 use super::store::{self, ChainTx, TxState};
 use super::{give_up, sign, Chain, REBROADCAST_AFTER};
-use crate::payouts::{apply_word, ProviderWord, Source};
+use crate::payouts::{apply_words, ProviderWord, Source};
 
 /// What one round did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -362,20 +362,27 @@ enum Word {
 }
 
 /// Moves the payouts of transaction `tx_id` by `word`, through the payout
-/// state machine (`settlement.apply_provider_word`): a repeat moves nothing.
+/// state machine (`settlement.apply_provider_word`) in one statement, by
+/// payout id: a repeat moves nothing.
 async fn move_payouts(db: &mut sqlx::PgConnection, chain: &Chain, tx_id: i64, word: Word) -> anyhow::Result<()> {
-    for paid in store::payouts_of(db, tx_id).await? {
-        let provider_id = chain.payment_id(paid.payout_id);
-        let word = match &word {
-            Word::Pending => ProviderWord::Pending { provider_id },
-            Word::Paid => ProviderWord::Paid { provider_id },
-            Word::Failed(reason) => ProviderWord::Failed {
-                provider_id: Some(provider_id),
-                reason: reason.clone(),
-            },
-        };
-        apply_word(db, paid.payout_id, &word, Source::Poll, None).await?;
-    }
+    let mut paid = store::payouts_of(db, tx_id).await?;
+    paid.sort_by_key(|p| p.payout_id);
+    let words: Vec<(i64, ProviderWord)> = paid
+        .iter()
+        .map(|paid| {
+            let provider_id = chain.payment_id(paid.payout_id);
+            let word = match &word {
+                Word::Pending => ProviderWord::Pending { provider_id },
+                Word::Paid => ProviderWord::Paid { provider_id },
+                Word::Failed(reason) => ProviderWord::Failed {
+                    provider_id: Some(provider_id),
+                    reason: reason.clone(),
+                },
+            };
+            (paid.payout_id, word)
+        })
+        .collect();
+    apply_words(db, &words, Source::Poll, None).await?;
     Ok(())
 }
 

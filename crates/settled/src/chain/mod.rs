@@ -15,7 +15,7 @@
 //! [`crate::payouts::Rail`] delivery calls, `store.rs` holds the
 //! statements; `reconcile.rs` compares the chain with the payouts,
 //! `watch.rs` records the wallet for the metrics, `metrics.rs` and
-//! `listing.rs` are what `settled serve` reads. It never moves a payout but through `payouts::apply_word`,
+//! `listing.rs` are what `settled serve` reads. It never moves a payout but through `payouts::apply_words`,
 //! and never signs a second transaction for a payout.
 
 use std::path::PathBuf;
@@ -155,7 +155,15 @@ pub struct Chain {
     pub reconcile_every: Option<Duration>,
     /// The fees read last and when ([`Chain::recent_fees`]).
     fees_read: Arc<Mutex<Option<(Instant, sign::Fees)>>>,
+    /// A batch's measured cost, or when measuring it last failed
+    /// ([`Chain::batch_gas_limit`]).
+    batch_gas: Arc<Mutex<Result<sign::BatchGas, Option<Instant>>>>,
 }
+
+/// How long after a failed measurement of a batch's cost it is tried again.
+/// (A new deliverer's first batches wait about a block for the batch
+/// contract's approval to be mined.)
+pub const BATCH_GAS_MEASURE_AGAIN_AFTER: Duration = Duration::from_secs(1);
 
 /// How long fees read from the node serve new transactions: about a block
 /// on a fast chain. A new transaction's fee cap is twice the base fee plus
@@ -191,6 +199,7 @@ impl Chain {
             watch_every: Duration::from_secs(flags.watch_every_secs),
             reconcile_every: (flags.reconcile_every_secs > 0).then(|| Duration::from_secs(flags.reconcile_every_secs)),
             fees_read: Arc::default(),
+            batch_gas: Arc::new(Mutex::new(Err(None))),
         };
         let mined = chain.rpc.nonce(chain.wallet.address(), "latest").await?;
         sqlx::query(
@@ -234,6 +243,38 @@ impl Chain {
         let fees = self.fees().await?;
         *self.fees_read.lock().expect("fees") = Some((Instant::now(), fees));
         Ok(fees)
+    }
+
+    /// The gas limit of a batch of `n` payouts: the token's cost through
+    /// the batch contract measured once ([`sign::BatchGas`]), with
+    /// headroom; the most a batch is given while it cannot be measured
+    /// (tried again every [`BATCH_GAS_MEASURE_AGAIN_AFTER`]).
+    pub async fn batch_gas_limit(&self, n: u64) -> u64 {
+        let due = match *self.batch_gas.lock().expect("batch gas") {
+            Ok(gas) => return gas.limit(n),
+            Err(last) => last.is_none_or(|at| at.elapsed() >= BATCH_GAS_MEASURE_AGAIN_AFTER),
+        };
+        let Some(batch) = self.batch.filter(|_| due) else {
+            return sign::most_batch_gas(n);
+        };
+        let measured = sign::measure(self, batch).await;
+        let mut kept = self.batch_gas.lock().expect("batch gas");
+        match measured {
+            Ok(gas) => {
+                tracing::info!(
+                    base = gas.base,
+                    per_transfer = gas.per_transfer,
+                    "a batch's gas measured"
+                );
+                *kept = Ok(gas);
+                gas.limit(n)
+            }
+            Err(err) => {
+                tracing::info!(error = %format!("{err:#}"), "a batch's gas not measured yet: batches get the most");
+                *kept = Err(Some(Instant::now()));
+                sign::most_batch_gas(n)
+            }
+        }
     }
 
     /// The payment id settled records for payout `payout_id` paid on this

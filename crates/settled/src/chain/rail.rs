@@ -51,9 +51,13 @@ impl ChainRail {
         store::tx_of_payout(&mut conn, payout_id).await
     }
 
-    /// The payout's transaction: the stored one, or one signed now.
+    /// The payout's transaction: the stored one, or one signed now. A
+    /// payout found in a batch signed before its job came means the jobs
+    /// are behind the signing: the next batch is signed ahead of them
+    /// ([`ChainRail::sign_ahead`]).
     async fn tx_for(&self, payout: &PayoutRow) -> Result<(ChainTx, Paid), ProviderError> {
         if let Some(found) = self.stored(payout.id).await.map_err(transient)? {
+            self.sign_ahead();
             return Ok(found);
         }
         let _signer = self.signing.lock().await;
@@ -69,6 +73,65 @@ impl ChainRail {
             .await
             .map_err(transient)?
             .ok_or_else(|| ProviderError::Refused(format!("payout {} is no longer queued", payout.id)))
+    }
+
+    /// With a batch contract, unless this process is signing already:
+    /// signs the next batches of queued payouts that have no transaction
+    /// and broadcasts each, one after another in the background, until
+    /// none is left or [`super::sign::AHEAD_MAX_UNMINED`] are unmined
+    /// ([`super::sign::sign_next`]). A failure is logged; the payouts' own
+    /// jobs sign them.
+    fn sign_ahead(&self) {
+        if self.chain.batch.is_none() {
+            return;
+        }
+        let Ok(signer) = self.signing.clone().try_lock_owned() else {
+            return;
+        };
+        let rail = self.clone();
+        tokio::spawn(async move {
+            let _signer = signer;
+            if let Err(err) = rail.sign_next().await {
+                tracing::warn!(error = %format!("{err:#}"), "signing a batch ahead of its jobs failed; they sign it");
+            }
+        });
+    }
+
+    async fn sign_next(&self) -> anyhow::Result<()> {
+        loop {
+            let fees = self.chain.recent_fees().await?;
+            let Some(tx_id) = super::sign::sign_next(&self.pool, &self.chain, fees).await? else {
+                return Ok(());
+            };
+            let mut conn = self.pool.acquire().await?;
+            let tx = store::tx(&mut conn, tx_id)
+                .await?
+                .ok_or_else(|| anyhow::anyhow!("transaction {tx_id}, signed, is gone"))?;
+            drop(conn);
+            if !self.broadcast(&tx).await? {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Sends `tx`, signed and never sent, and records it sent; or gives it
+    /// up when the node refuses it as never valid (false).
+    async fn broadcast(&self, tx: &ChainTx) -> anyhow::Result<bool> {
+        match broadcast::send(&self.chain.rpc, &tx.latest().raw).await? {
+            Sent::NonceUsed => tracing::info!(
+                tx = tx.id,
+                nonce = tx.nonce,
+                "nonce spent: an attempt was mined; the follower finds it"
+            ),
+            Sent::NeverValid(why) => {
+                super::give_up::give_up(&self.pool, &self.chain, tx, &why).await?;
+                return Ok(false);
+            }
+            Sent::Accepted | Sent::AlreadyKnown => {}
+        }
+        let mut conn = self.pool.acquire().await?;
+        store::mark_broadcast(&mut conn, tx.id).await?;
+        Ok(true)
     }
 
     /// The payment as this rail records it.
@@ -110,25 +173,7 @@ impl Rail for ChainRail {
         // sent again by the follower ([`super::confirm`]) once it has
         // waited [`super::REBROADCAST_AFTER`]: a node that dropped or forgot it.
         if tx.state == TxState::Signed {
-            let sent = broadcast::send(&self.chain.rpc, &tx.latest().raw)
-                .await
-                .map_err(transient)?;
-            match sent {
-                Sent::NonceUsed => tracing::info!(
-                    tx = tx.id,
-                    nonce = tx.nonce,
-                    "nonce spent: an attempt was mined; the follower finds it"
-                ),
-                Sent::NeverValid(why) => {
-                    super::give_up::give_up(&self.pool, &self.chain, &tx, &why)
-                        .await
-                        .map_err(transient)?;
-                    return Ok(self.payment(payout, &tx, &paid));
-                }
-                Sent::Accepted | Sent::AlreadyKnown => {}
-            }
-            let mut conn = self.pool.acquire().await.map_err(transient)?;
-            store::mark_broadcast(&mut conn, tx.id).await.map_err(transient)?;
+            self.broadcast(&tx).await.map_err(transient)?;
         }
         Ok(self.payment(payout, &tx, &paid))
     }

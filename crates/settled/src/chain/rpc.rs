@@ -248,6 +248,15 @@ impl Rpc {
         self.call("eth_call", json!([{"to": to, "data": data}, "latest"])).await
     }
 
+    /// The gas a call of `to` with `data` from `from` uses now, by the
+    /// node's estimate against its newest block.
+    pub async fn estimate_gas(&self, from: Address, to: Address, data: Bytes) -> Result<u64, RpcError> {
+        Ok(self
+            .call::<U64>("eth_estimateGas", json!([{"from": from, "to": to, "data": data}]))
+            .await?
+            .to())
+    }
+
     /// The logs of `address` with first topic `topic0` and, when given,
     /// second topic `topic1`, in blocks `from..=to`, read in windows of
     /// [`LOG_BLOCKS_PER_CALL`] blocks.

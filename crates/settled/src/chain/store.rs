@@ -226,6 +226,17 @@ pub async fn tx_of_payout(conn: &mut PgConnection, payout_id: i64) -> anyhow::Re
     Ok(Some((tx, paid)))
 }
 
+/// Transaction `id`.
+pub async fn tx(conn: &mut PgConnection, id: i64) -> anyhow::Result<Option<ChainTx>> {
+    let rows: Vec<TxRow> = sqlx::query_as(&format!(
+        "SELECT {TX_COLUMNS} FROM settlement.chain_txs t WHERE t.id = $1"
+    ))
+    .bind(id) // $1
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(complete(conn, rows).await?.pop())
+}
+
 /// The payouts transaction `tx_id` pays, in call order.
 pub async fn payouts_of(conn: &mut PgConnection, tx_id: i64) -> anyhow::Result<Vec<Paid>> {
     let rows: Vec<(i64, i32, String, String, bool)> = sqlx::query_as(
@@ -286,7 +297,10 @@ pub async fn mark_broadcast(conn: &mut PgConnection, id: i64) -> anyhow::Result<
 }
 
 /// Transaction `id`, in `from`, was mined: attempt `mined_hash` in block
-/// `number` (hash `block`). False when it was not in `from` any more.
+/// `number` (hash `block`). False when it was not in `from` any more, or
+/// another process holds its row (the followers of every deliverer look
+/// at the same transactions: one moves it and its payouts, the others go
+/// on to the next rather than wait for it, and look again next round).
 pub async fn mark_included(
     conn: &mut PgConnection,
     id: i64,
@@ -296,8 +310,10 @@ pub async fn mark_included(
     mined_hash: B256,
 ) -> anyhow::Result<bool> {
     let moved = sqlx::query(
-        "UPDATE settlement.chain_txs SET state = 'included', block_number = $3, block_hash = $4, mined_hash = $5
-         WHERE id = $1 AND state = $2",
+        "UPDATE settlement.chain_txs t
+         SET state = 'included', block_number = $3, block_hash = $4, mined_hash = $5
+         WHERE t.id = $1 AND t.state = $2
+           AND t.id IN (SELECT f.id FROM settlement.chain_txs f WHERE f.id = $1 FOR NO KEY UPDATE SKIP LOCKED)",
     )
     .bind(id) // $1
     .bind(from.as_str()) // $2
@@ -325,14 +341,17 @@ pub async fn mark_reorged(conn: &mut PgConnection, id: i64, block: B256) -> anyh
 }
 
 /// Transaction `id`, included in block `block`, is final: confirmed,
-/// reverted, or filled. False when it was not included there.
+/// reverted, or filled. False when it was not included there, or another
+/// process holds its row (as [`mark_included`]).
 pub async fn mark_final(conn: &mut PgConnection, id: i64, block: B256, to: TxState) -> anyhow::Result<bool> {
     assert!(
         matches!(to, TxState::Confirmed | TxState::Reverted | TxState::Filled),
         "{to:?} is not final"
     );
     let moved = sqlx::query(
-        "UPDATE settlement.chain_txs SET state = $3 WHERE id = $1 AND state = 'included' AND block_hash = $2",
+        "UPDATE settlement.chain_txs t SET state = $3
+         WHERE t.id = $1 AND t.state = 'included' AND t.block_hash = $2
+           AND t.id IN (SELECT f.id FROM settlement.chain_txs f WHERE f.id = $1 FOR NO KEY UPDATE SKIP LOCKED)",
     )
     .bind(id) // $1
     .bind(hex(block)) // $2

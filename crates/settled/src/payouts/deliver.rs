@@ -5,10 +5,8 @@
 //! the provider applies it once; the provider's answer moves the payout in
 //! the completion's transaction, which the lease's fence guards.
 //!
-//! The provider's limits hold for the whole fleet, in the database: a
-//! token bucket of calls per second, and a "down until" that every worker
-//! honours after the provider failed, raised once per outage (not per
-//! caller). A job that cannot call now, or whose creator is on hold, is
+//! The provider's limits hold for the whole fleet (`limiter.rs`). A job
+//! that cannot call now, or whose creator is on hold, is
 //! snoozed: it spends no attempt, and nothing spins. A refusal fails the
 //! payout and returns its funds; a payment id another payout holds is a
 //! conflict and a dead letter, never a completion that fails again.
@@ -16,177 +14,22 @@
 //! key window, the payment is found by its reference instead
 //! (`key_window.rs`): sent again only when the provider certainly has
 //! none. Beside the workers: payouts sent long ago, and those paid within
-//! the returns watch, are looked up (a lost webhook, a return), and
-//! unconfirmed ones expire.
+//! the returns watch, are looked up (`poll.rs`: a lost webhook, a return),
+//! and unconfirmed ones expire.
 
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use sqlx::{PgConnection, PgPool};
 
 use settled_engine::{ClaimedJob, HandlerError, LeasedJobHandler};
 
 use super::key_window::{self, Found, DEFAULT_PROVIDER_KEY_WINDOW};
+use super::limiter::{Limiter, Limits};
+use super::poll::{poll, Polling};
 use super::word::{self, Reading};
-use super::{apply_word, fail_refused, record_payment_clash, PayoutRow, PayoutState, ProviderWord, Rail, Source};
+use super::{apply_words, fail_refused, record_payment_clash, PayoutRow, PayoutState, ProviderWord, Rail, Source};
 use crate::provider::{Payment, ProviderError};
-
-/// The fleet's limits on calls to one provider.
-#[derive(Debug, Clone)]
-pub struct Limits {
-    /// The provider's name in `settlement.provider_limits`.
-    pub name: String,
-    /// Calls per second, over every worker.
-    pub per_second: f64,
-    /// Calls that may go at once after a quiet spell.
-    pub burst: f64,
-    /// First wait after the provider failed, in milliseconds (doubles per
-    /// outage window, up to `down_cap_ms`).
-    pub down_base_ms: i32,
-    /// Longest wait.
-    pub down_cap_ms: i32,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            name: "default".into(),
-            per_second: 1_000.0,
-            burst: 1_000.0,
-            down_base_ms: 500,
-            down_cap_ms: 30_000,
-        }
-    }
-}
-
-/// This process's share of the fleet's calls: taken from the database's
-/// bucket a tenth of a second's worth at a time, so the bucket's row is
-/// written a few times a second per process, not once per call. One task
-/// at a time takes from the bucket; the others wait for its grant and share
-/// it (each taking from the bucket itself queued every call in flight on
-/// the bucket's row lock, and each grant replaced the one before).
-pub struct Limiter {
-    pool: PgPool,
-    limits: Limits,
-    local: Mutex<Budget>,
-    refill: tokio::sync::Mutex<()>,
-}
-
-#[derive(Debug, Default)]
-struct Budget {
-    calls: u32,
-    down_until: Option<Instant>,
-    /// The bucket was empty: no call before then.
-    empty_until: Option<Instant>,
-    /// This process saw the provider down: the next success says it is up.
-    saw_down: bool,
-}
-
-impl Budget {
-    /// A call from what this process holds: allowed, a wait, or None (ask
-    /// the bucket).
-    fn take(&mut self) -> Option<Result<(), Duration>> {
-        let now = Instant::now();
-        if let Some(until) = self.down_until.filter(|u| *u > now) {
-            return Some(Err(until - now));
-        }
-        if self.calls > 0 {
-            self.calls -= 1;
-            return Some(Ok(()));
-        }
-        self.empty_until.filter(|u| *u > now).map(|until| Err(until - now))
-    }
-}
-
-#[derive(sqlx::FromRow)]
-struct Grant {
-    granted: i32,
-    wait_secs: f64,
-    down_secs: Option<f64>,
-}
-
-impl Limiter {
-    /// A limiter over `limits`, shared by the fleet through `pool`'s database.
-    pub fn new(pool: PgPool, limits: Limits) -> Limiter {
-        Limiter {
-            pool,
-            limits,
-            local: Mutex::new(Budget::default()),
-            refill: tokio::sync::Mutex::new(()),
-        }
-    }
-
-    /// One call's permission, or how long to wait for it.
-    pub async fn take(&self) -> anyhow::Result<Result<(), Duration>> {
-        if let Some(answer) = self.local.lock().expect("budget").take() {
-            return Ok(answer);
-        }
-        let _refilling = self.refill.lock().await;
-        // Another task may have refilled while this one waited.
-        if let Some(answer) = self.local.lock().expect("budget").take() {
-            return Ok(answer);
-        }
-        let wanted = (self.limits.per_second / 10.0).ceil().max(1.0) as i32;
-        let grant: Grant = sqlx::query_as(
-            "SELECT granted, wait_secs,
-                    extract(epoch FROM g.down_until - clock_timestamp())::float8 AS down_secs
-             FROM settlement.take_provider_calls($1, $2, $3, $4) g",
-        )
-        .bind(&self.limits.name) // $1
-        .bind(wanted) // $2
-        .bind(self.limits.per_second) // $3
-        .bind(self.limits.burst) // $4
-        .fetch_one(&self.pool)
-        .await?;
-        let mut local = self.local.lock().expect("budget");
-        local.down_until = grant
-            .down_secs
-            .filter(|s| *s > 0.0)
-            .map(|s| Instant::now() + Duration::from_secs_f64(s));
-        if let Some(until) = local.down_until {
-            // The calls granted stay in the budget for after the outage.
-            local.calls += grant.granted.max(0) as u32;
-            return Ok(Err(until - Instant::now()));
-        }
-        if grant.granted > 0 {
-            local.calls += grant.granted as u32 - 1;
-            local.empty_until = None;
-            return Ok(Ok(()));
-        }
-        let wait = Duration::from_secs_f64(grant.wait_secs.clamp(0.001, 60.0));
-        local.empty_until = Some(Instant::now() + wait);
-        Ok(Err(wait))
-    }
-
-    /// The provider failed as if down: the fleet waits; returns how long.
-    pub async fn down(&self) -> anyhow::Result<Duration> {
-        let secs: Option<f64> = sqlx::query_scalar(
-            "SELECT extract(epoch FROM settlement.provider_down($1, $2, $3) - clock_timestamp())::float8",
-        )
-        .bind(&self.limits.name) // $1
-        .bind(self.limits.down_base_ms) // $2
-        .bind(self.limits.down_cap_ms) // $3
-        .fetch_one(&self.pool)
-        .await?;
-        let wait = Duration::from_secs_f64(secs.unwrap_or(0.0).max(0.05));
-        let mut local = self.local.lock().expect("budget");
-        local.down_until = Some(Instant::now() + wait);
-        local.saw_down = true;
-        Ok(wait)
-    }
-
-    /// The provider answered: if this process saw it down, the fleet's wait ends.
-    pub async fn up(&self) -> anyhow::Result<()> {
-        let saw_down = std::mem::take(&mut self.local.lock().expect("budget").saw_down);
-        if saw_down {
-            sqlx::query("SELECT settlement.provider_up($1)")
-                .bind(&self.limits.name) // $1
-                .execute(&self.pool)
-                .await?;
-        }
-        Ok(())
-    }
-}
 
 /// What a delivery learned, for its completion.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -419,166 +262,28 @@ impl<R: Rail> LeasedJobHandler for Deliver<R> {
     }
 
     async fn complete(&self, tx: &mut PgConnection, done: &[(ClaimedJob, Delivered)]) -> Result<(), HandlerError> {
+        // The provider's words in one statement, by payout id; refusals one by one.
+        let mut words = Vec::new();
         for (job, delivered) in done {
             let id = payout_of(job)?;
-            let applied = match delivered {
-                Delivered::Word(word) => apply_word(tx, id, word, Source::Delivery, None).await,
-                Delivered::Refused(why) => fail_refused(tx, id, &format!("refused by the provider: {why}"))
-                    .await
-                    .map(|_| super::Applied::Moved),
-                Delivered::Nothing => Ok(super::Applied::Already),
-            };
-            applied.map_err(|e| HandlerError::Transient(format!("recording payout {id}'s delivery: {e:#}")))?;
+            match delivered {
+                Delivered::Word(word) => words.push((id, word.clone())),
+                Delivered::Refused(why) => {
+                    fail_refused(tx, id, &format!("refused by the provider: {why}"))
+                        .await
+                        .map_err(|e| HandlerError::Transient(format!("recording payout {id}'s refusal: {e:#}")))?;
+                }
+                Delivered::Nothing => {}
+            }
+        }
+        words.sort_by_key(|(id, _)| *id);
+        if !words.is_empty() {
+            apply_words(tx, &words, Source::Delivery, None)
+                .await
+                .map_err(|e| HandlerError::Transient(format!("recording {} payouts' delivery: {e:#}", words.len())))?;
         }
         Ok(())
     }
-}
-
-/// What the look-ups beside delivery look for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Polling {
-    /// A payout the provider accepted this long ago (or last asked about
-    /// that long ago) and still not paid or failed is looked up (its
-    /// webhook lost).
-    pub sent_after: Duration,
-    /// A paid payout is looked up again this often (a return whose webhook
-    /// was lost) ...
-    pub paid_every: Duration,
-    /// ... for this long after it was paid.
-    pub returns_watch: Duration,
-    /// How long the provider keeps a key: past it, a payout is looked up
-    /// by its reference, not its key.
-    pub key_window: Duration,
-}
-
-/// A payout due for a look-up.
-#[derive(sqlx::FromRow)]
-struct Due {
-    #[sqlx(flatten)]
-    payout: PayoutRow,
-    /// How long ago its key was first used (None: not recorded).
-    key_age_ms: Option<i64>,
-}
-
-const fn millis(d: Duration) -> i64 {
-    let ms = d.as_millis();
-    if ms > i64::MAX as u128 {
-        i64::MAX
-    } else {
-        ms as i64
-    }
-}
-
-/// Payouts due for a look-up (see [`Polling`]), up to `batch` of the sent
-/// and `batch` of the paid, looked up on their rail and moved by its
-/// answer (a paid one returned, say); the number looked up. A payout the
-/// rail has no record of, or whose key is past the window and the rail
-/// cannot say, is recorded as a conflict for operators.
-pub async fn poll<R: Rail>(pool: &PgPool, rail: &R, polling: &Polling, batch: i64) -> anyhow::Result<usize> {
-    let due: Vec<Due> = sqlx::query_as(&format!(
-        "WITH due_sent AS (
-             SELECT id FROM settlement.payouts
-             WHERE status = 'sent' AND coalesce(polled_at, sent_at) < now() - $1 * interval '1 millisecond'
-             ORDER BY coalesce(polled_at, sent_at) LIMIT $3
-             FOR NO KEY UPDATE SKIP LOCKED),
-         due_paid AS (
-             SELECT id FROM settlement.payouts
-             WHERE status = 'paid' AND coalesce(polled_at, finished_at) < now() - $2 * interval '1 millisecond'
-               AND coalesce(polled_at, finished_at) > now() - $4 * interval '1 millisecond'
-               AND finished_at > now() - $4 * interval '1 millisecond'
-             ORDER BY coalesce(polled_at, finished_at) LIMIT $3
-             FOR NO KEY UPDATE SKIP LOCKED)
-         UPDATE settlement.payouts p SET polled_at = now()
-         WHERE p.id IN (SELECT id FROM due_sent UNION ALL SELECT id FROM due_paid)
-         RETURNING {},
-                   (SELECT (extract(epoch FROM clock_timestamp() - k.first_used_at) * 1000)::bigint
-                    FROM settlement.provider_keys k WHERE k.key = p.provider_key) AS key_age_ms",
-        super::PAYOUT_COLUMNS
-    ))
-    .bind(millis(polling.sent_after)) // $1
-    .bind(millis(polling.paid_every)) // $2
-    .bind(batch) // $3
-    .bind(millis(polling.returns_watch)) // $4
-    .fetch_all(pool)
-    .await?;
-    let read_at = std::time::Instant::now();
-    for Due { payout, key_age_ms } in &due {
-        let key_use = match key_age_ms {
-            Some(ms) => key_window::KeyUse {
-                age: Duration::from_millis((*ms).max(0) as u64),
-                read_at,
-                awaiting_operator: None,
-            },
-            None => key_window::KeyUse::unknown(),
-        };
-        // Judged right before the look-up: a batch's look-ups take a while.
-        let past = key_use.past(polling.key_window);
-        let Some(payment) = look_up(pool, rail, payout, past).await? else {
-            continue;
-        };
-        let mut tx = pool.begin().await?;
-        if super::payment_matches(&mut tx, payout.id, &payment, Source::Poll, None).await? {
-            apply_word(&mut tx, payout.id, &word::word_of(&payment), Source::Poll, None).await?;
-        }
-        tx.commit().await?;
-    }
-    Ok(due.len())
-}
-
-/// `payout`'s payment at the rail: by its key, or by its reference once the
-/// key may be forgotten. None when there is none (recorded as a conflict),
-/// or no answer now (asked again later).
-async fn look_up<R: Rail>(
-    pool: &PgPool,
-    rail: &R,
-    payout: &PayoutRow,
-    key_past_window: bool,
-) -> anyhow::Result<Option<Payment>> {
-    let id = payout.id;
-    let (found, missing) = if key_past_window {
-        let found = key_window::judge(&payout.reference, rail.find(payout).await);
-        (found, "the provider has no payment for this payout's reference")
-    } else {
-        let found = match rail.look_up(payout).await {
-            Ok(Some(payment)) => Found::Payment(payment),
-            Ok(None) => Found::Nothing,
-            Err(err) => Found::Later(err),
-        };
-        (found, "the provider has no payment under this payout's key")
-    };
-    match found {
-        Found::Payment(payment) => return Ok(Some(payment)),
-        Found::Nothing => record_unknown(pool, payout, "missing", missing).await?,
-        Found::CannotSay(detail) => record_unknown(pool, payout, "unknown", &detail).await?,
-        Found::Later(err) => {
-            tracing::warn!(payout = id, state = %payout.state, error = %err, "looking up a payout failed; asking again later")
-        }
-    }
-    Ok(None)
-}
-
-/// A payout the provider does not know (`missing`), or cannot say it
-/// knows (`unknown`): a conflict for operators, recorded once.
-async fn record_unknown(pool: &PgPool, payout: &PayoutRow, provider_status: &str, detail: &str) -> anyhow::Result<()> {
-    sqlx::query(
-        "INSERT INTO settlement.payout_conflicts (payout_id, state, provider_status, source, detail)
-         SELECT $1, $2, $3, 'poll', $4
-         WHERE NOT EXISTS (SELECT 1 FROM settlement.payout_conflicts
-                           WHERE payout_id = $1 AND provider_status = $3)",
-    )
-    .bind(payout.id) // $1
-    .bind(payout.state.as_str()) // $2
-    .bind(provider_status) // $3
-    .bind(detail) // $4
-    .execute(pool)
-    .await?;
-    tracing::warn!(
-        payout = payout.id,
-        state = %payout.state,
-        detail,
-        "the provider does not know a payout, or cannot say; recorded as a conflict"
-    );
-    Ok(())
 }
 
 /// How a process delivers payouts.
@@ -815,33 +520,5 @@ async fn housekeeping<R: Rail>(pool: PgPool, rail: R, polling: Polling) {
         if let Err(err) = poll(&pool, &rail, &polling, HOUSEKEEPING_BATCH).await {
             tracing::warn!(error = %format!("{err:#}"), "looking up sent and paid payouts failed");
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_budget_answers_from_what_it_holds_and_asks_the_bucket_only_when_it_has_nothing() {
-        let mut budget = Budget {
-            calls: 2,
-            ..Budget::default()
-        };
-        assert_eq!(budget.take(), Some(Ok(())));
-        assert_eq!(budget.take(), Some(Ok(())));
-        assert_eq!(budget.take(), None, "empty: ask the bucket");
-        budget.empty_until = Some(Instant::now() + Duration::from_secs(5));
-        assert!(
-            matches!(budget.take(), Some(Err(wait)) if wait > Duration::from_secs(4)),
-            "the bucket was empty: wait, without asking it again"
-        );
-        budget.calls = 3;
-        budget.down_until = Some(Instant::now() + Duration::from_secs(9));
-        assert!(
-            matches!(budget.take(), Some(Err(wait)) if wait > Duration::from_secs(8)),
-            "the provider is down: wait, keeping the calls"
-        );
-        assert_eq!(budget.calls, 3);
     }
 }

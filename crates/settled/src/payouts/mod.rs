@@ -35,7 +35,9 @@ use sqlx::PgConnection;
 pub mod deliver;
 pub mod find;
 pub mod key_window;
+pub mod limiter;
 pub mod overview;
+pub mod poll;
 pub mod rail;
 pub mod reconcile;
 pub mod row;
@@ -278,43 +280,78 @@ pub async fn apply_word(
     source: Source,
     event_id: Option<&str>,
 ) -> anyhow::Result<Applied> {
-    let provider_status = word.provider_status();
-    let what = match word {
-        ProviderWord::Pending { .. } => "accepted by the provider".to_string(),
-        ProviderWord::Paid { .. } => "paid".to_string(),
-        ProviderWord::Failed { reason, .. } => format!("failed: {reason}"),
-        ProviderWord::Returned { reason, .. } => format!("returned: {reason}"),
-    };
-    let Some(provider_id) = word.provider_id() else {
-        anyhow::bail!("the provider's word {provider_status} about payout {id} names no payment");
-    };
-    let reason = format!(
-        "{what} ({})",
-        event_id.map_or(source.as_str().to_string(), |e| format!("event {e}"))
-    );
-    let outcome: String = sqlx::query_scalar(&format!(
-        "{} SELECT settlement.apply_provider_word($1, $2, $3, $4, $5, $6) FROM mover",
+    let applied = apply_words(conn, &[(id, word.clone())], source, event_id).await?;
+    Ok(applied[0])
+}
+
+/// Applies the provider's word about each of `words`' payouts, as
+/// [`apply_word`] does one, in one statement: each payout by its own
+/// conditional update, in the order of `words` (callers that may run at
+/// once pass their payouts in one order, by id). Their outcomes, in that
+/// order.
+pub async fn apply_words(
+    conn: &mut PgConnection,
+    words: &[(i64, ProviderWord)],
+    source: Source,
+    event_id: Option<&str>,
+) -> anyhow::Result<Vec<Applied>> {
+    let mut ids = Vec::with_capacity(words.len());
+    let (mut statuses, mut provider_ids, mut reasons) = (Vec::new(), Vec::new(), Vec::new());
+    for (id, word) in words {
+        let provider_status = word.provider_status();
+        let Some(provider_id) = word.provider_id() else {
+            anyhow::bail!("the provider's word {provider_status} about payout {id} names no payment");
+        };
+        let what = match word {
+            ProviderWord::Pending { .. } => "accepted by the provider".to_string(),
+            ProviderWord::Paid { .. } => "paid".to_string(),
+            ProviderWord::Failed { reason, .. } => format!("failed: {reason}"),
+            ProviderWord::Returned { reason, .. } => format!("returned: {reason}"),
+        };
+        ids.push(*id);
+        statuses.push(provider_status);
+        provider_ids.push(provider_id.to_string());
+        reasons.push(format!(
+            "{what} ({})",
+            event_id.map_or(source.as_str().to_string(), |e| format!("event {e}"))
+        ));
+    }
+    let outcomes: Vec<String> = sqlx::query_scalar(&format!(
+        "{} SELECT settlement.apply_provider_word(w.id, w.status, w.provider_id, w.reason, $5, $6)
+         FROM mover, unnest($1::bigint[], $2::text[], $3::text[], $4::text[])
+              WITH ORDINALITY AS w(id, status, provider_id, reason, position)
+         ORDER BY w.position",
         with_mover(7)
     ))
-    .bind(id) // $1
-    .bind(provider_status) // $2
-    .bind(provider_id) // $3
-    .bind(&reason) // $4
+    .bind(&ids) // $1
+    .bind(&statuses) // $2
+    .bind(&provider_ids) // $3
+    .bind(&reasons) // $4
     .bind(source.as_str()) // $5
     .bind(event_id) // $6
     .bind(source.mover()) // $7
-    .fetch_one(&mut *conn)
+    .fetch_all(&mut *conn)
     .await?;
-    let applied = Applied::parse(&outcome)
-        .ok_or_else(|| anyhow::anyhow!("settlement.apply_provider_word answered {outcome:?}"))?;
-    if applied == Applied::Conflict {
-        tracing::warn!(
-            payout = id,
-            provider_status,
-            provider_id,
-            source = source.as_str(),
-            "the provider's word contradicts its payout; recorded, not applied"
-        );
+    anyhow::ensure!(
+        outcomes.len() == words.len(),
+        "settlement.apply_provider_word answered {} times for {} payouts",
+        outcomes.len(),
+        words.len()
+    );
+    let mut applied = Vec::with_capacity(outcomes.len());
+    for ((id, word), outcome) in words.iter().zip(&outcomes) {
+        let one = Applied::parse(outcome)
+            .ok_or_else(|| anyhow::anyhow!("settlement.apply_provider_word answered {outcome:?}"))?;
+        if one == Applied::Conflict {
+            tracing::warn!(
+                payout = id,
+                provider_status = word.provider_status(),
+                provider_id = word.provider_id(),
+                source = source.as_str(),
+                "the provider's word contradicts its payout; recorded, not applied"
+            );
+        }
+        applied.push(one);
     }
     Ok(applied)
 }
