@@ -179,7 +179,15 @@ pub const AHEAD_MAX_UNMINED: i64 = 32;
 pub async fn sign_next(pool: &PgPool, chain: &Chain, fees: Fees) -> anyhow::Result<Option<i64>> {
     let Some(batch) = chain.batch else { return Ok(None) };
     let mut db = pool.begin().await?;
-    let nonce = lock_nonce(&mut db, chain).await?;
+    // The payouts first (row locks, skipping those another signer holds),
+    // the nonce row only when there is something to sign: most calls come
+    // once the backlog is signed and find nothing, and must not queue on
+    // the row every signer needs.
+    let payouts = gather(&mut db, None, batch.max as i64).await?;
+    if payouts.is_empty() {
+        db.rollback().await?;
+        return Ok(None);
+    }
     let unmined: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM settlement.chain_txs
          WHERE chain_id = $1 AND sender = $2 AND state IN ('signed', 'broadcast')",
@@ -192,11 +200,7 @@ pub async fn sign_next(pool: &PgPool, chain: &Chain, fees: Fees) -> anyhow::Resu
         db.rollback().await?;
         return Ok(None);
     }
-    let payouts = gather(&mut db, None, batch.max as i64).await?;
-    if payouts.is_empty() {
-        db.rollback().await?;
-        return Ok(None);
-    }
+    let nonce = lock_nonce(&mut db, chain).await?;
     let Some(tx_id) = sign_in(&mut db, chain, nonce, &payouts, fees, &["queued"]).await? else {
         db.rollback().await?;
         return Ok(None);
@@ -464,6 +468,27 @@ mod tests {
             max_fee_per_gas: max * GWEI,
             max_priority_fee_per_gas: tip * GWEI,
         }
+    }
+
+    #[test]
+    fn a_batchs_gas_limit_is_its_measured_cost_and_a_quarter_never_over_the_most() {
+        let gas = BatchGas {
+            base: 30_000,
+            per_transfer: 26_000,
+        };
+        assert_eq!(gas.limit(100), (30_000 + 26_000 * 100) * 5 / 4);
+        assert!(gas.limit(100) < most_batch_gas(100));
+        let dear = BatchGas {
+            base: 30_000,
+            per_transfer: 70_000,
+        };
+        assert_eq!(dear.limit(100), most_batch_gas(100), "never over the most");
+        // Ten batches of 100 at the most fill a 30 M block; at the measured
+        // limit, eleven fit.
+        let used = 2_585_000;
+        let fit = |limit: u64| (0..).take_while(|k| k * used + limit <= 30_000_000).count();
+        assert_eq!(fit(most_batch_gas(100)), 10);
+        assert_eq!(fit(gas.limit(100)), 11);
     }
 
     #[test]
