@@ -238,7 +238,7 @@ impl ChaosDb {
 
 /// The statements a failed chaos run shows the database's state with. They
 /// run only after a failure, so a test runs each on the current schema
-/// (`crates/cli/tests/chaos.rs`): a stale column here would go unseen.
+/// (`crates/cli/tests/e2e/chaos.rs`): a stale column here would go unseen.
 pub const DIAGNOSIS_QUERIES: &[&str] = &[
     "SELECT status || ': ' || count(*) FROM settlement.token_trade_volume GROUP BY status",
     "SELECT 'processing ' || creator || ' attempt ' || attempt || ' owner ' || coalesce(lease_owner::text, '-')

@@ -34,7 +34,7 @@
 //!
 //! Left out: `failed` after `paid` from a provider without a returned
 //! status (the database reads it as the same return; the model's provider
-//! says `returned`), the provider's key window (tests/key_window.rs in the
+//! says `returned`), the provider's key window (tests/e2e/key_window.rs in the
 //! CLI's tests drives it), settlement payouts (`record_settlement_payment` makes them in
 //! the leased completion's transaction as `sent`, `paid` or `failed`; from
 //! there they are this machine's sent payouts, without a delivery job),
