@@ -22,8 +22,8 @@ use sqlx::PgPool;
 use super::broadcast::{self, Sent};
 use super::rail::reverted_reason;
 use super::rpc::Receipt;
-use super::store::{self, ChainTx, TxState};
 use super::spent::{self, Found};
+use super::store::{self, ChainTx, TxState};
 use super::{give_up, sign, Chain, REBROADCAST_AFTER};
 use crate::payouts::{apply_words, ProviderWord, Source};
 
@@ -213,7 +213,12 @@ async fn spent_nonce(pool: &PgPool, chain: &Chain, tx: &ChainTx, head: u64, done
         Found::Lost(why) => {
             let mut conn = pool.acquire().await?;
             if store::mark_awaiting_operator(&mut conn, tx.id, &why).await? {
-                tracing::error!(tx = tx.id, nonce = tx.nonce, why, "a spent nonce settled cannot account for: waiting for an operator; its payouts stay sent");
+                tracing::error!(
+                    tx = tx.id,
+                    nonce = tx.nonce,
+                    why,
+                    "a spent nonce settled cannot account for: waiting for an operator; its payouts stay sent"
+                );
                 done.awaiting_operator += 1;
             }
         }
@@ -341,7 +346,16 @@ async fn included(
         return Ok(());
     }
     let receipt = receipt.expect("checked above");
-    at_depth(pool, chain, tx, block, receipt.transaction_hash, receipt.succeeded(), done).await
+    at_depth(
+        pool,
+        chain,
+        tx,
+        block,
+        receipt.transaction_hash,
+        receipt.succeeded(),
+        done,
+    )
+    .await
 }
 
 /// `tx`, mined as `mined_hash` in block `block` (canonical, at depth), and
@@ -399,7 +413,12 @@ async fn without_receipt(
     );
     let mut conn = pool.acquire().await?;
     if store::mark_awaiting_operator(&mut conn, tx.id, &why).await? {
-        tracing::error!(tx = tx.id, nonce = tx.nonce, why, "waiting for an operator; its payouts stay sent");
+        tracing::error!(
+            tx = tx.id,
+            nonce = tx.nonce,
+            why,
+            "waiting for an operator; its payouts stay sent"
+        );
         done.awaiting_operator += 1;
     }
     Ok(())

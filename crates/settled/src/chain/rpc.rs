@@ -234,7 +234,8 @@ impl Rpc {
     /// The canonical block at `number` with its transactions (None: there
     /// is none).
     pub async fn block_txs(&self, number: u64) -> Result<Option<BlockTxs>, RpcError> {
-        self.call("eth_getBlockByNumber", json!([U64::from(number), true])).await
+        self.call("eth_getBlockByNumber", json!([U64::from(number), true]))
+            .await
     }
 
     /// The logs of `address` with first topic `topic0` and second topic

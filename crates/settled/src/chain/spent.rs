@@ -107,8 +107,13 @@ pub async fn look(chain: &Chain, tx: &ChainTx, head: u64) -> anyhow::Result<Foun
         None => {
             let since = (tx.created_unix.max(0) as u64).saturating_sub(SCAN_SLACK_SECS);
             let from = first_block_since(chain, since, head).await?;
-            tracing::warn!(tx = tx.id, nonce = tx.nonce, from, head,
-                           "nonce spent and no attempt has a receipt: searching the blocks for the transaction that spent it");
+            tracing::warn!(
+                tx = tx.id,
+                nonce = tx.nonce,
+                from,
+                head,
+                "nonce spent and no attempt has a receipt: searching the blocks for the transaction that spent it"
+            );
             from
         }
     };
