@@ -384,23 +384,15 @@ async fn without_receipt(
         let mut conn = pool.acquire().await?;
         store::payouts_of(&mut conn, tx.id).await?
     };
-    let mut wanted: Vec<(alloy_primitives::Address, alloy_primitives::U256)> = paid
+    let wanted: Vec<Transfer> = paid
         .iter()
         .filter(|p| !p.given_up)
         .map(|p| (p.recipient, p.amount.as_u256()))
         .collect();
     let transfers = transfers_in(chain, block, mined_hash).await?;
     let shown = transfers.len();
-    let mut unexplained = 0;
-    for transfer in transfers {
-        match wanted.iter().position(|w| *w == transfer) {
-            Some(i) => {
-                wanted.swap_remove(i);
-            }
-            None => unexplained += 1,
-        }
-    }
-    if wanted.is_empty() && unexplained == 0 {
+    let (missing, unexplained) = unmatched(wanted, &transfers);
+    if missing == 0 && unexplained == 0 {
         tracing::warn!(tx = tx.id, nonce = tx.nonce, hash = %mined_hash,
                        "no receipt at depth; its Transfer logs show every payout's transfer: confirmed");
         return at_depth(pool, chain, tx, block, mined_hash, true, done).await;
@@ -409,7 +401,7 @@ async fn without_receipt(
         "attempt {} mined in block {} and at depth, but the node has no receipt for it and the token's          Transfer logs of it show {shown} transfers ({} of its payouts' missing, {unexplained} unexplained):          its outcome is not known",
         store::hex(mined_hash),
         store::hex(block),
-        wanted.len()
+        missing
     );
     let mut conn = pool.acquire().await?;
     if store::mark_awaiting_operator(&mut conn, tx.id, &why).await? {
@@ -424,13 +416,28 @@ async fn without_receipt(
     Ok(())
 }
 
+/// A token transfer from the hot wallet: (recipient, amount).
+type Transfer = (alloy_primitives::Address, alloy_primitives::U256);
+
+/// `wanted` (a transaction's payouts) against `shown` (its transfers),
+/// one to one: how many payouts no transfer shows, and how many transfers
+/// no payout explains.
+fn unmatched(mut wanted: Vec<Transfer>, shown: &[Transfer]) -> (usize, usize) {
+    let mut unexplained = 0;
+    for transfer in shown {
+        match wanted.iter().position(|w| w == transfer) {
+            Some(i) => {
+                wanted.swap_remove(i);
+            }
+            None => unexplained += 1,
+        }
+    }
+    (wanted.len(), unexplained)
+}
+
 /// The token's transfers from the hot wallet made by transaction `hash` in
-/// block `block`, by its `Transfer` logs: (recipient, amount).
-async fn transfers_in(
-    chain: &Chain,
-    block: B256,
-    hash: B256,
-) -> anyhow::Result<Vec<(alloy_primitives::Address, alloy_primitives::U256)>> {
+/// block `block`, by its `Transfer` logs.
+async fn transfers_in(chain: &Chain, block: B256, hash: B256) -> anyhow::Result<Vec<Transfer>> {
     use alloy_sol_types::SolEvent;
     let from = B256::left_padding_from(chain.wallet.address().as_slice());
     let logs = chain
@@ -586,4 +593,33 @@ async fn move_payouts(db: &mut sqlx::PgConnection, chain: &Chain, tx_id: i64, wo
 /// The hash as settled stores it (for logs and tests).
 pub fn shown(hash: B256) -> String {
     store::hex(hash)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloy_primitives::{Address, U256};
+
+    fn t(byte: u8, amount: u64) -> Transfer {
+        (Address::repeat_byte(byte), U256::from(amount))
+    }
+
+    #[test]
+    fn a_transaction_without_receipt_succeeded_only_if_its_logs_show_each_payouts_transfer_once_and_nothing_else() {
+        // A batch paying one creator twice the same amount: two transfers.
+        let wanted = vec![t(1, 1000), t(2, 500), t(1, 1000)];
+        assert_eq!(unmatched(wanted.clone(), &[t(1, 1000), t(1, 1000), t(2, 500)]), (0, 0));
+        assert_eq!(unmatched(wanted.clone(), &[t(1, 1000), t(2, 500)]), (1, 0), "one short");
+        assert_eq!(unmatched(wanted.clone(), &[]), (3, 0), "no logs: nothing shown");
+        assert_eq!(
+            unmatched(wanted.clone(), &[t(1, 1000), t(1, 1000), t(2, 500), t(3, 1)]),
+            (0, 1),
+            "a transfer no payout explains"
+        );
+        assert_eq!(
+            unmatched(wanted, &[t(1, 1000), t(1, 999), t(2, 500)]),
+            (1, 1),
+            "another amount"
+        );
+    }
 }
