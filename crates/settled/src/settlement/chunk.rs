@@ -6,6 +6,7 @@ use settled_engine::ChunkSql;
 use settled_engine::{Chunk, ChunkHandler, Handled, HandlerError};
 use sqlx::PgConnection;
 
+use super::chunk_period;
 use crate::period::Period;
 
 /// What paying a chunk writes, the one home of that rule: one ledger row
@@ -101,7 +102,7 @@ impl ChunkHandler for SettleRewards {
         let held = held_creators(&mut *tx, chunk).await?;
         let to_pay = chunk.with_items(chunk.items.iter().filter(|i| !held.contains(&i.key)).cloned().collect());
         if !to_pay.items.is_empty() {
-            pay_chunk(tx, &to_pay).await?;
+            pay_chunk(tx, chunk_period(chunk)?, &to_pay).await?;
         }
         Ok(Handled { held })
     }
@@ -125,10 +126,10 @@ pub(super) async fn held_creators<'e, E: sqlx::PgExecutor<'e>>(
         .await?)
 }
 
-/// Writes a chunk's ledger rows and balance credits; refuses (so the caller
-/// rolls back) unless every creator of the chunk was credited exactly once.
-pub(super) async fn pay_chunk(tx: &mut PgConnection, chunk: &Chunk) -> Result<(), HandlerError> {
-    let period = Period::parse(&chunk.scope).map_err(HandlerError::Permanent)?;
+/// Writes the ledger rows and balance credits of a chunk of `period` (its
+/// scope); refuses (so the caller rolls back) unless every creator of the
+/// chunk was credited exactly once.
+pub(super) async fn pay_chunk(tx: &mut PgConnection, period: Period, chunk: &Chunk) -> Result<(), HandlerError> {
     let credited: i64 = sqlx::query_scalar(pay_chunk_sql())
         .bind(period.date()) // $1
         .bind(chunk.keys()) // $2

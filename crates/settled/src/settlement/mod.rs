@@ -22,7 +22,7 @@ use std::sync::{Arc, OnceLock};
 use anyhow::Context;
 
 use settled_engine::WorkQueue;
-use settled_engine::{EngineError, Job, QueueSpec, RunHooks};
+use settled_engine::{Chunk, EngineError, HandlerError, Job, QueueSpec, RunHooks};
 use sqlx::PgConnection;
 
 use crate::period::Period;
@@ -69,7 +69,7 @@ impl RunHooks for Settlement {
     /// refused by the freeze trigger. The period's partitions are created
     /// if it has none yet (an archived period is refused).
     async fn before_start(&self, tx: &mut PgConnection, scope: &str) -> Result<(), EngineError> {
-        let period = Period::parse(scope).map_err(EngineError::Config)?;
+        let period = run_period(scope)?;
         sqlx::query(CLOSE_INPUT_SQL)
             .bind(period.date()) // $1
             .execute(&mut *tx)
@@ -106,7 +106,7 @@ impl RunHooks for Settlement {
         _queue: &WorkQueue,
         scope: &str,
     ) -> Result<serde_json::Value, EngineError> {
-        let period = Period::parse(scope).map_err(EngineError::Config)?;
+        let period = run_period(scope)?;
         let status = crate::status::period_status_in_tx(tx, period)
             .await
             .map_err(|e| EngineError::Invariant(format!("computing the report of {period}: {e:#}")))?;
@@ -122,6 +122,20 @@ impl RunHooks for Settlement {
     fn scope_for_due(&self, local_date: chrono::NaiveDate) -> String {
         Period::from_date(local_date - chrono::Duration::days(1)).to_string()
     }
+}
+
+/// The period a run's scope names. The engine hands the scope to the job as
+/// text, at each of its calls (a hook of the run, a handler's chunk): the
+/// call parses it here, once, and passes the [`Period`] down. A scope that
+/// is not a period is a configuration error of the run.
+fn run_period(scope: &str) -> Result<Period, EngineError> {
+    Period::parse(scope).map_err(EngineError::Config)
+}
+
+/// The period of a chunk's scope ([`run_period`]); a chunk whose scope is
+/// not a period fails for good.
+fn chunk_period(chunk: &Chunk) -> Result<Period, HandlerError> {
+    Period::parse(&chunk.scope).map_err(HandlerError::Permanent)
 }
 
 /// The advisory lock of a period's input ($1: the period), apart from every
