@@ -29,7 +29,7 @@ use crate::period::Period;
 /// back (the engine checks one effect per settled item) and is run again.
 /// Chunks running at once hold distinct creators (one running run per job,
 /// each item claimed once), so the update's row order cannot deadlock them.
-pub const CHUNK_EFFECTS_SQL: &str = "
+pub(crate) const CHUNK_EFFECTS_SQL: &str = "
 credited AS (
     INSERT INTO settlement.reward_ledger (period, creator, amount, run_id, attempt)
     SELECT s.period, s.creator, settlement.reward(s.volume, p.fee_bps), r.id, s.attempt
@@ -58,7 +58,7 @@ effects AS (SELECT creator FROM raised UNION ALL SELECT creator FROM opened)";
 /// The creators of the CTE `picked` with an active hold: not paid now. The
 /// engine's one-statement chunk runs it over the rows it claimed; the
 /// several-statement path over the chunk's keys (`held_creators`).
-pub const CHUNK_HELD_SQL: &str = "SELECT h.creator AS key FROM settlement.creator_holds h
+pub(crate) const CHUNK_HELD_SQL: &str = "SELECT h.creator AS key FROM settlement.creator_holds h
      WHERE h.released_at IS NULL AND h.creator IN (SELECT creator FROM picked)";
 
 /// [`CHUNK_EFFECTS_SQL`] over a chunk's items looked up by key, for the
@@ -67,7 +67,7 @@ pub const CHUNK_HELD_SQL: &str = "SELECT h.creator AS key FROM settlement.creato
 /// creators. The items are looked up first (`OFFSET 0` keeps the planner
 /// from folding the look-up into the join, where it would hash the whole
 /// period per chunk), then matched with their fences.
-pub fn pay_chunk_sql() -> &'static str {
+pub(crate) fn pay_chunk_sql() -> &'static str {
     static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
         format!(
             "WITH settled AS (

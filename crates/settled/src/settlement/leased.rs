@@ -54,7 +54,7 @@ impl<P> SettleWithProvider<P> {
     }
 
     /// The same handler, for a provider that keeps keys `window`.
-    pub fn with_key_window(self, window: std::time::Duration) -> SettleWithProvider<P> {
+    pub(crate) fn with_key_window(self, window: std::time::Duration) -> SettleWithProvider<P> {
         SettleWithProvider {
             key_window: window,
             ..self

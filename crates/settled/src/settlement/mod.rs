@@ -6,16 +6,16 @@
 //!
 //! The money path, top to bottom: the engine's chunk statement claims a
 //! chunk with SKIP LOCKED, marks it settled (attempt + 1: each item's
-//! fence) and runs [`CHUNK_EFFECTS_SQL`] on the rows it marked, all in one
+//! fence) and runs [`CHUNK_EFFECTS_SQL`](chunk::CHUNK_EFFECTS_SQL) on the rows it marked, all in one
 //! statement; `settled_engine::drain` checks its counts and commits.
 
 mod chunk;
 mod leased;
 mod operator;
 
-pub use chunk::{pay_chunk_sql, SettleRewards, CHUNK_EFFECTS_SQL, CHUNK_HELD_SQL};
+pub use chunk::SettleRewards;
 pub use leased::{item_error, LeasedBatch, SettleWithProvider};
-pub use operator::{policy, release_hold, reopen_released, retry_failed, set_policy, Hold, Released};
+pub(crate) use operator::{release_hold, reopen_released, retry_failed, set_policy, Hold, Released};
 
 use std::sync::{Arc, OnceLock};
 
@@ -28,11 +28,11 @@ use sqlx::PgConnection;
 use crate::period::Period;
 
 /// The job's name in the engine's runs.
-pub const JOB: &str = "creator-rewards";
+pub(crate) const JOB: &str = "creator-rewards";
 /// The fee applied when a period is seeded without one.
-pub const DEFAULT_FEE_BPS: u32 = 250;
+pub(crate) const DEFAULT_FEE_BPS: u32 = 250;
 /// The constraint name the policy-freeze trigger raises its refusal with.
-pub const POLICY_FROZEN: &str = "settlement_policy_frozen_after_run";
+pub(crate) const POLICY_FROZEN: &str = "settlement_policy_frozen_after_run";
 
 /// The settlement job: its work table and its hooks.
 pub fn job() -> &'static Job<Settlement> {
@@ -156,7 +156,7 @@ const HOLD_INPUT_SQL: &str = concat!("SELECT pg_advisory_xact_lock_shared", peri
 /// start meanwhile (a run start waits), so rows written in `tx` are seen by
 /// its run. Refused when the period already has a run, whatever its state.
 /// Every writer of a period's items (seed, import) calls this first.
-pub async fn hold_input_open(tx: &mut PgConnection, period: Period) -> anyhow::Result<()> {
+pub(crate) async fn hold_input_open(tx: &mut PgConnection, period: Period) -> anyhow::Result<()> {
     sqlx::query(HOLD_INPUT_SQL)
         .bind(period.date()) // $1
         .execute(&mut *tx)
