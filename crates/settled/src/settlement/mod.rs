@@ -6,8 +6,9 @@
 //!
 //! The money path, top to bottom: the engine's chunk statement claims a
 //! chunk with SKIP LOCKED, marks it settled (attempt + 1: each item's
-//! fence) and runs [`CHUNK_EFFECTS_SQL`](chunk::CHUNK_EFFECTS_SQL) on the rows it marked, all in one
-//! statement; `settled_engine::drain` checks its counts and commits.
+//! fence) and runs [`CHUNK_EFFECTS_SQL`](chunk::CHUNK_EFFECTS_SQL) on the
+//! rows it marked, all in one statement; `settled_engine::drain` checks its
+//! counts and commits.
 
 mod chunk;
 mod leased;
