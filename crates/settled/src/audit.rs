@@ -11,17 +11,17 @@ use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 
 /// Longest actor, action or outcome kept, in characters.
-pub const TEXT_CHARS_MAX: usize = 200;
+pub(crate) const TEXT_CHARS_MAX: usize = 200;
 /// Longest target kept, in characters.
-pub const TARGET_CHARS_MAX: usize = 500;
+pub(crate) const TARGET_CHARS_MAX: usize = 500;
 /// Rows `settled audit` and `/audit` show at most at once.
-pub const ROWS_SHOWN_MAX: i64 = 1000;
+pub(crate) const ROWS_SHOWN_MAX: i64 = 1000;
 /// The outcome of an action that took effect.
-pub const OK: &str = "ok";
+pub(crate) const OK: &str = "ok";
 
 /// One thing done, to be written.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Entry {
+pub(crate) struct Entry {
     /// Who: a token's name, or `cli:<login>/<os user>`.
     pub actor: String,
     /// What: a route (`POST /v1/holds`) or a command (`queues pause`).
@@ -38,7 +38,7 @@ fn cut(text: &str, chars: usize) -> &str {
 
 /// Appends `entry` on `conn`: inside the transaction of its effect, it
 /// commits with it or not at all.
-pub async fn record(conn: &mut PgConnection, entry: &Entry) -> sqlx::Result<()> {
+pub(crate) async fn record(conn: &mut PgConnection, entry: &Entry) -> sqlx::Result<()> {
     sqlx::query("INSERT INTO settlement.audit_log (actor, action, target, outcome) VALUES ($1, $2, $3, $4)")
         .bind(cut(&entry.actor, TEXT_CHARS_MAX)) // $1
         .bind(cut(&entry.action, TEXT_CHARS_MAX)) // $2
@@ -52,7 +52,7 @@ pub async fn record(conn: &mut PgConnection, entry: &Entry) -> sqlx::Result<()> 
 /// Counts `count` refusals of `entry`: one row per actor, action and
 /// outcome per minute of the database's clock, whose count grows with each
 /// repeat.
-pub async fn refused(conn: &mut PgConnection, entry: &Entry, count: i64) -> sqlx::Result<()> {
+pub(crate) async fn refused(conn: &mut PgConnection, entry: &Entry, count: i64) -> sqlx::Result<()> {
     sqlx::query("SELECT settlement.audit_refused($1, $2, $3, $4, $5)")
         .bind(cut(&entry.actor, TEXT_CHARS_MAX)) // $1
         .bind(cut(&entry.action, TEXT_CHARS_MAX)) // $2
@@ -66,7 +66,7 @@ pub async fn refused(conn: &mut PgConnection, entry: &Entry, count: i64) -> sqlx
 
 /// The CLI's actor: `cli:<login role>/<OS user>` (the login role even
 /// under `--role-per-command`, whose SET ROLE does not change it).
-pub async fn cli_actor(conn: &mut PgConnection) -> sqlx::Result<String> {
+pub(crate) async fn cli_actor(conn: &mut PgConnection) -> sqlx::Result<String> {
     let login: String = sqlx::query_scalar("SELECT session_user::text").fetch_one(conn).await?;
     Ok(format!("cli:{login}/{}", os_user()))
 }
@@ -83,7 +83,7 @@ fn os_user() -> String {
 
 /// Appends the CLI's `action` on `target` with `outcome`, as
 /// [`cli_actor`], on `conn` (the command's transaction).
-pub async fn record_cli(conn: &mut PgConnection, action: &str, target: &str, outcome: &str) -> sqlx::Result<()> {
+pub(crate) async fn record_cli(conn: &mut PgConnection, action: &str, target: &str, outcome: &str) -> sqlx::Result<()> {
     let actor = cli_actor(&mut *conn).await?;
     let entry = Entry {
         actor,
@@ -96,7 +96,7 @@ pub async fn record_cli(conn: &mut PgConnection, action: &str, target: &str, out
 
 /// A row as read back.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, sqlx::FromRow)]
-pub struct Row {
+pub(crate) struct Row {
     /// Its place in the log (keyset paging goes by it).
     pub id: i64,
     /// When (the database's clock; a refusal row: its first in the minute).
@@ -115,7 +115,7 @@ pub struct Row {
 
 /// Which rows to read: newest first.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Filter {
+pub(crate) struct Filter {
     /// Only this actor's.
     pub actor: Option<String>,
     /// Only rows at or after this time.
@@ -127,7 +127,7 @@ pub struct Filter {
 }
 
 /// The rows `filter` selects, newest first.
-pub async fn list(conn: &mut PgConnection, filter: &Filter) -> sqlx::Result<Vec<Row>> {
+pub(crate) async fn list(conn: &mut PgConnection, filter: &Filter) -> sqlx::Result<Vec<Row>> {
     sqlx::query_as(
         "SELECT id, at, actor, action, target, outcome, count FROM settlement.audit_log
          WHERE ($1::text IS NULL OR actor = $1) AND ($2::timestamptz IS NULL OR at >= $2)
@@ -143,7 +143,7 @@ pub async fn list(conn: &mut PgConnection, filter: &Filter) -> sqlx::Result<Vec<
 }
 
 /// Reads `--since` / `since=`: RFC 3339, or a date (midnight UTC).
-pub fn parse_since(text: &str) -> Result<DateTime<Utc>, String> {
+pub(crate) fn parse_since(text: &str) -> Result<DateTime<Utc>, String> {
     if let Ok(at) = DateTime::parse_from_rfc3339(text) {
         return Ok(at.with_timezone(&Utc));
     }

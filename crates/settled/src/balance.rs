@@ -26,13 +26,13 @@ use utoipa::ToSchema;
 use crate::address::CreatorAddress;
 
 /// Statement lines per page by default.
-pub const STATEMENT_PAGE: u32 = 100;
+pub(crate) const STATEMENT_PAGE: u32 = 100;
 /// Most statement lines per page.
-pub const MAX_STATEMENT_PAGE: u32 = 1000;
+pub(crate) const MAX_STATEMENT_PAGE: u32 = 1000;
 
 /// A creator's balances, in base units (decimal strings).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
-pub struct Balances {
+pub(crate) struct Balances {
     /// Credits (every period's ledger, archived ones carried) less the
     /// payouts paid for good.
     pub posted: String,
@@ -69,7 +69,10 @@ const CREDITS: &str = "SELECT c.amount FROM settlement.ledger_carry c WHERE c.cr
 
 /// The balance row of `creator` and its balances, or `None` when it has no
 /// balance row.
-pub async fn balances(conn: &mut PgConnection, creator: &CreatorAddress) -> sqlx::Result<Option<(String, Balances)>> {
+pub(crate) async fn balances(
+    conn: &mut PgConnection,
+    creator: &CreatorAddress,
+) -> sqlx::Result<Option<(String, Balances)>> {
     let row: Option<(String, String, String, bool)> = sqlx::query_as(&format!(
         "SELECT ((SELECT coalesce(sum(amount), 0) FROM ({CREDITS}) credits)
                  - (SELECT coalesce(sum(amount), 0) FROM settlement.payouts
@@ -101,7 +104,7 @@ pub async fn balances(conn: &mut PgConnection, creator: &CreatorAddress) -> sqlx
 /// What a statement line records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
-pub enum LineKind {
+pub(crate) enum LineKind {
     /// The ledger total of the creator's archived periods (first line).
     Carried,
     /// A period's reward.
@@ -118,7 +121,7 @@ pub enum LineKind {
 
 impl LineKind {
     /// Its name, as the API writes it.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             LineKind::Carried => "carried",
             LineKind::Credit => "credit",
@@ -157,7 +160,7 @@ impl LineKind {
 
 /// One line of a statement.
 #[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct StatementLine {
+pub(crate) struct StatementLine {
     /// What it records.
     pub kind: LineKind,
     /// When (null for the carried total of archived periods).
@@ -191,7 +194,7 @@ pub struct StatementLine {
 
 /// Where a statement page starts: after the line with this key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Cursor {
+pub(crate) struct Cursor {
     /// None: the carried line, before every instant.
     at: Option<DateTime<Utc>>,
     kind: LineKind,
@@ -205,7 +208,7 @@ const CARRIED_CURSOR: &str = "start";
 
 impl Cursor {
     /// The cursor's text, as `next` carries it: `<microseconds>.<kind>.<id>`.
-    pub fn encode(self) -> String {
+    pub(crate) fn encode(self) -> String {
         let at = self
             .at
             .map_or_else(|| CARRIED_CURSOR.to_string(), |at| at.timestamp_micros().to_string());
@@ -213,7 +216,7 @@ impl Cursor {
     }
 
     /// Reads a cursor written by [`Cursor::encode`].
-    pub fn decode(text: &str) -> Option<Cursor> {
+    pub(crate) fn decode(text: &str) -> Option<Cursor> {
         let mut parts = text.split('.');
         let at = match parts.next()? {
             CARRIED_CURSOR => None,
@@ -230,7 +233,7 @@ impl Cursor {
 
 /// A page of a statement.
 #[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct Statement {
+pub(crate) struct Statement {
     /// The creator.
     pub creator: String,
     /// The balance before the page's first line.
@@ -246,7 +249,7 @@ pub struct Statement {
 
 /// Which lines: those at or after `from` and before `to`, after `after`.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Window {
+pub(crate) struct Window {
     /// First instant (inclusive).
     pub from: Option<DateTime<Utc>>,
     /// Last instant (exclusive).
@@ -303,7 +306,7 @@ struct LineRow {
 /// first, each with the running balance after it. The opening balance is
 /// the sum of every line before the page, so a line's balance is the same
 /// whichever page shows it. One statement: one snapshot.
-pub async fn statement(
+pub(crate) async fn statement(
     conn: &mut PgConnection,
     creator: &CreatorAddress,
     window: Window,

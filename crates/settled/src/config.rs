@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 /// Keys of `settled.toml` and the environment variables they stand for.
-pub const CONFIG_KEYS: &[(&str, &str)] = &[
+pub(crate) const CONFIG_KEYS: &[(&str, &str)] = &[
     ("database_url", "DATABASE_URL"),
     ("data_dir", "SETTLED_DATA_DIR"),
     ("schedule", "SETTLED_SCHEDULE"),
@@ -30,11 +30,11 @@ pub const CONFIG_KEYS: &[(&str, &str)] = &[
 ];
 
 /// Largest config file read.
-pub const MAX_CONFIG_BYTES: u64 = 64 * 1024;
+pub(crate) const MAX_CONFIG_BYTES: u64 = 64 * 1024;
 
 /// Reads the config file, if any, into environment variables that are unset.
 /// Must run before any thread starts (it sets environment variables).
-pub fn load_into_env() -> anyhow::Result<Option<PathBuf>> {
+pub(crate) fn load_into_env() -> anyhow::Result<Option<PathBuf>> {
     let (path, required) = match std::env::var_os("SETTLED_CONFIG") {
         Some(p) => (PathBuf::from(p), true),
         None => (PathBuf::from("settled.toml"), false),
@@ -61,7 +61,7 @@ pub fn load_into_env() -> anyhow::Result<Option<PathBuf>> {
 
 /// Parses the file into (value, environment variable) pairs; names the
 /// unknown key or the badly typed value.
-pub fn parse(text: &str) -> Result<Vec<(String, &'static str)>, String> {
+pub(crate) fn parse(text: &str) -> Result<Vec<(String, &'static str)>, String> {
     let table: toml::Table = text.parse().map_err(|e: toml::de::Error| e.to_string())?;
     let mut out = Vec::new();
     for (key, value) in table {

@@ -14,18 +14,18 @@ use crate::settlement::queue;
 use crate::{seed, status, verify};
 
 /// Largest number of worker processes the demo starts.
-pub const MAX_DEMO_WORKERS: u32 = 64;
+pub(crate) const MAX_DEMO_WORKERS: u32 = 64;
 /// How often, at most, the demo reads progress while workers run.
-pub const DEMO_PROGRESS_POLL_MS: u64 = 1_000;
+pub(crate) const DEMO_PROGRESS_POLL_MS: u64 = 1_000;
 /// The demo waits this many times as long as its last progress count took
 /// before the next: the exact count walks the eligible index (about 0.3 s
 /// at a million while workers settle), and read every second it took a
 /// quarter of a backend from the workers.
-pub const DEMO_PROGRESS_COST_FACTOR: u32 = 10;
+pub(crate) const DEMO_PROGRESS_COST_FACTOR: u32 = 10;
 
 /// What the demo does.
 #[derive(Debug, Clone)]
-pub struct DemoOptions {
+pub(crate) struct DemoOptions {
     /// Creators to seed.
     pub creators: u64,
     /// Worker processes.
@@ -44,7 +44,7 @@ pub struct DemoOptions {
 
 /// The demo's result.
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct DemoSummary {
+pub(crate) struct DemoSummary {
     /// The period settled.
     pub period: String,
     /// Creators in the period.
@@ -73,7 +73,11 @@ fn reported_peak_mib(out: &str) -> Option<f64> {
 }
 
 /// Runs the demo against `pool`; workers connect to `url`.
-pub async fn demo(pool: &PgPool, url: &str, opts: &DemoOptions) -> anyhow::Result<(DemoSummary, verify::VerifyReport)> {
+pub(crate) async fn demo(
+    pool: &PgPool,
+    url: &str,
+    opts: &DemoOptions,
+) -> anyhow::Result<(DemoSummary, verify::VerifyReport)> {
     anyhow::ensure!(
         (1..=MAX_DEMO_WORKERS).contains(&opts.workers),
         "--workers must be 1..={MAX_DEMO_WORKERS}"
@@ -210,7 +214,7 @@ async fn choose_period(pool: &PgPool) -> anyhow::Result<Period> {
 
 impl DemoSummary {
     /// The human rendering.
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         format!(
             "\nsettled demo summary\n\
              \x20 period               {}\n\

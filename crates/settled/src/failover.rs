@@ -23,13 +23,13 @@ use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection, PgPool};
 
 /// How often the follower checks the host in use.
-pub const CHECK_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const CHECK_INTERVAL: Duration = Duration::from_secs(1);
 /// How long one host may take to connect and answer a check.
-pub const CHECK_TIMEOUT: Duration = Duration::from_secs(3);
+pub(crate) const CHECK_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// What a connection must be (libpq's `target_session_attrs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Target {
+pub(crate) enum Target {
     /// Any host that connects.
     Any,
     /// A host that takes writes (not in recovery).
@@ -38,7 +38,7 @@ pub enum Target {
 
 /// The hosts of a URL, each as the single-host URL sqlx reads.
 #[derive(Debug, Clone)]
-pub struct Hosts {
+pub(crate) struct Hosts {
     /// One URL per host, in the order given.
     pub urls: Vec<String>,
     /// `host:port` of each, for logs (no credentials).
@@ -50,7 +50,7 @@ pub struct Hosts {
 impl Hosts {
     /// The hosts of `url`, or None when it names one host and no
     /// `target_session_attrs` (sqlx reads it as it is).
-    pub fn parse(url: &str) -> anyhow::Result<Option<Hosts>> {
+    pub(crate) fn parse(url: &str) -> anyhow::Result<Option<Hosts>> {
         let (scheme, rest) = url
             .split_once("://")
             .ok_or_else(|| anyhow::anyhow!("DATABASE_URL is not a URL (no scheme)"))?;
@@ -137,7 +137,7 @@ impl Hosts {
     }
 
     /// Connect options of host `i`, with settled's connection settings.
-    pub fn options(&self, i: usize, application_name: &str) -> anyhow::Result<PgConnectOptions> {
+    pub(crate) fn options(&self, i: usize, application_name: &str) -> anyhow::Result<PgConnectOptions> {
         let options: PgConnectOptions = self.urls[i]
             .parse()
             .map_err(|e| anyhow::anyhow!("DATABASE_URL host {}: {e}", self.labels[i]))?;
@@ -170,7 +170,7 @@ impl Hosts {
     }
 
     /// The first host, in order, that suits; None when none does now.
-    pub async fn find(&self, application_name: &str) -> Option<usize> {
+    pub(crate) async fn find(&self, application_name: &str) -> Option<usize> {
         for i in 0..self.urls.len() {
             if self.suits(i, application_name).await {
                 return Some(i);
@@ -180,7 +180,7 @@ impl Hosts {
     }
 
     /// [`Hosts::find`], retried for up to `patience`.
-    pub async fn find_within(&self, patience: Duration, application_name: &str) -> anyhow::Result<usize> {
+    pub(crate) async fn find_within(&self, patience: Duration, application_name: &str) -> anyhow::Result<usize> {
         let deadline = Instant::now() + patience;
         loop {
             if let Some(i) = self.find(application_name).await {
@@ -220,7 +220,7 @@ fn now_ms() -> u64 {
 }
 
 /// Follows the primary for every pool registered with it.
-pub struct Follower {
+pub(crate) struct Follower {
     hosts: Hosts,
     application_name: String,
     current: Mutex<usize>,
@@ -231,7 +231,7 @@ pub struct Follower {
 
 impl Follower {
     /// A follower of `hosts`, now on host `current`.
-    pub fn new(hosts: Hosts, current: usize, application_name: &str) -> Arc<Follower> {
+    pub(crate) fn new(hosts: Hosts, current: usize, application_name: &str) -> Arc<Follower> {
         Arc::new(Follower {
             hosts,
             application_name: application_name.to_string(),
@@ -242,30 +242,30 @@ impl Follower {
     }
 
     /// The host in use.
-    pub fn current(&self) -> usize {
+    pub(crate) fn current(&self) -> usize {
         *self.current.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Connect options of the host in use.
-    pub fn options(&self, application_name: &str) -> anyhow::Result<PgConnectOptions> {
+    pub(crate) fn options(&self, application_name: &str) -> anyhow::Result<PgConnectOptions> {
         self.hosts.options(self.current(), application_name)
     }
 
     /// A `before_acquire` check: false (close it) for a connection opened
     /// before the last switch, so no statement goes to the old host.
-    pub fn is_fresh(&self, age: Duration) -> bool {
+    pub(crate) fn is_fresh(&self, age: Duration) -> bool {
         let switched = self.switched_at_ms.load(Ordering::Acquire);
         switched == 0 || (age.as_millis() as u64) < now_ms().saturating_sub(switched)
     }
 
     /// Registers a pool to be pointed at the new primary on a switch.
-    pub fn follow(&self, pool: &PgPool) {
+    pub(crate) fn follow(&self, pool: &PgPool) {
         self.pools.lock().unwrap_or_else(|e| e.into_inner()).push(pool.clone());
     }
 
     /// Checks the host in use every [`CHECK_INTERVAL`]; on losing it, looks
     /// through the hosts until one suits, then switches the pools to it.
-    pub fn spawn(self: &Arc<Self>) {
+    pub(crate) fn spawn(self: &Arc<Self>) {
         let me = self.clone();
         tokio::spawn(async move {
             let mut lost_since: Option<Instant> = None;

@@ -11,7 +11,7 @@ use serde_json::{Map, Number, Value};
 
 /// Why a text is not a JSON object this product accepts.
 #[derive(Debug)]
-pub enum ObjectError {
+pub(crate) enum ObjectError {
     /// Not JSON (or text after it).
     Syntax(serde_json::Error),
     /// JSON, but not an object.
@@ -22,7 +22,7 @@ pub enum ObjectError {
 
 /// Parses `text` as one JSON object whose objects, at every depth, name
 /// each member once.
-pub fn parse_object(text: &[u8]) -> Result<Map<String, Value>, ObjectError> {
+pub(crate) fn parse_object(text: &[u8]) -> Result<Map<String, Value>, ObjectError> {
     let duplicate = RefCell::new(None);
     let mut de = serde_json::Deserializer::from_slice(text);
     let parsed = Strict {

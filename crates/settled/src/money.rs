@@ -6,15 +6,16 @@
 use std::fmt;
 use std::str::FromStr;
 
+#[cfg(test)]
 use num_bigint::BigUint;
 
 /// An unsigned 256-bit integer.
 pub type U256 = ruint::Uint<256, 4>;
 
 /// Basis points in a whole (100%).
-pub const BPS_PER_WHOLE: u16 = 10_000;
+pub(crate) const BPS_PER_WHOLE: u16 = 10_000;
 /// Digits of 2^256 - 1, the longest valid amount without leading zeros.
-pub const MAX_AMOUNT_DIGITS: usize = 78;
+pub(crate) const MAX_AMOUNT_DIGITS: usize = 78;
 
 /// A token amount in base units, 0 ..= 2^256 - 1.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -38,7 +39,8 @@ impl Amount {
     /// Zero.
     pub const ZERO: Amount = Amount(U256::ZERO);
     /// 2^256 - 1.
-    pub const MAX: Amount = Amount(U256::MAX);
+    #[cfg(test)]
+    pub(crate) const MAX: Amount = Amount(U256::MAX);
 
     /// Parses a plain decimal integer: digits only, no sign, point, exponent or separator.
     pub fn parse_decimal(text: &str) -> Result<Amount, AmountError> {
@@ -61,7 +63,7 @@ impl Amount {
     }
 
     /// The 256-bit value.
-    pub fn as_u256(self) -> U256 {
+    pub(crate) fn as_u256(self) -> U256 {
         self.0
     }
 
@@ -71,7 +73,8 @@ impl Amount {
     }
 
     /// As an arbitrary-precision integer.
-    pub fn to_biguint(self) -> BigUint {
+    #[cfg(test)]
+    pub(crate) fn to_biguint(self) -> BigUint {
         BigUint::from_bytes_le(&self.0.to_le_bytes::<32>())
     }
 }
@@ -103,7 +106,7 @@ impl FeeBps {
     }
 
     /// The basis points.
-    pub fn get(self) -> u16 {
+    pub(crate) fn get(self) -> u16 {
         self.0
     }
 }
@@ -130,38 +133,16 @@ pub fn reward(volume: Amount, fee: FeeBps) -> Amount {
     Amount(result)
 }
 
-/// A sum of amounts (any size), as read from NUMERIC aggregates.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Default)]
-pub struct TokenTotal(BigUint);
-
-impl TokenTotal {
-    /// Parses the text of a non-negative NUMERIC integer (NULL sums read as "0").
-    pub fn parse(text: &str) -> Result<TokenTotal, String> {
-        if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(format!("not a non-negative integer total: {text:?}"));
-        }
-        BigUint::parse_bytes(text.as_bytes(), 10)
-            .map(TokenTotal)
-            .ok_or_else(|| format!("not a total: {text:?}"))
-    }
-}
-
-impl fmt::Display for TokenTotal {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(&self.0, f)
-    }
-}
-
 /// Decimals of the token when none is configured (most ERC-20 tokens).
-pub const DEFAULT_DECIMALS: u32 = 18;
+pub(crate) const DEFAULT_DECIMALS: u32 = 18;
 /// Most decimals accepted.
-pub const MAX_DECIMALS: u32 = 77;
+pub(crate) const MAX_DECIMALS: u32 = 77;
 
 /// Base units as whole tokens for people: `1234500000000000000` with 18
 /// decimals reads `1.2345`. Exact (string arithmetic, no floats); trailing
 /// zeros of the fraction are dropped. `units` is a non-negative decimal
 /// integer as the database prints it; anything else is returned as is.
-pub fn with_decimals(units: &str, decimals: u32) -> String {
+pub(crate) fn with_decimals(units: &str, decimals: u32) -> String {
     if units.is_empty() || !units.bytes().all(|b| b.is_ascii_digit()) {
         return units.to_string();
     }
@@ -179,7 +160,7 @@ pub fn with_decimals(units: &str, decimals: u32) -> String {
 
 /// Digits grouped in threes with commas: "1234567" reads "1,234,567".
 /// Anything but a plain run of digits is returned as it is.
-pub fn grouped(digits: &str) -> String {
+pub(crate) fn grouped(digits: &str) -> String {
     if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return digits.to_string();
     }
@@ -194,7 +175,7 @@ pub fn grouped(digits: &str) -> String {
 }
 
 /// Most decimals [`tokens`] shows.
-pub const SHOWN_DECIMALS: usize = 6;
+pub(crate) const SHOWN_DECIMALS: usize = 6;
 
 /// An amount of base units as a person reads it: whole tokens grouped in
 /// threes, at most [`SHOWN_DECIMALS`] decimals, and a trailing "…" when

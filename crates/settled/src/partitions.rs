@@ -9,13 +9,13 @@ use sqlx::PgConnection;
 use crate::period::Period;
 
 /// The constraint name the partition function refuses an archived period with.
-pub const PERIOD_ARCHIVED: &str = "period_archived";
+pub(crate) const PERIOD_ARCHIVED: &str = "period_archived";
 
 /// Creates `period`'s partitions of the work table and the ledger unless
 /// they exist (true when it created one). Runs on the caller's transaction:
 /// attaching takes SHARE UPDATE EXCLUSIVE on the parents, so workers and
 /// readers of other periods go on. Refused for an archived period.
-pub async fn ensure(conn: &mut PgConnection, period: Period) -> anyhow::Result<bool> {
+pub(crate) async fn ensure(conn: &mut PgConnection, period: Period) -> anyhow::Result<bool> {
     sqlx::query_scalar("SELECT settlement.ensure_period_partitions($1)")
         .bind(period.date()) // $1
         .fetch_one(conn)

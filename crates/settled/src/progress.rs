@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 /// Seconds between progress lines when stderr is not a terminal.
-pub const PROGRESS_LOG_INTERVAL_SECS: u64 = 2;
+pub(crate) const PROGRESS_LOG_INTERVAL_SECS: u64 = 2;
 
 /// A progress display.
 pub struct Progress {
@@ -77,7 +77,7 @@ impl Progress {
 
     /// Says what the work is doing now, as [`println`](Self::println), but
     /// nothing when the display is hidden.
-    pub fn note(&self, line: &str) {
+    pub(crate) fn note(&self, line: &str) {
         match &self.bar {
             Some(bar) if bar.is_hidden() => {}
             _ => self.println(line),

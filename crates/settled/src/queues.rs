@@ -5,7 +5,7 @@
 //! an answer saying why. The verbs themselves are the engine's; this module
 //! changes no job row of its own.
 
-pub mod jobs;
+pub(crate) mod jobs;
 
 use chrono::{DateTime, Utc};
 use settled_engine::continuous::{registered_queues, QueueStats, RegisteredQueue, ReplayFilter, MAX_BATCH_JOBS};
@@ -13,9 +13,9 @@ use settled_engine::{EngineError, Queue};
 use sqlx::PgConnection;
 
 /// Dead letters a listing shows unless told otherwise.
-pub const DEAD_LETTERS_SHOWN: u32 = 50;
+pub(crate) const DEAD_LETTERS_SHOWN: u32 = 50;
 /// Most dead letters one listing shows.
-pub const MAX_DEAD_LETTERS_SHOWN: u32 = 1_000;
+pub(crate) const MAX_DEAD_LETTERS_SHOWN: u32 = 1_000;
 /// SQLSTATEs that say the queue's table cannot be used as it is: no such
 /// table or column, no privilege on it.
 const UNUSABLE_TABLE_STATES: [&str; 3] = ["42P01", "42703", "42501"];
@@ -27,7 +27,7 @@ const REFUSED_BY_GUARD: &str = "55006";
 /// A registered queue and what it holds now, or why that cannot be read.
 #[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
 #[schema(as = Queue)]
-pub struct QueueView {
+pub(crate) struct QueueView {
     /// The queue's name.
     pub name: String,
     /// Its work table.
@@ -47,7 +47,7 @@ pub struct QueueView {
 
 /// Why an operator's request about a queue cannot be answered.
 #[derive(Debug, thiserror::Error)]
-pub enum QueueError {
+pub(crate) enum QueueError {
     /// No queue of that name is registered.
     #[error("no queue named {name:?} is registered (registered: {})", list(known))]
     Unknown {
@@ -90,7 +90,7 @@ fn list(names: &[String]) -> String {
 /// A registered queue found by name, with its statements and the validated
 /// names of its key column and type.
 #[derive(Debug, Clone)]
-pub struct Found {
+pub(crate) struct Found {
     /// The registry's row.
     pub registered: RegisteredQueue,
     /// The engine's queue over its table.
@@ -101,19 +101,14 @@ pub struct Found {
 
 impl Found {
     /// The queue's name.
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.registered.name
-    }
-
-    /// The key column's type.
-    pub fn key_type(&self) -> &str {
-        &self.key_type
     }
 }
 
 /// Every registered queue with its state, by name. A queue whose table
 /// cannot be read is listed with the error.
-pub async fn overview(conn: &mut PgConnection) -> Result<Vec<QueueView>, EngineError> {
+pub(crate) async fn overview(conn: &mut PgConnection) -> Result<Vec<QueueView>, EngineError> {
     let mut views = Vec::new();
     for registered in registered_queues(conn).await? {
         views.push(view_of(conn, registered).await);
@@ -122,7 +117,7 @@ pub async fn overview(conn: &mut PgConnection) -> Result<Vec<QueueView>, EngineE
 }
 
 /// One queue's state.
-pub async fn view(conn: &mut PgConnection, name: &str) -> Result<QueueView, QueueError> {
+pub(crate) async fn view(conn: &mut PgConnection, name: &str) -> Result<QueueView, QueueError> {
     let registered = registered(conn, name).await?;
     Ok(view_of(conn, registered).await)
 }
@@ -162,7 +157,7 @@ async fn registered(conn: &mut PgConnection, name: &str) -> Result<RegisteredQue
 
 /// The queue named `name`, its table not checked (pause and resume only
 /// touch the registry).
-pub async fn find(conn: &mut PgConnection, name: &str) -> Result<Found, QueueError> {
+pub(crate) async fn find(conn: &mut PgConnection, name: &str) -> Result<Found, QueueError> {
     let registered = registered(conn, name).await?;
     let queue = registered.queue().map_err(|e| unusable(name, e))?;
     Ok(Found {
@@ -174,7 +169,7 @@ pub async fn find(conn: &mut PgConnection, name: &str) -> Result<Found, QueueErr
 }
 
 /// The queue named `name`, its table checked as every worker checks it.
-pub async fn find_usable(conn: &mut PgConnection, name: &str) -> Result<Found, QueueError> {
+pub(crate) async fn find_usable(conn: &mut PgConnection, name: &str) -> Result<Found, QueueError> {
     let found = find(conn, name).await?;
     found.queue.check_table(conn).await.map_err(|e| unusable(name, e))?;
     Ok(found)
@@ -206,7 +201,7 @@ fn sqlstate(err: &sqlx::Error) -> Option<String> {
 
 /// A dead letter: a job that failed for good, with its attempt history.
 #[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
-pub struct DeadLetter {
+pub(crate) struct DeadLetter {
     /// The job's key.
     pub key: String,
     /// Attempts counted toward the queue's limit (since its last replay).
@@ -225,7 +220,7 @@ pub struct DeadLetter {
 /// One failed attempt of a dead letter, as the engine records it in the
 /// work table's `errors` (the shape of [`DeadLetter::history`]).
 #[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
-pub struct Attempt {
+pub(crate) struct Attempt {
     /// Which attempt (since the job's last replay).
     pub attempt: i64,
     /// When it failed.
@@ -245,7 +240,11 @@ struct DeadLetterRow {
 }
 
 /// The newest `limit` dead letters of a queue, newest failure first.
-pub async fn dead_letters(conn: &mut PgConnection, found: &Found, limit: u32) -> Result<Vec<DeadLetter>, QueueError> {
+pub(crate) async fn dead_letters(
+    conn: &mut PgConnection,
+    found: &Found,
+    limit: u32,
+) -> Result<Vec<DeadLetter>, QueueError> {
     // Names validated by the engine's Queue; the status test repeats the
     // finished index's predicate so the planner reads that index.
     let sql = format!(
@@ -277,9 +276,9 @@ pub async fn dead_letters(conn: &mut PgConnection, found: &Found, limit: u32) ->
 
 /// What a cancel did.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Cancelled {
-    /// The job will not run.
-    Cancelled,
+pub(crate) enum Cancelled {
+    /// Cancelled now: the job will not run.
+    Now,
     /// The queue has no job with this key.
     NoSuchJob,
     /// The job has started or ended: why it could not be cancelled.
@@ -288,7 +287,7 @@ pub enum Cancelled {
 
 /// Cancels a job that has not started; when the engine refuses, reads the
 /// job's status to say why.
-pub async fn cancel(conn: &mut PgConnection, found: &Found, key: &str) -> Result<Cancelled, QueueError> {
+pub(crate) async fn cancel(conn: &mut PgConnection, found: &Found, key: &str) -> Result<Cancelled, QueueError> {
     let bad_key = |err: EngineError| match &err {
         EngineError::Database { source, .. }
             if sqlstate(source).is_some_and(|c| BAD_KEY_STATES.contains(&c.as_str())) =>
@@ -302,7 +301,7 @@ pub async fn cancel(conn: &mut PgConnection, found: &Found, key: &str) -> Result
         _ => unusable(found.name(), err),
     };
     match found.queue.cancel(conn, key).await {
-        Ok(true) => return Ok(Cancelled::Cancelled),
+        Ok(true) => return Ok(Cancelled::Now),
         Ok(false) => {}
         // A guard on the work table refused (the payout delivery queue's
         // guard: a queued payout's delivery is never cancelled).
@@ -333,7 +332,7 @@ pub async fn cancel(conn: &mut PgConnection, found: &Found, key: &str) -> Result
 
 /// A replay's filter as an operator gives it; every field optional.
 #[derive(Debug, Clone, Default)]
-pub struct ReplayRequest {
+pub(crate) struct ReplayRequest {
     /// This job only.
     pub key: Option<String>,
     /// Jobs whose last error contains this text.
@@ -348,7 +347,7 @@ pub struct ReplayRequest {
 
 /// A field of a request that is not valid: its name and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FieldError {
+pub(crate) struct FieldError {
     /// The field as the API names it (`failed_since`; the CLI's flag is
     /// `--failed-since`).
     pub field: &'static str,
@@ -358,18 +357,18 @@ pub struct FieldError {
 
 impl FieldError {
     /// The error as one line that starts with the field's name as `name`.
-    pub fn named(&self, name: &str) -> String {
+    pub(crate) fn named(&self, name: &str) -> String {
         format!("{name} {}", self.why)
     }
 
     /// The CLI's flag for the field.
-    pub fn flag(&self) -> String {
+    pub(crate) fn flag(&self) -> String {
         format!("--{}", self.field.replace('_', "-"))
     }
 }
 
 /// Parses an RFC 3339 time, naming `field` when it is not one.
-pub fn parse_time(field: &'static str, text: &str) -> Result<DateTime<Utc>, FieldError> {
+pub(crate) fn parse_time(field: &'static str, text: &str) -> Result<DateTime<Utc>, FieldError> {
     DateTime::parse_from_rfc3339(text.trim())
         .map(|t| t.with_timezone(&Utc))
         .map_err(|e| FieldError {
@@ -380,7 +379,7 @@ pub fn parse_time(field: &'static str, text: &str) -> Result<DateTime<Utc>, Fiel
 
 impl ReplayRequest {
     /// The engine's filter: every field checked and named when invalid.
-    pub fn filter(&self) -> Result<ReplayFilter, FieldError> {
+    pub(crate) fn filter(&self) -> Result<ReplayFilter, FieldError> {
         let refuse = |field: &'static str, why: String| Err(FieldError { field, why });
         let limit = self.limit.unwrap_or(u64::from(MAX_BATCH_JOBS));
         if !(1..=u64::from(MAX_BATCH_JOBS)).contains(&limit) {
@@ -425,7 +424,7 @@ impl ReplayRequest {
 }
 
 /// A filter in words, for answers ("key \"k\", last error containing ...").
-pub fn describe(filter: &ReplayFilter) -> String {
+pub(crate) fn describe(filter: &ReplayFilter) -> String {
     let mut parts = Vec::new();
     if let Some(key) = &filter.key {
         parts.push(format!("key {key:?}"));
@@ -447,7 +446,7 @@ pub fn describe(filter: &ReplayFilter) -> String {
 }
 
 /// Replays the dead letters `filter` selects; how many.
-pub async fn replay(conn: &mut PgConnection, found: &Found, filter: &ReplayFilter) -> Result<u64, QueueError> {
+pub(crate) async fn replay(conn: &mut PgConnection, found: &Found, filter: &ReplayFilter) -> Result<u64, QueueError> {
     found
         .queue
         .replay(conn, filter)

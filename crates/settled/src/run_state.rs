@@ -11,7 +11,7 @@ use settled_engine::{Run, RunState};
 
 /// What a run is shown as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Shown {
+pub(crate) enum Shown {
     /// Its stored state (a running run with a live worker among them).
     Stored(RunState),
     /// Running, but no worker is alive since `since`: nothing advances it.
@@ -24,7 +24,7 @@ pub enum Shown {
 
 impl Shown {
     /// What `run` is shown as, given the registry's `workers`.
-    pub fn of(run: &Run, workers: &WorkerTotals) -> Shown {
+    pub(crate) fn of(run: &Run, workers: &WorkerTotals) -> Shown {
         if run.state != RunState::Running || workers.alive > 0 {
             return Shown::Stored(run.state);
         }
@@ -35,7 +35,7 @@ impl Shown {
     }
 
     /// Its name: the stored state's, or `stalled`.
-    pub fn as_str(&self) -> &'static str {
+    pub(crate) fn as_str(&self) -> &'static str {
         match self {
             Shown::Stored(state) => state.as_str(),
             Shown::Stalled { .. } => "stalled",
@@ -43,7 +43,7 @@ impl Shown {
     }
 
     /// Since when it is stalled (None: it is not).
-    pub fn stalled_since(&self) -> Option<DateTime<Utc>> {
+    pub(crate) fn stalled_since(&self) -> Option<DateTime<Utc>> {
         match self {
             Shown::Stalled { since } => Some(*since),
             Shown::Stored(_) => None,
@@ -51,7 +51,7 @@ impl Shown {
     }
 
     /// For people: `running`, `stalled since 2026-12-06 05:02:11 UTC`...
-    pub fn label(&self) -> String {
+    pub(crate) fn label(&self) -> String {
         match self {
             Shown::Stored(state) => state.as_str().to_string(),
             Shown::Stalled { since } => format!("stalled since {} UTC", since.format("%Y-%m-%d %H:%M:%S")),
@@ -60,7 +60,7 @@ impl Shown {
 }
 
 /// The worker registry's liveness, read once for every run shown.
-pub async fn workers(pool: &sqlx::PgPool) -> Result<WorkerTotals, settled_engine::EngineError> {
+pub(crate) async fn workers(pool: &sqlx::PgPool) -> Result<WorkerTotals, settled_engine::EngineError> {
     settled_engine::raw::workers::totals(pool).await
 }
 

@@ -13,7 +13,7 @@ use crate::settlement::DEFAULT_FEE_BPS;
 /// Largest number of creators one seed call may create.
 pub const MAX_SEED_CREATORS: u64 = 100_000_000;
 /// Rows generated per statement (progress is reported between statements).
-pub const SEED_BATCH_ROWS: u64 = 20_000;
+pub(crate) const SEED_BATCH_ROWS: u64 = 20_000;
 
 /// The rows a seed generates, kept until they are written in key order.
 const SEED_STAGING_SQL: &str = "CREATE TEMPORARY TABLE seed_rows

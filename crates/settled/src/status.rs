@@ -10,7 +10,7 @@ use crate::settlement::queue;
 
 /// A period's progress.
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct PeriodStatus {
+pub(crate) struct PeriodStatus {
     /// The period.
     pub period: String,
     /// Its run, if one exists.
@@ -28,7 +28,7 @@ pub struct PeriodStatus {
 }
 
 /// Reads a period's status in one snapshot.
-pub async fn period_status(conn: &mut PgConnection, period: Period) -> anyhow::Result<PeriodStatus> {
+pub(crate) async fn period_status(conn: &mut PgConnection, period: Period) -> anyhow::Result<PeriodStatus> {
     sqlx::query("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         .execute(&mut *conn)
         .await?;
@@ -39,7 +39,7 @@ pub async fn period_status(conn: &mut PgConnection, period: Period) -> anyhow::R
 
 /// Reads a period's status inside the caller's transaction (which should be
 /// REPEATABLE READ for one snapshot).
-pub async fn period_status_in_tx(conn: &mut PgConnection, period: Period) -> anyhow::Result<PeriodStatus> {
+pub(crate) async fn period_status_in_tx(conn: &mut PgConnection, period: Period) -> anyhow::Result<PeriodStatus> {
     read(conn, period).await
 }
 
@@ -72,7 +72,7 @@ async fn read(conn: &mut PgConnection, period: Period) -> anyhow::Result<PeriodS
 impl PeriodStatus {
     /// The human rendering, amounts in tokens of `decimals` decimals
     /// (grouped, cut to a few decimals) and exactly in base units.
-    pub fn render(&self, decimals: u32) -> String {
+    pub(crate) fn render(&self, decimals: u32) -> String {
         let run = match &self.run {
             Some(r) => format!("run {} {}", r.id, r.state.as_str()),
             None => "no run yet".to_string(),

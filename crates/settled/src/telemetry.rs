@@ -24,39 +24,39 @@ use opentelemetry_sdk::Resource;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 /// The service name when `OTEL_SERVICE_NAME` does not set one.
-pub const SERVICE_NAME: &str = "settled";
+pub(crate) const SERVICE_NAME: &str = "settled";
 /// The resource attribute naming the subcommand a process runs.
-pub const COMMAND_ATTRIBUTE: &str = "settled.command";
+pub(crate) const COMMAND_ATTRIBUTE: &str = "settled.command";
 /// The OTLP/HTTP path of traces under the endpoint's base URL.
-pub const TRACES_PATH: &str = "/v1/traces";
+pub(crate) const TRACES_PATH: &str = "/v1/traces";
 /// Longest one export may take before it is given up.
-pub const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest the exit waits for the last spans to leave.
-pub const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// True once spans are exported: the hooks below do nothing until then.
 static ENABLED: AtomicBool = AtomicBool::new(false);
 
 /// True when this process exports spans.
-pub fn enabled() -> bool {
+pub(crate) fn enabled() -> bool {
     ENABLED.load(Ordering::Relaxed)
 }
 
 /// The tracer provider of a process that exports spans; flushes them on
 /// [`Traces::shutdown`] (or when dropped).
 #[derive(Debug)]
-pub struct Traces {
+pub(crate) struct Traces {
     provider: SdkTracerProvider,
 }
 
 /// The layer that turns `tracing` spans into OpenTelemetry spans.
-pub type Layer<S> = tracing_opentelemetry::OpenTelemetryLayer<S, opentelemetry_sdk::trace::Tracer>;
+pub(crate) type Layer<S> = tracing_opentelemetry::OpenTelemetryLayer<S, opentelemetry_sdk::trace::Tracer>;
 
 impl Traces {
     /// Starts exporting to `endpoint` (an OTLP base URL: traces go to
     /// `<endpoint>/v1/traces`), spans carrying `command` as a resource
     /// attribute. Returns the provider and the layer to install.
-    pub fn start<S>(endpoint: &str, command: &str) -> anyhow::Result<(Traces, Layer<S>)>
+    pub(crate) fn start<S>(endpoint: &str, command: &str) -> anyhow::Result<(Traces, Layer<S>)>
     where
         S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
     {
@@ -98,7 +98,7 @@ impl Traces {
     }
 
     /// Exports what is left and stops the exporter.
-    pub fn shutdown(self) {
+    pub(crate) fn shutdown(self) {
         if let Err(err) = self.provider.shutdown_with_timeout(SHUTDOWN_TIMEOUT) {
             eprintln!("warning: exporting the last spans: {err}");
         }
@@ -106,7 +106,7 @@ impl Traces {
 }
 
 /// `<endpoint>/v1/traces`, for an http(s) base URL.
-pub fn traces_url(endpoint: &str) -> anyhow::Result<String> {
+pub(crate) fn traces_url(endpoint: &str) -> anyhow::Result<String> {
     let url = url::Url::parse(endpoint).with_context(|| format!("--otlp-endpoint {endpoint:?} is not a URL"))?;
     anyhow::ensure!(
         url.scheme() == "http" || url.scheme() == "https",
@@ -117,7 +117,7 @@ pub fn traces_url(endpoint: &str) -> anyhow::Result<String> {
 
 /// Makes `span` (not yet entered) a child of the W3C `traceparent`; a
 /// malformed one leaves it where it was. Does nothing unless spans are exported.
-pub fn continue_from(span: &tracing::Span, traceparent: &str) {
+pub(crate) fn continue_from(span: &tracing::Span, traceparent: &str) {
     if !enabled() || span.is_disabled() {
         return;
     }
@@ -130,7 +130,7 @@ pub fn continue_from(span: &tracing::Span, traceparent: &str) {
 
 /// The current span's W3C `traceparent` (None unless spans are exported and
 /// a span is current).
-pub fn current_traceparent() -> Option<String> {
+pub(crate) fn current_traceparent() -> Option<String> {
     if !enabled() {
         return None;
     }

@@ -38,7 +38,7 @@ impl Role {
     }
 
     /// The role named `text`.
-    pub fn parse(text: &str) -> Option<Role> {
+    pub(crate) fn parse(text: &str) -> Option<Role> {
         Role::ALL.into_iter().find(|r| r.as_str() == text)
     }
 }
@@ -51,7 +51,7 @@ impl std::fmt::Display for Role {
 
 /// Who made a request: a token's name and role.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Actor {
+pub(crate) struct Actor {
     /// The token's name (`env` for `SETTLED_API_TOKEN`).
     pub name: String,
     /// Its role.
@@ -59,15 +59,15 @@ pub struct Actor {
 }
 
 /// The name `SETTLED_API_TOKEN` goes by: an admin token.
-pub const ENV_TOKEN_NAME: &str = "env";
+pub(crate) const ENV_TOKEN_NAME: &str = "env";
 /// Random bytes in a token.
-pub const TOKEN_BYTES: usize = 32;
+pub(crate) const TOKEN_BYTES: usize = 32;
 /// How stale a token's `last_used_at` may get before a request refreshes it
 /// (so a busy token costs no write per request).
-pub const LAST_USE_RESOLUTION_SECS: i64 = 60;
+pub(crate) const LAST_USE_RESOLUTION_SECS: i64 = 60;
 
 /// The SHA-256 of `token`, in lower-case hex: what is stored.
-pub fn digest(token: &str) -> String {
+pub(crate) fn digest(token: &str) -> String {
     hex(&sha2::Sha256::digest(token.as_bytes()))
 }
 
@@ -76,7 +76,7 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 /// A new token: `stl_` and [`TOKEN_BYTES`] random bytes in hex.
-pub fn generate() -> String {
+pub(crate) fn generate() -> String {
     let mut bytes = Vec::with_capacity(TOKEN_BYTES);
     while bytes.len() < TOKEN_BYTES {
         bytes.extend_from_slice(uuid::Uuid::new_v4().as_bytes());
@@ -87,7 +87,7 @@ pub fn generate() -> String {
 
 /// Why a token could not be made.
 #[derive(Debug, thiserror::Error)]
-pub enum CreateError {
+pub(crate) enum CreateError {
     /// The name is taken (by a live or a revoked token: names are not reused).
     #[error("a token named {0} exists already (revoked names are kept); choose another name")]
     NameTaken(String),
@@ -101,7 +101,7 @@ pub enum CreateError {
 
 /// Makes a token named `name` with `role`, recorded as made by `by`;
 /// returns the token (shown once: only its digest is kept).
-pub async fn create(conn: &mut PgConnection, name: &str, role: Role, by: &str) -> Result<String, CreateError> {
+pub(crate) async fn create(conn: &mut PgConnection, name: &str, role: Role, by: &str) -> Result<String, CreateError> {
     let valid = !name.is_empty()
         && name.len() <= 64
         && name != ENV_TOKEN_NAME
@@ -130,7 +130,7 @@ pub async fn create(conn: &mut PgConnection, name: &str, role: Role, by: &str) -
 
 /// A token as listed (never the token).
 #[derive(Debug, Clone, serde::Serialize, sqlx::FromRow)]
-pub struct Listed {
+pub(crate) struct Listed {
     /// Its name.
     pub name: String,
     /// Its role.
@@ -146,7 +146,7 @@ pub struct Listed {
 }
 
 /// Every token, oldest first.
-pub async fn list(conn: &mut PgConnection) -> sqlx::Result<Vec<Listed>> {
+pub(crate) async fn list(conn: &mut PgConnection) -> sqlx::Result<Vec<Listed>> {
     sqlx::query_as(
         "SELECT name, role, created_at, created_by, last_used_at, revoked_at FROM settlement.api_tokens
          ORDER BY created_at, name",
@@ -156,7 +156,7 @@ pub async fn list(conn: &mut PgConnection) -> sqlx::Result<Vec<Listed>> {
 }
 
 /// Revokes token `name`; false when there is no such live token.
-pub async fn revoke(conn: &mut PgConnection, name: &str) -> sqlx::Result<bool> {
+pub(crate) async fn revoke(conn: &mut PgConnection, name: &str) -> sqlx::Result<bool> {
     let done =
         sqlx::query("UPDATE settlement.api_tokens SET revoked_at = now() WHERE name = $1 AND revoked_at IS NULL")
             .bind(name) // $1
@@ -168,7 +168,7 @@ pub async fn revoke(conn: &mut PgConnection, name: &str) -> sqlx::Result<bool> {
 /// The live token whose digest is that of `token`, noting its use (at most
 /// once per [`LAST_USE_RESOLUTION_SECS`]; a standby, which cannot write,
 /// still answers).
-pub async fn resolve(pool: &sqlx::PgPool, token: &str) -> sqlx::Result<Option<Actor>> {
+pub(crate) async fn resolve(pool: &sqlx::PgPool, token: &str) -> sqlx::Result<Option<Actor>> {
     let hash = digest(token);
     let found: Option<(String, String, bool)> = sqlx::query_as(
         "SELECT name, role, coalesce(last_used_at < now() - make_interval(secs => $2), true)

@@ -4,7 +4,7 @@
 //! exact query (never SKIP LOCKED); each failing check lists up to
 //! [`MAX_OFFENDERS`] offenders.
 
-pub mod payouts;
+pub(crate) mod payouts;
 
 use sqlx::PgConnection;
 
@@ -13,10 +13,10 @@ use crate::period::Period;
 use crate::provider::HttpProvider;
 
 /// `work_mem` for verify's transaction (see [`verify`]).
-pub const VERIFY_WORK_MEM: &str = "256MB";
+pub(crate) const VERIFY_WORK_MEM: &str = "256MB";
 
 /// Offenders listed per failing check.
-pub const MAX_OFFENDERS: i64 = 20;
+pub(crate) const MAX_OFFENDERS: i64 = 20;
 
 /// One check's result.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -119,7 +119,7 @@ const CREATOR_BALANCE_CHECK: CheckSql = CheckSql {
 /// The verifier's verdict on one creator, now: its balance against its
 /// ledger (all periods), payouts and returns, by the rule of
 /// `balances_equal_ledger`, in one statement.
-pub async fn creator_verdict(
+pub(crate) async fn creator_verdict(
     conn: &mut PgConnection,
     creator: &crate::address::CreatorAddress,
 ) -> anyhow::Result<Check> {
@@ -128,7 +128,7 @@ pub async fn creator_verdict(
 
 /// The check that fails for work not done yet: while a run is in progress,
 /// its offenders are items still to do, not violations.
-pub const NO_WORK_LEFT: &str = "no_work_left";
+pub(crate) const NO_WORK_LEFT: &str = "no_work_left";
 
 /// The checks over the period's items and ledger rows, in report order:
 /// (name, description). [`PERIOD_SCAN_SQL`] answers all of them at once.
@@ -308,7 +308,7 @@ pub async fn verify(conn: &mut PgConnection, period: Period) -> anyhow::Result<V
 /// [`verify`] on two sessions of `pool` sharing one snapshot (exported by
 /// the first, imported by the second, as pg_dump's workers do): the period's
 /// checks and the balances' check run at the same time, on two cores.
-pub async fn verify_pool(pool: &sqlx::PgPool, period: Period) -> anyhow::Result<VerifyReport> {
+pub(crate) async fn verify_pool(pool: &sqlx::PgPool, period: Period) -> anyhow::Result<VerifyReport> {
     let mut first = pool.acquire().await?;
     let mut second = pool.acquire().await?;
     begin_snapshot(&mut first, None).await?;
@@ -423,7 +423,7 @@ async fn period_scan(conn: &mut PgConnection, period: &str) -> anyhow::Result<Pe
 
 impl VerifyReport {
     /// The human rendering.
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let mut out = format!(
             "verify {}: {}\n",
             self.period,
@@ -447,7 +447,7 @@ impl VerifyReport {
 
 /// The checks as `verify` prints them: one line each, and under a failing
 /// one its count and first offenders.
-pub fn render_checks(checks: &[Check]) -> String {
+pub(crate) fn render_checks(checks: &[Check]) -> String {
     let mut out = String::new();
     for check in checks {
         out.push_str(&format!(

@@ -15,13 +15,13 @@ use crate::cmd::worker::ScheduleFlags;
 use crate::period::Period;
 
 /// How long a scrape waits for the database to answer `SELECT 1`.
-pub const DATABASE_PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const DATABASE_PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The default run deadline: a period is late one hour after it is due.
-pub const DEFAULT_RUN_DEADLINE_SECS: u64 = 3_600;
+pub(crate) const DEFAULT_RUN_DEADLINE_SECS: u64 = 3_600;
 
 /// The default pause between two verifications of the newest finished run.
-pub const DEFAULT_VERIFY_EVERY_SECS: u64 = 3_600;
+pub(crate) const DEFAULT_VERIFY_EVERY_SECS: u64 = 3_600;
 
 /// What `settled serve` judges runs by: the daemon's schedule and catch-up
 /// window, and how long after its due time a period must be finished.
@@ -37,7 +37,7 @@ pub struct Deadlines {
 
 impl Deadlines {
     /// Deadlines from the schedule flags and a deadline in seconds.
-    pub fn new(flags: &ScheduleFlags, deadline_secs: u64) -> anyhow::Result<Deadlines> {
+    pub(crate) fn new(flags: &ScheduleFlags, deadline_secs: u64) -> anyhow::Result<Deadlines> {
         Ok(Deadlines {
             schedule: flags.parse()?,
             catch_up_days: flags.catch_up_days,
@@ -47,7 +47,7 @@ impl Deadlines {
 
     /// The periods due at `now` and not finished, judged against `runs`
     /// (the job's runs, newest first; those of the catch-up window at least).
-    pub fn runs_due(&self, runs: &[Run], now: DateTime<Utc>) -> RunsDue {
+    pub(crate) fn runs_due(&self, runs: &[Run], now: DateTime<Utc>) -> RunsDue {
         let due = settled_engine::daemon::due_scopes(
             crate::settlement::job().hooks(),
             &self.schedule,
@@ -68,7 +68,7 @@ impl Default for Deadlines {
 /// a due time of the schedule within the catch-up window passed (or a run
 /// was started) and the run is not finished.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RunsDue {
+pub(crate) struct RunsDue {
     /// Due, and no run exists (no live daemon, or no input or policy yet).
     pub not_started: i64,
     /// Due, and its run is running.
@@ -81,7 +81,7 @@ pub struct RunsDue {
 
 impl RunsDue {
     /// Seconds the oldest due period has waited at `now` (0: none is due).
-    pub fn due_secs(&self, now: DateTime<Utc>) -> f64 {
+    pub(crate) fn due_secs(&self, now: DateTime<Utc>) -> f64 {
         self.oldest_due_at
             .map(|at| (now - at).num_milliseconds().max(0) as f64 / 1000.0)
             .unwrap_or(0.0)
@@ -91,7 +91,7 @@ impl RunsDue {
 /// Judges the due scopes (`due`: each with its first due time) and every
 /// running run against `runs`: a scope is due until its run finishes; a
 /// running run outside the due window is due from its start.
-pub fn runs_due(due: &[(DateTime<Utc>, String)], runs: &[Run]) -> RunsDue {
+pub(crate) fn runs_due(due: &[(DateTime<Utc>, String)], runs: &[Run]) -> RunsDue {
     let mut out = RunsDue::default();
     let mut oldest = |at: DateTime<Utc>| {
         if out.oldest_due_at.is_none_or(|o| at < o) {
@@ -117,13 +117,13 @@ pub fn runs_due(due: &[(DateTime<Utc>, String)], runs: &[Run]) -> RunsDue {
 }
 
 /// Whether `pool` answers `SELECT 1` within [`DATABASE_PROBE_TIMEOUT`].
-pub async fn database_up(pool: &PgPool) -> bool {
+pub(crate) async fn database_up(pool: &PgPool) -> bool {
     let probe = sqlx::query_scalar::<_, i32>("SELECT 1").fetch_one(pool);
     matches!(tokio::time::timeout(DATABASE_PROBE_TIMEOUT, probe).await, Ok(Ok(1)))
 }
 
 /// `settled_database_up` in Prometheus text.
-pub fn database_up_text(up: bool) -> String {
+pub(crate) fn database_up_text(up: bool) -> String {
     format!(
         "# HELP settled_database_up 1 when the database answered SELECT 1 at scrape time, else 0.\n# TYPE settled_database_up gauge\nsettled_database_up {}\n",
         u8::from(up)
@@ -142,12 +142,12 @@ pub struct LastVerification {
 }
 
 /// Where the verifier leaves its result for `/metrics`.
-pub type VerificationSlot = Arc<Mutex<Option<LastVerification>>>;
+pub(crate) type VerificationSlot = Arc<Mutex<Option<LastVerification>>>;
 
 /// The verification's gauges in Prometheus text (none before the first),
 /// written into the scrape rather than the recorder so that an older
 /// period's series ends when a newer period is verified.
-pub fn verification_text(slot: &VerificationSlot) -> String {
+pub(crate) fn verification_text(slot: &VerificationSlot) -> String {
     let Some(last) = slot.lock().unwrap_or_else(|e| e.into_inner()).clone() else {
         return String::new();
     };
@@ -161,7 +161,7 @@ pub fn verification_text(slot: &VerificationSlot) -> String {
 
 /// Verifies the newest finished run now and every `every`, leaving each
 /// result in `slot`, until the task is dropped.
-pub async fn keep_verifying(pool: PgPool, every: Duration, slot: VerificationSlot) {
+pub(crate) async fn keep_verifying(pool: PgPool, every: Duration, slot: VerificationSlot) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

@@ -28,11 +28,11 @@ pub enum Mode {
 }
 
 /// The production drainer: settlement's handlers in the chosen mode.
-pub type SettlementDrainer = ByMode<SettleRewards, SettleWithProvider<HttpProvider>>;
+pub(crate) type SettlementDrainer = ByMode<SettleRewards, SettleWithProvider<HttpProvider>>;
 
 /// Builds the production drainer. Leased mode pays through a provider, so it
 /// needs one (which keeps keys `key_window`).
-pub fn drainer(
+pub(crate) fn drainer(
     mode: Mode,
     provider_url: Option<&str>,
     provider_timeout: Duration,
@@ -121,7 +121,7 @@ async fn work_once<D: Drainer>(
 }
 
 /// Runs the scheduling daemon until SIGTERM/SIGINT (see `settled_engine::daemon`).
-pub async fn run_daemon<D: Drainer>(
+pub(crate) async fn run_daemon<D: Drainer>(
     pool: &PgPool,
     opts: &WorkerOptions,
     drainer: &D,
@@ -161,7 +161,7 @@ async fn stop(worker: Worker, background: Vec<tokio::task::JoinHandle<()>>) {
 }
 
 /// Returns at the first SIGTERM or SIGINT (never, if they cannot be caught).
-pub async fn stop_signal() {
+pub(crate) async fn stop_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
         return std::future::pending().await;

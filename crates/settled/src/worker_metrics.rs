@@ -10,7 +10,7 @@ use settled_engine::DrainStats;
 
 /// Serves a worker's own metrics (claim and handler latency histograms, its
 /// counters, and a probe of `pool`) on `listener` until the task is dropped.
-pub async fn serve(listener: tokio::net::TcpListener, stats: Arc<DrainStats>, pool: sqlx::PgPool) {
+pub(crate) async fn serve(listener: tokio::net::TcpListener, stats: Arc<DrainStats>, pool: sqlx::PgPool) {
     let handle = crate::api::metrics::handle;
     handle();
     let app = axum::Router::new().route(

@@ -22,9 +22,9 @@ use super::AppState;
 use crate::audit::Entry;
 
 /// The actor of a request that carried no token.
-pub const ANONYMOUS: &str = "anonymous";
+pub(crate) const ANONYMOUS: &str = "anonymous";
 /// The actor of a request whose token is unknown or revoked.
-pub const UNKNOWN_TOKEN: &str = "unknown-token";
+pub(crate) const UNKNOWN_TOKEN: &str = "unknown-token";
 
 /// The request in progress: its row, and whether a commit wrote it.
 #[derive(Debug)]
@@ -42,21 +42,25 @@ fn with_entry(change: impl FnOnce(&mut Entry)) {
 }
 
 /// Names what the request in progress acted on (a payout made, a hold placed).
-pub fn set_target(target: impl Into<String>) {
+pub(crate) fn set_target(target: impl Into<String>) {
     let target = target.into();
     with_entry(|e| e.target = target);
 }
 
 /// Says how the request in progress ended, when its commit is not plainly
 /// [`crate::audit::OK`] (a refusal stored under an idempotency key).
-pub fn set_outcome(outcome: impl Into<String>) {
+pub(crate) fn set_outcome(outcome: impl Into<String>) {
     let outcome = outcome.into();
     with_entry(|e| e.outcome = outcome);
 }
 
 /// Runs `handler` for the request `entry` describes; writes its row
 /// afterwards unless its commit did.
-pub async fn around(state: &AppState, entry: Entry, handler: impl std::future::Future<Output = Response>) -> Response {
+pub(crate) async fn around(
+    state: &AppState,
+    entry: Entry,
+    handler: impl std::future::Future<Output = Response>,
+) -> Response {
     let flight = Arc::new(InFlight {
         entry: Mutex::new(entry),
         recorded: AtomicBool::new(false),
@@ -88,7 +92,7 @@ pub async fn around(state: &AppState, entry: Entry, handler: impl std::future::F
 }
 
 /// 401 and 403: counted, one row per actor, action and outcome per minute.
-pub fn is_refusal(status: StatusCode) -> bool {
+pub(crate) fn is_refusal(status: StatusCode) -> bool {
     matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN)
 }
 
@@ -96,15 +100,15 @@ pub fn is_refusal(status: StatusCode) -> bool {
 /// most one write per actor, action and outcome per
 /// [`REFUSALS_WRITE_INTERVAL`]), so a flood of refused requests neither
 /// contends on one row nor takes the connections payouts need.
-pub async fn refusal(state: &AppState, entry: &Entry) {
+pub(crate) async fn refusal(state: &AppState, entry: &Entry) {
     state.refusals.add(entry);
 }
 
 /// How often counted refusals are written.
-pub const REFUSALS_WRITE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+pub(crate) const REFUSALS_WRITE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 /// Distinct actor, action and outcome triples held between writes; more
 /// are dropped (and logged). Routes and token names bound them far below.
-pub const REFUSALS_PENDING_MAX: usize = 10_000;
+pub(crate) const REFUSALS_PENDING_MAX: usize = 10_000;
 
 /// Refusals counted since the last write, by actor, action and outcome
 /// (with the first target seen).
@@ -152,7 +156,7 @@ impl Refusals {
 
 /// Writes the refusals counted so far (best effort: a server that cannot
 /// write, a standby, still refuses; what could not be written is logged).
-pub async fn write_refusals(state: &AppState) {
+pub(crate) async fn write_refusals(state: &AppState) {
     let taken = state.refusals.take();
     if taken.is_empty() {
         return;
@@ -170,7 +174,7 @@ pub async fn write_refusals(state: &AppState) {
 }
 
 /// Writes counted refusals every [`REFUSALS_WRITE_INTERVAL`], for ever.
-pub async fn keep_writing_refusals(state: AppState) {
+pub(crate) async fn keep_writing_refusals(state: AppState) {
     let mut tick = tokio::time::interval(REFUSALS_WRITE_INTERVAL);
     loop {
         tick.tick().await;

@@ -23,11 +23,11 @@ use axum::response::{IntoResponse, Response};
 use super::audit;
 use super::routes::{self, Access};
 use super::{AppState, Problem, ProblemType};
-pub use crate::tokens::{Actor, Role};
+pub(crate) use crate::tokens::{Actor, Role};
 
 /// Checks the caller of every matched route against the route's access
 /// (see the module's top); puts the [`Actor`] in the request's extensions.
-pub async fn authorize(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
+pub(crate) async fn authorize(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
     let path = request
         .extensions()
         .get::<MatchedPath>()
@@ -162,7 +162,7 @@ async fn actor_of(state: &AppState, headers: &HeaderMap) -> Result<Option<Actor>
 
 /// The caller of an API route that acts, as [`authorize`] found it.
 #[derive(Debug, Clone)]
-pub struct Authorized(pub Actor);
+pub(crate) struct Authorized;
 
 impl FromRequestParts<AppState> for Authorized {
     type Rejection = Problem;
@@ -172,7 +172,7 @@ impl FromRequestParts<AppState> for Authorized {
             .extensions
             .get::<Actor>()
             .cloned()
-            .map(Authorized)
+            .map(|_| Authorized)
             .ok_or_else(unauthorized)
     }
 }
@@ -182,7 +182,7 @@ impl FromRequestParts<AppState> for Authorized {
 /// with a form another site posts here, so a request that says it comes
 /// from another origin is refused (403) before its credentials count.
 #[derive(Debug, Clone)]
-pub struct DashboardAuthorized(pub Actor);
+pub(crate) struct DashboardAuthorized;
 
 impl FromRequestParts<AppState> for DashboardAuthorized {
     type Rejection = Response;
@@ -198,18 +198,18 @@ impl FromRequestParts<AppState> for DashboardAuthorized {
             .into_response());
         }
         match parts.extensions.get::<Actor>() {
-            Some(actor) => Ok(DashboardAuthorized(actor.clone())),
+            Some(_) => Ok(DashboardAuthorized),
             None => Err(with_challenge(unauthorized(), DASHBOARD_CHALLENGE)),
         }
     }
 }
 
 /// The challenge a 401 of the API carries (RFC 9110 section 11.6.1).
-pub const CHALLENGE: &str = "Bearer realm=\"settled\"";
+pub(crate) const CHALLENGE: &str = "Bearer realm=\"settled\"";
 
 /// The challenge a 401 of the dashboard's forms carries: a browser asks for
 /// a user name (any) and a password (the API token).
-pub const DASHBOARD_CHALLENGE: &str = "Basic realm=\"settled dashboard\", charset=\"UTF-8\"";
+pub(crate) const DASHBOARD_CHALLENGE: &str = "Basic realm=\"settled dashboard\", charset=\"UTF-8\"";
 
 /// The token of `Authorization: Bearer <token>` (the scheme in any case,
 /// RFC 9110 section 11.1).
@@ -255,7 +255,7 @@ fn foreign_origin(headers: &HeaderMap) -> Option<String> {
 }
 
 /// Checks a token against the configured one.
-pub fn check_token(state: &AppState, given: &str) -> Result<(), Problem> {
+pub(crate) fn check_token(state: &AppState, given: &str) -> Result<(), Problem> {
     let Some(expected) = &state.api_token else {
         return Err(Problem::new(
             StatusCode::UNAUTHORIZED,
@@ -291,7 +291,7 @@ pub fn check_token(state: &AppState, given: &str) -> Result<(), Problem> {
 /// whitespace at either end (a header's value is read without it), or any
 /// character other than printable ASCII (control characters included).
 /// The error never repeats the token.
-pub fn parse_api_token(raw: &str) -> Result<Arc<str>, String> {
+pub(crate) fn parse_api_token(raw: &str) -> Result<Arc<str>, String> {
     let name = "SETTLED_API_TOKEN (--api-token)";
     let token = raw
         .strip_suffix("\r\n")

@@ -14,13 +14,13 @@ use crate::address::CreatorAddress;
 use crate::balance::{self, Balances, Cursor, Statement, Window, MAX_STATEMENT_PAGE, STATEMENT_PAGE};
 
 /// Ledger entries shown per creator (newest first).
-pub const MAX_LEDGER_ENTRIES_SHOWN: i64 = 100;
+pub(crate) const MAX_LEDGER_ENTRIES_SHOWN: i64 = 100;
 
 /// True when the creator has a balance or an item in one of the last
 /// [`MAX_LEDGER_ENTRIES_SHOWN`] periods. Each period is looked up by its
 /// key `(period, creator)`: the tables are partitioned by period, and a
 /// creator-only condition would read every partition's whole index.
-pub async fn known(pool: &PgPool, creator: &CreatorAddress) -> Result<bool, sqlx::Error> {
+pub(crate) async fn known(pool: &PgPool, creator: &CreatorAddress) -> Result<bool, sqlx::Error> {
     sqlx::query_scalar(
         "SELECT EXISTS (SELECT 1 FROM settlement.creator_balance WHERE creator = $1)
              OR EXISTS (SELECT 1
@@ -36,7 +36,7 @@ pub async fn known(pool: &PgPool, creator: &CreatorAddress) -> Result<bool, sqlx
 
 /// A creator as the API shows it.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct Creator {
+pub(crate) struct Creator {
     /// The creator (lower case).
     pub creator: String,
     /// Its balance row, in base units (a decimal string): posted less
@@ -52,7 +52,7 @@ pub struct Creator {
 
 /// A hold of a creator.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct CreatorHold {
+pub(crate) struct CreatorHold {
     /// Hold id.
     pub id: i64,
     /// Why.
@@ -67,10 +67,10 @@ pub struct CreatorHold {
 }
 
 /// Holds shown per creator (newest first).
-pub const HOLDS_SHOWN: i64 = 50;
+pub(crate) const HOLDS_SHOWN: i64 = 50;
 
 /// The newest [`HOLDS_SHOWN`] holds of `creator`, newest first.
-pub async fn holds(pool: &PgPool, creator: &CreatorAddress) -> Result<Vec<CreatorHold>, sqlx::Error> {
+pub(crate) async fn holds(pool: &PgPool, creator: &CreatorAddress) -> Result<Vec<CreatorHold>, sqlx::Error> {
     let holds: Vec<crate::settlement::Hold> = sqlx::query_as(
         "SELECT id, creator, reason, created_at, released_at FROM settlement.creator_holds
          WHERE creator = $1 ORDER BY id DESC LIMIT $2",
@@ -100,7 +100,7 @@ pub async fn holds(pool: &PgPool, creator: &CreatorAddress) -> Result<Vec<Creato
         (status = 400, description = "not an address (invalid-address)"),
         (status = 404, description = "unknown creator (unknown-creator)"),
     ))]
-pub async fn show(State(state): State<AppState>, Path(address): Path<String>) -> Result<Response, Problem> {
+pub(crate) async fn show(State(state): State<AppState>, Path(address): Path<String>) -> Result<Response, Problem> {
     let creator = CreatorAddress::parse(&address)
         .map_err(|e| Problem::bad_request(ProblemType::InvalidAddress, format!("address {e}")).field("address"))?;
     let pool = &state.reads;
@@ -130,7 +130,7 @@ pub async fn show(State(state): State<AppState>, Path(address): Path<String>) ->
 
 /// A creator's ledger rows of the newest [`MAX_LEDGER_ENTRIES_SHOWN`]
 /// periods, newest first, each looked up by its key.
-pub async fn ledger(pool: &PgPool, creator: &CreatorAddress) -> Result<Vec<LedgerEntry>, sqlx::Error> {
+pub(crate) async fn ledger(pool: &PgPool, creator: &CreatorAddress) -> Result<Vec<LedgerEntry>, sqlx::Error> {
     sqlx::query_as(
         "SELECT l.period, l.amount::text AS amount, l.run_id, l.created_at
          FROM (SELECT period FROM settlement.settlement_policy ORDER BY period DESC LIMIT $2) p
@@ -146,7 +146,7 @@ pub async fn ledger(pool: &PgPool, creator: &CreatorAddress) -> Result<Vec<Ledge
 
 /// One ledger row of a creator, as the API shows it.
 #[derive(Debug, Serialize, sqlx::FromRow, ToSchema)]
-pub struct LedgerEntry {
+pub(crate) struct LedgerEntry {
     /// The period it settles.
     pub period: chrono::NaiveDate,
     /// Base units credited (a decimal string).
@@ -159,7 +159,7 @@ pub struct LedgerEntry {
 
 /// Query of a statement.
 #[derive(Debug, Deserialize)]
-pub struct StatementQuery {
+pub(crate) struct StatementQuery {
     from: Option<String>,
     to: Option<String>,
     limit: Option<String>,
@@ -182,7 +182,7 @@ pub struct StatementQuery {
         (status = 400, description = "not an address (invalid-address), a bad from, to or after (invalid-field), limit not 1..=1000 (invalid-limit), or a query parameter named twice"),
         (status = 404, description = "unknown creator (unknown-creator)"),
     ))]
-pub async fn statement(
+pub(crate) async fn statement(
     State(state): State<AppState>,
     Path(address): Path<String>,
     Query(q): Query<StatementQuery>,

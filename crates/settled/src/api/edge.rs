@@ -12,7 +12,7 @@ use tracing::Instrument;
 use super::{AppState, Problem, ProblemType};
 
 /// Headers set on every response that does not set its own.
-pub const SECURITY_HEADERS: [(&str, &str); 5] = [
+pub(crate) const SECURITY_HEADERS: [(&str, &str); 5] = [
     ("x-content-type-options", "nosniff"),
     ("x-frame-options", "DENY"),
     ("referrer-policy", "no-referrer"),
@@ -36,13 +36,13 @@ pub struct AllowedHosts {
 
 impl AllowedHosts {
     /// Any host (a server bound to all interfaces with no `--allowed-host`).
-    pub fn any() -> AllowedHosts {
+    pub(crate) fn any() -> AllowedHosts {
         AllowedHosts { hosts: Vec::new() }
     }
 
     /// The hosts given, or, when none is given and the server listens on a
     /// loopback address, the names of loopback. None: any host is answered.
-    pub fn for_bind(bind: std::net::SocketAddr, given: &[String]) -> AllowedHosts {
+    pub(crate) fn for_bind(bind: std::net::SocketAddr, given: &[String]) -> AllowedHosts {
         let mut hosts: Vec<String> = given.iter().map(|h| strip_port(&h.to_ascii_lowercase())).collect();
         if hosts.is_empty() && bind.ip().is_loopback() {
             hosts = vec!["localhost".into(), "127.0.0.1".into(), "::1".into()];
@@ -54,7 +54,7 @@ impl AllowedHosts {
     }
 
     /// True when every host is answered.
-    pub fn is_any(&self) -> bool {
+    pub(crate) fn is_any(&self) -> bool {
         self.hosts.is_empty()
     }
 
@@ -76,7 +76,7 @@ fn strip_port(host: &str) -> String {
 
 /// Refuses requests whose `Host` is not allowed (421), except the health
 /// probes, which orchestrators send with whatever address they dialled.
-pub async fn check_host(State(state): State<AppState>, request: Request, next: Next) -> Response {
+pub(crate) async fn check_host(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let path = request.uri().path();
     if state.allowed_hosts.is_any() || path == "/healthz" || path == "/readyz" {
         return next.run(request).await;
@@ -105,7 +105,7 @@ pub async fn check_host(State(state): State<AppState>, request: Request, next: N
 /// Turns an error response that is not problem+json (made by axum's
 /// extractors, the router's 404/405, the body limit or the timeout layer)
 /// into one, keeping its status and headers and its text as the detail.
-pub async fn problem_for_bare_errors(response: Response) -> Response {
+pub(crate) async fn problem_for_bare_errors(response: Response) -> Response {
     let status = response.status();
     let is_problem = response
         .headers()
@@ -163,7 +163,7 @@ pub async fn problem_for_bare_errors(response: Response) -> Response {
 /// The request's `http.request` server span (named `METHOD /route`, with
 /// the route's template, never its values), a child of the request's W3C
 /// `traceparent` when it sends one; no span when traces are off.
-pub async fn request_span(request: Request, next: Next) -> Response {
+pub(crate) async fn request_span(request: Request, next: Next) -> Response {
     if !crate::telemetry::enabled() {
         return next.run(request).await;
     }

@@ -14,12 +14,12 @@ use super::{read_json, AppState, Authorized, Problem, ProblemType};
 use crate::address::CreatorAddress;
 
 /// Longest hold reason, in characters.
-pub const MAX_HOLD_REASON_CHARS: usize = 500;
+pub(crate) const MAX_HOLD_REASON_CHARS: usize = 500;
 
 /// The request body.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct HoldRequest {
+pub(crate) struct HoldRequest {
     /// The creator, `0x` + 40 hex digits.
     #[schema(value_type = CreatorAddress)]
     pub creator: String,
@@ -33,7 +33,7 @@ pub struct HoldRequest {
     pub reason: String,
 }
 
-pub use crate::settlement::Hold;
+pub(crate) use crate::settlement::Hold;
 
 /// Places the hold through `settlement.place_hold`, which takes the
 /// creator's balance-row lock first, the lock every payout takes before it
@@ -63,7 +63,7 @@ async fn place_hold(state: &AppState, creator: &CreatorAddress, reason: &str) ->
         (status = 404, description = "unknown creator (unknown-creator)"),
         (status = 409, description = "the creator already has an active hold (hold-exists, with `existing_hold_id`)"),
     ))]
-pub async fn create(
+pub(crate) async fn create(
     State(state): State<AppState>,
     _: Authorized,
     headers: axum::http::HeaderMap,
@@ -147,7 +147,7 @@ pub(crate) async fn place(state: &AppState, request: &HoldRequest) -> Result<Hol
         (status = 404, description = "no such hold (unknown-hold)"),
         (status = 409, description = "already released (hold-already-released)"),
     ))]
-pub async fn release(
+pub(crate) async fn release(
     State(state): State<AppState>,
     _: Authorized,
     Path(id): Path<String>,
@@ -165,7 +165,7 @@ pub(crate) async fn release_by_id(state: &AppState, id: i64) -> Result<Hold, Pro
     let released: anyhow::Result<_> = async {
         let mut tx = super::begin(state).await?;
         let (released, periods) = crate::settlement::release_hold(&mut tx, id).await?;
-        if matches!(released, crate::settlement::Released::Released(_)) {
+        if matches!(released, crate::settlement::Released::Now(_)) {
             super::commit(state, tx).await?;
             crate::settlement::reopen_released(&state.pool, &periods).await;
         }
@@ -174,8 +174,8 @@ pub(crate) async fn release_by_id(state: &AppState, id: i64) -> Result<Hold, Pro
     .await;
     let released = released.map_err(Problem::unavailable)?;
     match released {
-        crate::settlement::Released::Released(row) => Ok(row),
-        crate::settlement::Released::AlreadyReleased => Err(Problem::new(
+        crate::settlement::Released::Now(row) => Ok(row),
+        crate::settlement::Released::Before => Err(Problem::new(
             StatusCode::CONFLICT,
             ProblemType::HoldAlreadyReleased,
             "The hold was already released",

@@ -34,7 +34,7 @@ use super::{AppState, Problem, ProblemType};
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
 /// Installs the process-wide Prometheus recorder (once).
-pub fn handle() -> &'static PrometheusHandle {
+pub(crate) fn handle() -> &'static PrometheusHandle {
     HANDLE.get_or_init(|| {
         let buckets = [
             0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -120,7 +120,7 @@ async fn snapshot(state: &AppState) -> anyhow::Result<Snapshot> {
 #[utoipa::path(get, path = "/metrics", operation_id = "metrics", tag = super::openapi::TAG_SERVER,
     summary = "Prometheus metrics (text format), computed from the database's exact state",
     responses((status = 200, description = "metrics", body = String, content_type = "text/plain")))]
-pub async fn serve(State(state): State<AppState>) -> Response {
+pub(crate) async fn serve(State(state): State<AppState>) -> Response {
     if !crate::watch::database_up(&state.reads).await {
         return text_response(crate::watch::database_up_text(false));
     }
@@ -273,7 +273,7 @@ fn label_value(text: &str) -> String {
 /// this process measured it in the engine's histogram: known only for a
 /// queue whose jobs this process claimed.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Pickup {
+pub(crate) struct Pickup {
     /// Jobs claimed.
     pub jobs: u64,
     /// Their mean wait, in seconds.
@@ -284,7 +284,7 @@ pub struct Pickup {
 }
 
 /// The pickup latency of `queue`'s jobs claimed by this process, if any.
-pub fn pickup_latency(queue: &str) -> Option<Pickup> {
+pub(crate) fn pickup_latency(queue: &str) -> Option<Pickup> {
     pickup_in(&handle().render(), queue)
 }
 
@@ -344,7 +344,7 @@ fn pickup_in(text: &str, queue: &str) -> Option<Pickup> {
         (status = 200, description = "ready", body = super::Healthy),
         (status = 503, description = "not ready: the database is unreachable, lacks migrations (not-migrated), or takes no writes (read-only: a standby, or default_transaction_read_only)"),
     ))]
-pub async fn ready(State(state): State<AppState>) -> Response {
+pub(crate) async fn ready(State(state): State<AppState>) -> Response {
     let not_ready = |kind: ProblemType, detail: String| {
         Problem::new(StatusCode::SERVICE_UNAVAILABLE, kind, "Not ready", detail).into_response()
     };

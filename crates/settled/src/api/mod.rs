@@ -6,18 +6,18 @@
 //! conditional debit, the idempotency key's primary key, the partial unique
 //! index on active holds. Never: a check in memory, or check-then-write.
 
-pub mod audit;
-pub mod auth;
-pub mod creators;
-pub mod dashboard;
-pub mod edge;
-pub mod holds;
-pub mod metrics;
+pub(crate) mod audit;
+pub(crate) mod auth;
+pub(crate) mod creators;
+pub(crate) mod dashboard;
+pub(crate) mod edge;
+pub(crate) mod holds;
+pub(crate) mod metrics;
 pub mod openapi;
-pub mod payouts;
-pub mod problem;
+pub(crate) mod payouts;
+pub(crate) mod problem;
 pub mod provider_events;
-pub mod queues;
+pub(crate) mod queues;
 pub mod routes;
 pub mod server;
 
@@ -41,13 +41,13 @@ use tower_http::timeout::TimeoutLayer;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-pub use auth::Authorized;
-pub use edge::AllowedHosts;
-pub use problem::{Problem, ProblemType};
-pub use server::HttpLimits;
+pub(crate) use auth::Authorized;
+pub(crate) use edge::AllowedHosts;
+pub(crate) use problem::{Problem, ProblemType};
+pub(crate) use server::HttpLimits;
 
 /// Largest request body read, in bytes.
-pub const MAX_BODY_BYTES: usize = 16 * 1024;
+pub(crate) const MAX_BODY_BYTES: usize = 16 * 1024;
 /// Time a handler waits for a whole body (at most [`MAX_BODY_BYTES`]) once
 /// it starts reading it, always after the token is checked: a body that
 /// trickles gets 408 and its connection is closed, so even a client with
@@ -55,10 +55,10 @@ pub const MAX_BODY_BYTES: usize = 16 * 1024;
 /// never evicts) for longer.
 pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often expired idempotency keys are pruned.
-pub const PRUNE_INTERVAL_SECS: u64 = 60;
+pub(crate) const PRUNE_INTERVAL_SECS: u64 = 60;
 
 /// Connections of the pool for dashboard pages and `/v1` reads.
-pub const READ_POOL_CONNECTIONS: u32 = 4;
+pub(crate) const READ_POOL_CONNECTIONS: u32 = 4;
 
 /// Shared state of the server.
 #[derive(Clone)]
@@ -123,7 +123,7 @@ impl AppState {
 /// The API's routes, each a handler with its `#[utoipa::path]`: the one
 /// list that both the server ([`router`]) and `/openapi.json`
 /// ([`openapi::document`]) are made from.
-pub fn api_routes() -> OpenApiRouter<AppState> {
+pub(crate) fn api_routes() -> OpenApiRouter<AppState> {
     use utoipa::OpenApi;
     OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
         .routes(routes!(healthz))
@@ -150,7 +150,7 @@ pub fn api_routes() -> OpenApiRouter<AppState> {
 
 /// The dashboard's pages and forms: HTML for people, not part of the API
 /// (docs/api.md lists them).
-pub fn dashboard_routes() -> Router<AppState> {
+pub(crate) fn dashboard_routes() -> Router<AppState> {
     Router::new()
         .route("/", get(dashboard::runs))
         .route("/runs/{id}", get(dashboard::run_report))
@@ -206,7 +206,7 @@ pub fn router(state: AppState) -> Router {
 /// Serves the API on `listener` until SIGTERM or SIGINT (then drains open
 /// connections for at most the grace period); prunes expired idempotency
 /// keys and verifies the newest finished run in the background.
-pub async fn serve(listener: tokio::net::TcpListener, state: AppState) -> anyhow::Result<()> {
+pub(crate) async fn serve(listener: tokio::net::TcpListener, state: AppState) -> anyhow::Result<()> {
     metrics::handle();
     let verifier = state.verify_every.map(|every| {
         tokio::spawn(crate::watch::keep_verifying(
@@ -251,7 +251,7 @@ async fn shutdown_signal() {
 
 /// What `/healthz` and `/readyz` answer when all is well.
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
-pub struct Healthy {
+pub(crate) struct Healthy {
     /// `ok` (`/healthz`) or `ready` (`/readyz`).
     pub status: Health,
 }
@@ -259,7 +259,7 @@ pub struct Healthy {
 /// The state a probe reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
-pub enum Health {
+pub(crate) enum Health {
     /// The server reaches the database.
     Ok,
     /// It is migrated and takes writes too.
@@ -283,7 +283,7 @@ async fn healthz(State(state): State<AppState>) -> Response {
 /// Reads an optional count that JSON may write as `3546` or `3546.0` (JSON
 /// Schema counts both as integers, so a client generated from the document
 /// may send either); a fraction or a negative number is refused.
-pub fn integral<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<u64>, D::Error> {
+pub(crate) fn integral<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<u64>, D::Error> {
     let Some(number) = Option::<serde_json::Number>::deserialize(deserializer)? else {
         return Ok(None);
     };
@@ -301,9 +301,9 @@ pub fn integral<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<u64
 
 /// `lock_timeout` of the API's transactions: a payout or hold that would
 /// wait longer on a row lock answers 503 `database-busy` instead.
-pub const API_LOCK_TIMEOUT: &str = "2s";
+pub(crate) const API_LOCK_TIMEOUT: &str = "2s";
 /// `statement_timeout` of the API's transactions.
-pub const API_STATEMENT_TIMEOUT: &str = "5s";
+pub(crate) const API_STATEMENT_TIMEOUT: &str = "5s";
 
 /// Begins a write transaction of the API (payouts, holds) with its lock and
 /// statement timeouts, the payouts' mover (`api`, for their history; a
@@ -312,7 +312,7 @@ pub const API_STATEMENT_TIMEOUT: &str = "5s";
 /// 201 is sent only once a synchronous standby has the commit). All are
 /// transaction-local (`set_config(..., true)`): they end with it, and hold
 /// behind a transaction pooler.
-pub async fn begin(state: &AppState) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, sqlx::Error> {
+pub(crate) async fn begin(state: &AppState) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, sqlx::Error> {
     let mut tx = state.pool.begin().await?;
     sqlx::query(
         "SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $2, true),
@@ -340,7 +340,7 @@ pub async fn begin(state: &AppState) -> Result<sqlx::Transaction<'static, sqlx::
 /// `outcome-unknown`, never "no effect".
 ///
 /// [`EngineError::CommitOutcomeUnknown`]: settled_engine::EngineError::CommitOutcomeUnknown
-pub async fn commit(state: &AppState, mut tx: sqlx::Transaction<'static, sqlx::Postgres>) -> anyhow::Result<()> {
+pub(crate) async fn commit(state: &AppState, mut tx: sqlx::Transaction<'static, sqlx::Postgres>) -> anyhow::Result<()> {
     let recorded = audit::record_in(&mut tx).await?;
     if state.synchronous_commit.is_some() {
         sqlx::query("SELECT set_config('statement_timeout', '0', true)")
@@ -373,7 +373,7 @@ pub enum SynchronousCommit {
 
 impl SynchronousCommit {
     /// As PostgreSQL spells it.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             SynchronousCommit::Local => "local",
             SynchronousCommit::On => "on",
@@ -387,7 +387,7 @@ impl SynchronousCommit {
 /// Content-Type is `application/json` (415 otherwise) and parses it as a
 /// JSON object of `T` (an array or a scalar is refused, and so is a member
 /// named twice), naming the field at fault.
-pub async fn read_json<T: DeserializeOwned>(headers: &HeaderMap, body: Body) -> Result<(T, Bytes), Problem> {
+pub(crate) async fn read_json<T: DeserializeOwned>(headers: &HeaderMap, body: Body) -> Result<(T, Bytes), Problem> {
     if !has_media_type(headers, "application/json") {
         return Err(unsupported_media_type(
             "the body must be JSON, sent with `Content-Type: application/json`",
@@ -444,7 +444,7 @@ fn nul_at(object: &serde_json::Map<String, serde_json::Value>) -> Option<String>
 /// Reads the body (at most [`MAX_BODY_BYTES`]) of a form posted as
 /// `application/x-www-form-urlencoded` (415 otherwise) into `T`, naming the
 /// field at fault.
-pub async fn read_form<T: DeserializeOwned>(headers: &HeaderMap, body: Body) -> Result<T, Problem> {
+pub(crate) async fn read_form<T: DeserializeOwned>(headers: &HeaderMap, body: Body) -> Result<T, Problem> {
     if !has_media_type(headers, "application/x-www-form-urlencoded") {
         return Err(unsupported_media_type(
             "the form must be sent with `Content-Type: application/x-www-form-urlencoded`",

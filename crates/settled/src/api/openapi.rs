@@ -22,15 +22,15 @@ use crate::address::CreatorAddress;
 use crate::money::Amount;
 
 /// Tag of the payout operations.
-pub const TAG_PAYOUTS: &str = "payouts";
+pub(crate) const TAG_PAYOUTS: &str = "payouts";
 /// Tag of the creator and hold operations.
-pub const TAG_CREATORS: &str = "creators";
+pub(crate) const TAG_CREATORS: &str = "creators";
 /// Tag of the continuous queues' operations.
-pub const TAG_QUEUES: &str = "queues";
+pub(crate) const TAG_QUEUES: &str = "queues";
 /// Tag of the provider's webhooks.
-pub const TAG_PROVIDER: &str = "provider";
+pub(crate) const TAG_PROVIDER: &str = "provider";
 /// Tag of health, metrics and this document.
-pub const TAG_SERVER: &str = "server";
+pub(crate) const TAG_SERVER: &str = "server";
 
 /// The example creator of payouts: creator 64 of `settled seed` (default
 /// seed), the one the docs' sessions pay, so a tool that sends the
@@ -39,7 +39,7 @@ pub const EXAMPLE_CREATOR: &str = "0x08453dd433f2499c722f3b8973bfd99a17093840";
 /// The example creator of holds: creator 1 of `settled seed` (default
 /// seed), another than the payouts' so that the examples' holds do not
 /// refuse the examples' payouts.
-pub const EXAMPLE_HELD_CREATOR: &str = "0x1140e4ea9e0e8e4b21c0de5c4bb8997990c3e972";
+pub(crate) const EXAMPLE_HELD_CREATOR: &str = "0x1140e4ea9e0e8e4b21c0de5c4bb8997990c3e972";
 
 /// The document's fixed parts; the operations come from the routes.
 #[derive(OpenApi)]
@@ -54,7 +54,7 @@ pub const EXAMPLE_HELD_CREATOR: &str = "0x1140e4ea9e0e8e4b21c0de5c4bb8997990c3e9
         (name = "server", description = "health, readiness, metrics and this document"),
     )
 )]
-pub struct ApiDoc;
+pub(crate) struct ApiDoc;
 
 const INTRODUCTION: &str = "Withdrawals that never pay twice, holds, creators, continuous queues. Amounts are decimal strings of token base units (they exceed 2^53). Errors are application/problem+json (RFC 9457) with a stable `type` (the Problem schema lists every one). Bodies are application/json objects that name each field once. Idempotency-Key (IETF draft-ietf-httpapi-idempotency-key-header) is an sf-string, quoted or bare; this server keeps a key and its response for {hours} h (then prunes them), and a payout for ever. A key belongs to the request that used it first while any trace of that request is kept (its stored response, even past the retention, until pruned; the payout it made, for ever): another request with it gets 422 idempotency-key-reused, and a repeat of the request, however late, gets its answer or, once the answer is pruned, the payout it made; never a second payout. A key whose request was refused is free once its response is pruned.";
 
@@ -205,14 +205,14 @@ fn link_operations(doc: &mut Value) {
 #[utoipa::path(get, path = "/openapi.json", operation_id = "openapi", tag = TAG_SERVER,
     summary = "This document (OpenAPI 3.1)",
     responses((status = 200, description = "the OpenAPI document", body = Object)))]
-pub async fn serve(State(state): State<AppState>) -> Response {
+pub(crate) async fn serve(State(state): State<AppState>) -> Response {
     let hours = state.idempotency.retention.as_secs() / 3600;
     json_response(axum::http::StatusCode::OK, "application/json", &document(hours)).into_response()
 }
 
 /// `0x` and 40 hex digits, in one case (mixed case must be a valid
 /// EIP-55 checksum, which a pattern cannot say).
-pub const ADDRESS_PATTERN: &str = "^0x([0-9a-f]{40}|[0-9A-F]{40})$";
+pub(crate) const ADDRESS_PATTERN: &str = "^0x([0-9a-f]{40}|[0-9A-F]{40})$";
 
 impl PartialSchema for CreatorAddress {
     fn schema() -> RefOr<Schema> {
@@ -234,7 +234,7 @@ impl ToSchema for CreatorAddress {
 
 /// A positive amount of at most 77 significant digits (78-digit values up
 /// to 2^256 - 1 are accepted too, which a pattern cannot say).
-pub const AMOUNT_PATTERN: &str = "^0*[1-9][0-9]{0,76}$";
+pub(crate) const AMOUNT_PATTERN: &str = "^0*[1-9][0-9]{0,76}$";
 
 impl PartialSchema for Amount {
     fn schema() -> RefOr<Schema> {
@@ -253,7 +253,7 @@ impl ToSchema for Amount {}
 
 /// The `name` of a continuous queue in a path: a plain SQL identifier, as
 /// the engine registers queues.
-pub struct QueueName;
+pub(crate) struct QueueName;
 
 impl PartialSchema for QueueName {
     fn schema() -> RefOr<Schema> {
@@ -269,7 +269,7 @@ impl ToSchema for QueueName {}
 
 /// The `Idempotency-Key` header: an sf-string (`"abc"`) or the bare token
 /// (`abc`), the same key either way, of visible ASCII.
-pub struct IdempotencyKeyHeader;
+pub(crate) struct IdempotencyKeyHeader;
 
 impl PartialSchema for IdempotencyKeyHeader {
     fn schema() -> RefOr<Schema> {

@@ -17,27 +17,27 @@ const LOCK_NOT_AVAILABLE: &str = "55P03";
 /// SQLSTATE of a `statement_timeout` (or a cancel).
 const QUERY_CANCELED: &str = "57014";
 /// What an `outcome-unknown` answer tells the client.
-pub const OUTCOME_UNKNOWN_DETAIL: &str = "the database's answer to COMMIT was lost: the request may or may not have taken effect. Retrying is safe: a payout retried with the same Idempotency-Key answers its outcome and never pays twice; a repeated hold answers 409 hold-exists, a repeated release 409 hold-already-released, if the first took effect; a repeated retry of a failed item does nothing more";
+pub(crate) const OUTCOME_UNKNOWN_DETAIL: &str = "the database's answer to COMMIT was lost: the request may or may not have taken effect. Retrying is safe: a payout retried with the same Idempotency-Key answers its outcome and never pays twice; a repeated hold answers 409 hold-exists, a repeated release 409 hold-already-released, if the first took effect; a repeated retry of a failed item does nothing more";
 /// Seconds a 503 asks the client to wait.
-pub const RETRY_AFTER_SECS: &str = "1";
+pub(crate) const RETRY_AFTER_SECS: &str = "1";
 /// Where every problem `type` starts.
-pub const PROBLEM_TYPE_PREFIX: &str = "/problems/";
+pub(crate) const PROBLEM_TYPE_PREFIX: &str = "/problems/";
 
 /// Declares [`ProblemType`]: each kind once, with its last path segment.
 macro_rules! problem_types {
     ($($(#[doc = $doc:literal])+ $variant:ident = $kind:literal,)+) => {
         /// The stable kind of a problem: its `type` is `/problems/<kind>`.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-        pub enum ProblemType {
+        pub(crate) enum ProblemType {
             $($(#[doc = $doc])+ $variant,)+
         }
 
         impl ProblemType {
             /// Every kind the server answers.
-            pub const ALL: &'static [ProblemType] = &[$(ProblemType::$variant,)+];
+            pub(crate) const ALL: &'static [ProblemType] = &[$(ProblemType::$variant,)+];
 
             /// The kind, the last segment of `type` (`insufficient-funds`).
-            pub fn kind(self) -> &'static str {
+            pub(crate) fn kind(self) -> &'static str {
                 match self {
                     $(ProblemType::$variant => $kind,)+
                 }
@@ -151,7 +151,7 @@ problem_types! {
 
 impl ProblemType {
     /// The problem's `type`: `/problems/<kind>`.
-    pub fn uri(self) -> String {
+    pub(crate) fn uri(self) -> String {
         format!("{PROBLEM_TYPE_PREFIX}{}", self.kind())
     }
 }
@@ -178,7 +178,7 @@ impl utoipa::ToSchema for ProblemType {}
 /// the standard members, then the ones some kinds add.
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 #[schema(as = Problem)]
-pub struct ProblemBody {
+pub(crate) struct ProblemBody {
     /// Which problem.
     #[serde(rename = "type")]
     pub r#type: ProblemType,
@@ -219,7 +219,7 @@ pub struct ProblemBody {
 
 /// A problem answer.
 #[derive(Debug, Clone)]
-pub struct Problem {
+pub(crate) struct Problem {
     /// HTTP status.
     pub status: StatusCode,
     /// Its body: its kind, title, detail and the extra members set
@@ -229,7 +229,12 @@ pub struct Problem {
 
 impl Problem {
     /// A problem.
-    pub fn new(status: StatusCode, kind: ProblemType, title: &'static str, detail: impl Into<String>) -> Problem {
+    pub(crate) fn new(
+        status: StatusCode,
+        kind: ProblemType,
+        title: &'static str,
+        detail: impl Into<String>,
+    ) -> Problem {
         Problem {
             status,
             body: Box::new(ProblemBody {
@@ -247,59 +252,54 @@ impl Problem {
         }
     }
 
-    /// Its kind.
-    pub fn kind(&self) -> ProblemType {
-        self.body.r#type
-    }
-
     /// Names the field at fault.
-    pub fn field(mut self, field: impl Into<String>) -> Problem {
+    pub(crate) fn field(mut self, field: impl Into<String>) -> Problem {
         self.body.field = Some(field.into());
         self
     }
 
     /// Says the creator's balance (`insufficient-funds`).
-    pub fn balance(mut self, balance: impl Into<String>) -> Problem {
+    pub(crate) fn balance(mut self, balance: impl Into<String>) -> Problem {
         self.body.balance = Some(balance.into());
         self
     }
 
     /// Says the available balance a payout was refused against.
-    pub fn available(mut self, available: impl Into<String>) -> Problem {
+    pub(crate) fn available(mut self, available: impl Into<String>) -> Problem {
         self.body.available = Some(available.into());
         self
     }
 
     /// Names the creator's active hold (`creator-on-hold`).
-    pub fn hold(mut self, hold: i64) -> Problem {
+    pub(crate) fn hold(mut self, hold: i64) -> Problem {
         self.body.hold = Some(hold);
         self
     }
 
     /// Names the creator's active hold (`hold-exists`), when known.
-    pub fn existing_hold(mut self, hold: Option<i64>) -> Problem {
+    pub(crate) fn existing_hold(mut self, hold: Option<i64>) -> Problem {
         self.body.existing_hold_id = hold;
         self
     }
 
     /// Says where the payout is.
-    pub fn payout_status(mut self, status: Option<PayoutState>) -> Problem {
+    pub(crate) fn payout_status(mut self, status: Option<PayoutState>) -> Problem {
         self.body.payout_status = status;
         self
     }
 
     /// The JSON body.
-    pub fn body(&self) -> serde_json::Value {
+    pub(crate) fn body(&self) -> serde_json::Value {
         serde_json::to_value(&self.body).expect("a problem body is plain JSON")
     }
 
     /// 400: the request is malformed.
-    pub fn bad_request(kind: ProblemType, detail: impl Into<String>) -> Problem {
+    pub(crate) fn bad_request(kind: ProblemType, detail: impl Into<String>) -> Problem {
         Problem::new(StatusCode::BAD_REQUEST, kind, "Bad request", detail)
     }
 
     /// 422: a field's value is invalid.
-    pub fn invalid(field: &str, detail: impl Into<String>) -> Problem {
+    pub(crate) fn invalid(field: &str, detail: impl Into<String>) -> Problem {
         Problem::new(
             StatusCode::UNPROCESSABLE_ENTITY,
             ProblemType::InvalidField,
@@ -310,7 +310,7 @@ impl Problem {
     }
 
     /// 404.
-    pub fn not_found(kind: ProblemType, detail: impl Into<String>) -> Problem {
+    pub(crate) fn not_found(kind: ProblemType, detail: impl Into<String>) -> Problem {
         Problem::new(StatusCode::NOT_FOUND, kind, "Not found", detail)
     }
 
@@ -319,7 +319,7 @@ impl Problem {
     /// `statement_timeout` (`database-busy`); either way nothing committed.
     /// Or COMMIT was sent and its answer lost (`outcome-unknown`): the
     /// request may have taken effect, and the answer says so.
-    pub fn unavailable(err: impl Into<anyhow::Error>) -> Problem {
+    pub(crate) fn unavailable(err: impl Into<anyhow::Error>) -> Problem {
         let err: anyhow::Error = err.into();
         let at_commit = err.chain().any(|e| {
             matches!(
@@ -361,7 +361,7 @@ impl Problem {
 }
 
 /// Sends a JSON body with a content type.
-pub fn json_response(status: StatusCode, content_type: &'static str, body: &serde_json::Value) -> Response {
+pub(crate) fn json_response(status: StatusCode, content_type: &'static str, body: &serde_json::Value) -> Response {
     let mut response = (status, body.to_string()).into_response();
     response
         .headers_mut()

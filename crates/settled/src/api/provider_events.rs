@@ -40,9 +40,9 @@ use crate::provider::{EventType, WebhookEvent};
 pub const WEBHOOK_BODY_READ_TIMEOUT: Duration = Duration::from_secs(1);
 /// Longest event id stored as it is (the column's check); a longer one is
 /// stored as its digest.
-pub const EVENT_ID_CHARS_MAX: usize = 255;
+pub(crate) const EVENT_ID_CHARS_MAX: usize = 255;
 /// Longest event type stored as it is (the column's check).
-pub const EVENT_TYPE_CHARS_MAX: usize = 100;
+pub(crate) const EVENT_TYPE_CHARS_MAX: usize = 100;
 
 /// Counts refused signatures, by reason (a metric operators alert on).
 fn signature_failed(reason: &'static str) {
@@ -52,7 +52,7 @@ fn signature_failed(reason: &'static str) {
 /// What became of an event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
-pub enum EventOutcome {
+pub(crate) enum EventOutcome {
     /// Its payout moved.
     Applied,
     /// It said nothing new about its payout (a repeat, or a late word).
@@ -70,7 +70,7 @@ pub enum EventOutcome {
 impl EventOutcome {
     /// As stored in `settlement.provider_events.outcome` (all but
     /// `duplicate`, which stores nothing).
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             EventOutcome::Applied => Applied::Moved.as_str(),
             EventOutcome::Already => Applied::Already.as_str(),
@@ -94,7 +94,7 @@ impl From<Applied> for EventOutcome {
 
 /// The answer to an event: its id (as stored) and what became of it.
 #[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
-pub struct EventReceived {
+pub(crate) struct EventReceived {
     /// The event's id as stored (a digest for one too long or empty).
     pub id: String,
     /// What became of it.
@@ -115,7 +115,11 @@ pub struct EventReceived {
         (status = 413, description = "body too large (body-too-large)"),
         (status = 503, description = "retry: webhooks are not configured here (webhooks-not-configured), or the database failed; the provider sends the event again"),
     ))]
-pub async fn receive(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Result<Response, Problem> {
+pub(crate) async fn receive(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, Problem> {
     let Some(secrets) = state.webhook_secrets.clone() else {
         return Err(Problem::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -230,7 +234,7 @@ fn malformed(e: serde_path_to_error::Error<serde_json::Error>) -> Problem {
 /// `text` as a column of at most `chars_max` characters stores it: itself,
 /// or `sha256:<hex>` of it when it is longer or holds a NUL (which no text
 /// column takes). The whole event stays in the stored body.
-pub fn stored_text(text: &str, chars_max: usize) -> String {
+pub(crate) fn stored_text(text: &str, chars_max: usize) -> String {
     if text.chars().count() <= chars_max && !text.contains('\0') {
         text.to_string()
     } else {

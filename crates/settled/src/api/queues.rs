@@ -19,7 +19,7 @@ use crate::queues::{
 };
 
 /// A queue error as the API answers it.
-pub fn problem(err: QueueError) -> Problem {
+pub(crate) fn problem(err: QueueError) -> Problem {
     match err {
         QueueError::Unknown { .. } => Problem::not_found(ProblemType::UnknownQueue, err.to_string()).field("name"),
         QueueError::Unusable { .. } => Problem::new(
@@ -39,7 +39,7 @@ fn ok(body: impl Serialize) -> Response {
 
 /// Every registered queue.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct QueueList {
+pub(crate) struct QueueList {
     /// The queues, by name.
     pub queues: Vec<QueueView>,
 }
@@ -48,7 +48,7 @@ pub struct QueueList {
 #[utoipa::path(get, path = "/v1/queues", operation_id = "list_queues", tag = TAG_QUEUES,
     summary = "Every registered continuous queue with its exact state (a queue whose table cannot be read carries the error)",
     responses((status = 200, description = "the queues, by name", body = QueueList)))]
-pub async fn list(State(state): State<AppState>) -> Result<Response, Problem> {
+pub(crate) async fn list(State(state): State<AppState>) -> Result<Response, Problem> {
     let mut conn = state.reads.acquire().await.map_err(Problem::unavailable)?;
     let queues = queues::overview(&mut conn).await.map_err(Problem::unavailable)?;
     Ok(ok(QueueList { queues }))
@@ -62,7 +62,7 @@ pub async fn list(State(state): State<AppState>) -> Result<Response, Problem> {
         (status = 200, description = "the queue", body = QueueView),
         (status = 404, description = "no such queue (unknown-queue)"),
     ))]
-pub async fn show(State(state): State<AppState>, Path(name): Path<String>) -> Result<Response, Problem> {
+pub(crate) async fn show(State(state): State<AppState>, Path(name): Path<String>) -> Result<Response, Problem> {
     let mut conn = state.reads.acquire().await.map_err(Problem::unavailable)?;
     let view = queues::view(&mut conn, &name).await.map_err(problem)?;
     Ok(ok(view))
@@ -70,13 +70,13 @@ pub async fn show(State(state): State<AppState>, Path(name): Path<String>) -> Re
 
 /// Query of the dead-letter listing.
 #[derive(Debug, Deserialize)]
-pub struct DeadQuery {
+pub(crate) struct DeadQuery {
     limit: Option<String>,
 }
 
 /// A queue's dead letters.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct DeadLetters {
+pub(crate) struct DeadLetters {
     /// The queue.
     pub queue: String,
     /// Its dead letters, newest failure first.
@@ -96,7 +96,7 @@ pub struct DeadLetters {
         (status = 404, description = "no such queue (unknown-queue)"),
         (status = 409, description = "the queue's table is missing, does not conform or cannot be read (queue-unusable)"),
     ))]
-pub async fn dead(
+pub(crate) async fn dead(
     State(state): State<AppState>,
     Path(name): Path<String>,
     Query(q): Query<DeadQuery>,
@@ -126,7 +126,7 @@ pub async fn dead(
 
 /// A queue paused or resumed.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct QueuePaused {
+pub(crate) struct QueuePaused {
     /// The queue.
     pub queue: String,
     /// True: paused; false: serving.
@@ -144,7 +144,7 @@ pub struct QueuePaused {
         (status = 200, description = "paused (changed: false when it already was)", body = QueuePaused),
         (status = 404, description = "no such queue (unknown-queue)"),
     ))]
-pub async fn pause(
+pub(crate) async fn pause(
     State(state): State<AppState>,
     _: Authorized,
     Path(name): Path<String>,
@@ -161,7 +161,7 @@ pub async fn pause(
         (status = 200, description = "serving (changed: false when it was not paused)", body = QueuePaused),
         (status = 404, description = "no such queue (unknown-queue)"),
     ))]
-pub async fn resume(
+pub(crate) async fn resume(
     State(state): State<AppState>,
     _: Authorized,
     Path(name): Path<String>,
@@ -171,7 +171,7 @@ pub async fn resume(
 
 /// Pauses or resumes in one API write transaction; false when the queue
 /// already was so (nothing changed).
-pub async fn set_paused(state: &AppState, name: &str, paused: bool) -> Result<bool, Problem> {
+pub(crate) async fn set_paused(state: &AppState, name: &str, paused: bool) -> Result<bool, Problem> {
     let mut tx = super::begin(state).await.map_err(Problem::unavailable)?;
     let found = queues::find(&mut tx, name).await.map_err(problem)?;
     let changed = if paused {
@@ -202,7 +202,7 @@ async fn answer_paused(state: &AppState, name: &str, paused: bool) -> Result<Res
 
 /// Replays the dead letters `filter` selects in one API write transaction;
 /// how many.
-pub async fn replay_committed(state: &AppState, name: &str, filter: &ReplayFilter) -> Result<u64, Problem> {
+pub(crate) async fn replay_committed(state: &AppState, name: &str, filter: &ReplayFilter) -> Result<u64, Problem> {
     let mut tx = super::begin(state).await.map_err(Problem::unavailable)?;
     let found = queues::find_usable(&mut tx, name).await.map_err(problem)?;
     let replayed = queues::replay(&mut tx, &found, filter).await.map_err(problem)?;
@@ -216,7 +216,7 @@ pub async fn replay_committed(state: &AppState, name: &str, filter: &ReplayFilte
 /// none: every dead letter (up to `limit`).
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct ReplayBody {
+pub(crate) struct ReplayBody {
     /// This job only.
     #[schema(min_length = 1)]
     key: Option<String>,
@@ -237,7 +237,7 @@ pub struct ReplayBody {
 
 /// How many dead letters a replay made eligible again.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct Replayed {
+pub(crate) struct Replayed {
     /// The queue.
     pub queue: String,
     /// How many.
@@ -259,7 +259,7 @@ pub struct Replayed {
         (status = 404, description = "no such queue (unknown-queue), or no dead letter matches (no-dead-letter-matched)"),
         (status = 409, description = "the queue's table is missing, does not conform or cannot be read (queue-unusable)"),
     ))]
-pub async fn replay(
+pub(crate) async fn replay(
     State(state): State<AppState>,
     _: Authorized,
     Path(name): Path<String>,
@@ -298,14 +298,14 @@ pub async fn replay(
 /// The body of a cancel.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct CancelBody {
+pub(crate) struct CancelBody {
     /// The job's key, as text (a value of the queue's key type).
     key: String,
 }
 
 /// A job cancelled.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct JobCancelled {
+pub(crate) struct JobCancelled {
     /// The queue.
     pub queue: String,
     /// The job's key.
@@ -326,7 +326,7 @@ pub struct JobCancelled {
         (status = 404, description = "no such queue (unknown-queue) or job (unknown-job)"),
         (status = 409, description = "the job has started or ended (job-started), or the queue's table cannot serve (queue-unusable)"),
     ))]
-pub async fn cancel(
+pub(crate) async fn cancel(
     State(state): State<AppState>,
     _: Authorized,
     Path(name): Path<String>,
@@ -338,7 +338,7 @@ pub async fn cancel(
     let found = queues::find_usable(&mut tx, &name).await.map_err(problem)?;
     let outcome = queues::cancel(&mut tx, &found, &b.key).await.map_err(problem)?;
     match outcome {
-        Cancelled::Cancelled => {
+        Cancelled::Now => {
             super::audit::set_target(format!("queue {name} job {:?}", b.key));
             super::commit(&state, tx).await.map_err(Problem::unavailable)?;
             Ok(ok(JobCancelled {

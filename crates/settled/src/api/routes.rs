@@ -19,7 +19,7 @@ pub enum Access {
 
 impl Access {
     /// For the docs: `open`, `signed`, or the role.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Access::Open => "open",
             Access::Signed => "webhook signature",
@@ -96,7 +96,7 @@ pub const ROUTES: &[Route] = &[
 ];
 
 /// Who may call `method` on `path` (a router template); None: not a route.
-pub fn access(method: &str, path: &str) -> Option<Access> {
+pub(crate) fn access(method: &str, path: &str) -> Option<Access> {
     ROUTES
         .iter()
         .find(|r| r.path == path && r.method.eq_ignore_ascii_case(method))

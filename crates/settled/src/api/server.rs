@@ -43,7 +43,7 @@ use tokio::sync::Notify;
 pub const MAX_HEAD_BYTES: usize = 32 * 1024;
 /// File descriptors kept free for the database pools, logs and the accept
 /// itself when the connection cap is derived from the open-file limit.
-pub const RESERVED_FDS: u64 = 96;
+pub(crate) const RESERVED_FDS: u64 = 96;
 
 /// Limits on connections and requests.
 #[derive(Debug, Clone, Copy)]
@@ -74,7 +74,7 @@ impl HttpLimits {
     /// Raises this process's open-file soft limit to its hard limit and
     /// lowers the connection cap, if needed, to what the limit leaves after
     /// [`RESERVED_FDS`].
-    pub fn fit_open_file_limit(mut self) -> anyhow::Result<HttpLimits> {
+    pub(crate) fn fit_open_file_limit(mut self) -> anyhow::Result<HttpLimits> {
         use nix::sys::resource::{getrlimit, setrlimit, Resource};
         let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
         let limit = if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
@@ -104,15 +104,15 @@ impl HttpLimits {
 /// A connection at least this old may be evicted at the cap: time enough
 /// to send a request head, so that a flood of reconnecting slow clients
 /// evicts itself at a bounded rate and cannot evict a real client first.
-pub const EVICT_MIN_AGE: Duration = Duration::from_millis(200);
+pub(crate) const EVICT_MIN_AGE: Duration = Duration::from_millis(200);
 
 /// Connections the kernel queues for `accept` (capped by
 /// `net.core.somaxconn`). The standard library's 128 overflows under a flood
 /// at the cap, and an overflowing queue drops the SYNs of real clients too.
-pub const LISTEN_BACKLOG: u32 = 4096;
+pub(crate) const LISTEN_BACKLOG: u32 = 4096;
 
 /// Listens on `addr` with [`LISTEN_BACKLOG`].
-pub fn bind(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+pub(crate) fn bind(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
     let socket = if addr.is_ipv4() {
         tokio::net::TcpSocket::new_v4()?
     } else {

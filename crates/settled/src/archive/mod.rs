@@ -33,14 +33,14 @@ mod run;
 mod verify;
 
 pub use run::archive;
-pub use verify::{verify_archive, ArchiveCheck, ArchiveReport};
+pub(crate) use verify::verify_archive;
 
 use std::path::{Path, PathBuf};
 
 use crate::period::Period;
 
 /// The header line of an archive file: the ledger's columns, in order.
-pub const ARCHIVE_HEADER: &str = "period,creator,amount,run_id,attempt,created_at";
+pub(crate) const ARCHIVE_HEADER: &str = "period,creator,amount,run_id,attempt,created_at";
 
 /// What to archive.
 #[derive(Debug, Clone)]
@@ -58,7 +58,7 @@ pub struct ArchiveOptions {
 }
 
 /// The audit log's actor of the worker daemon's archive (`--archive-after-days`).
-pub const DAEMON_ACTOR: &str = "worker --archive-after-days";
+pub(crate) const DAEMON_ACTOR: &str = "worker --archive-after-days";
 
 /// A period's archive, as its manifest and `settlement.archived_periods` hold it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -90,7 +90,7 @@ pub struct Archived {
 }
 
 /// The data file and manifest paths of `period` in `dir`.
-pub fn paths(dir: &Path, period: Period) -> (PathBuf, PathBuf) {
+pub(crate) fn paths(dir: &Path, period: Period) -> (PathBuf, PathBuf) {
     (
         dir.join(format!("ledger-{period}.csv")),
         dir.join(format!("ledger-{period}.manifest.json")),
@@ -98,11 +98,11 @@ pub fn paths(dir: &Path, period: Period) -> (PathBuf, PathBuf) {
 }
 
 /// How many times an archive that lost a deadlock is tried in all.
-pub const ARCHIVE_ATTEMPTS: u32 = 5;
+pub(crate) const ARCHIVE_ATTEMPTS: u32 = 5;
 /// How long an archive whose COMMIT got no answer waits to learn whether
 /// it committed (a new connection, then the archive's lock, which the lost
 /// transaction holds until it ends) before it says the outcome is unknown.
-pub const COMMIT_OUTCOME_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+pub(crate) const COMMIT_OUTCOME_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// What an archive did.
 #[derive(Debug, Clone)]

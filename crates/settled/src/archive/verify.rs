@@ -107,7 +107,7 @@ impl FileRead {
 
 /// One check of an archive.
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct ArchiveCheck {
+pub(crate) struct ArchiveCheck {
     /// Stable name.
     pub name: &'static str,
     /// Whether it holds.
@@ -118,7 +118,7 @@ pub struct ArchiveCheck {
 
 /// The result of re-checking an archive file.
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct ArchiveReport {
+pub(crate) struct ArchiveReport {
     /// The data file.
     pub file: String,
     /// Its period.
@@ -131,7 +131,7 @@ pub struct ArchiveReport {
 
 /// Re-checks an archive (`path`: its data file or its manifest) against
 /// its manifest and the database's record of the period.
-pub async fn verify_archive(conn: &mut PgConnection, path: &Path) -> anyhow::Result<ArchiveReport> {
+pub(crate) async fn verify_archive(conn: &mut PgConnection, path: &Path) -> anyhow::Result<ArchiveReport> {
     let name = path.to_string_lossy();
     let manifest_path = match name.strip_suffix(".csv") {
         Some(stem) => PathBuf::from(format!("{stem}.manifest.json")),
@@ -198,7 +198,7 @@ pub async fn verify_archive(conn: &mut PgConnection, path: &Path) -> anyhow::Res
 
 impl ArchiveReport {
     /// The human rendering.
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let mut out = format!(
             "verify archive {} ({}): {}\n",
             self.file,

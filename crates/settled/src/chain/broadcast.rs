@@ -10,7 +10,7 @@ use super::rpc::{Rpc, RpcError};
 
 /// What the node said to signed bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Sent {
+pub(crate) enum Sent {
     /// Taken into its pool now.
     Accepted,
     /// It has them already (or another attempt of the same nonce).
@@ -27,7 +27,7 @@ pub enum Sent {
 
 /// The node's words (geth's, reth's and anvil's, lower-case) for signed
 /// bytes that can never be valid on its chain.
-pub const NEVER_VALID: [&str; 7] = [
+pub(crate) const NEVER_VALID: [&str; 7] = [
     "exceeds block gas limit",
     "gas_limit > env.block.gas_limit",
     "intrinsic gas too low",
@@ -38,7 +38,7 @@ pub const NEVER_VALID: [&str; 7] = [
 ];
 
 /// Reads a refusal of `eth_sendRawTransaction`.
-pub fn read_refusal(message: &str) -> Option<Sent> {
+pub(crate) fn read_refusal(message: &str) -> Option<Sent> {
     let m = message.to_ascii_lowercase();
     if m.contains("nonce too low") || m.contains("nonce has already been used") {
         Some(Sent::NonceUsed)
@@ -56,7 +56,7 @@ pub fn read_refusal(message: &str) -> Option<Sent> {
 }
 
 /// Sends `raw` to the node.
-pub async fn send(rpc: &Rpc, raw: &[u8]) -> Result<Sent, RpcError> {
+pub(crate) async fn send(rpc: &Rpc, raw: &[u8]) -> Result<Sent, RpcError> {
     match rpc.send_raw(raw).await {
         Ok(_) => Ok(Sent::Accepted),
         Err(err) => match err.node_message().and_then(read_refusal) {

@@ -57,7 +57,7 @@ pub struct Round {
 }
 
 /// Follows heads every `every` until aborted.
-pub async fn follow(pool: PgPool, chain: std::sync::Arc<Chain>, every: Duration) {
+pub(crate) async fn follow(pool: PgPool, chain: std::sync::Arc<Chain>, every: Duration) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -588,11 +588,6 @@ async fn move_payouts(db: &mut sqlx::PgConnection, chain: &Chain, tx_id: i64, wo
         .collect();
     apply_words(db, &words, Source::Poll, None).await?;
     Ok(())
-}
-
-/// The hash as settled stores it (for logs and tests).
-pub fn shown(hash: B256) -> String {
-    store::hex(hash)
 }
 
 #[cfg(test)]

@@ -25,20 +25,20 @@ use super::store::{self, ChainTx, TxState};
 use super::Chain;
 
 /// Gas of the filler: a plain transfer of the chain's coin, no call.
-pub const FILLER_GAS_LIMIT: u64 = 21_000;
+pub(crate) const FILLER_GAS_LIMIT: u64 = 21_000;
 
 /// The fees of a filler for a transaction whose newest attempt offered
 /// `old`: the replacement's raise (+12.5%, or the market), past the fee
 /// cap if that is what replacing takes: the filler is 21,000 gas, and a
 /// nonce that cannot be filled blocks every payout after it.
-pub fn filler_fees(old: Fees, market: Fees) -> Fees {
+pub(crate) fn filler_fees(old: Fees, market: Fees) -> Fees {
     sign::replacement_fees(old, market, u128::MAX).expect("no cap leaves room for a raise")
 }
 
 /// Gives up transaction `tx` because of `why`: its filler signed, stored
 /// as its newest attempt (the transaction marked given up), then sent.
 /// False when it is given up already, or mined meanwhile.
-pub async fn give_up(pool: &PgPool, chain: &Chain, tx: &ChainTx, why: &str) -> anyhow::Result<bool> {
+pub(crate) async fn give_up(pool: &PgPool, chain: &Chain, tx: &ChainTx, why: &str) -> anyhow::Result<bool> {
     let latest = tx.latest();
     let fees = filler_fees(sign::fees_of(&latest.raw)?, chain.fees().await?);
     let signed = chain.wallet.sign(TxEip1559 {

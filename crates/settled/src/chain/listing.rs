@@ -7,13 +7,13 @@ use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 
 /// Transactions on one page by default, and at most.
-pub const TXS_PER_PAGE_DEFAULT: i64 = 50;
+pub(crate) const TXS_PER_PAGE_DEFAULT: i64 = 50;
 /// The most transactions one page shows.
-pub const TXS_PER_PAGE_MAX: i64 = 500;
+pub(crate) const TXS_PER_PAGE_MAX: i64 = 500;
 
 /// One transaction.
 #[derive(Debug, Clone, sqlx::FromRow)]
-pub struct Tx {
+pub(crate) struct Tx {
     /// Its id.
     pub id: i64,
     /// The chain's id.
@@ -34,8 +34,6 @@ pub struct Tx {
     pub mined_hash: Option<String>,
     /// When it took its nonce.
     pub created_at: DateTime<Utc>,
-    /// When it last changed state.
-    pub updated_at: DateTime<Utc>,
     /// Times a reorg took it out of the chain.
     pub reorgs: i64,
     /// Why it waits for an operator (a spent nonce settled cannot account
@@ -45,11 +43,9 @@ pub struct Tx {
 
 /// One signed attempt (a replacement is a later attempt under the nonce).
 #[derive(Debug, Clone, sqlx::FromRow)]
-pub struct Attempt {
+pub(crate) struct Attempt {
     /// Its transaction.
     pub tx_id: i64,
-    /// 1 for the first, then each replacement.
-    pub attempt: i32,
     /// Its hash.
     pub hash: String,
     /// Its fee cap, in wei per gas.
@@ -62,7 +58,7 @@ pub struct Attempt {
 
 /// A payout a transaction pays (or paid, before it was given up).
 #[derive(Debug, Clone, sqlx::FromRow)]
-pub struct Paid {
+pub(crate) struct Paid {
     /// Its transaction.
     pub tx_id: i64,
     /// The payout.
@@ -79,7 +75,7 @@ pub struct Paid {
 
 /// A transaction with its attempts and payouts.
 #[derive(Debug, Clone)]
-pub struct Listed {
+pub(crate) struct Listed {
     /// The transaction.
     pub tx: Tx,
     /// Its attempts, oldest first.
@@ -90,7 +86,7 @@ pub struct Listed {
 
 /// A page of transactions, newest first, and the cursor of the next.
 #[derive(Debug, Clone)]
-pub struct Page {
+pub(crate) struct Page {
     /// The transactions.
     pub txs: Vec<Listed>,
     /// Pass as `before` for the next (older) page; None on the last.
@@ -99,7 +95,7 @@ pub struct Page {
 
 const TXS_SQL: &str = "
 SELECT t.id, t.chain_id, t.sender, t.nonce, t.purpose, t.state, t.block_number, t.block_hash, t.mined_hash,
-       t.created_at, t.updated_at,
+       t.created_at,
        (SELECT count(*) FROM settlement.chain_tx_history h
         WHERE h.tx_id = t.id AND h.from_state = 'included' AND h.to_state = 'broadcast') AS reorgs,
        CASE WHEN t.state IN ('signed', 'broadcast', 'included') THEN t.awaiting_operator_why END AS awaiting_operator_why
@@ -110,7 +106,12 @@ LIMIT $3";
 
 /// The transactions older than `before` (all when None), or only `only`,
 /// `limit` of them, newest first.
-pub async fn page(conn: &mut PgConnection, before: Option<i64>, only: Option<i64>, limit: i64) -> sqlx::Result<Page> {
+pub(crate) async fn page(
+    conn: &mut PgConnection,
+    before: Option<i64>,
+    only: Option<i64>,
+    limit: i64,
+) -> sqlx::Result<Page> {
     let limit = limit.clamp(1, TXS_PER_PAGE_MAX);
     let mut txs: Vec<Tx> = sqlx::query_as(TXS_SQL)
         .bind(before) // $1
@@ -124,7 +125,7 @@ pub async fn page(conn: &mut PgConnection, before: Option<i64>, only: Option<i64
     });
     let ids: Vec<i64> = txs.iter().map(|t| t.id).collect();
     let attempts: Vec<Attempt> = sqlx::query_as(
-        "SELECT tx_id, attempt, hash, max_fee_per_gas::text AS max_fee_per_gas,
+        "SELECT tx_id, hash, max_fee_per_gas::text AS max_fee_per_gas,
                 max_priority_fee_per_gas::text AS max_priority_fee_per_gas, signed_at
          FROM settlement.chain_tx_attempts WHERE tx_id = ANY($1) ORDER BY tx_id, attempt",
     )
@@ -155,7 +156,7 @@ pub async fn page(conn: &mut PgConnection, before: Option<i64>, only: Option<i64
 
 /// The transactions that pay (or paid, then gave up) payout `payout_id`:
 /// (transaction id, nonce, state, given up), oldest first.
-pub async fn of_payout(conn: &mut PgConnection, payout_id: i64) -> sqlx::Result<Vec<(i64, i64, String, bool)>> {
+pub(crate) async fn of_payout(conn: &mut PgConnection, payout_id: i64) -> sqlx::Result<Vec<(i64, i64, String, bool)>> {
     sqlx::query_as(
         "SELECT t.id, t.nonce, t.state, l.given_up
          FROM settlement.chain_tx_payouts l JOIN settlement.chain_txs t ON t.id = l.tx_id

@@ -10,7 +10,7 @@ use sqlx::PgConnection;
 
 /// One hot wallet's numbers.
 #[derive(Debug, Clone, sqlx::FromRow)]
-pub struct WalletGauges {
+pub(crate) struct WalletGauges {
     /// The chain's id.
     pub chain_id: i64,
     /// The hot wallet (lower-case hex).
@@ -52,7 +52,7 @@ LEFT JOIN settlement.chain_wallet_watch w ON w.chain_id = s.chain_id AND w.sende
 ORDER BY s.chain_id, s.sender";
 
 /// Every hot wallet's numbers, now.
-pub async fn gauges(conn: &mut PgConnection) -> sqlx::Result<Vec<WalletGauges>> {
+pub(crate) async fn gauges(conn: &mut PgConnection) -> sqlx::Result<Vec<WalletGauges>> {
     sqlx::query_as(GAUGES_SQL).fetch_all(conn).await
 }
 
@@ -107,7 +107,7 @@ const FAMILIES: [(&str, &str, &str, Value); 7] = [
 
 /// The gauges in Prometheus text: each family once, a series per wallet
 /// it has a value for.
-pub fn text(wallets: &[WalletGauges]) -> String {
+pub(crate) fn text(wallets: &[WalletGauges]) -> String {
     if wallets.is_empty() {
         return String::new();
     }

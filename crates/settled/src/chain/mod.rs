@@ -26,34 +26,34 @@ use alloy_primitives::{Address, U256};
 use sqlx::PgPool;
 
 pub mod abi;
-pub mod broadcast;
+pub(crate) mod broadcast;
 pub mod confirm;
 pub mod give_up;
-pub mod listing;
-pub mod metrics;
-pub mod rail;
-pub mod reconcile;
-pub mod rpc;
+pub(crate) mod listing;
+pub(crate) mod metrics;
+pub(crate) mod rail;
+pub(crate) mod reconcile;
+pub(crate) mod rpc;
 pub mod sign;
-pub mod spent;
-pub mod store;
-pub mod wallet;
-pub mod watch;
+pub(crate) mod spent;
+pub(crate) mod store;
+pub(crate) mod wallet;
+pub(crate) mod watch;
 
 pub use rail::ChainRail;
-pub use rpc::Rpc;
-pub use wallet::HotWallet;
+pub(crate) use rpc::Rpc;
+pub(crate) use wallet::HotWallet;
 
 /// The confirmation depth by default: a payout is paid when its
 /// transaction's block has this many blocks on it, itself included.
-pub const DEFAULT_CONFIRMATIONS: u64 = 12;
+pub(crate) const DEFAULT_CONFIRMATIONS: u64 = 12;
 /// The most settled pays per gas by default, in gwei.
 pub const DEFAULT_FEE_CAP_GWEI: u64 = 500;
 /// How often heads are followed.
-pub const FOLLOW_EVERY: Duration = Duration::from_millis(500);
+pub(crate) const FOLLOW_EVERY: Duration = Duration::from_millis(500);
 /// A transaction sent this long ago and not mined is sent again (a node
 /// that dropped or forgot it).
-pub const REBROADCAST_AFTER: Duration = Duration::from_secs(10);
+pub(crate) const REBROADCAST_AFTER: Duration = Duration::from_secs(10);
 
 /// The chain flags of `settled deliver`.
 #[derive(Debug, Clone, clap::Args)]
@@ -107,16 +107,16 @@ pub struct ChainFlags {
 /// How often the gas balance is recorded by default, in seconds.
 pub const DEFAULT_WATCH_EVERY_SECS: u64 = 30;
 /// How often a deliverer reconciles with the chain by default, in seconds.
-pub const DEFAULT_RECONCILE_EVERY_SECS: u64 = 600;
+pub(crate) const DEFAULT_RECONCILE_EVERY_SECS: u64 = 600;
 
 /// Payouts per batch by default.
 pub const DEFAULT_BATCH_MAX: u32 = 100;
 
 /// How long an unmined transaction waits before it is replaced, by default.
-pub const DEFAULT_REPLACE_AFTER_SECS: u64 = 60;
+pub(crate) const DEFAULT_REPLACE_AFTER_SECS: u64 = 60;
 
 /// Parses a contract or wallet address (any case).
-pub fn parse_address(text: &str) -> Result<Address, String> {
+pub(crate) fn parse_address(text: &str) -> Result<Address, String> {
     let address = crate::address::CreatorAddress::parse(text).map_err(|e| e.to_string())?;
     address.as_str().parse().map_err(|e| format!("{e}"))
 }
@@ -167,13 +167,13 @@ pub struct Chain {
 /// How long after a failed measurement of a batch's cost it is tried again.
 /// (A new deliverer's first batches wait about a block for the batch
 /// contract's approval to be mined.)
-pub const BATCH_GAS_MEASURE_AGAIN_AFTER: Duration = Duration::from_secs(1);
+pub(crate) const BATCH_GAS_MEASURE_AGAIN_AFTER: Duration = Duration::from_secs(1);
 
 /// How long fees read from the node serve new transactions: about a block
 /// on a fast chain. A new transaction's fee cap is twice the base fee plus
 /// the tip, room for six blocks of the base fee's largest rise (12.5%
 /// each), so fees this old still get it mined.
-pub const FEES_FRESH_FOR: Duration = Duration::from_secs(1);
+pub(crate) const FEES_FRESH_FOR: Duration = Duration::from_secs(1);
 
 impl Chain {
     /// Connects to the node of `flags`, reads the key, and makes sure the
@@ -239,7 +239,7 @@ impl Chain {
     /// The fees for a new transaction, read from the node at most once per
     /// [`FEES_FRESH_FOR`] (deliverers signing many batches a second ask the
     /// node once). A replacement or a filler reads [`Chain::fees`] fresh.
-    pub async fn recent_fees(&self) -> anyhow::Result<sign::Fees> {
+    pub(crate) async fn recent_fees(&self) -> anyhow::Result<sign::Fees> {
         if let Some((at, fees)) = *self.fees_read.lock().expect("fees") {
             if at.elapsed() < FEES_FRESH_FOR {
                 return Ok(fees);
@@ -254,7 +254,7 @@ impl Chain {
     /// the batch contract measured once ([`sign::BatchGas`]), with
     /// headroom; the most a batch is given while it cannot be measured
     /// (tried again every [`BATCH_GAS_MEASURE_AGAIN_AFTER`]).
-    pub async fn batch_gas_limit(&self, n: u64) -> u64 {
+    pub(crate) async fn batch_gas_limit(&self, n: u64) -> u64 {
         let due = match *self.batch_gas.lock().expect("batch gas") {
             Ok(gas) => return gas.limit(n),
             Err(last) => last.is_none_or(|at| at.elapsed() >= BATCH_GAS_MEASURE_AGAIN_AFTER),
@@ -285,7 +285,7 @@ impl Chain {
     /// The payment id settled records for payout `payout_id` paid on this
     /// chain from this wallet: it names the payout, not a nonce or a hash,
     /// so it stays the payout's whatever attempt is mined.
-    pub fn payment_id(&self, payout_id: i64) -> String {
+    pub(crate) fn payment_id(&self, payout_id: i64) -> String {
         format!(
             "eip155:{}:{}:payout-{payout_id}",
             self.chain_id,

@@ -41,11 +41,6 @@ impl ChainRail {
         }
     }
 
-    /// The chain it pays on.
-    pub fn chain(&self) -> &Arc<Chain> {
-        &self.chain
-    }
-
     async fn stored(&self, payout_id: i64) -> anyhow::Result<Option<(ChainTx, Paid)>> {
         let mut conn = self.pool.acquire().await?;
         store::tx_of_payout(&mut conn, payout_id).await
@@ -154,7 +149,7 @@ impl ChainRail {
 }
 
 /// Why a reverted transaction's payouts failed.
-pub fn reverted_reason(tx: &ChainTx) -> String {
+pub(crate) fn reverted_reason(tx: &ChainTx) -> String {
     match tx.mined {
         Some((block, _, hash)) => format!("transaction {hash} (nonce {}) reverted in block {block}", tx.nonce),
         None => format!("transaction nonce {} reverted", tx.nonce),

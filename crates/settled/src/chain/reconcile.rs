@@ -42,7 +42,7 @@ struct Expected {
 
 /// Compares the chain with the database; the mismatches, each a line
 /// naming what differs.
-pub async fn reconcile(
+pub(crate) async fn reconcile(
     conn: &mut PgConnection,
     rpc: &Rpc,
     token: Address,
@@ -80,13 +80,13 @@ pub async fn reconcile(
 
 /// How long after a comparison that found mismatches the second one runs:
 /// long enough for the heads follower to record what moved.
-pub const RECHECK_AFTER: std::time::Duration = std::time::Duration::from_secs(2);
+pub(crate) const RECHECK_AFTER: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The mismatches [`reconcile`] finds, kept only when a second comparison
 /// [`RECHECK_AFTER`] later finds them too: the logs are read before the
 /// database, so a transaction mined or reorged out between the two reads
 /// looks like a mismatch once. A real one is found both times.
-pub async fn lasting_mismatches(
+pub(crate) async fn lasting_mismatches(
     conn: &mut PgConnection,
     rpc: &Rpc,
     token: Address,

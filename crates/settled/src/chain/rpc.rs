@@ -13,18 +13,18 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 /// How long one call to the node may take.
-pub const RPC_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const RPC_TIMEOUT: Duration = Duration::from_secs(10);
 /// The longest answer read from the node: a receipt or a block header is a
 /// few kilobytes, and a log query covers at most [`LOG_BLOCKS_PER_CALL`]
 /// blocks. A longer answer is not read on, and the call has no answer.
-pub const ANSWER_BYTES_MAX: usize = 16 * 1024 * 1024;
+pub(crate) const ANSWER_BYTES_MAX: usize = 16 * 1024 * 1024;
 /// The blocks one `eth_getLogs` call covers; a longer range is read in
 /// windows of this size, so each answer stays under [`ANSWER_BYTES_MAX`].
-pub const LOG_BLOCKS_PER_CALL: u64 = 2_000;
+pub(crate) const LOG_BLOCKS_PER_CALL: u64 = 2_000;
 
 /// Why a call has no answer.
 #[derive(Debug, Clone, thiserror::Error)]
-pub enum RpcError {
+pub(crate) enum RpcError {
     /// The node could not be reached, or answered something that is not JSON-RPC.
     #[error("the node at {url} did not answer {method}: {detail}")]
     Transport {
@@ -49,7 +49,7 @@ pub enum RpcError {
 
 impl RpcError {
     /// The node's message, when it answered with an error object.
-    pub fn node_message(&self) -> Option<&str> {
+    pub(crate) fn node_message(&self) -> Option<&str> {
         match self {
             RpcError::Node { message, .. } => Some(message),
             RpcError::Transport { .. } => None,
@@ -80,7 +80,7 @@ struct NodeError {
 /// A mined transaction's receipt, as far as settled reads it.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Receipt {
+pub(crate) struct Receipt {
     /// The transaction's hash.
     pub transaction_hash: B256,
     /// Its block.
@@ -98,7 +98,7 @@ pub struct Receipt {
 
 impl Receipt {
     /// True when the transaction succeeded.
-    pub fn succeeded(&self) -> bool {
+    pub(crate) fn succeeded(&self) -> bool {
         self.status == U64::from(1)
     }
 }
@@ -106,7 +106,7 @@ impl Receipt {
 /// One log of a block.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Log {
+pub(crate) struct Log {
     /// The contract that emitted it.
     pub address: Address,
     /// Its topics.
@@ -126,7 +126,7 @@ pub struct Log {
 /// A block header, as far as settled reads it.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Header {
+pub(crate) struct Header {
     /// Its number.
     pub number: U64,
     /// Its hash.
@@ -167,7 +167,7 @@ pub struct BlockTx {
 
 impl Rpc {
     /// A client of the node at `url`.
-    pub fn new(url: &str) -> anyhow::Result<Rpc> {
+    pub(crate) fn new(url: &str) -> anyhow::Result<Rpc> {
         // A redirect is not the node's answer: it is never followed, and a
         // call answered with one has no answer (a broadcast is then sent
         // again, as after any doubt).
@@ -182,13 +182,8 @@ impl Rpc {
         })
     }
 
-    /// The node's URL.
-    pub fn url(&self) -> &str {
-        &self.url
-    }
-
     /// Calls `method` with `params` and decodes its result.
-    pub async fn call<T: DeserializeOwned>(&self, method: &'static str, params: Value) -> Result<T, RpcError> {
+    pub(crate) async fn call<T: DeserializeOwned>(&self, method: &'static str, params: Value) -> Result<T, RpcError> {
         let transport = |detail: String| RpcError::Transport {
             url: self.url.clone(),
             method,
@@ -216,31 +211,31 @@ impl Rpc {
     }
 
     /// The chain's id.
-    pub async fn chain_id(&self) -> Result<u64, RpcError> {
+    pub(crate) async fn chain_id(&self) -> Result<u64, RpcError> {
         Ok(self.call::<U64>("eth_chainId", json!([])).await?.to())
     }
 
     /// The number of the newest block.
-    pub async fn block_number(&self) -> Result<u64, RpcError> {
+    pub(crate) async fn block_number(&self) -> Result<u64, RpcError> {
         Ok(self.call::<U64>("eth_blockNumber", json!([])).await?.to())
     }
 
     /// The canonical block at `number` (None: there is none yet).
-    pub async fn header(&self, number: u64) -> Result<Option<Header>, RpcError> {
+    pub(crate) async fn header(&self, number: u64) -> Result<Option<Header>, RpcError> {
         self.call("eth_getBlockByNumber", json!([U64::from(number), false]))
             .await
     }
 
     /// The canonical block at `number` with its transactions (None: there
     /// is none).
-    pub async fn block_txs(&self, number: u64) -> Result<Option<BlockTxs>, RpcError> {
+    pub(crate) async fn block_txs(&self, number: u64) -> Result<Option<BlockTxs>, RpcError> {
         self.call("eth_getBlockByNumber", json!([U64::from(number), true]))
             .await
     }
 
     /// The logs of `address` with first topic `topic0` and second topic
     /// `topic1` in the block whose hash is `block` (EIP-234).
-    pub async fn logs_in_block(
+    pub(crate) async fn logs_in_block(
         &self,
         address: Address,
         topic0: B256,
@@ -255,7 +250,7 @@ impl Rpc {
     }
 
     /// The newest block.
-    pub async fn latest(&self) -> Result<Header, RpcError> {
+    pub(crate) async fn latest(&self) -> Result<Header, RpcError> {
         self.call::<Option<Header>>("eth_getBlockByNumber", json!(["latest", false]))
             .await?
             .ok_or_else(|| RpcError::Transport {
@@ -266,7 +261,7 @@ impl Rpc {
     }
 
     /// Transactions `address` sent in blocks up to `block` ("latest", "pending").
-    pub async fn nonce(&self, address: Address, block: &str) -> Result<u64, RpcError> {
+    pub(crate) async fn nonce(&self, address: Address, block: &str) -> Result<u64, RpcError> {
         Ok(self
             .call::<U64>("eth_getTransactionCount", json!([address, block]))
             .await?
@@ -274,34 +269,34 @@ impl Rpc {
     }
 
     /// The tip the node suggests per gas.
-    pub async fn max_priority_fee(&self) -> Result<U256, RpcError> {
+    pub(crate) async fn max_priority_fee(&self) -> Result<U256, RpcError> {
         self.call("eth_maxPriorityFeePerGas", json!([])).await
     }
 
     /// Sends signed bytes; the node's answer is the transaction's hash.
-    pub async fn send_raw(&self, raw: &[u8]) -> Result<B256, RpcError> {
+    pub(crate) async fn send_raw(&self, raw: &[u8]) -> Result<B256, RpcError> {
         self.call("eth_sendRawTransaction", json!([Bytes::copy_from_slice(raw)]))
             .await
     }
 
     /// The receipt of the transaction `hash`, once it is mined.
-    pub async fn receipt(&self, hash: B256) -> Result<Option<Receipt>, RpcError> {
+    pub(crate) async fn receipt(&self, hash: B256) -> Result<Option<Receipt>, RpcError> {
         self.call("eth_getTransactionReceipt", json!([hash])).await
     }
 
     /// `address`'s balance of the chain's own coin (for gas), in wei.
-    pub async fn balance(&self, address: Address) -> Result<U256, RpcError> {
+    pub(crate) async fn balance(&self, address: Address) -> Result<U256, RpcError> {
         self.call("eth_getBalance", json!([address, "latest"])).await
     }
 
     /// The answer of a read-only call of `to` with `data`.
-    pub async fn eth_call(&self, to: Address, data: Bytes) -> Result<Bytes, RpcError> {
+    pub(crate) async fn eth_call(&self, to: Address, data: Bytes) -> Result<Bytes, RpcError> {
         self.call("eth_call", json!([{"to": to, "data": data}, "latest"])).await
     }
 
     /// The gas a call of `to` with `data` from `from` uses now, by the
     /// node's estimate against its newest block.
-    pub async fn estimate_gas(&self, from: Address, to: Address, data: Bytes) -> Result<u64, RpcError> {
+    pub(crate) async fn estimate_gas(&self, from: Address, to: Address, data: Bytes) -> Result<u64, RpcError> {
         Ok(self
             .call::<U64>("eth_estimateGas", json!([{"from": from, "to": to, "data": data}]))
             .await?
@@ -311,7 +306,7 @@ impl Rpc {
     /// The logs of `address` with first topic `topic0` and, when given,
     /// second topic `topic1`, in blocks `from..=to`, read in windows of
     /// [`LOG_BLOCKS_PER_CALL`] blocks.
-    pub async fn logs(
+    pub(crate) async fn logs(
         &self,
         address: Address,
         topic0: B256,

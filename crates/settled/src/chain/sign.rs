@@ -20,15 +20,15 @@ use crate::payouts::PayoutRow;
 /// Gas for one `transfer` (a token's transfer costs about 35,000-52,000;
 /// the rest is headroom for tokens with hooks). A limit too low reverts:
 /// the payout fails and its funds return, nothing is lost.
-pub const TRANSFER_GAS_LIMIT: u64 = 100_000;
+pub(crate) const TRANSFER_GAS_LIMIT: u64 = 100_000;
 /// The most gas a batch is given: this, plus [`BATCH_GAS_PER_TRANSFER`]
 /// per payout; its limit while the token's cost is not measured
 /// ([`BatchGas`]).
-pub const BATCH_GAS_BASE: u64 = 60_000;
+pub(crate) const BATCH_GAS_BASE: u64 = 60_000;
 /// Gas per payout of a batch, at the most.
-pub const BATCH_GAS_PER_TRANSFER: u64 = 60_000;
+pub(crate) const BATCH_GAS_PER_TRANSFER: u64 = 60_000;
 /// A batch's gas limit over its measured cost, in quarters (+25%).
-pub const BATCH_GAS_HEADROOM_QUARTERS: u64 = 5;
+pub(crate) const BATCH_GAS_HEADROOM_QUARTERS: u64 = 5;
 
 /// What a batch of the chain's token costs through the batch contract,
 /// measured once per process from the node's estimates ([`measure`]).
@@ -41,7 +41,7 @@ pub const BATCH_GAS_HEADROOM_QUARTERS: u64 = 5;
 /// The cost is measured to fresh addresses, the dearest recipients of a
 /// plain token (a zero balance written), with 25% on top.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BatchGas {
+pub(crate) struct BatchGas {
     /// The call's own cost.
     pub base: u64,
     /// Each transfer's.
@@ -51,7 +51,7 @@ pub struct BatchGas {
 impl BatchGas {
     /// The gas limit of a batch of `n` payouts: the measured cost with
     /// [`BATCH_GAS_HEADROOM_QUARTERS`], never over the most.
-    pub fn limit(self, n: u64) -> u64 {
+    pub(crate) fn limit(self, n: u64) -> u64 {
         let cost = self.base.saturating_add(self.per_transfer.saturating_mul(n));
         cost.saturating_mul(BATCH_GAS_HEADROOM_QUARTERS)
             .div_ceil(4)
@@ -60,7 +60,7 @@ impl BatchGas {
 }
 
 /// The most gas a batch of `n` is given.
-pub fn most_batch_gas(n: u64) -> u64 {
+pub(crate) fn most_batch_gas(n: u64) -> u64 {
     BATCH_GAS_BASE + BATCH_GAS_PER_TRANSFER * n
 }
 
@@ -68,7 +68,7 @@ pub fn most_batch_gas(n: u64) -> u64 {
 /// paying one unit of the token to one fresh address, and to two.
 /// Err when the node cannot estimate them (the contract's approval not
 /// mined yet, a wallet without two units).
-pub async fn measure(chain: &Chain, batch: super::Batch) -> anyhow::Result<BatchGas> {
+pub(crate) async fn measure(chain: &Chain, batch: super::Batch) -> anyhow::Result<BatchGas> {
     let fresh = || {
         let digest = alloy_primitives::keccak256(uuid::Uuid::new_v4().as_bytes());
         Address::from_slice(&digest[12..])
@@ -105,7 +105,7 @@ pub struct Fees {
 
 /// What a transaction calls: the token's `transfer` for one payout, the
 /// batch contract's `pay` for several.
-pub fn call_for(chain: &Chain, payouts: &[PayoutRow]) -> anyhow::Result<(Address, Vec<u8>, u64)> {
+pub(crate) fn call_for(chain: &Chain, payouts: &[PayoutRow]) -> anyhow::Result<(Address, Vec<u8>, u64)> {
     let recipients = payouts
         .iter()
         .map(|p| p.creator.as_str().parse::<Address>())
@@ -168,7 +168,7 @@ pub async fn sign_ahead(pool: &PgPool, chain: &Chain, payout: &PayoutRow, fees: 
 /// with a 30,000,000 gas limit; nodes keep a bounded number of a sender's
 /// pending transactions, and every one signed ahead waits behind the
 /// lowest that is stuck.
-pub const AHEAD_MAX_UNMINED: i64 = 32;
+pub(crate) const AHEAD_MAX_UNMINED: i64 = 32;
 
 /// With a batch contract: signs one batch of the oldest queued payouts
 /// that have no transaction (creators not on hold), under the sender's
@@ -176,7 +176,7 @@ pub const AHEAD_MAX_UNMINED: i64 = 32;
 /// [`AHEAD_MAX_UNMINED`] of the sender's transactions are signed or sent
 /// and not mined. Its id, or None when nothing was signed. The payouts'
 /// jobs find the transaction, as a batch's other payouts do.
-pub async fn sign_next(pool: &PgPool, chain: &Chain, fees: Fees) -> anyhow::Result<Option<i64>> {
+pub(crate) async fn sign_next(pool: &PgPool, chain: &Chain, fees: Fees) -> anyhow::Result<Option<i64>> {
     let Some(batch) = chain.batch else { return Ok(None) };
     let mut db = pool.begin().await?;
     // The payouts first (row locks, skipping those another signer holds),
@@ -211,7 +211,7 @@ pub async fn sign_next(pool: &PgPool, chain: &Chain, fees: Fees) -> anyhow::Resu
 
 /// Locks the sender's nonce row (until the database transaction ends) and
 /// reads its next nonce.
-pub async fn lock_nonce(db: &mut PgConnection, chain: &Chain) -> anyhow::Result<i64> {
+pub(crate) async fn lock_nonce(db: &mut PgConnection, chain: &Chain) -> anyhow::Result<i64> {
     Ok(sqlx::query_scalar(
         "SELECT next_nonce FROM settlement.chain_senders WHERE chain_id = $1 AND sender = $2 FOR UPDATE",
     )
@@ -300,7 +300,7 @@ pub async fn sign_in(
 /// transaction (for `purpose`) and its first attempt, and advances the
 /// sender's nonce; its id.
 #[allow(clippy::too_many_arguments)]
-pub async fn store_signed(
+pub(crate) async fn store_signed(
     db: &mut PgConnection,
     chain: &Chain,
     nonce: i64,
@@ -357,13 +357,13 @@ pub async fn store_signed(
 }
 
 /// Gas for the approval of the batch contract.
-pub const APPROVE_GAS_LIMIT: u64 = 100_000;
+pub(crate) const APPROVE_GAS_LIMIT: u64 = 100_000;
 
 /// With a batch contract: makes sure the hot wallet lets it spend the
 /// token, signing an approval ahead (unless one is in flight) when the
 /// allowance is under half the largest. The approval's nonce is below every
 /// batch signed after it, so it is mined first.
-pub async fn ensure_approval(pool: &PgPool, chain: &Chain) -> anyhow::Result<()> {
+pub(crate) async fn ensure_approval(pool: &PgPool, chain: &Chain) -> anyhow::Result<()> {
     let Some(batch) = chain.batch else { return Ok(()) };
     let call = IERC20::allowanceCall {
         owner: chain.wallet.address(),
@@ -410,13 +410,13 @@ pub async fn ensure_approval(pool: &PgPool, chain: &Chain) -> anyhow::Result<()>
 
 /// The least raise of both fees a replacement offers over the attempt it
 /// replaces, in eighths (+12.5%: nodes refuse a replacement under +10%).
-pub const REPLACEMENT_RAISE_EIGHTHS: u128 = 9;
+pub(crate) const REPLACEMENT_RAISE_EIGHTHS: u128 = 9;
 
 /// The fees of a replacement for an attempt signed with `old`: at least
 /// +12.5% on both, at least what `market` offers now, never above `cap`.
 /// None when the cap leaves no room for a raise of at least 10% (the
 /// attempt waits for the base fee to fall).
-pub fn replacement_fees(old: Fees, market: Fees, cap: u128) -> Option<Fees> {
+pub(crate) fn replacement_fees(old: Fees, market: Fees, cap: u128) -> Option<Fees> {
     let raise = |v: u128| (v.saturating_mul(REPLACEMENT_RAISE_EIGHTHS)).div_ceil(8).max(v + 1);
     let max_fee = raise(old.max_fee_per_gas).max(market.max_fee_per_gas).min(cap);
     let tip = raise(old.max_priority_fee_per_gas)
@@ -431,7 +431,7 @@ pub fn replacement_fees(old: Fees, market: Fees, cap: u128) -> Option<Fees> {
 
 /// Signs a replacement of the transaction whose newest attempt is `raw`:
 /// the same transaction (nonce, call, gas limit), fees `fees`.
-pub fn replacement(chain: &Chain, raw: &[u8], fees: Fees) -> anyhow::Result<(super::wallet::Signed, u64)> {
+pub(crate) fn replacement(chain: &Chain, raw: &[u8], fees: Fees) -> anyhow::Result<(super::wallet::Signed, u64)> {
     use alloy_eips::eip2718::Decodable2718;
     let envelope = alloy_consensus::TxEnvelope::decode_2718(&mut &raw[..])?;
     let Some(signed) = envelope.as_eip1559() else {
@@ -445,7 +445,7 @@ pub fn replacement(chain: &Chain, raw: &[u8], fees: Fees) -> anyhow::Result<(sup
 }
 
 /// The fees an attempt stored as `raw` was signed with.
-pub fn fees_of(raw: &[u8]) -> anyhow::Result<Fees> {
+pub(crate) fn fees_of(raw: &[u8]) -> anyhow::Result<Fees> {
     use alloy_eips::eip2718::Decodable2718;
     let envelope = alloy_consensus::TxEnvelope::decode_2718(&mut &raw[..])?;
     let Some(signed) = envelope.as_eip1559() else {

@@ -33,7 +33,7 @@ use super::{Chain, FOLLOW_EVERY};
 /// restart, and cost nothing but the receipt calls a spent nonce makes each
 /// round anyway; the search after it reads blocks, which is the expensive
 /// part, and so waits.
-pub const SPENT_GRACE: Duration = Duration::from_millis(10 * FOLLOW_EVERY.as_millis() as u64);
+pub(crate) const SPENT_GRACE: Duration = Duration::from_millis(10 * FOLLOW_EVERY.as_millis() as u64);
 
 /// The search starts at the first block whose time is this many seconds
 /// before the transaction took its nonce (the database's clock against the
@@ -41,22 +41,22 @@ pub const SPENT_GRACE: Duration = Duration::from_millis(10 * FOLLOW_EVERY.as_mil
 /// ahead, still finds it). A transaction that spent the nonce before
 /// settled took it (the key used elsewhere while settled was stopped) is
 /// older than the search: not found, and an operator is told.
-pub const SCAN_SLACK_SECS: u64 = 120;
+pub(crate) const SCAN_SLACK_SECS: u64 = 120;
 
 /// Blocks read per transaction per round: one `eth_getBlockByNumber` with
 /// full transactions each (a batch block is a few hundred kilobytes at
 /// most), so a round with a dozen spent nonces stays a few hundred calls.
-pub const SCAN_BLOCKS_PER_ROUND: u64 = 64;
+pub(crate) const SCAN_BLOCKS_PER_ROUND: u64 = 64;
 
 /// The most blocks searched for one nonce before an operator is told: about
 /// seven hours of 12-second blocks, the time a transaction could plausibly
 /// have waited in a pool (settled replaces a stuck one after a minute).
-pub const SCAN_BLOCKS_MAX: u64 = 2_048;
+pub(crate) const SCAN_BLOCKS_MAX: u64 = 2_048;
 
 /// A search in progress, kept between rounds by the process that follows
 /// heads (a restart starts it again, after the grace).
 #[derive(Debug, Clone, Copy)]
-pub struct Look {
+pub(crate) struct Look {
     /// When its nonce was first seen spent with no receipt.
     first_seen: Instant,
     /// The next block to read (None: the start not found yet).
@@ -66,11 +66,11 @@ pub struct Look {
 }
 
 /// The searches in progress, by transaction id.
-pub type Looks = HashMap<i64, Look>;
+pub(crate) type Looks = HashMap<i64, Look>;
 
 /// What a search found.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Found {
+pub(crate) enum Found {
     /// Not searched yet (in the grace), or not found in the blocks read so far.
     Looking,
     /// The transaction of the hot wallet under the nonce: in block `number`
@@ -90,7 +90,7 @@ pub enum Found {
 /// One step of the search for the transaction that spent `tx`'s nonce,
 /// `head` the newest block (read after the node's count of mined
 /// transactions, so the nonce was spent at or before it).
-pub async fn look(chain: &Chain, tx: &ChainTx, head: u64) -> anyhow::Result<Found> {
+pub(crate) async fn look(chain: &Chain, tx: &ChainTx, head: u64) -> anyhow::Result<Found> {
     let look = {
         let mut looks = chain.spent_looks.lock().expect("spent looks");
         *looks.entry(tx.id).or_insert(Look {
@@ -163,12 +163,12 @@ pub async fn look(chain: &Chain, tx: &ChainTx, head: u64) -> anyhow::Result<Foun
 }
 
 /// Drops `tx_id`'s search.
-pub fn forget(chain: &Chain, tx_id: i64) {
+pub(crate) fn forget(chain: &Chain, tx_id: i64) {
     chain.spent_looks.lock().expect("spent looks").remove(&tx_id);
 }
 
 /// Keeps only the searches of `ids` (transactions still in flight).
-pub fn keep_only(chain: &Chain, ids: &[i64]) {
+pub(crate) fn keep_only(chain: &Chain, ids: &[i64]) {
     chain
         .spent_looks
         .lock()

@@ -14,7 +14,7 @@ use crate::money::Amount;
 
 /// Where a transaction stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum TxState {
+pub(crate) enum TxState {
     /// Signed and stored, maybe never sent.
     Signed,
     /// Sent to the node, not mined (or its block left the chain).
@@ -32,7 +32,7 @@ pub enum TxState {
 
 impl TxState {
     /// Every state.
-    pub const ALL: [TxState; 6] = [
+    pub(crate) const ALL: [TxState; 6] = [
         TxState::Signed,
         TxState::Broadcast,
         TxState::Included,
@@ -42,7 +42,7 @@ impl TxState {
     ];
 
     /// The stored value.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             TxState::Signed => "signed",
             TxState::Broadcast => "broadcast",
@@ -54,14 +54,14 @@ impl TxState {
     }
 
     /// Parses a stored value.
-    pub fn parse(value: &str) -> Option<TxState> {
+    pub(crate) fn parse(value: &str) -> Option<TxState> {
         TxState::ALL.into_iter().find(|s| s.as_str() == value)
     }
 }
 
 /// One attempt of a transaction (a replacement is another, same nonce).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Attempt {
+pub(crate) struct Attempt {
     /// 1 for the first.
     pub attempt: i32,
     /// Its hash.
@@ -74,7 +74,7 @@ pub struct Attempt {
 
 /// A stored transaction.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ChainTx {
+pub(crate) struct ChainTx {
     /// Its id.
     pub id: i64,
     /// Its nonce.
@@ -100,25 +100,25 @@ pub struct ChainTx {
 
 impl ChainTx {
     /// The newest attempt (the one sent).
-    pub fn latest(&self) -> &Attempt {
+    pub(crate) fn latest(&self) -> &Attempt {
         self.attempts.last().expect("a stored transaction has an attempt")
     }
 
     /// True when the attempt `hash` is its filler.
-    pub fn filler_mined(&self, hash: B256) -> bool {
+    pub(crate) fn filler_mined(&self, hash: B256) -> bool {
         self.attempts.iter().any(|a| a.hash == hash && a.filler)
     }
 
     /// True when `hash` is one of its attempts (false: a transaction not
     /// settled's spent its nonce).
-    pub fn has_attempt(&self, hash: B256) -> bool {
+    pub(crate) fn has_attempt(&self, hash: B256) -> bool {
         self.attempts.iter().any(|a| a.hash == hash)
     }
 }
 
 /// A payout a transaction pays: what it pays, to whom.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Paid {
+pub(crate) struct Paid {
     /// The payout.
     pub payout_id: i64,
     /// Its place in the transaction's call.
@@ -219,7 +219,7 @@ struct LinkRow {
 }
 
 /// The transaction that pays payout `payout_id`, and what it pays it.
-pub async fn tx_of_payout(conn: &mut PgConnection, payout_id: i64) -> anyhow::Result<Option<(ChainTx, Paid)>> {
+pub(crate) async fn tx_of_payout(conn: &mut PgConnection, payout_id: i64) -> anyhow::Result<Option<(ChainTx, Paid)>> {
     let row: Option<LinkRow> = sqlx::query_as(&format!(
         "SELECT {TX_COLUMNS}, l.position, l.recipient, l.amount::text AS amount
          FROM settlement.chain_tx_payouts l JOIN settlement.chain_txs t ON t.id = l.tx_id
@@ -244,7 +244,7 @@ pub async fn tx_of_payout(conn: &mut PgConnection, payout_id: i64) -> anyhow::Re
 }
 
 /// Transaction `id`.
-pub async fn tx(conn: &mut PgConnection, id: i64) -> anyhow::Result<Option<ChainTx>> {
+pub(crate) async fn tx(conn: &mut PgConnection, id: i64) -> anyhow::Result<Option<ChainTx>> {
     let rows: Vec<TxRow> = sqlx::query_as(&format!(
         "SELECT {TX_COLUMNS} FROM settlement.chain_txs t WHERE t.id = $1"
     ))
@@ -255,7 +255,7 @@ pub async fn tx(conn: &mut PgConnection, id: i64) -> anyhow::Result<Option<Chain
 }
 
 /// The payouts transaction `tx_id` pays, in call order.
-pub async fn payouts_of(conn: &mut PgConnection, tx_id: i64) -> anyhow::Result<Vec<Paid>> {
+pub(crate) async fn payouts_of(conn: &mut PgConnection, tx_id: i64) -> anyhow::Result<Vec<Paid>> {
     let rows: Vec<(i64, i32, String, String, bool)> = sqlx::query_as(
         "SELECT payout_id, position, recipient, amount::text, given_up FROM settlement.chain_tx_payouts
          WHERE tx_id = $1 ORDER BY position",
@@ -277,7 +277,7 @@ pub async fn payouts_of(conn: &mut PgConnection, tx_id: i64) -> anyhow::Result<V
 }
 
 /// The transactions of `sender` on `chain_id` not final yet, by nonce.
-pub async fn in_flight(conn: &mut PgConnection, chain_id: u64, sender: Address) -> anyhow::Result<Vec<ChainTx>> {
+pub(crate) async fn in_flight(conn: &mut PgConnection, chain_id: u64, sender: Address) -> anyhow::Result<Vec<ChainTx>> {
     let rows: Vec<TxRow> = sqlx::query_as(&format!(
         "SELECT {TX_COLUMNS} FROM settlement.chain_txs t
          WHERE t.chain_id = $1 AND t.sender = $2 AND t.state IN ('signed', 'broadcast', 'included')
@@ -291,18 +291,18 @@ pub async fn in_flight(conn: &mut PgConnection, chain_id: u64, sender: Address) 
 }
 
 /// An address as stored: lower-case hex.
-pub fn lower(address: Address) -> String {
+pub(crate) fn lower(address: Address) -> String {
     format!("{address:#x}")
 }
 
 /// A hash as stored.
-pub fn hex(hash: B256) -> String {
+pub(crate) fn hex(hash: B256) -> String {
     format!("{hash:#x}")
 }
 
 /// Transaction `id` was sent: signed moves to broadcast; the time of its
 /// last sending is kept. False when it is past both (mined meanwhile).
-pub async fn mark_broadcast(conn: &mut PgConnection, id: i64) -> anyhow::Result<bool> {
+pub(crate) async fn mark_broadcast(conn: &mut PgConnection, id: i64) -> anyhow::Result<bool> {
     let moved = sqlx::query(
         "UPDATE settlement.chain_txs SET state = 'broadcast', broadcast_at = now()
          WHERE id = $1 AND state IN ('signed', 'broadcast')",
@@ -318,7 +318,7 @@ pub async fn mark_broadcast(conn: &mut PgConnection, id: i64) -> anyhow::Result<
 /// another process holds its row (the followers of every deliverer look
 /// at the same transactions: one moves it and its payouts, the others go
 /// on to the next rather than wait for it, and look again next round).
-pub async fn mark_included(
+pub(crate) async fn mark_included(
     conn: &mut PgConnection,
     id: i64,
     from: TxState,
@@ -344,7 +344,7 @@ pub async fn mark_included(
 
 /// Transaction `id`'s block `block` left the canonical chain: it is
 /// broadcast again. False when it was not included there.
-pub async fn mark_reorged(conn: &mut PgConnection, id: i64, block: B256) -> anyhow::Result<bool> {
+pub(crate) async fn mark_reorged(conn: &mut PgConnection, id: i64, block: B256) -> anyhow::Result<bool> {
     let moved = sqlx::query(
         "UPDATE settlement.chain_txs
          SET state = 'broadcast', block_number = NULL, block_hash = NULL, mined_hash = NULL, broadcast_at = NULL
@@ -360,7 +360,7 @@ pub async fn mark_reorged(conn: &mut PgConnection, id: i64, block: B256) -> anyh
 /// Transaction `id`, included in block `block`, is final: confirmed,
 /// reverted, or filled. False when it was not included there, or another
 /// process holds its row (as [`mark_included`]).
-pub async fn mark_final(conn: &mut PgConnection, id: i64, block: B256, to: TxState) -> anyhow::Result<bool> {
+pub(crate) async fn mark_final(conn: &mut PgConnection, id: i64, block: B256, to: TxState) -> anyhow::Result<bool> {
     assert!(
         matches!(to, TxState::Confirmed | TxState::Reverted | TxState::Filled),
         "{to:?} is not final"
@@ -381,7 +381,7 @@ pub async fn mark_final(conn: &mut PgConnection, id: i64, block: B256, to: TxSta
 /// An attempt to store: its signature, gas limit, fees, and whether it is
 /// a filler.
 #[derive(Debug, Clone, Copy)]
-pub struct NewAttempt<'a> {
+pub(crate) struct NewAttempt<'a> {
     /// The signed attempt.
     pub signed: &'a super::wallet::Signed,
     /// Its gas limit.
@@ -396,7 +396,12 @@ pub struct NewAttempt<'a> {
 /// same nonce, higher fees) while it is not mined and has no such attempt.
 /// False when another process stored that attempt first, or it was mined
 /// meanwhile.
-pub async fn add_attempt(conn: &mut PgConnection, id: i64, attempt: i32, new: &NewAttempt<'_>) -> anyhow::Result<bool> {
+pub(crate) async fn add_attempt(
+    conn: &mut PgConnection,
+    id: i64,
+    attempt: i32,
+    new: &NewAttempt<'_>,
+) -> anyhow::Result<bool> {
     let added = sqlx::query(
         "INSERT INTO settlement.chain_tx_attempts
              (tx_id, attempt, hash, raw, gas_limit, max_fee_per_gas, max_priority_fee_per_gas, filler)
@@ -419,7 +424,7 @@ pub async fn add_attempt(conn: &mut PgConnection, id: i64, attempt: i32, new: &N
 
 /// Marks transaction `id` given up because of `why`, while it is not mined
 /// and not given up yet. False otherwise.
-pub async fn mark_given_up(conn: &mut PgConnection, id: i64, why: &str) -> anyhow::Result<bool> {
+pub(crate) async fn mark_given_up(conn: &mut PgConnection, id: i64, why: &str) -> anyhow::Result<bool> {
     let why: String = why.chars().take(GIVEN_UP_WHY_CHARS_MAX).collect();
     let marked = sqlx::query(
         "UPDATE settlement.chain_txs SET given_up_at = now(), given_up_why = $2
@@ -433,13 +438,13 @@ pub async fn mark_given_up(conn: &mut PgConnection, id: i64, why: &str) -> anyho
 }
 
 /// The longest reason a give-up keeps (`chain_txs.given_up_why`).
-pub const GIVEN_UP_WHY_CHARS_MAX: usize = 500;
+pub(crate) const GIVEN_UP_WHY_CHARS_MAX: usize = 500;
 
 /// Gives up the payouts of transaction `id`, a batch that reverted or a
 /// transaction filled at the confirmation depth (final: its nonce is spent
 /// and none of its attempts can be mined any more), so that they can be
 /// signed again. False when it is neither.
-pub async fn give_up_payouts(conn: &mut PgConnection, id: i64) -> anyhow::Result<bool> {
+pub(crate) async fn give_up_payouts(conn: &mut PgConnection, id: i64) -> anyhow::Result<bool> {
     let given = sqlx::query(
         "UPDATE settlement.chain_tx_payouts l SET given_up = true
          WHERE l.tx_id = $1 AND NOT l.given_up
@@ -454,7 +459,7 @@ pub async fn give_up_payouts(conn: &mut PgConnection, id: i64) -> anyhow::Result
 /// Marks transaction `id`, not final, for an operator because of `why`
 /// (settled cannot account for its spent nonce), once: its state and its
 /// payouts' stay as they are. False when it is marked already, or final.
-pub async fn mark_awaiting_operator(conn: &mut PgConnection, id: i64, why: &str) -> anyhow::Result<bool> {
+pub(crate) async fn mark_awaiting_operator(conn: &mut PgConnection, id: i64, why: &str) -> anyhow::Result<bool> {
     let why: String = why.chars().take(GIVEN_UP_WHY_CHARS_MAX).collect();
     let marked = sqlx::query(
         "UPDATE settlement.chain_txs SET awaiting_operator_at = now(), awaiting_operator_why = $2
@@ -470,7 +475,7 @@ pub async fn mark_awaiting_operator(conn: &mut PgConnection, id: i64, why: &str)
 /// A transaction waiting for an operator: its nonce, state, why, and the
 /// payouts it pays.
 #[derive(Debug, Clone, sqlx::FromRow)]
-pub struct AwaitingOperator {
+pub(crate) struct AwaitingOperator {
     /// Its nonce.
     pub nonce: i64,
     /// Its state.
@@ -483,7 +488,7 @@ pub struct AwaitingOperator {
 
 /// The transactions of `sender` on `chain_id`, not final, marked for an
 /// operator, by nonce.
-pub async fn awaiting_operator(
+pub(crate) async fn awaiting_operator(
     conn: &mut PgConnection,
     chain_id: u64,
     sender: Address,

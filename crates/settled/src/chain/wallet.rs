@@ -14,7 +14,7 @@ use alloy_signer_local::PrivateKeySigner;
 
 /// Why a key file is not used.
 #[derive(Debug, thiserror::Error)]
-pub enum KeyFileError {
+pub(crate) enum KeyFileError {
     /// It could not be read.
     #[error("reading the signer key file {path}: {source}")]
     Read {
@@ -56,7 +56,7 @@ impl std::fmt::Debug for HotWallet {
 
 /// A signed transaction: its hash and the bytes a node takes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Signed {
+pub(crate) struct Signed {
     /// The transaction's hash.
     pub hash: B256,
     /// Its EIP-2718 encoding (what `eth_sendRawTransaction` takes).
@@ -66,7 +66,7 @@ pub struct Signed {
 impl HotWallet {
     /// Reads the key in `path` (64 hex digits, `0x` optional, surrounding
     /// whitespace ignored), refusing a file group or others may read.
-    pub fn from_key_file(path: &Path) -> Result<HotWallet, KeyFileError> {
+    pub(crate) fn from_key_file(path: &Path) -> Result<HotWallet, KeyFileError> {
         let shown = path.display().to_string();
         let read = |source| KeyFileError::Read {
             path: shown.clone(),
@@ -88,12 +88,12 @@ impl HotWallet {
     }
 
     /// The wallet's address.
-    pub fn address(&self) -> Address {
+    pub(crate) fn address(&self) -> Address {
         self.signer.address()
     }
 
     /// Signs `tx`.
-    pub fn sign(&self, tx: TxEip1559) -> anyhow::Result<Signed> {
+    pub(crate) fn sign(&self, tx: TxEip1559) -> anyhow::Result<Signed> {
         let signature = self.signer.sign_hash_sync(&tx.signature_hash())?;
         let envelope = TxEnvelope::Eip1559(tx.into_signed(signature));
         Ok(Signed {

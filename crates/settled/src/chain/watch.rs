@@ -16,7 +16,12 @@ use super::Chain;
 
 /// Records the gas balance every `every`, and reconciles every
 /// `reconcile_every` (never when `None`), until aborted.
-pub async fn watch(pool: PgPool, chain: std::sync::Arc<Chain>, every: Duration, reconcile_every: Option<Duration>) {
+pub(crate) async fn watch(
+    pool: PgPool,
+    chain: std::sync::Arc<Chain>,
+    every: Duration,
+    reconcile_every: Option<Duration>,
+) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut reconciled: Option<tokio::time::Instant> = None;
@@ -37,7 +42,7 @@ pub async fn watch(pool: PgPool, chain: std::sync::Arc<Chain>, every: Duration, 
 }
 
 /// Reads the hot wallet's gas balance from the node and records it.
-pub async fn record_gas(pool: &PgPool, chain: &Chain) -> anyhow::Result<()> {
+pub(crate) async fn record_gas(pool: &PgPool, chain: &Chain) -> anyhow::Result<()> {
     let balance = chain.rpc.balance(chain.wallet.address()).await?;
     sqlx::query(
         "INSERT INTO settlement.chain_wallet_watch (chain_id, sender, gas_balance) VALUES ($1, $2, $3::numeric)
@@ -53,7 +58,7 @@ pub async fn record_gas(pool: &PgPool, chain: &Chain) -> anyhow::Result<()> {
 
 /// Reconciles the chain with the payouts (every sender of the chain, from
 /// block 0) and records how many mismatches, and the first.
-pub async fn record_reconcile(pool: &PgPool, chain: &Chain) -> anyhow::Result<()> {
+pub(crate) async fn record_reconcile(pool: &PgPool, chain: &Chain) -> anyhow::Result<()> {
     let mismatches = {
         let mut conn = pool.acquire().await?;
         super::reconcile::lasting_mismatches(&mut conn, &chain.rpc, chain.token, 0).await?

@@ -7,7 +7,7 @@ use crate::cmd::{DbCommand, Outcome};
 use crate::db::{Access, Database};
 
 /// Rows shown unless --limit says otherwise.
-pub const DEFAULT_LIMIT: i64 = 100;
+pub(crate) const DEFAULT_LIMIT: i64 = 100;
 
 /// Print the audit log, newest first: who did what, to what, and how it
 /// ended (the API's and the dashboard's writes, their refusals, counted per

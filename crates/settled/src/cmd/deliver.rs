@@ -75,7 +75,7 @@ pub struct Args {
 
 impl Args {
     /// How the delivery queue is served, from the flags.
-    pub fn serving(&self) -> Serving {
+    pub(crate) fn serving(&self) -> Serving {
         Serving {
             concurrency: self.concurrency,
             batch: self.batch,
@@ -89,7 +89,7 @@ impl Args {
 
     /// What delivery does, from the flags; `wake` is how idle loops learn
     /// of new payouts.
-    pub fn options(&self, wake: settled_engine::continuous::Wake) -> DeliveryOptions {
+    pub(crate) fn options(&self, wake: settled_engine::continuous::Wake) -> DeliveryOptions {
         let provider_url = self.provider_url.as_deref().unwrap_or_default();
         self.delivery.options(provider_url, &self.serving(), wake)
     }

@@ -8,9 +8,9 @@ use crate::settlement::DEFAULT_FEE_BPS;
 /// Claim loops per demo worker process. The demo's worker processes share
 /// one machine with their PostgreSQL: one loop each with large chunks
 /// measured fastest there (docs/benchmarks.md, "The demo at a million").
-pub const DEMO_CONCURRENCY: u32 = 1;
+pub(crate) const DEMO_CONCURRENCY: u32 = 1;
 /// Creators per claim in the demo (see [`DEMO_CONCURRENCY`]).
-pub const DEMO_CHUNK: u32 = 5000;
+pub(crate) const DEMO_CHUNK: u32 = 5000;
 
 /// Seed a period, settle it with several worker processes, verify, summarize.
 ///

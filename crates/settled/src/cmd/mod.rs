@@ -38,14 +38,14 @@ use std::process::ExitCode;
 use crate::db::{Access, Database, DbOptions};
 
 /// Default claim loops per worker process.
-pub const DEFAULT_CONCURRENCY: u32 = 4;
+pub(crate) const DEFAULT_CONCURRENCY: u32 = 4;
 /// Default items per claim in tx mode: a chunk is one statement, and at a
 /// million creators 5,000 per claim settles 2.4 times as fast as 100 (one
 /// process of four loops on two cores, docs/benchmarks.md).
-pub const DEFAULT_CHUNK: u32 = 5_000;
+pub(crate) const DEFAULT_CHUNK: u32 = 5_000;
 /// Default items per claim in leased mode: each item is a provider call,
 /// and a chunk completes when its slowest call has answered.
-pub const DEFAULT_LEASED_CHUNK: u32 = 100;
+pub(crate) const DEFAULT_LEASED_CHUNK: u32 = 100;
 
 /// Flags every command takes.
 #[derive(Debug, Clone, clap::Args)]
@@ -98,12 +98,12 @@ impl Global {
     }
 
     /// The OTLP endpoint, if set and not empty.
-    pub fn otlp_endpoint(&self) -> Option<&str> {
+    pub(crate) fn otlp_endpoint(&self) -> Option<&str> {
         self.otlp_endpoint.as_deref().filter(|u| !u.is_empty())
     }
 }
 
-pub use crate::db::Pooler;
+pub(crate) use crate::db::Pooler;
 
 /// How log lines look.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -158,7 +158,7 @@ pub trait Runnable {
 }
 
 /// Runs a [`DbCommand`] on the database the global flags name.
-pub struct OnDatabase<C>(pub C);
+pub(crate) struct OnDatabase<C>(pub C);
 
 impl<C: DbCommand> Runnable for OnDatabase<C> {
     fn single_threaded(&self) -> bool {
@@ -303,7 +303,7 @@ fn init_logging(global: &Global, command: &str) -> anyhow::Result<Option<crate::
 /// override becomes a space. Text from elsewhere (a provider's answer, a
 /// handler's error) is printed through it or [`printable`], never raw:
 /// it could rewrite the operator's terminal.
-pub fn one_line(text: &str) -> String {
+pub(crate) fn one_line(text: &str) -> String {
     let bidi = |c: char| matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}');
     text.chars()
         .map(|c| if c.is_control() || bidi(c) { ' ' } else { c })
@@ -312,7 +312,7 @@ pub fn one_line(text: &str) -> String {
 
 /// `text`'s lines, each made [`one_line`]: a report with text from
 /// elsewhere in it, as a terminal may show it.
-pub fn printable(text: &str) -> String {
+pub(crate) fn printable(text: &str) -> String {
     text.split('\n').map(one_line).collect::<Vec<_>>().join("\n")
 }
 
@@ -320,7 +320,7 @@ pub fn printable(text: &str) -> String {
 /// text its parent already ends with (sqlx and its migrator repeat their
 /// source in their own message) is not printed again. The line is
 /// [`one_line`]: a cause may quote a provider's answer.
-pub fn chain_once(err: &anyhow::Error) -> String {
+pub(crate) fn chain_once(err: &anyhow::Error) -> String {
     let mut out = String::new();
     for cause in err.chain() {
         let text = cause.to_string();

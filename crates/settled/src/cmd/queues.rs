@@ -221,7 +221,7 @@ async fn resume(conn: &mut sqlx::PgConnection, name: &str) -> Outcome {
 async fn cancel(conn: &mut sqlx::PgConnection, name: &str, key: &str) -> Outcome {
     let found = queues::find_usable(conn, name).await?;
     match queues::cancel(conn, &found, key).await? {
-        Cancelled::Cancelled => println!("job {key:?} of queue {name} cancelled: it will not run"),
+        Cancelled::Now => println!("job {key:?} of queue {name} cancelled: it will not run"),
         Cancelled::NoSuchJob => bail!("queue {name} has no job {key:?}; nothing changed"),
         Cancelled::Refused(why) => bail!("job {key:?} of queue {name} was not cancelled: {why}"),
     }

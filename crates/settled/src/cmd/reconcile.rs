@@ -11,7 +11,7 @@ use crate::payouts::reconcile::{self, Comparison, Lag, MismatchKind, Scope};
 use crate::provider::HttpProvider;
 
 /// Lags listed by name in the human output (all are in --json).
-pub const LAGS_LISTED: usize = 10;
+pub(crate) const LAGS_LISTED: usize = 10;
 
 /// Compare every payout (withdrawals and settlement payments) with the
 /// provider's record of it, paging through all of the provider's payments.
@@ -124,7 +124,7 @@ async fn reconcile_chain(db: &Database, url: &str, token: alloy_primitives::Addr
 
 /// The human rendering: a verdict, the counts, each mismatch by payout
 /// and key, then the lags.
-pub fn render(c: &Comparison, provider_url: &str) -> String {
+pub(crate) fn render(c: &Comparison, provider_url: &str) -> String {
     let mut out = format!(
         "reconcile with {provider_url}: {}\n  {} payouts, {} provider payments, {} agree\n",
         if c.ok() {

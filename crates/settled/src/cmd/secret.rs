@@ -16,7 +16,7 @@ pub struct SecretParser<T>(fn(&str) -> Result<T, String>);
 
 impl<T> SecretParser<T> {
     /// A parser that checks the text with `parse`.
-    pub const fn new(parse: fn(&str) -> Result<T, String>) -> SecretParser<T> {
+    pub(crate) const fn new(parse: fn(&str) -> Result<T, String>) -> SecretParser<T> {
         SecretParser(parse)
     }
 }

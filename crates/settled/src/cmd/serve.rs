@@ -141,7 +141,7 @@ impl DbCommand for Args {
 
 /// The webhook secrets, parsed once (never shown in errors or `--help`).
 #[derive(Clone)]
-pub struct WebhookSecrets(Vec<Vec<u8>>);
+pub(crate) struct WebhookSecrets(Vec<Vec<u8>>);
 
 impl std::fmt::Debug for WebhookSecrets {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -9,7 +9,7 @@ use crate::provider::HttpProvider;
 use crate::verify::payouts::ChainSide;
 
 /// How long one provider call of a reconciliation may take.
-pub const RECONCILE_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const RECONCILE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Prove from committed state that a period was paid exactly once and
 /// money is conserved, or that payouts are; exit 1 and list offenders

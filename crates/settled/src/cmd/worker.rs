@@ -89,15 +89,15 @@ pub struct ScheduleFlags {
 }
 
 /// The default schedule: 05:00 every day.
-pub const DEFAULT_SCHEDULE: &str = "0 5 * * *";
+pub(crate) const DEFAULT_SCHEDULE: &str = "0 5 * * *";
 /// The default time zone of the schedule.
-pub const DEFAULT_TIMEZONE: &str = "Asia/Seoul";
+pub(crate) const DEFAULT_TIMEZONE: &str = "Asia/Seoul";
 /// The default catch-up window, in days.
-pub const DEFAULT_CATCH_UP_DAYS: u32 = 3;
+pub(crate) const DEFAULT_CATCH_UP_DAYS: u32 = 3;
 
 impl ScheduleFlags {
     /// The parsed schedule.
-    pub fn parse(&self) -> anyhow::Result<settled_engine::Schedule> {
+    pub(crate) fn parse(&self) -> anyhow::Result<settled_engine::Schedule> {
         Ok(settled_engine::Schedule::parse(&self.schedule, &self.timezone)?)
     }
 }
@@ -113,7 +113,7 @@ impl Default for ScheduleFlags {
 }
 
 /// How often the daemon's archiver looks for periods to archive.
-pub const ARCHIVE_EVERY: Duration = Duration::from_secs(3_600);
+pub(crate) const ARCHIVE_EVERY: Duration = Duration::from_secs(3_600);
 
 /// The daemon's archiver: archives what is older than `days`, now and every
 /// [`ARCHIVE_EVERY`], until aborted.
@@ -176,7 +176,7 @@ pub struct EngineFlags {
 
 impl EngineFlags {
     /// The daemon's payout delivery, when it has a provider.
-    pub fn daemon_delivery(&self, wake: settled_engine::continuous::Wake) -> Option<DeliveryOptions> {
+    pub(crate) fn daemon_delivery(&self, wake: settled_engine::continuous::Wake) -> Option<DeliveryOptions> {
         let url = self.provider_url.as_deref()?;
         Some(self.delivery.options(url, &Serving::DAEMON, wake))
     }
@@ -187,7 +187,7 @@ impl EngineFlags {
     }
 
     /// Retry policy.
-    pub fn retry(&self) -> RetryPolicy {
+    pub(crate) fn retry(&self) -> RetryPolicy {
         RetryPolicy {
             max_attempts: self.max_attempts,
             backoff_base_ms: self.backoff_base_ms,
@@ -203,7 +203,7 @@ impl EngineFlags {
 
 impl Args {
     /// What the worker does, from the flags.
-    pub fn options(&self) -> WorkerOptions {
+    pub(crate) fn options(&self) -> WorkerOptions {
         WorkerOptions {
             period: self.period,
             concurrency: self.concurrency,
@@ -266,7 +266,7 @@ impl Args {
 }
 
 /// This process's peak resident memory (VmHWM), MiB; 0 where /proc has none.
-pub fn peak_rss_mib() -> f64 {
+pub(crate) fn peak_rss_mib() -> f64 {
     peak_rss_kib() as f64 / 1024.0
 }
 
@@ -284,7 +284,7 @@ pub fn peak_rss_kib() -> u64 {
 }
 
 /// The line a worker prints when it ends.
-pub fn describe(outcome: &WorkerOutcome) -> String {
+pub(crate) fn describe(outcome: &WorkerOutcome) -> String {
     match outcome {
         WorkerOutcome::NothingToDo => "no running run; nothing to do".into(),
         WorkerOutcome::Worked(WorkOutcome::RunNotRunning(id, state)) => {

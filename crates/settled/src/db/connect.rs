@@ -57,7 +57,7 @@ pub(super) async fn transaction_pooler_seen(connect: &PgConnectOptions) -> Optio
 
 /// The settings every connection of settled has: its application name, and
 /// statements logged at trace level (slow ones, over 5 s, at debug).
-pub fn with_settings(options: PgConnectOptions, application_name: &str) -> PgConnectOptions {
+pub(crate) fn with_settings(options: PgConnectOptions, application_name: &str) -> PgConnectOptions {
     options
         .application_name(application_name)
         .log_statements(tracing::log::LevelFilter::Trace)

@@ -50,7 +50,7 @@ impl Database {
     }
 
     /// Connects (starting the private server if needed) and applies migrations.
-    pub async fn open(opts: &DbOptions) -> anyhow::Result<Database> {
+    pub(crate) async fn open(opts: &DbOptions) -> anyhow::Result<Database> {
         let (url, server) = match &opts.url {
             Some(url) => (url.clone(), None),
             None => {
@@ -188,7 +188,7 @@ impl Database {
 
     /// Another pool on the same database, role and settings, of at most
     /// `max_connections` (e.g. `serve`'s pool for costly pages).
-    pub async fn another_pool(&self, max_connections: u32, application_name: &str) -> anyhow::Result<PgPool> {
+    pub(crate) async fn another_pool(&self, max_connections: u32, application_name: &str) -> anyhow::Result<PgPool> {
         let connect = match &self.follower {
             Some(follower) => follower.options(application_name)?,
             None => self.connect.clone().application_name(application_name),
@@ -206,7 +206,7 @@ impl Database {
     /// Where LISTEN can go: None behind a transaction pooler without a
     /// direct URL (poll instead); otherwise a one-connection pool (the
     /// direct URL's, or this database's own options).
-    pub async fn listen_pool(&self) -> anyhow::Result<Option<PgPool>> {
+    pub(crate) async fn listen_pool(&self) -> anyhow::Result<Option<PgPool>> {
         match (self.pooler, &self.direct_url) {
             (Pooler::Transaction, None) => Ok(None),
             (Pooler::Transaction, Some(direct)) => Ok(Some(
@@ -222,7 +222,7 @@ impl Database {
     /// How a continuous queue's idle loops wake: LISTEN on the pool, on a
     /// direct connection behind a transaction pooler, or polling when there
     /// is none.
-    pub async fn wake(&self) -> anyhow::Result<settled_engine::continuous::Wake> {
+    pub(crate) async fn wake(&self) -> anyhow::Result<settled_engine::continuous::Wake> {
         use settled_engine::continuous::Wake;
         Ok(match (self.pooler, self.listen_pool().await?) {
             (_, None) => Wake::Poll,
@@ -232,7 +232,7 @@ impl Database {
     }
 
     /// The private server, when one is in use by this process.
-    pub fn private_server(&self) -> Option<&LocalPostgres> {
+    pub(crate) fn private_server(&self) -> Option<&LocalPostgres> {
         self.server.as_ref()
     }
 }

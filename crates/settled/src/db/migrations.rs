@@ -24,7 +24,7 @@ fn embedded_migrations() -> Vec<sqlx::migrate::Migration> {
 
 /// The embedded migrations a database does not have as this build has them.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct PendingMigrations {
+pub(crate) struct PendingMigrations {
     /// Never applied, or failed.
     pub missing: Vec<i64>,
     /// Applied with other text than this build's.
@@ -33,12 +33,12 @@ pub struct PendingMigrations {
 
 impl PendingMigrations {
     /// True when the database has every migration as this build has it.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.missing.is_empty() && self.changed.is_empty()
     }
 
     /// What is pending, as a clause of one line.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match (self.missing.is_empty(), self.changed.is_empty()) {
             (false, true) => format!(
                 "the database lacks migrations this version needs ({})",
@@ -59,7 +59,7 @@ impl PendingMigrations {
 
 /// The embedded migrations the database does not have as this build has
 /// them (see [`PendingMigrations`]).
-pub async fn pending_migrations(pool: &PgPool) -> Result<PendingMigrations, sqlx::Error> {
+pub(crate) async fn pending_migrations(pool: &PgPool) -> Result<PendingMigrations, sqlx::Error> {
     let exists: bool = sqlx::query_scalar("SELECT to_regclass('public._sqlx_migrations') IS NOT NULL")
         .fetch_one(pool)
         .await?;
@@ -84,7 +84,7 @@ pub async fn pending_migrations(pool: &PgPool) -> Result<PendingMigrations, sqlx
 
 /// Why this server takes no writes, if it does not: in recovery (a hot
 /// standby), or read-only by default for this session.
-pub async fn read_only_reason(pool: &PgPool) -> Result<Option<&'static str>, sqlx::Error> {
+pub(crate) async fn read_only_reason(pool: &PgPool) -> Result<Option<&'static str>, sqlx::Error> {
     let (in_recovery, read_only): (bool, bool) =
         sqlx::query_as("SELECT pg_is_in_recovery(), current_setting('default_transaction_read_only')::bool")
             .fetch_one(pool)

@@ -11,18 +11,19 @@ mod database;
 mod migrations;
 mod redact;
 
-pub use connect::with_settings;
+pub(crate) use connect::with_settings;
 pub use database::Database;
-pub use migrations::{migrate, pending_migrations, read_only_reason, PendingMigrations};
+pub use migrations::migrate;
+pub(crate) use migrations::{pending_migrations, read_only_reason};
 pub use redact::redact_url;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 /// Name of the database created on the private server.
-pub const EMBEDDED_DATABASE: &str = "settled";
+pub(crate) const EMBEDDED_DATABASE: &str = "settled";
 /// How long to wait for a pooled connection before failing.
-pub const POOL_ACQUIRE_TIMEOUT_SECS: u64 = 30;
+pub(crate) const POOL_ACQUIRE_TIMEOUT_SECS: u64 = 30;
 
 /// How long to wait for a connection: `SETTLED_CONNECT_TIMEOUT_SECS`, else
 /// [`POOL_ACQUIRE_TIMEOUT_SECS`] (a database that is starting gets that long).
@@ -37,7 +38,7 @@ fn acquire_timeout() -> Duration {
 
 /// Where to find or start the database.
 #[derive(Debug, Clone)]
-pub struct DbOptions {
+pub(crate) struct DbOptions {
     /// An existing server (`DATABASE_URL`); None starts the private server.
     pub url: Option<String>,
     /// Data directory of the private server.
@@ -85,4 +86,4 @@ pub enum Pooler {
 }
 
 /// The least-privilege roles the migrations create.
-pub const ROLES: [&str; 3] = ["settled_worker", "settled_api", "settled_readonly"];
+pub(crate) const ROLES: [&str; 3] = ["settled_worker", "settled_api", "settled_readonly"];

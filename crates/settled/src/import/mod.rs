@@ -20,16 +20,16 @@ use sqlx::PgPool;
 
 use crate::period::Period;
 use crate::progress::Progress;
-pub use parse::{Columns, Format, MAX_LINE_BYTES};
+pub(crate) use parse::{Columns, Format, MAX_LINE_BYTES};
 
 /// Errors printed on the terminal (all of them go to `--errors FILE`).
-pub const MAX_ERRORS_SHOWN: usize = 50;
+pub(crate) const MAX_ERRORS_SHOWN: usize = 50;
 /// Bytes buffered before they are sent to `COPY`.
-pub const COPY_BATCH_BYTES: usize = 1 << 20;
+pub(crate) const COPY_BATCH_BYTES: usize = 1 << 20;
 
 /// What to import.
 #[derive(Debug, Clone)]
-pub struct ImportOptions {
+pub(crate) struct ImportOptions {
     /// The file, or `-` for standard input.
     pub path: PathBuf,
     /// The format (default: from the extension, `.jsonl`/`.ndjson` or CSV).
@@ -46,7 +46,7 @@ pub struct ImportOptions {
 
 /// What an import did.
 #[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct ImportOutcome {
+pub(crate) struct ImportOutcome {
     /// Data lines read.
     pub rows: u64,
     /// Rows inserted now.
@@ -179,7 +179,7 @@ fn refuse_output_over_input(input: &std::fs::Metadata, flag: &str, output: &Path
 /// copied into a temporary table), the staged rows checked against each
 /// other and the table, the periods admitted, the rows inserted; all in one
 /// transaction, so a refused import writes nothing.
-pub async fn import(pool: &PgPool, opts: &ImportOptions) -> anyhow::Result<ImportOutcome> {
+pub(crate) async fn import(pool: &PgPool, opts: &ImportOptions) -> anyhow::Result<ImportOutcome> {
     let format = format_of(opts);
     let (input, size) = open_input(opts)?;
     let mut sink = ErrorSink::open(opts)?;

@@ -7,11 +7,11 @@ use crate::money::Amount;
 use crate::period::Period;
 
 /// Longest line accepted, in bytes (without its line ending).
-pub const MAX_LINE_BYTES: usize = 4096;
+pub(crate) const MAX_LINE_BYTES: usize = 4096;
 
 /// Input formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Format {
+pub(crate) enum Format {
     /// `period,creator,volume` (or `creator,volume` with `--period`), one header line allowed.
     Csv,
     /// One JSON object per line: `{"period": "...", "creator": "...", "volume": "..."}`.
@@ -84,7 +84,7 @@ fn unquote(field: &str) -> Result<&str, String> {
 }
 
 /// Validates the three values of a row.
-pub fn validate(
+pub(crate) fn validate(
     period: &str,
     creator: &str,
     volume: &str,

@@ -53,7 +53,7 @@ struct ToDeliver {
 
 /// How long a payout whose creator is on hold waits before delivery looks
 /// at its hold again (a snooze: it spends no attempt).
-pub const HOLD_RECHECK: Duration = Duration::from_secs(5);
+pub(crate) const HOLD_RECHECK: Duration = Duration::from_secs(5);
 
 /// The delivery handler: sends each queued payout through its rail.
 pub struct Deliver<R> {
@@ -76,7 +76,7 @@ impl<R: Rail> Deliver<R> {
     }
 
     /// The same handler, for a provider that keeps keys `window`.
-    pub fn with_key_window(self, window: Duration) -> Deliver<R> {
+    pub(crate) fn with_key_window(self, window: Duration) -> Deliver<R> {
         Deliver {
             key_window: window,
             ..self
@@ -288,7 +288,7 @@ impl<R: Rail> LeasedJobHandler for Deliver<R> {
 
 /// How a process delivers payouts.
 #[derive(Debug, Clone)]
-pub struct DeliveryOptions {
+pub(crate) struct DeliveryOptions {
     /// The provider's base URL.
     pub provider_url: String,
     /// A provider call's timeout.
@@ -349,7 +349,7 @@ pub struct DeliveryFlags {
 /// flags. The payout delivery of `settled worker`'s daemon serves as
 /// [`Serving::DAEMON`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Serving {
+pub(crate) struct Serving {
     /// Claim loops.
     pub concurrency: u32,
     /// Payouts per claim.
@@ -367,14 +367,14 @@ pub struct Serving {
 }
 
 /// How often a paid payout is looked up again for a return, by default.
-pub const DEFAULT_RETURNS_POLL_EVERY: Duration = Duration::from_secs(24 * 3600);
+pub(crate) const DEFAULT_RETURNS_POLL_EVERY: Duration = Duration::from_secs(24 * 3600);
 /// How long after it was paid a payout is looked up for a return, by
 /// default (banks return most within days, some weeks later).
-pub const DEFAULT_RETURNS_WATCH: Duration = Duration::from_secs(30 * 24 * 3600);
+pub(crate) const DEFAULT_RETURNS_WATCH: Duration = Duration::from_secs(30 * 24 * 3600);
 
 impl Serving {
     /// The worker daemon's delivery, beside its settlement.
-    pub const DAEMON: Serving = Serving {
+    pub(crate) const DAEMON: Serving = Serving {
         concurrency: 2,
         batch: 50,
         burst: None,
@@ -389,11 +389,11 @@ impl Serving {
 /// its failures that are not the provider's word (a bug, a lost
 /// connection) end as dead letters an operator replays, the payout still
 /// queued.
-pub const DELIVERY_ATTEMPTS_MAX: i32 = 25;
+pub(crate) const DELIVERY_ATTEMPTS_MAX: i32 = 25;
 
 impl DeliveryFlags {
     /// The leases of this process's claims.
-    pub fn leases(&self) -> settled_engine::LeaseConfig {
+    pub(crate) fn leases(&self) -> settled_engine::LeaseConfig {
         settled_engine::LeaseConfig {
             ttl: Duration::from_millis(self.lease_ttl_ms),
             rescue_interval: Duration::from_millis(self.rescue_interval_ms),
@@ -403,13 +403,13 @@ impl DeliveryFlags {
     }
 
     /// A provider call's timeout.
-    pub fn provider_timeout(&self) -> Duration {
+    pub(crate) fn provider_timeout(&self) -> Duration {
         Duration::from_millis(self.provider_timeout_ms)
     }
 
     /// Delivery through the provider at `provider_url`, its queue served as
     /// `serving` says; `wake` is how idle loops learn of new payouts.
-    pub fn options(
+    pub(crate) fn options(
         &self,
         provider_url: &str,
         serving: &Serving,
@@ -446,14 +446,14 @@ impl DeliveryFlags {
 }
 
 /// How often the housekeeping beside delivery runs (expiry, polling).
-pub const HOUSEKEEPING_EVERY: Duration = Duration::from_secs(5);
+pub(crate) const HOUSEKEEPING_EVERY: Duration = Duration::from_secs(5);
 /// Payouts looked up or expired per housekeeping round.
-pub const HOUSEKEEPING_BATCH: i64 = 200;
+pub(crate) const HOUSEKEEPING_BATCH: i64 = 200;
 
 /// Delivers payouts until `stats.request_stop()`: the delivery queue served
 /// in leased mode, with the expiry of unconfirmed payouts and the polling
 /// of long-sent ones beside it.
-pub async fn run_delivery(
+pub(crate) async fn run_delivery(
     pool: &PgPool,
     opts: DeliveryOptions,
     stats: Arc<settled_engine::ServeStats>,

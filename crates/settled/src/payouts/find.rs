@@ -11,13 +11,13 @@ use super::PayoutState;
 use crate::address::CreatorAddress;
 
 /// Payouts listed on one page at most.
-pub const PAGE_ROWS_MAX: i64 = 500;
+pub(crate) const PAGE_ROWS_MAX: i64 = 500;
 /// Payouts listed on one page unless asked otherwise.
-pub const PAGE_ROWS_DEFAULT: i64 = 50;
+pub(crate) const PAGE_ROWS_DEFAULT: i64 = 50;
 
 /// Which payouts to list.
 #[derive(Debug, Clone, Default)]
-pub struct Filter {
+pub(crate) struct Filter {
     /// In this state.
     pub status: Option<PayoutState>,
     /// To this creator.
@@ -34,7 +34,7 @@ pub struct Filter {
 
 /// A payout in a list.
 #[derive(Debug, Clone, sqlx::FromRow)]
-pub struct Line {
+pub(crate) struct Line {
     /// Its id.
     pub id: i64,
     /// `withdrawal` or `settlement`.
@@ -58,7 +58,7 @@ pub struct Line {
 /// One page of a list: its payouts and the cursor of the next page (None:
 /// the last page).
 #[derive(Debug, Clone)]
-pub struct Page {
+pub(crate) struct Page {
     /// Newest first.
     pub lines: Vec<Line>,
     /// `after` for the next page.
@@ -70,7 +70,7 @@ const LINE_COLUMNS: &str =
 
 /// Up to `limit` (1..=[`PAGE_ROWS_MAX`]) payouts matching `filter`, newest
 /// first (by id: ids are handed out in order of making).
-pub async fn list(conn: &mut PgConnection, filter: &Filter, limit: i64) -> sqlx::Result<Page> {
+pub(crate) async fn list(conn: &mut PgConnection, filter: &Filter, limit: i64) -> sqlx::Result<Page> {
     let limit = limit.clamp(1, PAGE_ROWS_MAX);
     let mut lines: Vec<Line> = sqlx::query_as(&format!(
         "SELECT {LINE_COLUMNS} FROM settlement.payouts
@@ -99,7 +99,7 @@ pub async fn list(conn: &mut PgConnection, filter: &Filter, limit: i64) -> sqlx:
 
 /// A move of a payout's state.
 #[derive(Debug, Clone, sqlx::FromRow)]
-pub struct Move {
+pub(crate) struct Move {
     /// The state it left (None: its making).
     pub from_state: Option<String>,
     /// The state it entered.
@@ -116,7 +116,7 @@ pub struct Move {
 
 /// A provider event received for a payout.
 #[derive(Debug, Clone, sqlx::FromRow)]
-pub struct Event {
+pub(crate) struct Event {
     /// The event's id.
     pub id: String,
     /// Its type (`payment.paid`...).
@@ -131,7 +131,7 @@ pub struct Event {
 
 /// What the provider said that contradicts the payout.
 #[derive(Debug, Clone, sqlx::FromRow)]
-pub struct Contradiction {
+pub(crate) struct Contradiction {
     /// What the provider said.
     pub provider_status: String,
     /// Where it said it.
@@ -144,7 +144,7 @@ pub struct Contradiction {
 
 /// A payout's delivery job: its attempts and errors, and who holds it.
 #[derive(Debug, Clone, sqlx::FromRow)]
-pub struct Delivery {
+pub(crate) struct Delivery {
     /// The job's status.
     pub status: String,
     /// Attempts so far (the fence).
@@ -159,7 +159,7 @@ pub struct Delivery {
 
 /// Everything about one payout.
 #[derive(Debug, Clone)]
-pub struct Detail {
+pub(crate) struct Detail {
     /// The payout.
     pub line: Line,
     /// The key every call to the provider carries.
@@ -178,7 +178,7 @@ pub struct Detail {
 
 /// Payout `id` with its history, events, return, conflicts and delivery
 /// job; None when there is no such payout.
-pub async fn detail(conn: &mut PgConnection, id: i64) -> sqlx::Result<Option<Detail>> {
+pub(crate) async fn detail(conn: &mut PgConnection, id: i64) -> sqlx::Result<Option<Detail>> {
     let line: Option<Line> = sqlx::query_as(&format!("SELECT {LINE_COLUMNS} FROM settlement.payouts WHERE id = $1"))
         .bind(id) // $1
         .fetch_optional(&mut *conn)
@@ -234,7 +234,7 @@ pub async fn detail(conn: &mut PgConnection, id: i64) -> sqlx::Result<Option<Det
 
 /// What the API lets a client do to a payout in `state`: (method and path,
 /// what it does). Empty: nothing, the provider's word moves it from here.
-pub fn actions(state: PayoutState) -> &'static [(&'static str, &'static str)] {
+pub(crate) fn actions(state: PayoutState) -> &'static [(&'static str, &'static str)] {
     match state {
         PayoutState::Created => &[
             (

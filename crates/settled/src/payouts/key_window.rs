@@ -22,17 +22,17 @@ use crate::provider::{Payment, ProviderError};
 
 /// The default window: a day, the shortest a major provider documents
 /// (Stripe may prune a key once it is 24 hours old).
-pub const DEFAULT_PROVIDER_KEY_WINDOW: Duration = Duration::from_secs(24 * 3600);
+pub(crate) const DEFAULT_PROVIDER_KEY_WINDOW: Duration = Duration::from_secs(24 * 3600);
 /// The shortest window a flag may set.
-pub const PROVIDER_KEY_WINDOW_MIN: Duration = Duration::from_secs(1);
+pub(crate) const PROVIDER_KEY_WINDOW_MIN: Duration = Duration::from_secs(1);
 /// The longest window a flag may set (ten years: "for ever", in practice).
-pub const PROVIDER_KEY_WINDOW_MAX: Duration = Duration::from_secs(3650 * 24 * 3600);
+pub(crate) const PROVIDER_KEY_WINDOW_MAX: Duration = Duration::from_secs(3650 * 24 * 3600);
 
 /// Reads a duration as flags give it (the key window, the returns watch):
 /// a whole number and a unit, `s`, `m`,
 /// `h` or `d` (`90s`, `30m`, `24h`, `7d`), within
 /// [`PROVIDER_KEY_WINDOW_MIN`]..=[`PROVIDER_KEY_WINDOW_MAX`].
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let split = text
         .find(|c: char| !c.is_ascii_digit())
@@ -58,7 +58,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 
 /// What settled knows of one key before calling under it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KeyUse {
+pub(crate) struct KeyUse {
     /// How long ago it was first used, when settled read it.
     pub age: Duration,
     /// When settled read it (so the age keeps counting while the process
@@ -70,7 +70,7 @@ pub struct KeyUse {
 
 impl KeyUse {
     /// A key of unknown age: taken as past any window (the safe side).
-    pub fn unknown() -> KeyUse {
+    pub(crate) fn unknown() -> KeyUse {
         KeyUse {
             age: PROVIDER_KEY_WINDOW_MAX,
             read_at: Instant::now(),
@@ -80,7 +80,7 @@ impl KeyUse {
 
     /// True when its first use is, now, longer ago than `window`: the
     /// provider may have forgotten it. Asked right before each call.
-    pub fn past(&self, window: Duration) -> bool {
+    pub(crate) fn past(&self, window: Duration) -> bool {
         self.age.saturating_add(self.read_at.elapsed()) >= window
     }
 }
@@ -95,7 +95,7 @@ struct Noted {
 /// Records the first use of each of `keys` now, unless it was recorded
 /// before (`settlement.note_provider_key_uses`), and says of each what
 /// settled knows of it.
-pub async fn note_uses(pool: &PgPool, keys: &[String]) -> anyhow::Result<HashMap<String, KeyUse>> {
+pub(crate) async fn note_uses(pool: &PgPool, keys: &[String]) -> anyhow::Result<HashMap<String, KeyUse>> {
     let noted: Vec<Noted> = sqlx::query_as("SELECT * FROM settlement.note_provider_key_uses($1)")
         .bind(keys) // $1
         .fetch_all(pool)
@@ -115,7 +115,7 @@ pub async fn note_uses(pool: &PgPool, keys: &[String]) -> anyhow::Result<HashMap
 }
 
 /// [`note_uses`] of one key.
-pub async fn note_use(pool: &PgPool, key: &str) -> anyhow::Result<KeyUse> {
+pub(crate) async fn note_use(pool: &PgPool, key: &str) -> anyhow::Result<KeyUse> {
     let mut noted = note_uses(pool, &[key.to_string()]).await?;
     noted
         .remove(key)
@@ -123,7 +123,7 @@ pub async fn note_use(pool: &PgPool, key: &str) -> anyhow::Result<KeyUse> {
 }
 
 /// Key `key` waits for an operator, for `detail` (the first reason stays).
-pub async fn await_operator(pool: &PgPool, key: &str, detail: &str) -> anyhow::Result<()> {
+pub(crate) async fn await_operator(pool: &PgPool, key: &str, detail: &str) -> anyhow::Result<()> {
     let newly: bool = sqlx::query_scalar("SELECT settlement.await_operator_on_key($1, $2)")
         .bind(key) // $1
         .bind(detail) // $2
@@ -142,7 +142,7 @@ pub async fn await_operator(pool: &PgPool, key: &str, detail: &str) -> anyhow::R
 /// What the provider holds for a payment whose key may be forgotten,
 /// found by its reference.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Found {
+pub(crate) enum Found {
     /// Certainly nothing: the payment may be sent (again) under its key.
     Nothing,
     /// One payment: the payment's answer, read as a call's would be (it
@@ -158,7 +158,7 @@ pub enum Found {
 }
 
 /// What the provider's answer to a look-up of `reference` means.
-pub fn judge(reference: &str, answer: Result<Vec<Payment>, ProviderError>) -> Found {
+pub(crate) fn judge(reference: &str, answer: Result<Vec<Payment>, ProviderError>) -> Found {
     match answer {
         Ok(found) => match found.as_slice() {
             [] => Found::Nothing,
@@ -178,7 +178,7 @@ pub fn judge(reference: &str, answer: Result<Vec<Payment>, ProviderError>) -> Fo
 
 /// Why nothing is sent under `key` past its window: in words, for a dead
 /// letter or a failed item.
-pub fn waits(key: &str, detail: &str) -> String {
+pub(crate) fn waits(key: &str, detail: &str) -> String {
     format!(
         "provider key {key} is past the provider's key window and waits for an operator ({detail}); nothing is sent \
          under it until an operator checks with the provider and runs settlement.renew_provider_key"
@@ -187,7 +187,7 @@ pub fn waits(key: &str, detail: &str) -> String {
 
 /// True when `payment`, found by reference, is the one owed under `key`:
 /// made under it, paying `amount` to `creator`.
-pub fn is_owed(payment: &Payment, key: &str, creator: &str, amount: Amount) -> bool {
+pub(crate) fn is_owed(payment: &Payment, key: &str, creator: &str, amount: Amount) -> bool {
     payment.idempotency_key == key
         && payment.creator.eq_ignore_ascii_case(creator)
         && super::word::same_amount(&payment.amount, amount)

@@ -95,7 +95,7 @@ impl Limiter {
     }
 
     /// One call's permission, or how long to wait for it.
-    pub async fn take(&self) -> anyhow::Result<Result<(), Duration>> {
+    pub(crate) async fn take(&self) -> anyhow::Result<Result<(), Duration>> {
         if let Some(answer) = self.local.lock().expect("budget").take() {
             return Ok(answer);
         }
@@ -137,7 +137,7 @@ impl Limiter {
     }
 
     /// The provider failed as if down: the fleet waits; returns how long.
-    pub async fn down(&self) -> anyhow::Result<Duration> {
+    pub(crate) async fn down(&self) -> anyhow::Result<Duration> {
         let secs: Option<f64> = sqlx::query_scalar(
             "SELECT extract(epoch FROM settlement.provider_down($1, $2, $3) - clock_timestamp())::float8",
         )
@@ -154,7 +154,7 @@ impl Limiter {
     }
 
     /// The provider answered: if this process saw it down, the fleet's wait ends.
-    pub async fn up(&self) -> anyhow::Result<()> {
+    pub(crate) async fn up(&self) -> anyhow::Result<()> {
         let saw_down = std::mem::take(&mut self.local.lock().expect("budget").saw_down);
         if saw_down {
             sqlx::query("SELECT settlement.provider_up($1)")

@@ -33,31 +33,32 @@ use crate::provider::Payment;
 use sqlx::PgConnection;
 
 pub mod deliver;
-pub mod find;
-pub mod key_window;
+pub(crate) mod find;
+pub(crate) mod key_window;
 pub mod limiter;
-pub mod overview;
+pub(crate) mod overview;
 pub mod poll;
-pub mod rail;
-pub mod reconcile;
+pub(crate) mod rail;
+pub(crate) mod reconcile;
 pub mod row;
 pub mod word;
 
 pub use rail::Rail;
-pub use row::{PayoutKind, PayoutRow, PAYOUT_COLUMNS};
+pub(crate) use row::PayoutKind;
+pub use row::{PayoutRow, PAYOUT_COLUMNS};
 pub use word::ProviderWord;
 
 /// The delivery queue's name (a continuous queue of the engine).
-pub const DELIVERY_QUEUE: &str = "payout_delivery";
+pub(crate) const DELIVERY_QUEUE: &str = "payout_delivery";
 /// Its table: one job per queued payout, keyed by the payout's id.
-pub const DELIVERY_TABLE: &str = "settlement.payout_jobs";
+pub(crate) const DELIVERY_TABLE: &str = "settlement.payout_jobs";
 /// What a confirmation token is for (the purpose of its one-time token;
 /// `settlement.confirm_payout` redeems it for this purpose).
 pub const CONFIRMATION_PURPOSE: &str = "payout-confirmation";
 /// How long a payout waits for its confirmation by default.
-pub const DEFAULT_CONFIRM_TTL_SECS: u64 = 900;
+pub(crate) const DEFAULT_CONFIRM_TTL_SECS: u64 = 900;
 /// Longest confirmation window allowed.
-pub const MAX_CONFIRM_TTL_SECS: u64 = 7 * 24 * 3600;
+pub(crate) const MAX_CONFIRM_TTL_SECS: u64 = 7 * 24 * 3600;
 
 /// The delivery queue.
 pub fn delivery_queue() -> settled_engine::Queue {
@@ -122,13 +123,6 @@ impl PayoutState {
         PayoutState::ALL.into_iter().find(|s| s.as_str() == value)
     }
 
-    /// True for the states settled never moves a payout out of by itself:
-    /// every one but created, queued and sent. A paid payout still moves
-    /// when the provider returns it.
-    pub fn is_final(self) -> bool {
-        !matches!(self, PayoutState::Created | PayoutState::Queued | PayoutState::Sent)
-    }
-
     /// True for the states whose funds came back to the balance (once,
     /// in the transaction that moved the payout there).
     pub fn returns_funds(self) -> bool {
@@ -162,7 +156,7 @@ pub async fn fail_refused(conn: &mut PgConnection, id: i64, reason: &str) -> any
 /// Records a clash of the provider's payment `payment_id` with payout
 /// `id` (another payout holds that id, or the payout records another one)
 /// as a conflict, and says what clashed; None when nothing does.
-pub async fn record_payment_clash(
+pub(crate) async fn record_payment_clash(
     conn: &mut PgConnection,
     id: i64,
     payment_id: &str,
@@ -198,20 +192,20 @@ pub enum Source {
 /// trigger copies (migration `20261206002001`): the CTE is read before the
 /// statement's target list, so it is set before any move. `param` is the
 /// number of its bind; the statement reads `FROM mover`.
-pub fn with_mover(param: usize) -> String {
+pub(crate) fn with_mover(param: usize) -> String {
     format!("WITH mover AS MATERIALIZED (SELECT set_config('settled.moved_by', ${param}, true))")
 }
 
 /// The mover of payouts that expire unconfirmed.
-pub const MOVED_BY_EXPIRY: &str = "expiry";
+pub(crate) const MOVED_BY_EXPIRY: &str = "expiry";
 /// The mover of payouts a settlement run makes (leased mode).
-pub const MOVED_BY_SETTLEMENT: &str = "settlement run";
+pub(crate) const MOVED_BY_SETTLEMENT: &str = "settlement run";
 /// The mover of payouts moved through the API (with the token's name, when it has one).
-pub const MOVED_BY_API: &str = "api";
+pub(crate) const MOVED_BY_API: &str = "api";
 
 impl Source {
     /// Who moved a payout on this source's word, as its history says.
-    pub fn mover(self) -> &'static str {
+    pub(crate) fn mover(self) -> &'static str {
         match self {
             Source::Delivery => "deliverer",
             Source::Webhook => "webhook",
@@ -289,7 +283,7 @@ pub async fn apply_word(
 /// conditional update, in the order of `words` (callers that may run at
 /// once pass their payouts in one order, by id). Their outcomes, in that
 /// order.
-pub async fn apply_words(
+pub(crate) async fn apply_words(
     conn: &mut PgConnection,
     words: &[(i64, ProviderWord)],
     source: Source,
@@ -362,7 +356,7 @@ pub async fn apply_words(
 /// for operators (and `settled reconcile` names it), and the answer is
 /// false. A payment under another key, or that pays someone else or
 /// another amount, never makes a payout paid or failed.
-pub async fn payment_matches(
+pub(crate) async fn payment_matches(
     conn: &mut PgConnection,
     id: i64,
     payment: &Payment,
@@ -408,7 +402,7 @@ pub async fn by_provider_key(conn: &mut PgConnection, key: &str) -> anyhow::Resu
 }
 
 /// The W3C trace context stored with payout `id` (its request's), if any.
-pub async fn traceparent_of(conn: &mut PgConnection, id: i64) -> anyhow::Result<Option<String>> {
+pub(crate) async fn traceparent_of(conn: &mut PgConnection, id: i64) -> anyhow::Result<Option<String>> {
     Ok(
         sqlx::query_scalar("SELECT traceparent FROM settlement.payouts WHERE id = $1")
             .bind(id) // $1
@@ -420,7 +414,7 @@ pub async fn traceparent_of(conn: &mut PgConnection, id: i64) -> anyhow::Result<
 
 /// Expires up to `batch` payouts whose confirmation window has passed
 /// (funds returned); returns how many.
-pub async fn expire_unconfirmed(conn: &mut PgConnection, batch: i32) -> anyhow::Result<i64> {
+pub(crate) async fn expire_unconfirmed(conn: &mut PgConnection, batch: i32) -> anyhow::Result<i64> {
     Ok(sqlx::query_scalar(&format!(
         "{} SELECT settlement.expire_unconfirmed_payouts($1) FROM mover",
         with_mover(2)

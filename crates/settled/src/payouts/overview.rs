@@ -12,7 +12,7 @@ use super::PayoutState;
 
 /// The payouts in one state.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct StateTotals {
+pub(crate) struct StateTotals {
     /// The state.
     pub state: PayoutState,
     /// How many payouts are in it.
@@ -25,7 +25,7 @@ pub struct StateTotals {
 
 /// Payouts by state, and what came back.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct Overview {
+pub(crate) struct Overview {
     /// Every state, in [`PayoutState::ALL`]'s order (empty ones too).
     pub states: Vec<StateTotals>,
     /// Payouts whose funds were returned.
@@ -42,7 +42,7 @@ pub struct Overview {
 
 impl Overview {
     /// The totals of `state`.
-    pub fn state(&self, state: PayoutState) -> &StateTotals {
+    pub(crate) fn state(&self, state: PayoutState) -> &StateTotals {
         self.states
             .iter()
             .find(|s| s.state == state)
@@ -50,7 +50,7 @@ impl Overview {
     }
 
     /// Every payout.
-    pub fn total(&self) -> i64 {
+    pub(crate) fn total(&self) -> i64 {
         self.states.iter().map(|s| s.count).sum()
     }
 }
@@ -66,7 +66,7 @@ struct StateRow {
 /// Reads the [`Overview`]: one pass over the payouts (a state's age is
 /// from `updated_at`, which changes only with the state), and counts of
 /// the returns, conflicts and unknown events.
-pub async fn overview(conn: &mut PgConnection) -> anyhow::Result<Overview> {
+pub(crate) async fn overview(conn: &mut PgConnection) -> anyhow::Result<Overview> {
     let rows: Vec<StateRow> = sqlx::query_as(
         "SELECT status, count(*) AS count, sum(amount)::text AS amount,
                 extract(epoch FROM now() - min(updated_at))::float8 AS oldest_secs
@@ -118,7 +118,7 @@ pub async fn overview(conn: &mut PgConnection) -> anyhow::Result<Overview> {
 
 /// A contradiction of a final state the provider raised, as recorded.
 #[derive(Debug, Clone, sqlx::FromRow, serde::Serialize)]
-pub struct Conflict {
+pub(crate) struct Conflict {
     /// Its id.
     pub id: i64,
     /// The payout.
@@ -138,7 +138,7 @@ pub struct Conflict {
 }
 
 /// The newest `limit` conflicts.
-pub async fn conflicts(conn: &mut PgConnection, limit: i64) -> anyhow::Result<Vec<Conflict>> {
+pub(crate) async fn conflicts(conn: &mut PgConnection, limit: i64) -> anyhow::Result<Vec<Conflict>> {
     Ok(sqlx::query_as(
         "SELECT id, payout_id, state, provider_status, source, event_id, detail, at
          FROM settlement.payout_conflicts ORDER BY id DESC LIMIT $1",
@@ -150,7 +150,7 @@ pub async fn conflicts(conn: &mut PgConnection, limit: i64) -> anyhow::Result<Ve
 
 /// A provider event for a payout settled does not know, kept for review.
 #[derive(Debug, Clone, sqlx::FromRow, serde::Serialize)]
-pub struct UnknownEvent {
+pub(crate) struct UnknownEvent {
     /// The event's id.
     pub id: String,
     /// Its type: `payment.paid` or `payment.failed`.
@@ -166,7 +166,7 @@ pub struct UnknownEvent {
 }
 
 /// The newest `limit` events for payouts settled does not know.
-pub async fn unknown_events(conn: &mut PgConnection, limit: i64) -> anyhow::Result<Vec<UnknownEvent>> {
+pub(crate) async fn unknown_events(conn: &mut PgConnection, limit: i64) -> anyhow::Result<Vec<UnknownEvent>> {
     Ok(sqlx::query_as(
         "SELECT id, type AS kind, provider_key, body #>> '{data,creator}' AS creator, body #>> '{data,amount}' AS amount,
                 received_at
@@ -180,7 +180,7 @@ pub async fn unknown_events(conn: &mut PgConnection, limit: i64) -> anyhow::Resu
 
 /// A provider key waiting for an operator.
 #[derive(Debug, Clone, sqlx::FromRow, serde::Serialize)]
-pub struct KeyAwaiting {
+pub(crate) struct KeyAwaiting {
     /// The key.
     pub key: String,
     /// The payout made under it, if settled has one (a settlement item
@@ -193,7 +193,7 @@ pub struct KeyAwaiting {
 }
 
 /// The `limit` provider keys waiting for an operator the longest.
-pub async fn keys_awaiting_operator(conn: &mut PgConnection, limit: i64) -> anyhow::Result<Vec<KeyAwaiting>> {
+pub(crate) async fn keys_awaiting_operator(conn: &mut PgConnection, limit: i64) -> anyhow::Result<Vec<KeyAwaiting>> {
     Ok(sqlx::query_as(
         "SELECT k.key, p.id AS payout_id, k.awaiting_operator_since AS since, k.awaiting_operator_detail AS detail
          FROM settlement.provider_keys k LEFT JOIN settlement.payouts p ON p.provider_key = k.key

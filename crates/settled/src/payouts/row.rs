@@ -33,7 +33,7 @@ pub enum PayoutKind {
 
 impl PayoutKind {
     /// The stored value.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             PayoutKind::Withdrawal => "withdrawal",
             PayoutKind::Settlement => "settlement",
@@ -41,7 +41,7 @@ impl PayoutKind {
     }
 
     /// Parses a stored value.
-    pub fn parse(value: &str) -> Option<PayoutKind> {
+    pub(crate) fn parse(value: &str) -> Option<PayoutKind> {
         [PayoutKind::Withdrawal, PayoutKind::Settlement]
             .into_iter()
             .find(|k| k.as_str() == value)
@@ -85,7 +85,7 @@ pub struct PayoutRow {
 /// A stored value that is not what its column must hold.
 #[derive(Debug, thiserror::Error)]
 #[error("payout {payout}'s {column} {value:?} {why}")]
-pub struct StoredValueError {
+pub(crate) struct StoredValueError {
     /// The payout.
     pub payout: i64,
     /// The column.
@@ -178,7 +178,7 @@ pub async fn load(conn: &mut PgConnection, id: i64) -> anyhow::Result<Option<Pay
 }
 
 /// The payouts whose provider keys are among `keys`, in id order.
-pub async fn load_by_provider_keys(conn: &mut PgConnection, keys: &[String]) -> anyhow::Result<Vec<PayoutRow>> {
+pub(crate) async fn load_by_provider_keys(conn: &mut PgConnection, keys: &[String]) -> anyhow::Result<Vec<PayoutRow>> {
     Ok(sqlx::query_as(&format!(
         "SELECT {PAYOUT_COLUMNS} FROM settlement.payouts p WHERE p.provider_key = ANY($1) ORDER BY p.id"
     ))

@@ -92,7 +92,7 @@ const RETURNED_MOVES: Moves = Moves(&[to(Q, R), to(S, R), to(P, R)]);
 impl ProviderWord {
     /// The status `settlement.apply_provider_word` takes: `pending`,
     /// `paid`, `failed` or `returned`.
-    pub fn provider_status(&self) -> &'static str {
+    pub(crate) fn provider_status(&self) -> &'static str {
         match self {
             ProviderWord::Pending { .. } => PaymentStatus::Pending.as_str(),
             ProviderWord::Paid { .. } => PaymentStatus::Paid.as_str(),
@@ -102,7 +102,7 @@ impl ProviderWord {
     }
 
     /// The payment it is about, when the provider named one.
-    pub fn provider_id(&self) -> Option<&str> {
+    pub(crate) fn provider_id(&self) -> Option<&str> {
         match self {
             ProviderWord::Pending { provider_id }
             | ProviderWord::Paid { provider_id }
@@ -161,7 +161,7 @@ pub fn word_of(payment: &Payment) -> ProviderWord {
 
 /// What a webhook event says: its type, whatever status its payment
 /// carries (the event names the final state the payment reached).
-pub fn word_of_event(event: &WebhookEvent) -> ProviderWord {
+pub(crate) fn word_of_event(event: &WebhookEvent) -> ProviderWord {
     match event.r#type {
         EventType::PaymentPaid => ProviderWord::Paid {
             provider_id: event.data.id.clone(),
@@ -185,14 +185,14 @@ pub fn word_of_event(event: &WebhookEvent) -> ProviderWord {
 
 /// True when the provider's `amount` text is exactly `amount` ("007" is 7;
 /// anything that is not a whole amount is not).
-pub fn same_amount(text: &str, amount: Amount) -> bool {
+pub(crate) fn same_amount(text: &str, amount: Amount) -> bool {
     Amount::parse_decimal(text) == Ok(amount)
 }
 
 /// What differs between `payout` and the provider's `payment` given for
 /// its key, in words; None when the payment is under that key and pays
 /// exactly that amount to that creator.
-pub fn differs(payout: &PayoutRow, payment: &Payment) -> Option<String> {
+pub(crate) fn differs(payout: &PayoutRow, payment: &Payment) -> Option<String> {
     let (key, amount, creator) = (&payout.provider_key, payout.amount, &payout.creator);
     if payment.idempotency_key != *key {
         return Some(format!(
@@ -212,7 +212,7 @@ pub fn differs(payout: &PayoutRow, payment: &Payment) -> Option<String> {
 
 /// A rail's answer to sending a payout, read.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Reading {
+pub(crate) enum Reading {
     /// The payout's payment, in the provider's word: the payout moves by it
     /// ([`ProviderWord::moves`]) once its payment id clashes with no other
     /// payout's.
@@ -239,7 +239,8 @@ pub enum Reading {
 
 impl Reading {
     /// The moves it asks of the state machine, if any.
-    pub fn moves(&self) -> Option<Moves> {
+    #[cfg(test)]
+    pub(crate) fn moves(&self) -> Option<Moves> {
         match self {
             Reading::Word(word) => Some(word.moves()),
             Reading::Refused(_) => Some(REFUSAL),
@@ -252,7 +253,7 @@ impl Reading {
 }
 
 /// The table: a rail's `answer` to sending `payout`, read.
-pub fn read(payout: &PayoutRow, answer: Result<Payment, ProviderError>) -> Reading {
+pub(crate) fn read(payout: &PayoutRow, answer: Result<Payment, ProviderError>) -> Reading {
     match answer {
         Ok(payment) => match differs(payout, &payment) {
             Some(detail) => Reading::NotItsPayment { payment, detail },

@@ -29,9 +29,9 @@ use crate::money::Amount;
 use crate::payouts::{PayoutRow, Rail};
 
 /// The wait after a 429 without a readable `Retry-After`.
-pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
+pub(crate) const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
 /// The longest wait a `Retry-After` is taken for.
-pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(3_600);
+pub(crate) const MAX_RETRY_AFTER: Duration = Duration::from_secs(3_600);
 /// Payments per page when the caller does not choose.
 pub const DEFAULT_PAGE_LIMIT: u32 = 100;
 /// The most payments one page may ask for.
@@ -43,11 +43,11 @@ const LIST_PAGE_TRIES_MAX: u32 = 6;
 /// Pages [`HttpProvider::list_all`] reads at most ([`MAX_PAGE_LIMIT`]
 /// payments each): a provider listing more is refused, so a listing that
 /// never ends cannot hold reconciliation, nor its memory, forever.
-pub const LIST_PAGES_MAX: u32 = 1_000;
+pub(crate) const LIST_PAGES_MAX: u32 = 1_000;
 /// The most bytes of one payment answer read (an answer is a few hundred).
-pub const ANSWER_BYTES_MAX: usize = 64 * 1024;
+pub(crate) const ANSWER_BYTES_MAX: usize = 64 * 1024;
 /// The most bytes of one page read (a page of 1,000 payments is under 1 MiB).
-pub const PAGE_BYTES_MAX: usize = 4 * 1024 * 1024;
+pub(crate) const PAGE_BYTES_MAX: usize = 4 * 1024 * 1024;
 /// Bytes of an error answer's body read for the error's text.
 const ERROR_BODY_BYTES_MAX: usize = 4 * 1024;
 /// Characters of an error answer's body kept in the error's text.
@@ -87,7 +87,7 @@ impl HttpProvider {
     /// traces are exported (each call then sends its own span's). None, or
     /// a value that is not a valid traceparent, sends none: tracing never
     /// fails a payment. Cheap: the connection pool is shared.
-    pub fn with_traceparent(&self, traceparent: Option<&str>) -> HttpProvider {
+    pub(crate) fn with_traceparent(&self, traceparent: Option<&str>) -> HttpProvider {
         let traceparent = traceparent
             .filter(|t| is_valid_traceparent(t))
             .and_then(|t| HeaderValue::from_str(t).ok());

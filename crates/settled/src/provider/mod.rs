@@ -20,13 +20,10 @@ use serde::{Deserialize, Serialize};
 use crate::money::Amount;
 use crate::period::Period;
 
-pub use http::{
-    HttpProvider, ANSWER_BYTES_MAX, DEFAULT_PAGE_LIMIT, DEFAULT_RETRY_AFTER, LIST_PAGES_MAX, MAX_PAGE_LIMIT,
-    MAX_RETRY_AFTER, PAGE_BYTES_MAX,
-};
+pub use http::{HttpProvider, DEFAULT_PAGE_LIMIT, MAX_PAGE_LIMIT};
 
 /// Default time a provider call may take before it counts as timed out.
-pub const DEFAULT_PROVIDER_TIMEOUT_MS: u64 = 2_000;
+pub(crate) const DEFAULT_PROVIDER_TIMEOUT_MS: u64 = 2_000;
 
 /// The idempotency key of a creator's payout for a period. Stable across
 /// retries, workers and restarts.
@@ -56,7 +53,8 @@ pub enum PaymentStatus {
 
 impl PaymentStatus {
     /// Every status, in the order a payment goes through them.
-    pub const ALL: [PaymentStatus; 4] = [
+    #[cfg(test)]
+    pub(crate) const ALL: [PaymentStatus; 4] = [
         PaymentStatus::Pending,
         PaymentStatus::Paid,
         PaymentStatus::Failed,
@@ -192,7 +190,8 @@ pub enum ProviderError {
     #[error("provider unavailable or timed out: {0}")]
     Transient(String),
     /// 429: retry with the same key after `retry_after` (from `Retry-After`,
-    /// [`DEFAULT_RETRY_AFTER`] when absent or unreadable).
+    /// [`DEFAULT_RETRY_AFTER`](http::DEFAULT_RETRY_AFTER) when absent or
+    /// unreadable).
     #[error("provider rate limited the call: retry after {retry_after:?}")]
     RateLimited {
         /// How long the provider asked to wait.

@@ -12,18 +12,16 @@ use std::time::Duration;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-pub use super::{EventType, WebhookEvent};
-
 /// The header that carries the signature.
 pub const SIGNATURE_HEADER: &str = "Provider-Signature";
 /// How far an event's timestamp may be from the receiver's clock, either way.
 pub const DEFAULT_TOLERANCE: Duration = Duration::from_secs(300);
 /// The environment variable settled reads its webhook secrets from.
-pub const SECRET_ENV: &str = "SETTLED_PROVIDER_WEBHOOK_SECRET";
+pub(crate) const SECRET_ENV: &str = "SETTLED_PROVIDER_WEBHOOK_SECRET";
 /// Secrets accepted at once: the current one and the next, while rotating.
-pub const SECRETS_MAX: usize = 2;
+pub(crate) const SECRETS_MAX: usize = 2;
 /// The longest signature header read.
-pub const HEADER_BYTES_MAX: usize = 4_096;
+pub(crate) const HEADER_BYTES_MAX: usize = 4_096;
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -52,10 +50,10 @@ pub enum SignatureError {
 
 impl SignatureError {
     /// Every kind [`SignatureError::kind`] can say.
-    pub const KINDS: [&'static str; 3] = ["malformed", "no_match", "outside_tolerance"];
+    pub(crate) const KINDS: [&'static str; 3] = ["malformed", "no_match", "outside_tolerance"];
 
     /// What went wrong, as a metric label.
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         match self {
             SignatureError::Malformed(_) => "malformed",
             SignatureError::NoMatch => "no_match",
@@ -88,7 +86,7 @@ pub fn verify(
 /// and its timestamp within `tolerance` of `now` (unix seconds), either way.
 /// A stale header is refused whether or not it is authentic: the provider
 /// signs each attempt afresh.
-pub fn check_header(header: &str, now: i64, tolerance: Duration) -> Result<SignedHeader, SignatureError> {
+pub(crate) fn check_header(header: &str, now: i64, tolerance: Duration) -> Result<SignedHeader, SignatureError> {
     let parsed = parse_header(header)?;
     let distance_secs = now.abs_diff(parsed.timestamp);
     if distance_secs > tolerance.as_secs() {
@@ -106,7 +104,7 @@ pub fn check_header(header: &str, now: i64, tolerance: Duration) -> Result<Signe
 /// separated by a comma (rotation). One trailing line ending is dropped (a
 /// secret file's); an empty secret, or one with whitespace at an end, is
 /// refused with an error that names the variable and never the secret.
-pub fn secrets_from_env(value: &str) -> Result<Vec<Vec<u8>>, String> {
+pub(crate) fn secrets_from_env(value: &str) -> Result<Vec<Vec<u8>>, String> {
     let value = value
         .strip_suffix("\r\n")
         .or_else(|| value.strip_suffix('\n'))
@@ -141,7 +139,7 @@ pub fn secrets_from_env(value: &str) -> Result<Vec<Vec<u8>>, String> {
 /// A signature header that is well formed and dated within the tolerance
 /// ([`check_header`]); whether it signs the body is [`SignedHeader::verify_body`]'s.
 #[derive(Debug, Clone)]
-pub struct SignedHeader {
+pub(crate) struct SignedHeader {
     timestamp: i64,
     signatures: Vec<Vec<u8>>,
 }
@@ -149,7 +147,7 @@ pub struct SignedHeader {
 impl SignedHeader {
     /// Checks that one of the header's `v1` values is the HMAC of `body`
     /// under one of `secrets`, each compared in constant time.
-    pub fn verify_body(&self, body: &[u8], secrets: &[Vec<u8>]) -> Result<(), SignatureError> {
+    pub(crate) fn verify_body(&self, body: &[u8], secrets: &[Vec<u8>]) -> Result<(), SignatureError> {
         let signed = secrets.iter().any(|secret| {
             let mac = mac_of(secret, self.timestamp, body);
             self.signatures

@@ -11,11 +11,11 @@ use super::{sqlstate, unusable, Found, QueueError, BAD_KEY_STATES};
 use settled_engine::EngineError;
 
 /// Most jobs on a page.
-pub const JOBS_PAGE_MAX: i64 = 500;
+pub(crate) const JOBS_PAGE_MAX: i64 = 500;
 
 /// A state a job is listed in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum JobState {
+pub(crate) enum JobState {
     /// Eligible now.
     Ready,
     /// Eligible, not before a later time.
@@ -28,7 +28,7 @@ pub enum JobState {
 
 impl JobState {
     /// Every state, in the order the page shows them.
-    pub const ALL: [JobState; 4] = [
+    pub(crate) const ALL: [JobState; 4] = [
         JobState::Ready,
         JobState::Scheduled,
         JobState::Processing,
@@ -36,7 +36,7 @@ impl JobState {
     ];
 
     /// As the page and its links spell it.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             JobState::Ready => "ready",
             JobState::Scheduled => "scheduled",
@@ -46,7 +46,7 @@ impl JobState {
     }
 
     /// The state named `text`.
-    pub fn parse(text: &str) -> Option<JobState> {
+    pub(crate) fn parse(text: &str) -> Option<JobState> {
         JobState::ALL.into_iter().find(|s| s.as_str() == text)
     }
 
@@ -82,7 +82,7 @@ impl JobState {
 
 /// A job as listed.
 #[derive(Debug, Clone, sqlx::FromRow)]
-pub struct JobLine {
+pub(crate) struct JobLine {
     /// Its key, as text.
     pub key: String,
     /// Attempts counted toward the limit.
@@ -112,7 +112,7 @@ fn columns(found: &Found) -> String {
 
 /// The jobs of `found` in `state`, after the job keyed `after` (the last
 /// of the page before), at most `limit` (capped at [`JOBS_PAGE_MAX`]).
-pub async fn list(
+pub(crate) async fn list(
     conn: &mut PgConnection,
     found: &Found,
     state: JobState,
@@ -149,7 +149,7 @@ fn read_error(found: &Found, key: &str, err: sqlx::Error) -> QueueError {
 
 /// One job, with its state and attempt history.
 #[derive(Debug, Clone, sqlx::FromRow)]
-pub struct Job {
+pub(crate) struct Job {
     /// What [`list`] shows.
     #[sqlx(flatten)]
     pub line: JobLine,
@@ -164,7 +164,7 @@ pub struct Job {
 }
 
 /// The job keyed `key` of `found`; None when there is none.
-pub async fn one(conn: &mut PgConnection, found: &Found, key: &str) -> Result<Option<Job>, QueueError> {
+pub(crate) async fn one(conn: &mut PgConnection, found: &Found, key: &str) -> Result<Option<Job>, QueueError> {
     let (table, column, key_type) = (found.queue.table(), &found.key_column, &found.key_type);
     let sql = format!(
         "SELECT {columns}, t.status, t.attempt, t.errors, t.payload FROM {table} t

@@ -6,6 +6,7 @@ use settled_engine::ChunkSql;
 use settled_engine::{Chunk, ChunkHandler, Handled, HandlerError};
 use sqlx::PgConnection;
 
+use super::chunk_period;
 use crate::period::Period;
 
 /// What paying a chunk writes, the one home of that rule: one ledger row
@@ -28,7 +29,7 @@ use crate::period::Period;
 /// back (the engine checks one effect per settled item) and is run again.
 /// Chunks running at once hold distinct creators (one running run per job,
 /// each item claimed once), so the update's row order cannot deadlock them.
-pub const CHUNK_EFFECTS_SQL: &str = "
+pub(crate) const CHUNK_EFFECTS_SQL: &str = "
 credited AS (
     INSERT INTO settlement.reward_ledger (period, creator, amount, run_id, attempt)
     SELECT s.period, s.creator, settlement.reward(s.volume, p.fee_bps), r.id, s.attempt
@@ -57,7 +58,7 @@ effects AS (SELECT creator FROM raised UNION ALL SELECT creator FROM opened)";
 /// The creators of the CTE `picked` with an active hold: not paid now. The
 /// engine's one-statement chunk runs it over the rows it claimed; the
 /// several-statement path over the chunk's keys (`held_creators`).
-pub const CHUNK_HELD_SQL: &str = "SELECT h.creator AS key FROM settlement.creator_holds h
+pub(crate) const CHUNK_HELD_SQL: &str = "SELECT h.creator AS key FROM settlement.creator_holds h
      WHERE h.released_at IS NULL AND h.creator IN (SELECT creator FROM picked)";
 
 /// [`CHUNK_EFFECTS_SQL`] over a chunk's items looked up by key, for the
@@ -66,7 +67,7 @@ pub const CHUNK_HELD_SQL: &str = "SELECT h.creator AS key FROM settlement.creato
 /// creators. The items are looked up first (`OFFSET 0` keeps the planner
 /// from folding the look-up into the join, where it would hash the whole
 /// period per chunk), then matched with their fences.
-pub fn pay_chunk_sql() -> &'static str {
+pub(crate) fn pay_chunk_sql() -> &'static str {
     static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
         format!(
             "WITH settled AS (
@@ -101,7 +102,7 @@ impl ChunkHandler for SettleRewards {
         let held = held_creators(&mut *tx, chunk).await?;
         let to_pay = chunk.with_items(chunk.items.iter().filter(|i| !held.contains(&i.key)).cloned().collect());
         if !to_pay.items.is_empty() {
-            pay_chunk(tx, &to_pay).await?;
+            pay_chunk(tx, chunk_period(chunk)?, &to_pay).await?;
         }
         Ok(Handled { held })
     }
@@ -125,10 +126,10 @@ pub(super) async fn held_creators<'e, E: sqlx::PgExecutor<'e>>(
         .await?)
 }
 
-/// Writes a chunk's ledger rows and balance credits; refuses (so the caller
-/// rolls back) unless every creator of the chunk was credited exactly once.
-pub(super) async fn pay_chunk(tx: &mut PgConnection, chunk: &Chunk) -> Result<(), HandlerError> {
-    let period = Period::parse(&chunk.scope).map_err(HandlerError::Permanent)?;
+/// Writes the ledger rows and balance credits of a chunk of `period` (its
+/// scope); refuses (so the caller rolls back) unless every creator of the
+/// chunk was credited exactly once.
+pub(super) async fn pay_chunk(tx: &mut PgConnection, period: Period, chunk: &Chunk) -> Result<(), HandlerError> {
     let credited: i64 = sqlx::query_scalar(pay_chunk_sql())
         .bind(period.date()) // $1
         .bind(chunk.keys()) // $2

@@ -13,6 +13,7 @@ use crate::period::Period;
 use crate::provider::{payout_key, Payment, PaymentStatus, PayoutProvider, ProviderError};
 
 use super::chunk::{held_creators, pay_chunk};
+use super::chunk_period;
 
 /// The settlement handler for leased mode: each creator is paid through the
 /// provider (idempotency key from period and creator, the key its
@@ -53,7 +54,7 @@ impl<P> SettleWithProvider<P> {
     }
 
     /// The same handler, for a provider that keeps keys `window`.
-    pub fn with_key_window(self, window: std::time::Duration) -> SettleWithProvider<P> {
+    pub(crate) fn with_key_window(self, window: std::time::Duration) -> SettleWithProvider<P> {
         SettleWithProvider {
             key_window: window,
             ..self
@@ -98,7 +99,7 @@ impl<P: PayoutProvider> LeasedHandler for SettleWithProvider<P> {
     }
 
     async fn prepare(&self, pool: &PgPool, chunk: &Chunk) -> Result<Self::Batch, HandlerError> {
-        let period = Period::parse(&chunk.scope).map_err(HandlerError::Permanent)?;
+        let period = chunk_period(chunk)?;
         let held = held_creators(pool, chunk).await?;
         let rows: Vec<RewardRow> = sqlx::query_as(
             "SELECT v.creator, settlement.reward(v.volume, p.fee_bps)::text AS reward
@@ -155,8 +156,9 @@ impl<P: PayoutProvider> LeasedHandler for SettleWithProvider<P> {
     }
 
     async fn commit(&self, tx: &mut PgConnection, chunk: &Chunk) -> Result<(), HandlerError> {
-        pay_chunk(tx, chunk).await?;
-        record_payments(tx, chunk, |key| self.take(key)).await
+        let period = chunk_period(chunk)?;
+        pay_chunk(tx, period, chunk).await?;
+        record_payments(tx, period, chunk, |key| self.take(key)).await
     }
 }
 
@@ -202,13 +204,14 @@ impl<P: PayoutProvider> SettleWithProvider<P> {
 /// Records each paid item's payment as a payout of its reward (debited at
 /// once), in the state `answer` gives (none: `sent`, for a lookup to
 /// settle), on the completion's transaction, after its ledger rows and
-/// credits. Rewards of zero pay nothing and record nothing.
+/// credits of `period` (the chunk's scope). Rewards of zero pay nothing and
+/// record nothing.
 async fn record_payments(
     tx: &mut PgConnection,
+    period: Period,
     chunk: &Chunk,
     answer: impl Fn(&str) -> Option<Payment>,
 ) -> Result<(), HandlerError> {
-    let period = Period::parse(&chunk.scope).map_err(HandlerError::Permanent)?;
     let (mut creators, mut keys, mut ids, mut states, mut reasons) = (vec![], vec![], vec![], vec![], vec![]);
     for item in &chunk.items {
         let key = payout_key(period, &item.key);

@@ -6,33 +6,34 @@
 //!
 //! The money path, top to bottom: the engine's chunk statement claims a
 //! chunk with SKIP LOCKED, marks it settled (attempt + 1: each item's
-//! fence) and runs [`CHUNK_EFFECTS_SQL`] on the rows it marked, all in one
-//! statement; `settled_engine::drain` checks its counts and commits.
+//! fence) and runs [`CHUNK_EFFECTS_SQL`](chunk::CHUNK_EFFECTS_SQL) on the
+//! rows it marked, all in one statement; `settled_engine::drain` checks its
+//! counts and commits.
 
 mod chunk;
 mod leased;
 mod operator;
 
-pub use chunk::{pay_chunk_sql, SettleRewards, CHUNK_EFFECTS_SQL, CHUNK_HELD_SQL};
+pub use chunk::SettleRewards;
 pub use leased::{item_error, LeasedBatch, SettleWithProvider};
-pub use operator::{policy, release_hold, reopen_released, retry_failed, set_policy, Hold, Released};
+pub(crate) use operator::{release_hold, reopen_released, retry_failed, set_policy, Hold, Released};
 
 use std::sync::{Arc, OnceLock};
 
 use anyhow::Context;
 
 use settled_engine::WorkQueue;
-use settled_engine::{EngineError, Job, QueueSpec, RunHooks};
+use settled_engine::{Chunk, EngineError, HandlerError, Job, QueueSpec, RunHooks};
 use sqlx::PgConnection;
 
 use crate::period::Period;
 
 /// The job's name in the engine's runs.
-pub const JOB: &str = "creator-rewards";
+pub(crate) const JOB: &str = "creator-rewards";
 /// The fee applied when a period is seeded without one.
-pub const DEFAULT_FEE_BPS: u32 = 250;
+pub(crate) const DEFAULT_FEE_BPS: u32 = 250;
 /// The constraint name the policy-freeze trigger raises its refusal with.
-pub const POLICY_FROZEN: &str = "settlement_policy_frozen_after_run";
+pub(crate) const POLICY_FROZEN: &str = "settlement_policy_frozen_after_run";
 
 /// The settlement job: its work table and its hooks.
 pub fn job() -> &'static Job<Settlement> {
@@ -69,7 +70,7 @@ impl RunHooks for Settlement {
     /// refused by the freeze trigger. The period's partitions are created
     /// if it has none yet (an archived period is refused).
     async fn before_start(&self, tx: &mut PgConnection, scope: &str) -> Result<(), EngineError> {
-        let period = Period::parse(scope).map_err(EngineError::Config)?;
+        let period = run_period(scope)?;
         sqlx::query(CLOSE_INPUT_SQL)
             .bind(period.date()) // $1
             .execute(&mut *tx)
@@ -106,7 +107,7 @@ impl RunHooks for Settlement {
         _queue: &WorkQueue,
         scope: &str,
     ) -> Result<serde_json::Value, EngineError> {
-        let period = Period::parse(scope).map_err(EngineError::Config)?;
+        let period = run_period(scope)?;
         let status = crate::status::period_status_in_tx(tx, period)
             .await
             .map_err(|e| EngineError::Invariant(format!("computing the report of {period}: {e:#}")))?;
@@ -122,6 +123,20 @@ impl RunHooks for Settlement {
     fn scope_for_due(&self, local_date: chrono::NaiveDate) -> String {
         Period::from_date(local_date - chrono::Duration::days(1)).to_string()
     }
+}
+
+/// The period a run's scope names. The engine hands the scope to the job as
+/// text, at each of its calls (a hook of the run, a handler's chunk): the
+/// call parses it here, once, and passes the [`Period`] down. A scope that
+/// is not a period is a configuration error of the run.
+fn run_period(scope: &str) -> Result<Period, EngineError> {
+    Period::parse(scope).map_err(EngineError::Config)
+}
+
+/// The period of a chunk's scope ([`run_period`]); a chunk whose scope is
+/// not a period fails for good.
+fn chunk_period(chunk: &Chunk) -> Result<Period, HandlerError> {
+    Period::parse(&chunk.scope).map_err(HandlerError::Permanent)
 }
 
 /// The advisory lock of a period's input ($1: the period), apart from every
@@ -142,7 +157,7 @@ const HOLD_INPUT_SQL: &str = concat!("SELECT pg_advisory_xact_lock_shared", peri
 /// start meanwhile (a run start waits), so rows written in `tx` are seen by
 /// its run. Refused when the period already has a run, whatever its state.
 /// Every writer of a period's items (seed, import) calls this first.
-pub async fn hold_input_open(tx: &mut PgConnection, period: Period) -> anyhow::Result<()> {
+pub(crate) async fn hold_input_open(tx: &mut PgConnection, period: Period) -> anyhow::Result<()> {
     sqlx::query(HOLD_INPUT_SQL)
         .bind(period.date()) // $1
         .execute(&mut *tx)

@@ -11,7 +11,7 @@ use super::{job, POLICY_FROZEN};
 
 /// Sets a period's fee. Refused (by a trigger, in the database) once a run
 /// for the period exists.
-pub async fn set_policy(pool: &PgPool, period: Period, fee: FeeBps) -> anyhow::Result<()> {
+pub(crate) async fn set_policy(pool: &PgPool, period: Period, fee: FeeBps) -> anyhow::Result<()> {
     sqlx::query(
         "INSERT INTO settlement.settlement_policy (period, fee_bps) VALUES ($1, $2)
          ON CONFLICT (period) DO UPDATE SET fee_bps = EXCLUDED.fee_bps, updated_at = now()",
@@ -27,20 +27,10 @@ pub async fn set_policy(pool: &PgPool, period: Period, fee: FeeBps) -> anyhow::R
     Ok(())
 }
 
-/// The period's fee, if a policy exists.
-pub async fn policy(conn: &mut PgConnection, period: Period) -> anyhow::Result<Option<FeeBps>> {
-    let bps: Option<i32> = sqlx::query_scalar("SELECT fee_bps FROM settlement.settlement_policy WHERE period = $1")
-        .bind(period.date()) // $1
-        .fetch_optional(conn)
-        .await?;
-    bps.map(|b| FeeBps::new(b as u32).map_err(anyhow::Error::msg))
-        .transpose()
-}
-
 /// Puts failed items of `period` back to `eligible` (all, or one creator's)
 /// and reopens its finished run, on the caller's transaction; see
 /// [`Job::retry_failed`](settled_engine::Job::retry_failed).
-pub async fn retry_failed(
+pub(crate) async fn retry_failed(
     tx: &mut PgConnection,
     period: Period,
     creator: Option<&CreatorAddress>,
@@ -52,7 +42,7 @@ pub async fn retry_failed(
 
 /// A hold as stored (and as the API shows it).
 #[derive(Debug, Clone, serde::Serialize, sqlx::FromRow, utoipa::ToSchema)]
-pub struct Hold {
+pub(crate) struct Hold {
     /// Hold id.
     pub id: i64,
     /// The held creator.
@@ -68,11 +58,11 @@ pub struct Hold {
 
 /// The result of releasing a hold.
 #[derive(Debug)]
-pub enum Released {
+pub(crate) enum Released {
     /// Released now.
-    Released(Hold),
+    Now(Hold),
     /// It had been released before.
-    AlreadyReleased,
+    Before,
     /// No such hold.
     NotFound,
 }
@@ -81,7 +71,7 @@ pub enum Released {
 /// caller's transaction; the creator's held items become eligible in it.
 /// Returns the periods that got work back: pass them to
 /// [`reopen_released`] once it commits.
-pub async fn release_hold(tx: &mut PgConnection, id: i64) -> anyhow::Result<(Released, Vec<String>)> {
+pub(crate) async fn release_hold(tx: &mut PgConnection, id: i64) -> anyhow::Result<(Released, Vec<String>)> {
     let hold: Option<Hold> = sqlx::query_as(
         "UPDATE settlement.creator_holds SET released_at = now()
          WHERE id = $1 AND released_at IS NULL
@@ -95,19 +85,15 @@ pub async fn release_hold(tx: &mut PgConnection, id: i64) -> anyhow::Result<(Rel
             .bind(id) // $1
             .fetch_one(&mut *tx)
             .await?;
-        let released = if exists {
-            Released::AlreadyReleased
-        } else {
-            Released::NotFound
-        };
+        let released = if exists { Released::Before } else { Released::NotFound };
         return Ok((released, Vec::new()));
     };
     let periods = job().release_held(tx, &hold.creator).await?;
-    Ok((Released::Released(hold), periods))
+    Ok((Released::Now(hold), periods))
 }
 
 /// Reopens the finished runs of `periods` after a release committed, so
 /// workers pay what it made eligible (once: the ledger's key).
-pub async fn reopen_released(pool: &PgPool, periods: &[String]) {
+pub(crate) async fn reopen_released(pool: &PgPool, periods: &[String]) {
     job().reopen_runs_with_work(pool, periods).await;
 }

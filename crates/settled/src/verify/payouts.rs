@@ -16,7 +16,7 @@ use crate::provider::HttpProvider;
 
 /// The money in and out, over every creator (base units, decimal strings).
 #[derive(Debug, Clone, Default, serde::Serialize, sqlx::FromRow)]
-pub struct Totals {
+pub(crate) struct Totals {
     /// Credited by settlement: every ledger row, archived periods' carried.
     pub settled: String,
     /// Every payout's amount (debited when it was made).
@@ -35,7 +35,7 @@ pub struct Totals {
 
 /// `verify --payouts`'s findings.
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct PayoutsReport {
+pub(crate) struct PayoutsReport {
     /// True when every check holds.
     pub ok: bool,
     /// The totals.
@@ -162,7 +162,7 @@ WHERE NOT EXISTS (SELECT 1 FROM settlement.payouts p WHERE p.id = r.payout_id)",
 
 /// The chain to compare payouts with: its node and the token paid out.
 #[derive(Debug, Clone, Copy)]
-pub struct ChainSide<'a> {
+pub(crate) struct ChainSide<'a> {
     /// The node.
     pub rpc: &'a crate::chain::Rpc,
     /// The ERC-20 token paid out.
@@ -171,12 +171,12 @@ pub struct ChainSide<'a> {
 
 /// The check the chain's side adds: `chain::reconcile`'s mismatches, the
 /// first [`MAX_OFFENDERS`] listed.
-pub const CHAIN_CHECK_NAME: &str = "chain_transfers_match_payouts";
+pub(crate) const CHAIN_CHECK_NAME: &str = "chain_transfers_match_payouts";
 
 /// Runs every payout check in one REPEATABLE READ snapshot on `conn`; with
 /// `provider` (or `chain`), then reconciles with it outside the snapshot (a
 /// payment made after the snapshot would otherwise look unknown).
-pub async fn verify_payouts(
+pub(crate) async fn verify_payouts(
     conn: &mut PgConnection,
     provider: Option<&HttpProvider>,
     chain: Option<ChainSide<'_>>,
@@ -250,7 +250,7 @@ async fn database_checks(conn: &mut PgConnection) -> anyhow::Result<(Totals, Vec
 
 impl PayoutsReport {
     /// The human rendering, as `verify --period` prints its own.
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let mut out = format!(
             "verify payouts: {}\n",
             if self.ok { "OK, every check holds" } else { "FAILED" }

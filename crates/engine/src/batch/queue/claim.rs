@@ -25,7 +25,7 @@ pub(super) struct Sql {
 /// the run `$3` while it is running. Every claim (in-transaction, leased,
 /// the one-statement chunk) selects with it.
 pub(super) fn claimable(n: &Names) -> String {
-    let Names { scope, scope_type, .. } = *n;
+    let (scope, scope_type) = (n.scope, n.scope_type);
     format!(
         "t.{scope} = CAST($1 AS {scope_type})
                    AND t.status = 'eligible'
@@ -36,13 +36,7 @@ pub(super) fn claimable(n: &Names) -> String {
 
 impl Sql {
     pub(super) fn render(n: &Names) -> Sql {
-        let Names {
-            table,
-            scope,
-            scope_type,
-            key,
-            key_type,
-        } = *n;
+        let (table, scope, scope_type, key, key_type) = (n.table, n.scope, n.scope_type, n.key, n.key_type);
         let claimable = claimable(n);
         Sql {
             // In-transaction mode: the row locks are the claim, held until

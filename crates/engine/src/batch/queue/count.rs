@@ -60,13 +60,7 @@ struct StatusRow {
 
 impl Sql {
     pub(super) fn render(n: &Names) -> Sql {
-        let Names {
-            table,
-            scope,
-            scope_type,
-            key,
-            ..
-        } = *n;
+        let (table, scope, scope_type, key) = (n.table, n.scope, n.scope_type, n.key);
         Sql {
             // Two counts, each answered from its partial index (eligible,
             // processing), so polling progress stays cheap on a large scope.

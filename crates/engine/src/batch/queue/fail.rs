@@ -20,13 +20,7 @@ pub(super) struct Sql {
 
 impl Sql {
     pub(super) fn render(n: &Names) -> Sql {
-        let Names {
-            table,
-            scope,
-            scope_type,
-            key,
-            key_type,
-        } = *n;
+        let (table, scope, scope_type, key, key_type) = (n.table, n.scope, n.scope_type, n.key, n.key_type);
         Sql {
             // In-transaction mode: the failed attempt was never recorded (it
             // rolled back), so count it here. $3 error, $4 permanent,

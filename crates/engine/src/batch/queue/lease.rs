@@ -21,13 +21,7 @@ pub(super) struct Sql {
 
 impl Sql {
     pub(super) fn render(n: &Names) -> Sql {
-        let Names {
-            table,
-            scope,
-            scope_type,
-            key,
-            key_type,
-        } = *n;
+        let (table, scope, scope_type, key, key_type) = (n.table, n.scope, n.scope_type, n.key, n.key_type);
         Sql {
             // One statement per worker per heartbeat, for the leases it knows
             // it holds. A lease whose claim committed but whose answer was

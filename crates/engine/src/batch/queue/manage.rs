@@ -16,13 +16,7 @@ pub(super) struct Sql {
 
 impl Sql {
     pub(super) fn render(n: &Names) -> Sql {
-        let Names {
-            table,
-            scope,
-            scope_type,
-            key,
-            key_type,
-        } = *n;
+        let (table, scope, scope_type, key, key_type) = (n.table, n.scope, n.scope_type, n.key, n.key_type);
         Sql {
             // The attempts so far stop counting toward the limit
             // (attempt_base), while attempt itself keeps growing.

@@ -146,13 +146,7 @@ fn pick_filter(n: &Names, pick: Pick) -> (String, String) {
 /// The `marked` CTE: the claimed rows set `settled`, or `held` for the
 /// holds query's keys, status re-checked.
 fn marked_cte(n: &Names, target: Target) -> String {
-    let Names {
-        table,
-        scope,
-        scope_type,
-        key,
-        ..
-    } = *n;
+    let (table, scope, scope_type, key) = (n.table, n.scope, n.scope_type, n.key);
     const SET: &str = "attempt = t.attempt + 1, lease_owner = NULL, lease_until = NULL,";
     match target {
         // Rows of any relation of the table: each found by its partition
@@ -191,13 +185,7 @@ fn marked_cte(n: &Names, target: Target) -> String {
 }
 
 fn render(n: &Names, sql: &ChunkSql, pick: Pick, target: Target) -> String {
-    let Names {
-        table,
-        scope,
-        key,
-        key_type,
-        ..
-    } = *n;
+    let (table, scope, key, key_type) = (n.table, n.scope, n.key, n.key_type);
     let (filter, order) = pick_filter(n, pick);
     let (from, attached) = match target {
         Target::Table => (table.to_string(), String::new()),
@@ -246,12 +234,7 @@ pub(super) struct Sql {
 
 impl Sql {
     pub(super) fn render(n: &Names) -> Sql {
-        let Names {
-            table,
-            scope,
-            scope_type,
-            ..
-        } = *n;
+        let (table, scope, scope_type) = (n.table, n.scope, n.scope_type);
         Sql {
             // $1 scope, $2 the scope column's name. The table's name was
             // validated as plain identifiers; the relation's is quoted here.

@@ -12,13 +12,13 @@ use crate::api::{AppState, Problem};
 use crate::audit::{self, Filter, Row};
 
 /// Rows on a page unless `limit=` says otherwise.
-pub const AUDIT_ROWS_DEFAULT: i64 = 100;
+pub(crate) const AUDIT_ROWS_DEFAULT: i64 = 100;
 /// Most rows on a page.
-pub const AUDIT_ROWS_MAX: i64 = 500;
+pub(crate) const AUDIT_ROWS_MAX: i64 = 500;
 
 /// The query of `/audit`: every field optional; an empty one is no filter.
 #[derive(Debug, Default, Deserialize)]
-pub struct AuditQuery {
+pub(crate) struct AuditQuery {
     actor: Option<String>,
     since: Option<String>,
     after: Option<String>,
@@ -65,7 +65,7 @@ impl AuditQuery {
 }
 
 /// `GET /audit`.
-pub async fn audit(State(state): State<AppState>, Query(query): Query<AuditQuery>) -> Page {
+pub(crate) async fn audit(State(state): State<AppState>, Query(query): Query<AuditQuery>) -> Page {
     let filter = query.filter()?;
     let mut conn = state.reads.acquire().await.map_err(Problem::unavailable)?;
     let rows = audit::list(&mut conn, &filter).await.map_err(Problem::unavailable)?;

@@ -17,7 +17,7 @@ use crate::payouts::PayoutState;
 /// The query of `/payouts`: every field optional; an empty one (as a form
 /// sends it) is no filter.
 #[derive(Debug, Default, Deserialize)]
-pub struct PayoutsQuery {
+pub(crate) struct PayoutsQuery {
     status: Option<String>,
     creator: Option<String>,
     id: Option<String>,
@@ -40,7 +40,7 @@ fn whole(field: &'static str, text: &str) -> Result<i64, Problem> {
 
 impl PayoutsQuery {
     /// The filter and page size it asks for; a field at fault is named.
-    pub fn filter(&self) -> Result<(Filter, i64), Problem> {
+    pub(crate) fn filter(&self) -> Result<(Filter, i64), Problem> {
         let status = given(&self.status)
             .map(|s| {
                 PayoutState::parse(s)
@@ -77,7 +77,7 @@ impl PayoutsQuery {
     }
 
     /// The fields as given, for the form and the next page's link.
-    pub fn given(&self) -> Vec<(&'static str, String)> {
+    pub(crate) fn given(&self) -> Vec<(&'static str, String)> {
         [
             ("status", &self.status),
             ("creator", &self.creator),
@@ -93,7 +93,7 @@ impl PayoutsQuery {
 }
 
 /// `GET /payouts/{id}`: one payout and everything that happened to it.
-pub async fn payout(State(state): State<AppState>, Path(id): Path<String>) -> Page {
+pub(crate) async fn payout(State(state): State<AppState>, Path(id): Path<String>) -> Page {
     let id: i64 = id
         .parse()
         .map_err(|_| Problem::bad_request(ProblemType::InvalidId, "payout id must be an integer").field("id"))?;
@@ -111,7 +111,7 @@ pub async fn payout(State(state): State<AppState>, Path(id): Path<String>) -> Pa
 /// The query of `/chain`: the page before a transaction id, one
 /// transaction alone, how many per page.
 #[derive(Debug, Default, Deserialize)]
-pub struct ChainQuery {
+pub(crate) struct ChainQuery {
     before: Option<String>,
     tx: Option<String>,
     limit: Option<String>,
@@ -119,7 +119,7 @@ pub struct ChainQuery {
 
 /// `GET /chain`: the chain rail's transactions, newest first, paged by
 /// keyset, each with its attempts, its block and the payouts it pays.
-pub async fn chain(State(state): State<AppState>, Query(q): Query<ChainQuery>, watch: super::Watch) -> Page {
+pub(crate) async fn chain(State(state): State<AppState>, Query(q): Query<ChainQuery>, watch: super::Watch) -> Page {
     use crate::chain::listing::{self, TXS_PER_PAGE_DEFAULT, TXS_PER_PAGE_MAX};
     let before = given(&q.before).map(|t| whole("before", t)).transpose()?;
     let only = given(&q.tx).map(|t| whole("tx", t)).transpose()?;
@@ -139,7 +139,7 @@ pub async fn chain(State(state): State<AppState>, Query(q): Query<ChainQuery>, w
 
 /// `POST /dashboard/payouts/{id}/cancel`: cancels a payout awaiting its
 /// confirmation (as `POST /v1/payouts/{id}/cancel` does), then shows it.
-pub async fn cancel_payout(
+pub(crate) async fn cancel_payout(
     State(state): State<AppState>,
     _: DashboardAuthorized,
     Path(id): Path<String>,
@@ -152,11 +152,11 @@ pub async fn cancel_payout(
 }
 
 /// Active holds shown on `/holds`.
-pub const HOLDS_SHOWN: i64 = 500;
+pub(crate) const HOLDS_SHOWN: i64 = 500;
 
 /// `GET /holds`: the active holds with reason and age, a form that places
 /// one, and a release form on each.
-pub async fn holds(State(state): State<AppState>) -> Page {
+pub(crate) async fn holds(State(state): State<AppState>) -> Page {
     let active: Vec<(crate::settlement::Hold, f64)> = sqlx::query_as::<_, HoldAge>(
         "SELECT id, creator, reason, created_at, released_at,
                 extract(epoch FROM now() - created_at)::float8 AS age_secs
@@ -181,13 +181,13 @@ struct HoldAge {
 
 /// The form that places a hold.
 #[derive(Debug, Deserialize)]
-pub struct PlaceForm {
+pub(crate) struct PlaceForm {
     creator: String,
     reason: String,
 }
 
 /// `POST /dashboard/holds`: places a hold (as `POST /v1/holds` does).
-pub async fn place_hold(
+pub(crate) async fn place_hold(
     State(state): State<AppState>,
     _: DashboardAuthorized,
     headers: HeaderMap,
@@ -204,13 +204,13 @@ pub async fn place_hold(
 
 /// The release form: the page to go back to (`holds`, or a creator's).
 #[derive(Debug, Deserialize)]
-pub struct ReleaseForm {
+pub(crate) struct ReleaseForm {
     from: Option<String>,
 }
 
 /// `POST /dashboard/holds/{id}/release`: releases a hold (as `POST
 /// /v1/holds/{id}/release` does).
-pub async fn release_hold(
+pub(crate) async fn release_hold(
     State(state): State<AppState>,
     _: DashboardAuthorized,
     Path(id): Path<String>,

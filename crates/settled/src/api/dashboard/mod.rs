@@ -4,20 +4,17 @@
 //! maud templates that escape whatever they show (`pages.rs`); this file
 //! only joins the two.
 
-pub mod audit_page;
+pub(crate) mod audit_page;
 mod chain_pages;
 mod creator_pages;
-pub mod find;
+pub(crate) mod find;
 mod hold_pages;
 mod pages;
 mod payout_pages;
 pub(crate) mod queries;
 mod queue_pages;
-pub mod queues;
-pub mod sql_text;
-
-pub use pages::REFRESH_SECS;
-pub use queries::{ITEMS_SHOWN, RUNS_SHOWN};
+pub(crate) mod queues;
+pub(crate) mod sql_text;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -39,7 +36,7 @@ type Page = Result<Markup, Problem>;
 
 /// `GET /`: runs with progress, amounts, throughput and ETA; a running run
 /// without a live worker is `stalled`, with no ETA.
-pub async fn runs(State(state): State<AppState>, watch: Watch) -> Page {
+pub(crate) async fn runs(State(state): State<AppState>, watch: Watch) -> Page {
     let pool = &state.reads;
     let progress = queries::runs_with_progress(pool).await.map_err(Problem::unavailable)?;
     let workers = crate::run_state::workers(pool).await.map_err(Problem::unavailable)?;
@@ -78,11 +75,11 @@ pub async fn runs(State(state): State<AppState>, watch: Watch) -> Page {
 /// Periods with more items than this are not verified on the run page (the
 /// page says to run `settled verify`): at two million verify takes about
 /// 9 s on two cores.
-pub const PAGE_VERIFY_MAX_ITEMS: i64 = 2_000_000;
+pub(crate) const PAGE_VERIFY_MAX_ITEMS: i64 = 2_000_000;
 
 /// How long a run's verification is shown before a request computes it
 /// again.
-pub const VERIFY_INTERVAL: Duration = Duration::from_secs(15);
+pub(crate) const VERIFY_INTERVAL: Duration = Duration::from_secs(15);
 
 /// Verifications of runs, one per run, computed at most once per
 /// [`VERIFY_INTERVAL`] however many pages ask (they wait for the one
@@ -94,7 +91,7 @@ pub struct Verifications {
 
 /// A verification and when it was computed.
 #[derive(Clone)]
-pub struct Verified {
+pub(crate) struct Verified {
     /// When it was computed.
     pub at: Instant,
     /// The report, or why it could not run.
@@ -107,7 +104,7 @@ const VERIFICATIONS_KEPT: usize = 64;
 impl Verifications {
     /// The verification of run `id` over `scope`, computed now if the last
     /// one is older than [`VERIFY_INTERVAL`].
-    pub async fn get(&self, pool: &sqlx::PgPool, id: i64, scope: &str) -> Verified {
+    pub(crate) async fn get(&self, pool: &sqlx::PgPool, id: i64, scope: &str) -> Verified {
         let slot = {
             let mut runs = self.runs.lock().unwrap_or_else(|e| e.into_inner());
             if runs.len() >= VERIFICATIONS_KEPT {
@@ -138,7 +135,7 @@ impl Verifications {
 /// `GET /runs/{id}`: a run's state (`stalled` derived) and progress, its
 /// stored report, its chart and its verification (shared, at most
 /// [`VERIFY_INTERVAL`] old).
-pub async fn run_report(State(state): State<AppState>, Path(id): Path<String>, watch: Watch) -> Page {
+pub(crate) async fn run_report(State(state): State<AppState>, Path(id): Path<String>, watch: Watch) -> Page {
     let id: i64 = id
         .parse()
         .map_err(|_| Problem::bad_request(ProblemType::InvalidId, "run id must be an integer").field("id"))?;
@@ -188,7 +185,7 @@ pub async fn run_report(State(state): State<AppState>, Path(id): Path<String>, w
 /// `GET /workers`: the registry; a dead worker's row shows beside its last
 /// heartbeat's counters what the ledger committed for the runs it lived
 /// through.
-pub async fn workers(State(state): State<AppState>, watch: Watch) -> Page {
+pub(crate) async fn workers(State(state): State<AppState>, watch: Watch) -> Page {
     let all = settled_engine::raw::workers::list(&state.reads, Some(&crate::settlement::queue()), 100)
         .await
         .map_err(Problem::unavailable)?;
@@ -200,13 +197,13 @@ pub async fn workers(State(state): State<AppState>, watch: Watch) -> Page {
 
 /// Conflicts and unknown provider events listed on the payouts page (the
 /// newest; the page counts them all).
-pub const PAYOUT_ISSUES_SHOWN: i64 = 50;
+pub(crate) const PAYOUT_ISSUES_SHOWN: i64 = 50;
 
 /// `GET /payouts`: payouts by state with amounts and ages, then the
 /// payouts themselves, newest first, filtered and paged by keyset; returns,
 /// conflicts, provider events for unknown payouts, and provider keys
 /// waiting for an operator.
-pub async fn payouts(State(state): State<AppState>, Query(q): Query<find::PayoutsQuery>, watch: Watch) -> Page {
+pub(crate) async fn payouts(State(state): State<AppState>, Query(q): Query<find::PayoutsQuery>, watch: Watch) -> Page {
     use crate::payouts::overview;
     let (filter, limit) = q.filter()?;
     let mut conn = state.reads.acquire().await.map_err(Problem::unavailable)?;
@@ -242,16 +239,16 @@ pub async fn payouts(State(state): State<AppState>, Query(q): Query<find::Payout
 }
 
 /// A creator's newest payouts shown on its page (the rest: `/payouts?creator=`).
-pub const CREATOR_PAYOUTS_SHOWN: i64 = 20;
+pub(crate) const CREATOR_PAYOUTS_SHOWN: i64 = 20;
 
 /// Query of a creator's page: the statement page after this cursor.
 #[derive(Debug, Deserialize)]
-pub struct CreatorQuery {
+pub(crate) struct CreatorQuery {
     after: Option<String>,
 }
 
 /// `GET /creators/{address}`: a creator's balances, holds and statement.
-pub async fn creator(
+pub(crate) async fn creator(
     State(state): State<AppState>,
     Path(address): Path<String>,
     Query(q): Query<CreatorQuery>,
@@ -322,13 +319,13 @@ pub async fn creator(
 
 /// Query of the creator look-up form.
 #[derive(Debug, Deserialize)]
-pub struct CreatorLookup {
+pub(crate) struct CreatorLookup {
     address: Option<String>,
 }
 
 /// `GET /creators?address=0x…`: the look-up form's answer, a redirect to
 /// the creator's page.
-pub async fn find_creator(Query(q): Query<CreatorLookup>) -> Result<Redirect, Problem> {
+pub(crate) async fn find_creator(Query(q): Query<CreatorLookup>) -> Result<Redirect, Problem> {
     use crate::address::CreatorAddress;
     let text = q.address.unwrap_or_default();
     let creator = CreatorAddress::parse(text.trim())
@@ -338,12 +335,12 @@ pub async fn find_creator(Query(q): Query<CreatorLookup>) -> Result<Redirect, Pr
 
 /// Query of the items page.
 #[derive(Debug, Deserialize)]
-pub struct ItemsQuery {
+pub(crate) struct ItemsQuery {
     status: Option<String>,
 }
 
 /// `GET /items?status=failed|held`: with their errors and a retry action.
-pub async fn items(State(state): State<AppState>, Query(q): Query<ItemsQuery>) -> Page {
+pub(crate) async fn items(State(state): State<AppState>, Query(q): Query<ItemsQuery>) -> Page {
     let status = match q.status.as_deref() {
         Some("held") => ItemStatus::Held,
         _ => ItemStatus::Failed,
@@ -356,7 +353,7 @@ pub async fn items(State(state): State<AppState>, Query(q): Query<ItemsQuery>) -
 
 /// The retry form.
 #[derive(Debug, Deserialize)]
-pub struct RetryForm {
+pub(crate) struct RetryForm {
     period: String,
     creator: String,
 }
@@ -366,7 +363,7 @@ pub struct RetryForm {
 /// before the form is read; the form is read only as
 /// `application/x-www-form-urlencoded`, at most the API's body limit and
 /// time; a field at fault is named.
-pub async fn retry(
+pub(crate) async fn retry(
     State(state): State<AppState>,
     _: super::auth::DashboardAuthorized,
     headers: axum::http::HeaderMap,
@@ -391,13 +388,13 @@ pub async fn retry(
 }
 
 /// Characters of a query shown in the lock view.
-pub const QUERY_CHARS_SHOWN: usize = 200;
+pub(crate) const QUERY_CHARS_SHOWN: usize = 200;
 
 /// `GET /locks`: who holds which lock on the settlement and engine tables,
 /// and who waits for whom. Other sessions' query text can hold secrets (a
 /// `PASSWORD '...'`, a customer's data): it is shown with its literals
 /// replaced by `?`, and whole only to an operator's or an admin's token.
-pub async fn locks(
+pub(crate) async fn locks(
     State(state): State<AppState>,
     actor: Option<axum::Extension<super::auth::Actor>>,
     watch: Watch,
@@ -422,8 +419,8 @@ pub async fn locks(
 /// query says `refresh=off`), and where it is, for the link that stops or
 /// starts it. Any query of the page is kept.
 #[derive(Debug, Clone)]
-pub struct Watch {
-    /// True: the page refreshes every [`REFRESH_SECS`].
+pub(crate) struct Watch {
+    /// True: the page refreshes every [`REFRESH_SECS`](pages::REFRESH_SECS).
     pub on: bool,
     path: String,
     /// The query's pairs, `refresh` left out.
@@ -432,7 +429,7 @@ pub struct Watch {
 
 impl Watch {
     /// The same page with refreshing turned the other way.
-    pub fn toggle(&self) -> String {
+    pub(crate) fn toggle(&self) -> String {
         let mut query = form_urlencoded::Serializer::new(String::new());
         query.extend_pairs(&self.rest);
         if self.on {
@@ -466,7 +463,7 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Watch {
 /// error is rendered as a page, its status and headers kept (a 401 keeps its
 /// challenge). `/v1`, the probes, `/metrics` and `/openapi.json` keep their
 /// problems, and so does a client that does not ask for HTML.
-pub async fn html_errors(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+pub(crate) async fn html_errors(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
     use axum::http::header;
     let path = request.uri().path();
     let machine =

@@ -10,7 +10,7 @@ use crate::run_state::Shown;
 use crate::verify::{Check, VerifyReport};
 
 /// Seconds between refreshes of pages that watch something.
-pub const REFRESH_SECS: u32 = 5;
+pub(crate) const REFRESH_SECS: u32 = 5;
 
 const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:1.5em;color:#222} nav a{margin-right:1em}
 table{border-collapse:collapse;margin:1em 0} td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left;font-size:.9em}

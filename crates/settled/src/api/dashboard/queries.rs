@@ -6,9 +6,9 @@ use settled_engine::{ItemStatus, Run, RunState};
 use sqlx::PgPool;
 
 /// Runs listed on the front page.
-pub const RUNS_SHOWN: i64 = 20;
+pub(crate) const RUNS_SHOWN: i64 = 20;
 /// Items listed on the items page.
-pub const ITEMS_SHOWN: i64 = 200;
+pub(crate) const ITEMS_SHOWN: i64 = 200;
 
 /// A run with its period's exact progress.
 pub(crate) struct RunProgress {

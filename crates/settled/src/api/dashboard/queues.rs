@@ -20,7 +20,7 @@ use crate::queues::jobs::{self, JobState, JOBS_PAGE_MAX};
 use crate::queues::{self, ReplayRequest, DEAD_LETTERS_SHOWN};
 
 /// `GET /queues`.
-pub async fn list(State(state): State<AppState>, watch: super::Watch) -> Page {
+pub(crate) async fn list(State(state): State<AppState>, watch: super::Watch) -> Page {
     let mut conn = state.reads.acquire().await.map_err(Problem::unavailable)?;
     let views = queues::overview(&mut conn).await.map_err(Problem::unavailable)?;
     Ok(queue_pages::queues(&views, &watch))
@@ -30,7 +30,7 @@ pub async fn list(State(state): State<AppState>, watch: super::Watch) -> Page {
 /// of one state's jobs to show (`state=`, `after=` the last key shown,
 /// `limit=`; the other states show their first page).
 #[derive(Debug, Default, Deserialize)]
-pub struct ShowQuery {
+pub(crate) struct ShowQuery {
     replayed: Option<u64>,
     state: Option<String>,
     after: Option<String>,
@@ -38,7 +38,7 @@ pub struct ShowQuery {
 }
 
 /// Jobs of each state shown unless `limit=` says otherwise.
-pub const JOBS_SHOWN_DEFAULT: i64 = 20;
+pub(crate) const JOBS_SHOWN_DEFAULT: i64 = 20;
 
 impl ShowQuery {
     /// The state paged, its cursor and the page size; a field at fault is named.
@@ -71,7 +71,7 @@ impl ShowQuery {
 
 /// `GET /queues/{name}`: its counts, pickup latency, dead letters, and the
 /// jobs of each state, paged by keyset.
-pub async fn show(State(state): State<AppState>, Path(name): Path<String>, Query(q): Query<ShowQuery>) -> Page {
+pub(crate) async fn show(State(state): State<AppState>, Path(name): Path<String>, Query(q): Query<ShowQuery>) -> Page {
     let paging = q.paging()?;
     let mut conn = state.reads.acquire().await.map_err(Problem::unavailable)?;
     let view = queues::view(&mut conn, &name).await.map_err(problem)?;
@@ -117,10 +117,10 @@ async fn jobs_by_state(
 }
 
 /// Workers of the registry searched for a job's lease holder (newest first).
-pub const WORKERS_SEARCHED: i64 = 1000;
+pub(crate) const WORKERS_SEARCHED: i64 = 1000;
 
 /// `GET /queues/{name}/jobs/{key}`: one job, its attempts, errors and lease.
-pub async fn job(State(state): State<AppState>, Path((name, key)): Path<(String, String)>) -> Page {
+pub(crate) async fn job(State(state): State<AppState>, Path((name, key)): Path<(String, String)>) -> Page {
     let mut conn = state.reads.acquire().await.map_err(Problem::unavailable)?;
     let found = queues::find(&mut conn, &name).await.map_err(problem)?;
     let job = jobs::one(&mut conn, &found, &key)
@@ -139,13 +139,13 @@ pub async fn job(State(state): State<AppState>, Path((name, key)): Path<(String,
 
 /// The replay form: one dead letter by key, or (no key) every one.
 #[derive(Debug, Deserialize)]
-pub struct ReplayForm {
+pub(crate) struct ReplayForm {
     key: Option<String>,
 }
 
 /// `POST /dashboard/queues/{name}/replay`: then back to the queue's page,
 /// which says how many were replayed.
-pub async fn replay(
+pub(crate) async fn replay(
     State(state): State<AppState>,
     _: DashboardAuthorized,
     Path(name): Path<String>,
@@ -165,7 +165,7 @@ pub async fn replay(
 }
 
 /// `POST /dashboard/queues/{name}/pause`.
-pub async fn pause(
+pub(crate) async fn pause(
     State(state): State<AppState>,
     _: DashboardAuthorized,
     Path(name): Path<String>,
@@ -175,7 +175,7 @@ pub async fn pause(
 }
 
 /// `POST /dashboard/queues/{name}/resume`.
-pub async fn resume(
+pub(crate) async fn resume(
     State(state): State<AppState>,
     _: DashboardAuthorized,
     Path(name): Path<String>,

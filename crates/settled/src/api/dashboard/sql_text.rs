@@ -9,7 +9,7 @@
 /// like any other). An unterminated literal or comment, as in text cut at
 /// a length limit, is hidden to its end. Identifiers, keywords and
 /// parameters (`$1`) are kept.
-pub fn without_literals(sql: &str) -> String {
+pub(crate) fn without_literals(sql: &str) -> String {
     without_setting_values(&without_literals_and_comments(sql))
 }
 

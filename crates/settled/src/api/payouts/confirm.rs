@@ -19,7 +19,7 @@ use anyhow::Context;
 /// The body of a confirmation.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct ConfirmRequest {
+pub(crate) struct ConfirmRequest {
     /// The one-time token the payout's creation answered with.
     #[schema(format = Uuid)]
     pub token: String,
@@ -45,7 +45,7 @@ pub struct ConfirmRequest {
         (status = 409, description = "the payout is not awaiting confirmation (payout-not-awaiting-confirmation), or its creator has an active hold (creator-on-hold: the token stays usable); `payout_status` says where the payout is"),
         (status = 410, description = "the token expired (confirmation-expired); the payout expires and its funds come back"),
     ))]
-pub async fn confirm(
+pub(crate) async fn confirm(
     State(state): State<AppState>,
     _: Authorized,
     Path(id): Path<String>,
@@ -150,7 +150,11 @@ fn not_confirmed(id: i64, answer: &Confirmation) -> anyhow::Result<Problem> {
         (status = 404, description = "no such payout (unknown-payout)"),
         (status = 409, description = "only a payout awaiting confirmation can be cancelled (payout-not-cancellable); `payout_status` says where it is"),
     ))]
-pub async fn cancel(State(state): State<AppState>, _: Authorized, Path(id): Path<String>) -> Result<Response, Problem> {
+pub(crate) async fn cancel(
+    State(state): State<AppState>,
+    _: Authorized,
+    Path(id): Path<String>,
+) -> Result<Response, Problem> {
     let id = payout_id(&id)?;
     let payout = cancel_by_id(&state, id).await?;
     Ok((StatusCode::OK, axum::Json(payout)).into_response())

@@ -43,7 +43,7 @@ use anyhow::Context;
         (status = 409, description = "insufficient funds (insufficient-funds, with `balance`), an active hold on the creator (creator-on-hold, with `hold`), or a request with this key is still in progress (request-in-progress)"),
         (status = 422, description = "invalid field (invalid-field, naming it), or the key belongs to a different request (idempotency-key-reused)"),
     ))]
-pub async fn create(
+pub(crate) async fn create(
     State(state): State<AppState>,
     _: Authorized,
     headers: HeaderMap,

@@ -13,9 +13,8 @@ mod create;
 mod request;
 
 pub(crate) use confirm::cancel_by_id;
-pub use confirm::{__path_cancel, __path_confirm, cancel, confirm, ConfirmRequest};
-pub use create::{__path_create, create};
-pub use request::validate;
+pub(crate) use confirm::{__path_cancel, __path_confirm, cancel, confirm};
+pub(crate) use create::{__path_create, create};
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -31,12 +30,12 @@ use crate::money::Amount;
 use crate::payouts::PayoutState;
 
 /// Idempotency scope of payouts.
-pub const PAYOUTS_SCOPE: &str = "payouts";
+pub(crate) const PAYOUTS_SCOPE: &str = "payouts";
 
 /// The request body.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct PayoutRequest {
+pub(crate) struct PayoutRequest {
     /// The creator, `0x` + 40 hex digits.
     #[schema(value_type = CreatorAddress)]
     pub creator: String,
@@ -52,7 +51,7 @@ pub struct PayoutRequest {
 
 /// A payout as the API shows it.
 #[derive(Debug, Serialize, sqlx::FromRow, ToSchema)]
-pub struct Payout {
+pub(crate) struct Payout {
     /// Payout id.
     #[schema(minimum = 1)]
     pub id: i64,
@@ -83,7 +82,7 @@ const PAYOUT_COLUMNS: &str =
 
 /// A payout just made: with its one-time confirmation token when asked for.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct MadePayout {
+pub(crate) struct MadePayout {
     /// The payout.
     #[serde(flatten)]
     pub payout: Payout,
@@ -111,7 +110,7 @@ fn payout_id(id: &str) -> Result<i64, Problem> {
 
 /// A transition of a payout, as `GET /v1/payouts/{id}` lists them.
 #[derive(Debug, Serialize, sqlx::FromRow, ToSchema)]
-pub struct Transition {
+pub(crate) struct Transition {
     /// The state it left (none for the first).
     #[schema(required = true)]
     pub from_state: Option<PayoutState>,
@@ -126,7 +125,7 @@ pub struct Transition {
 
 /// A payout with its history, oldest transition first.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct PayoutWithHistory {
+pub(crate) struct PayoutWithHistory {
     /// The payout.
     #[serde(flatten)]
     pub payout: Payout,
@@ -143,7 +142,7 @@ pub struct PayoutWithHistory {
         (status = 400, description = "the id is not an integer (invalid-id)"),
         (status = 404, description = "no such payout (unknown-payout)"),
     ))]
-pub async fn show(State(state): State<AppState>, Path(id): Path<String>) -> Result<Response, Problem> {
+pub(crate) async fn show(State(state): State<AppState>, Path(id): Path<String>) -> Result<Response, Problem> {
     let id = payout_id(&id)?;
     let mut conn = state.reads.acquire().await.map_err(Problem::unavailable)?;
     let payout = one(&mut conn, id)

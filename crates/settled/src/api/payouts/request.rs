@@ -68,7 +68,7 @@ fn sf_string(text: &str) -> Option<String> {
 }
 
 /// Validates the request; returns the creator and amount.
-pub fn validate(request: &PayoutRequest) -> Result<(CreatorAddress, Amount), Problem> {
+pub(crate) fn validate(request: &PayoutRequest) -> Result<(CreatorAddress, Amount), Problem> {
     let creator =
         CreatorAddress::parse(&request.creator).map_err(|e| Problem::invalid("creator", format!("creator {e}")))?;
     let amount =

@@ -11,7 +11,7 @@ use crate::provider::{Payment, PaymentStatus};
 
 /// The module's table: settled's `state` against the provider's `status`
 /// of the payment under the payout's key.
-pub fn judge(state: PayoutState, status: PaymentStatus) -> Verdict {
+pub(crate) fn judge(state: PayoutState, status: PaymentStatus) -> Verdict {
     use PaymentStatus as P;
     use PayoutState as S;
     match (state, status) {
@@ -27,7 +27,7 @@ pub fn judge(state: PayoutState, status: PaymentStatus) -> Verdict {
 
 /// Compares `payouts` with `payments` (see the module's table). Pure: the
 /// callers read both sides.
-pub fn compare(payouts: &[PayoutRecord], payments: &[Payment]) -> Comparison {
+pub(crate) fn compare(payouts: &[PayoutRecord], payments: &[Payment]) -> Comparison {
     let mut by_key: HashMap<&str, Vec<&Payment>> = HashMap::new();
     for payment in payments {
         by_key

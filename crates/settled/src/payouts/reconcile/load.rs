@@ -15,7 +15,7 @@ use crate::provider::{payout_key, HttpProvider, Payment, PaymentStatus};
 
 /// Which payouts are compared.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Scope {
+pub(crate) enum Scope {
     /// Every payout, and every payment the provider has.
     All,
     /// The settlement payouts of one period, and the payments under its
@@ -24,7 +24,7 @@ pub enum Scope {
 }
 
 /// The payouts in `scope`, in one statement (one snapshot).
-pub async fn load_payouts(conn: &mut PgConnection, scope: Scope) -> anyhow::Result<Vec<PayoutRecord>> {
+pub(crate) async fn load_payouts(conn: &mut PgConnection, scope: Scope) -> anyhow::Result<Vec<PayoutRecord>> {
     let period = match scope {
         Scope::All => None,
         Scope::Period(p) => Some(p.date()),
@@ -56,7 +56,11 @@ pub async fn load_payouts(conn: &mut PgConnection, scope: Scope) -> anyhow::Resu
 /// whose key matched no payout is asked about again: a payout made after
 /// the read is in flight, and a settlement of a reward that rounded to zero
 /// (its ledger row is 0, and settled records no payout for it) pays nothing.
-pub async fn reconcile(conn: &mut PgConnection, provider: &HttpProvider, scope: Scope) -> anyhow::Result<Comparison> {
+pub(crate) async fn reconcile(
+    conn: &mut PgConnection,
+    provider: &HttpProvider,
+    scope: Scope,
+) -> anyhow::Result<Comparison> {
     let payouts = load_payouts(conn, scope).await?;
     let mut payments = provider.list_all().await?;
     if let Scope::Period(period) = scope {

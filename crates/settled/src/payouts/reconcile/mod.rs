@@ -6,7 +6,7 @@
 //!
 //! A payment belongs to the payout whose provider key it was made under.
 //! What settled says of a payout against what the provider says of its
-//! payment ([`judge`]):
+//! payment ([`judge`](compare::judge)):
 //!
 //! | settled | provider | verdict |
 //! |---|---|---|
@@ -44,6 +44,8 @@ mod report;
 #[cfg(test)]
 mod tests;
 
-pub use compare::{compare, judge};
-pub use load::{load_payouts, reconcile, Scope};
-pub use report::{Comparison, Lag, Mismatch, MismatchKind, PayoutRecord, Verdict};
+pub(crate) use compare::compare;
+#[cfg(test)]
+use compare::judge;
+pub(crate) use load::{reconcile, Scope};
+pub(crate) use report::{Comparison, Lag, Mismatch, MismatchKind, PayoutRecord, Verdict};

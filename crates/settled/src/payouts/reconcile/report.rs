@@ -9,7 +9,7 @@ use crate::verify::{Check, MAX_OFFENDERS};
 
 /// A payout as reconciliation reads it.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
-pub struct PayoutRecord {
+pub(crate) struct PayoutRecord {
     /// The payout.
     #[sqlx(flatten)]
     pub payout: PayoutRow,
@@ -23,7 +23,7 @@ pub struct PayoutRecord {
 /// Each way settled and the provider can disagree.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum MismatchKind {
+pub(crate) enum MismatchKind {
     /// settled says sent or paid; the provider has no payment under its key.
     MissingAtProvider,
     /// A payment under a key that is no payout's.
@@ -47,7 +47,7 @@ pub enum MismatchKind {
 
 impl MismatchKind {
     /// Every kind, in report order.
-    pub const ALL: [MismatchKind; 8] = [
+    pub(crate) const ALL: [MismatchKind; 8] = [
         MismatchKind::MissingAtProvider,
         MismatchKind::UnknownToSettled,
         MismatchKind::AmountDiffers,
@@ -59,7 +59,7 @@ impl MismatchKind {
     ];
 
     /// Its name in reports.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             MismatchKind::MissingAtProvider => "missing_at_provider",
             MismatchKind::UnknownToSettled => "unknown_to_settled",
@@ -119,7 +119,7 @@ impl std::fmt::Display for MismatchKind {
 
 /// One disagreement.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Mismatch {
+pub(crate) struct Mismatch {
     /// What kind.
     pub kind: MismatchKind,
     /// The payout, when one is concerned.
@@ -134,7 +134,7 @@ pub struct Mismatch {
 
 /// A payout settled has not caught up on yet: no mismatch.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Lag {
+pub(crate) struct Lag {
     /// The payout.
     pub payout_id: i64,
     /// Its provider key.
@@ -147,7 +147,7 @@ pub struct Lag {
 
 /// The comparison's result.
 #[derive(Debug, Clone, Default, Serialize)]
-pub struct Comparison {
+pub(crate) struct Comparison {
     /// Payouts compared.
     pub payouts: usize,
     /// Provider payments compared.
@@ -167,17 +167,17 @@ pub struct Comparison {
 
 impl Comparison {
     /// True when nothing differs.
-    pub fn ok(&self) -> bool {
+    pub(crate) fn ok(&self) -> bool {
         self.mismatches.is_empty()
     }
 
     /// The mismatches of `kind`.
-    pub fn of(&self, kind: MismatchKind) -> impl Iterator<Item = &Mismatch> {
+    pub(crate) fn of(&self, kind: MismatchKind) -> impl Iterator<Item = &Mismatch> {
         self.mismatches.iter().filter(move |m| m.kind == kind)
     }
 
     /// One verify check per mismatch kind, offenders named by payout and key.
-    pub fn checks(&self) -> Vec<Check> {
+    pub(crate) fn checks(&self) -> Vec<Check> {
         MismatchKind::ALL
             .into_iter()
             .map(|kind| {
@@ -197,7 +197,7 @@ impl Comparison {
 
 impl Mismatch {
     /// `payout 12 (payout-12): detail`, or `key K: detail` without a payout.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match self.payout_id {
             Some(id) => format!("payout {id} ({}): {}", self.key, self.detail),
             None => format!("key {}: {}", self.key, self.detail),
@@ -207,7 +207,7 @@ impl Mismatch {
 
 /// What settled's state and the provider's status say together.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// They agree.
     Agree,
     /// Delivery has not recorded the provider's answer yet.
