@@ -154,13 +154,8 @@ pub(crate) async fn send_weekly_digests(
 #[allow(dead_code)]
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let (url, _db) = match std::env::var("DATABASE_URL") {
-        Ok(url) => (url, None),
-        Err(_) => {
-            let db = settled_testkit::TestDb::create().await?;
-            (db.url.clone(), Some(db))
-        }
-    };
+    // DATABASE_URL, else a throwaway database dropped at the end.
+    let (url, _db) = settled_testkit::TestDb::from_env_or_create().await?;
     let pool = PgPool::connect(&url).await?;
     let (outcome, sent) = send_weekly_digests(&pool, "2026-11-23", 5_000).await?;
     println!("weekly digest: {sent} of 5000 subscribers sent exactly once ({outcome:?})");

@@ -175,13 +175,8 @@ async fn receiver() -> anyhow::Result<(String, Arc<std::sync::Mutex<std::collect
 #[allow(dead_code)]
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let (url, _db) = match std::env::var("DATABASE_URL") {
-        Ok(url) => (url, None),
-        Err(_) => {
-            let db = settled_testkit::TestDb::create().await?;
-            (db.url.clone(), Some(db))
-        }
-    };
+    // DATABASE_URL, else a throwaway database dropped at the end.
+    let (url, _db) = settled_testkit::TestDb::from_env_or_create().await?;
     let pool = PgPool::connect(&url).await?;
     install(&pool).await?;
     let (receiver, seen) = receiver().await?;

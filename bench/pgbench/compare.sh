@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The engine against the floor of its own SQL: `settled demo` and pgbench
-# running settle_chunk.sql, back to back, on one server, same data size and
-# concurrency. Prints each round and the medians and their ratio.
+# running the product's chunk statement (generated from the code by
+# `settled lab pgbench-script`), back to back, on one server, same data size
+# and concurrency. Prints each round and the medians and their ratio.
 #
 #   DATABASE_URL=postgres://postgres@127.0.0.1:5432/settled_bench bench/pgbench/compare.sh [ROUNDS] [CREATORS] [WORKERS] [LOOPS] [CHUNK]
 #
@@ -15,6 +16,8 @@ SETTLED=${SETTLED:-$here/../../target/release/settled}
 CLIENTS=$((WORKERS * LOOPS))
 # Enough chunk transactions for every item, plus slack for the empty claims at the end.
 PER_CLIENT=$(( (CREATORS / CHUNK + CLIENTS) / CLIENTS + 2 ))
+scripts=$(mktemp -d); trap 'rm -rf "$scripts"' EXIT
+"$SETTLED" lab pgbench-script > "$scripts/settle_chunk.sql"
 
 median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 engine=(); floor=()
@@ -27,7 +30,7 @@ for round in $(seq 1 "$ROUNDS"); do
   "$SETTLED" seed --period "$period" --creators "$CREATORS" --fee-bps 250 >/dev/null 2>&1
   run=$(psql "$DATABASE_URL" -qAtc "INSERT INTO settled_engine.runs (job, scope) VALUES ('creator-rewards', '$period') RETURNING id")
   start=$(date +%s.%N)
-  pgbench -n -M prepared -c "$CLIENTS" -j 2 -t "$PER_CLIENT" -f "$here/settle_chunk.sql" \
+  pgbench -n -M prepared -c "$CLIENTS" -j 2 -t "$PER_CLIENT" -f "$scripts/settle_chunk.sql" \
           -D period="$period" -D run="$run" -D chunk="$CHUNK" "$DATABASE_URL" >/dev/null
   end=$(date +%s.%N)
   left=$(psql "$DATABASE_URL" -Atc "SELECT count(*) FROM settlement.token_trade_volume WHERE period = '$period' AND status <> 'settled'")

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # What the parts of the chunk statement cost: the same million settled by
-# variants of the product's statement (statement-cost/*.sql), each from four
-# pgbench clients alone on their key ranges, and by the set-based floor in
-# one transaction, in rounds with the order rotating, every case copied from
-# one vacuumed template. Prints each case's seconds and the medians.
-# The forms besides product.sql are made from it here: `upsert` credits the
+# variants of the product's statement, each from four pgbench clients alone
+# on their key ranges, and by the set-based floor (statement-cost/floor.sql)
+# in one transaction, in rounds with the order rotating, every case copied
+# from one vacuumed template. Prints each case's seconds and the medians.
+# `product` is the statement a worker sends inside a key range on the
+# period's partition, generated from the code (`settled lab pgbench-script
+# --range`); the other forms are made from it here: `upsert` credits the
 # balances with one INSERT ... ON CONFLICT (creator) DO UPDATE, as the
 # statement did before 2026-12-03; `no-lock` leaves out the claim's FOR NO
 # KEY UPDATE ... SKIP LOCKED (for measurement only: without the lock two
@@ -38,9 +40,9 @@ mapfile -t uppers < <(psql -Atd "$tpl" -c "SELECT max(creator) FROM (SELECT crea
                                            GROUP BY n ORDER BY n")
 per_client=$(( CREATORS / CLIENTS / CHUNK + 2 ))
 scripts=$(mktemp -d); trap 'cleanup; rm -rf "$scripts"' EXIT
-cp "$here/statement-cost/product.sql" "$scripts/"
+DATABASE_URL="$base/$tpl" "$SETTLED" lab pgbench-script --range --period "$PERIOD" > "$scripts/product.sql"
 perl -0pe 's/\n\s*FOR NO KEY UPDATE OF t SKIP LOCKED\)/)/' "$scripts/product.sql" > "$scripts/no-lock.sql"
-perl -0pe 's/\n raised AS \(.*?\n effects AS \(SELECT creator FROM raised UNION ALL SELECT creator FROM opened\)\n/
+perl -0pe 's/\n\s*raised AS \(.*?\n\s*effects AS \(SELECT creator FROM raised UNION ALL SELECT creator FROM opened\)\n/
  effects AS (
    INSERT INTO settlement.creator_balance AS b (creator, balance)
    SELECT creator, amount FROM credited ORDER BY creator

@@ -9,7 +9,6 @@ tuned: batch_size 100 per dequeue.
 import asyncio
 import datetime
 import json
-import os
 import pathlib
 import time
 
@@ -19,15 +18,9 @@ from pgqueuer import AsyncpgDriver, QueueManager
 from pgqueuer.models import Job
 from pgqueuer.queries import Queries
 
-
-def env(key: str) -> str:
-    value = os.environ.get(key)
-    if not value:
-        raise SystemExit(f"{key} is not set")
-    return value
+from common import URL, env
 
 
-URL = env("BENCH_DATABASE_URL")
 PERIOD = datetime.date.fromisoformat(env("BENCH_PERIOD"))
 RUN_ID = int(env("BENCH_RUN_ID"))
 WORKERS = int(env("BENCH_WORKERS"))

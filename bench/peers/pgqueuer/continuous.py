@@ -13,7 +13,6 @@ sleep BENCH_WORK_MS, write one row into bench.effects.
 import asyncio
 import datetime
 import json
-import os
 import sys
 import time
 import urllib.parse
@@ -24,17 +23,9 @@ from pgqueuer import AsyncpgDriver, AsyncpgPoolDriver, QueueManager
 from pgqueuer.models import Job
 from pgqueuer.queries import Queries
 
+from common import URL, env
+
 BULK_MAX = 500
-
-
-def env(key: str) -> str:
-    value = os.environ.get(key)
-    if not value:
-        raise SystemExit(f"{key} is not set")
-    return value
-
-
-URL = env("BENCH_DATABASE_URL")
 
 
 def connect_args() -> dict:

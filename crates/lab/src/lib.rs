@@ -17,6 +17,7 @@ pub mod bench;
 pub mod chaos;
 pub mod cmd;
 pub mod harness;
+mod histogram_recorder;
 pub mod provider_sim;
 pub mod simulate;
 
@@ -33,4 +34,22 @@ pub(crate) async fn settle_in_a_worker(exe: &std::path::Path, url: &str, period:
         .await?;
     anyhow::ensure!(status.success(), "settling period {period} failed: {status}");
     Ok(())
+}
+
+/// A `settled` process of `exe` on `url`, its warnings logged to `log`,
+/// killed on drop; the caller adds its arguments.
+pub(crate) fn settled_command(
+    exe: &std::path::Path,
+    url: &str,
+    log: &std::path::Path,
+) -> anyhow::Result<tokio::process::Command> {
+    let mut command = tokio::process::Command::new(exe);
+    command
+        .env("DATABASE_URL", url)
+        .env("SETTLED_LOG", "warn")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::from(std::fs::File::create(log)?))
+        .kill_on_drop(true);
+    Ok(command)
 }

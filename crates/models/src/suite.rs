@@ -172,64 +172,48 @@ where
 /// The fence, removed: the leased model without failovers (a zombie of a
 /// rescue, not of a failover).
 pub fn without_fence() -> Counterexample {
-    let mut model = leased::LeasedWork::ci().without(leased::Guards {
-        fence: false,
-        ..leased::Guards::ALL
-    });
+    let mut model = leased::LeasedWork::ci().without(all_but(leased::Guards::ALL, |g| g.fence = false));
     model.faults.failovers = 0;
-    counterexample(
-        GuardCase {
-            guard: "the fence (ROW_FENCE = f.fence in complete_fenced)",
-            property: leased::property::NO_STALE_COMPLETION,
-            replayed_by: Some("tests/replay_leased.rs: without_the_fence_a_zombie_completes_in_the_live_claims_name"),
-        },
+    replayed_case(
+        "the fence (ROW_FENCE = f.fence in complete_fenced)",
+        leased::property::NO_STALE_COMPLETION,
+        "tests/replay_leased.rs: without_the_fence_a_zombie_completes_in_the_live_claims_name",
         model,
     )
 }
 
 /// The timeline in the fence, removed: a failover is the only way left.
 pub fn without_timeline() -> Counterexample {
-    let mut model = leased::LeasedWork::ci().without(leased::Guards {
-        timeline: false,
-        ..leased::Guards::ALL
-    });
+    let mut model = leased::LeasedWork::ci().without(all_but(leased::Guards::ALL, |g| g.timeline = false));
     model.faults.pauses = 0;
     model.faults.slow_renewals = 0;
-    counterexample(
-        GuardCase {
-            guard: "the timeline in the fence (fence_epoch)",
-            property: leased::property::NO_STALE_COMPLETION,
-            replayed_by: Some(
-                "tests/replay_failover.rs: without_the_timeline_a_claim_lost_in_a_failover_completes_in_the_new_claims_name",
-            ),
-        },
+    replayed_case(
+        "the timeline in the fence (fence_epoch)",
+        leased::property::NO_STALE_COMPLETION,
+        "tests/replay_failover.rs: without_the_timeline_a_claim_lost_in_a_failover_completes_in_the_new_claims_name",
         model,
     )
 }
 
 /// The idempotency key, removed.
 pub fn without_idempotency_key() -> Counterexample {
-    let mut model = leased::LeasedWork::ci().without(leased::Guards {
-        idempotency_key: false,
-        ..leased::Guards::ALL
-    });
+    let mut model = leased::LeasedWork::ci().without(all_but(leased::Guards::ALL, |g| g.idempotency_key = false));
     model.faults.failovers = 0;
-    counterexample(
-        GuardCase {
-            guard: "the idempotency key (payout_key(period, creator))",
-            property: leased::property::PAID_AT_MOST_ONCE,
-            replayed_by: Some("tests/replay_leased.rs: without_the_idempotency_key_a_retry_pays_the_creator_twice"),
-        },
+    replayed_case(
+        "the idempotency key (payout_key(period, creator))",
+        leased::property::PAID_AT_MOST_ONCE,
+        "tests/replay_leased.rs: without_the_idempotency_key_a_retry_pays_the_creator_twice",
         model,
     )
 }
 
-fn payouts_case(
-    guard: &'static str,
-    property: &'static str,
-    replayed_by: &'static str,
-    model: payouts::Payouts,
-) -> Counterexample {
+/// A guard's case, replayed by `replayed_by`, on `model`.
+fn replayed_case<M>(guard: &'static str, property: &'static str, replayed_by: &'static str, model: M) -> Counterexample
+where
+    M: Described + Clone + Send + Sync + 'static,
+    M::State: Debug + Clone + Hash + PartialEq + Send + Sync + 'static,
+    M::Action: Display + Debug + Clone + PartialEq + Send + Sync + 'static,
+{
     counterexample(
         GuardCase {
             guard,
@@ -238,6 +222,21 @@ fn payouts_case(
         },
         model,
     )
+}
+
+/// Every guard of `all` but those `off` turns off.
+fn all_but<G>(all: G, off: impl FnOnce(&mut G)) -> G {
+    let mut guards = all;
+    off(&mut guards);
+    guards
+}
+
+/// The three guards of a payout's state turned off: the conditional
+/// update, the transitions table and the return's primary key.
+fn state_guards_off(guards: &mut payouts::Guards) {
+    guards.state_condition = false;
+    guards.transition_table = false;
+    guards.one_return = false;
 }
 
 /// `model` with one redemption: no second confirmation in its traces.
@@ -268,31 +267,25 @@ fn one_webhook() -> payouts::Payouts {
 /// transitions table the trigger checks, removed: a paid payout's funds
 /// come back.
 pub fn without_state_condition_and_transitions() -> Counterexample {
-    payouts_case(
+    replayed_case(
         "the conditional update on the payout's state (move_payout) and the transitions table (check_payout_change)",
         payouts::property::RETURNED_ONLY_UNPAID,
         "tests/replay_payouts.rs: without_the_conditional_update_and_the_transitions_table_a_paid_payout_is_returned",
-        payouts::Payouts::ci_confirmed().without(payouts::Guards {
-            state_condition: false,
-            transition_table: false,
-            ..payouts::Guards::ALL
-        }),
+        payouts::Payouts::ci_confirmed().without(all_but(payouts::Guards::ALL, |g| {
+            g.state_condition = false;
+            g.transition_table = false;
+        })),
     )
 }
 
 /// The three guards of a payout's state removed (the conditional update,
 /// the transitions table, the return's primary key): funds come back twice.
 pub fn without_state_guards() -> Counterexample {
-    payouts_case(
+    replayed_case(
         "the conditional update, the transitions table and payout_returns' primary key",
         payouts::property::RETURNED_AT_MOST_ONCE,
         "tests/replay_payouts.rs: without_the_state_guards_a_payout_is_returned_twice",
-        one_redemption(payouts::Payouts::ci_confirmed()).without(payouts::Guards {
-            state_condition: false,
-            transition_table: false,
-            one_return: false,
-            ..payouts::Guards::ALL
-        }),
+        one_redemption(payouts::Payouts::ci_confirmed()).without(all_but(payouts::Guards::ALL, state_guards_off)),
     )
 }
 
@@ -301,16 +294,11 @@ pub fn without_state_guards() -> Counterexample {
 /// key): a return heard before its paid, and heard again, gives the money
 /// back twice.
 pub fn without_return_guards() -> Counterexample {
-    payouts_case(
+    replayed_case(
         "the return's conditional update (apply_provider_word along provider_word_moves), the transitions table and payout_returns' primary key",
         payouts::property::RETURNED_AT_MOST_ONCE,
         "tests/replay_payouts.rs: without_the_returns_guards_a_return_gives_the_money_back_twice",
-        one_return().without(payouts::Guards {
-            state_condition: false,
-            transition_table: false,
-            one_return: false,
-            ..payouts::Guards::ALL
-        }),
+        one_return().without(all_but(payouts::Guards::ALL, state_guards_off)),
     )
 }
 
@@ -329,43 +317,38 @@ fn one_return() -> payouts::Payouts {
 /// The token's condition (`redeem_in`) and the conditional update,
 /// removed: two confirmations both redeem the token.
 pub fn without_token_conditions() -> Counterexample {
-    payouts_case(
+    replayed_case(
         "the token's condition (redeem_in: status = 'issued') and the conditional update",
         payouts::property::TOKEN_ONCE,
         "tests/replay_payouts.rs: without_the_token_and_state_conditions_two_confirmations_both_redeem",
-        payouts::Payouts::ci_confirmed().without(payouts::Guards {
-            state_condition: false,
-            one_time_token: false,
-            ..payouts::Guards::ALL
-        }),
+        payouts::Payouts::ci_confirmed().without(all_but(payouts::Guards::ALL, |g| {
+            g.state_condition = false;
+            g.one_time_token = false;
+        })),
     )
 }
 
 /// The unique event id on webhooks, removed.
 pub fn without_event_id() -> Counterexample {
-    payouts_case(
+    replayed_case(
         "the unique event id of provider webhooks (provider_events' primary key)",
         payouts::property::EVENT_AT_MOST_ONCE,
         "tests/replay_payouts.rs: without_the_unique_event_id_a_duplicated_webhook_is_recorded_twice",
-        one_webhook().without(payouts::Guards {
-            event_id: false,
-            ..payouts::Guards::ALL
-        }),
+        one_webhook().without(all_but(payouts::Guards::ALL, |g| g.event_id = false)),
     )
 }
 
 /// The request's key removed: its claim (`idempotency::begin`, `finish`)
 /// and the unique `payouts.idempotency_key`.
 pub fn without_request_key() -> Counterexample {
-    payouts_case(
+    replayed_case(
         "the payout request's Idempotency-Key (idempotency::begin/finish and payouts.idempotency_key UNIQUE)",
         payouts::property::REQUEST_ONCE,
         "tests/replay_payouts.rs: without_the_request_key_two_posts_make_two_payouts",
-        payouts::Payouts::ci_repeated_request().without(payouts::Guards {
-            request_key: false,
-            unique_request_key: false,
-            ..payouts::Guards::ALL
-        }),
+        payouts::Payouts::ci_repeated_request().without(all_but(payouts::Guards::ALL, |g| {
+            g.request_key = false;
+            g.unique_request_key = false;
+        })),
     )
 }
 
@@ -382,12 +365,9 @@ pub fn without_payout_key() -> Counterexample {
             pauses: 1,
             ..payouts::Faults::default()
         },
-        guards: payouts::Guards {
-            idempotency_key: false,
-            ..payouts::Guards::ALL
-        },
+        guards: all_but(payouts::Guards::ALL, |g| g.idempotency_key = false),
     };
-    payouts_case(
+    replayed_case(
         "the payout's provider key (provider_key, derived from its id)",
         payouts::property::PAID_AT_MOST_ONCE,
         "tests/replay_payouts.rs: without_the_provider_key_a_zombie_and_its_rescuer_pay_twice",
@@ -398,8 +378,8 @@ pub fn without_payout_key() -> Counterexample {
 /// Guards that stand behind one another: each variant without one of them
 /// (the others kept) must still hold every property but the ones listed.
 pub fn payouts_layers() -> Vec<(payouts::Payouts, &'static [&'static str])> {
-    let without = |model: payouts::Payouts, guards: payouts::Guards| model.without(guards);
-    let all = payouts::Guards::ALL;
+    let without =
+        |model: payouts::Payouts, off: fn(&mut payouts::Guards)| model.without(all_but(payouts::Guards::ALL, off));
     // The CI bounds without the pause: a blind
     // write's read and write interleave with everything, so a variant's
     // space is larger.
@@ -411,48 +391,12 @@ pub fn payouts_layers() -> Vec<(payouts::Payouts, &'static [&'static str])> {
         ..payouts::Payouts::ci_confirmed()
     };
     vec![
+        (without(confirmed(), |g| g.state_condition = false), &[]),
+        (without(confirmed(), |g| g.transition_table = false), &[]),
+        (without(confirmed(), |g| g.one_return = false), &[]),
+        (without(confirmed(), |g| g.one_time_token = false), &[]),
         (
-            without(
-                confirmed(),
-                payouts::Guards {
-                    state_condition: false,
-                    ..all
-                },
-            ),
-            &[],
-        ),
-        (
-            without(
-                confirmed(),
-                payouts::Guards {
-                    transition_table: false,
-                    ..all
-                },
-            ),
-            &[],
-        ),
-        (
-            without(
-                confirmed(),
-                payouts::Guards {
-                    one_return: false,
-                    ..all
-                },
-            ),
-            &[],
-        ),
-        (
-            without(
-                confirmed(),
-                payouts::Guards {
-                    one_time_token: false,
-                    ..all
-                },
-            ),
-            &[],
-        ),
-        (
-            without(confirmed(), payouts::Guards { event_id: false, ..all }),
+            without(confirmed(), |g| g.event_id = false),
             // A repeat is recorded (as `already`), so it is not "ignored".
             &[
                 payouts::property::EVENT_AT_MOST_ONCE,
@@ -460,23 +404,13 @@ pub fn payouts_layers() -> Vec<(payouts::Payouts, &'static [&'static str])> {
             ],
         ),
         (
-            without(
-                payouts::Payouts::ci_repeated_request(),
-                payouts::Guards {
-                    request_key: false,
-                    ..all
-                },
-            ),
+            without(payouts::Payouts::ci_repeated_request(), |g| g.request_key = false),
             &[],
         ),
         (
-            without(
-                payouts::Payouts::ci_repeated_request(),
-                payouts::Guards {
-                    unique_request_key: false,
-                    ..all
-                },
-            ),
+            without(payouts::Payouts::ci_repeated_request(), |g| {
+                g.unique_request_key = false
+            }),
             &[],
         ),
     ]
@@ -496,34 +430,15 @@ pub fn without_one_running_per_job() -> Counterexample {
     )
 }
 
-fn chain_case(
-    guard: &'static str,
-    property: &'static str,
-    guards: chain::Guards,
-    replayed_by: &'static str,
-) -> Counterexample {
-    counterexample(
-        GuardCase {
-            guard,
-            property,
-            replayed_by: Some(replayed_by),
-        },
-        chain::Chain::ci().without(guards),
-    )
-}
-
 /// Write-ahead signing removed: a deliverer killed between the broadcast
 /// and storing what it sent signs the payout again under the next nonce,
 /// and both transfers are mined.
 pub fn without_write_ahead() -> Counterexample {
-    chain_case(
+    replayed_case(
         "write-ahead signing (the transaction stored before its broadcast, chain/sign.rs)",
         chain::property::PAID_AT_MOST_ONCE,
-        chain::Guards {
-            write_ahead: false,
-            ..chain::Guards::ALL
-        },
         "tests/replay_chain.rs: without_write_ahead_a_deliverer_killed_after_its_broadcast_signs_again_and_pays_twice (anvil)",
+        chain::Chain::ci().without(all_but(chain::Guards::ALL, |g| g.write_ahead = false)),
     )
 }
 
@@ -531,28 +446,22 @@ pub fn without_write_ahead() -> Counterexample {
 /// transaction's original is mined, read as "nonce taken by another", and
 /// the payout is paid again.
 pub fn without_every_attempt() -> Counterexample {
-    chain_case(
+    replayed_case(
         "every attempt's hash kept and looked for (chain_tx_attempts)",
         chain::property::PAID_AT_MOST_ONCE,
-        chain::Guards {
-            every_attempt: false,
-            ..chain::Guards::ALL
-        },
         "tests/replay_chain.rs: tracking_only_the_latest_attempt_misreads_a_mined_original_and_pays_twice (anvil)",
+        chain::Chain::ci().without(all_but(chain::Guards::ALL, |g| g.every_attempt = false)),
     )
 }
 
 /// The confirmation depth removed (paid at inclusion): a reorg of one block
 /// leaves a paid payout without its transfer.
 pub fn without_depth() -> Counterexample {
-    chain_case(
+    replayed_case(
         "the confirmation depth (--confirmations)",
         chain::property::PAID_IS_ON_CHAIN,
-        chain::Guards {
-            depth: false,
-            ..chain::Guards::ALL
-        },
         "tests/replay_chain.rs: paid_at_inclusion_a_reorg_leaves_a_paid_payout_unpaid_and_at_depth_it_is_not (anvil)",
+        chain::Chain::ci().without(all_but(chain::Guards::ALL, |g| g.depth = false)),
     )
 }
 
@@ -560,14 +469,11 @@ pub fn without_depth() -> Counterexample {
 /// transfer is mined instead of the filler, and the requeued payout's new
 /// transaction pays it again.
 pub fn without_filler_confirmed() -> Counterexample {
-    chain_case(
+    replayed_case(
         "a given-up nonce's payouts queued again only once its filler is confirmed",
         chain::property::PAID_AT_MOST_ONCE,
-        chain::Guards {
-            filler_confirmed: false,
-            ..chain::Guards::ALL
-        },
         "tests/replay_chain.rs: requeued_before_its_filler_is_confirmed_a_payout_is_paid_twice_and_after_it_is_not (anvil)",
+        chain::Chain::ci().without(all_but(chain::Guards::ALL, |g| g.filler_confirmed = false)),
     )
 }
 

@@ -69,6 +69,18 @@ impl TestDb {
         TestDb::create_copy_of(None).await
     }
 
+    /// The database at `DATABASE_URL` when it is set, else one made here
+    /// (dropped with the returned `TestDb`): what an example runs on.
+    pub async fn from_env_or_create() -> Result<(String, Option<TestDb>)> {
+        Ok(match std::env::var("DATABASE_URL") {
+            Ok(url) => (url, None),
+            Err(_) => {
+                let db = TestDb::create().await?;
+                (db.url.clone(), Some(db))
+            }
+        })
+    }
+
     /// Creates a database with a unique name that `prepare` (given its URL)
     /// has made ready, for example by migrating it. On the private test
     /// server `prepare` runs once per process and `kind`, on a template

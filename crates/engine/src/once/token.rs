@@ -32,69 +32,37 @@ pub struct OnceToken;
 impl OnceToken {
     /// Issues a token for `purpose` and `subject`, valid for `ttl`.
     pub async fn issue(pool: &PgPool, purpose: &str, subject: &str, ttl: Duration) -> Result<Uuid, EngineError> {
-        if ttl.as_secs() > MAX_TOKEN_TTL_SECS {
-            return Err(EngineError::Invariant(format!(
-                "token ttl must be at most {MAX_TOKEN_TTL_SECS} s"
-            )));
-        }
-        let id = Uuid::new_v4();
-        sqlx::query(
-            "INSERT INTO settled_engine.once_tokens (id, purpose, subject, expires_at)
-             VALUES ($1, $2, $3, now() + $4 * interval '1 millisecond')",
-        )
-        .bind(id)
-        .bind(purpose)
-        .bind(subject)
-        .bind(ttl.as_millis() as i64)
-        .execute(pool)
-        .await
-        .map_err(EngineError::db("issuing a token"))?;
-        Ok(id)
+        let mut conn = pool.acquire().await.map_err(EngineError::db("issuing a token"))?;
+        OnceToken::issue_in(&mut conn, purpose, subject, ttl).await
     }
 
     /// Moves the token `issued -> reserved` if it is for `purpose` and not
     /// expired. Exactly one concurrent caller gets `true`.
     pub async fn reserve(pool: &PgPool, token: Uuid, purpose: &str) -> Result<bool, EngineError> {
-        let done = sqlx::query(
+        let reserve = sqlx::query(
             "UPDATE settled_engine.once_tokens SET status = 'reserved', reserved_at = now()
              WHERE id = $1 AND purpose = $2 AND status = 'issued' AND expires_at > now()",
-        )
-        .bind(token)
-        .bind(purpose)
-        .execute(pool)
-        .await
-        .map_err(EngineError::db("reserving a token"))?
-        .rows_affected();
-        Ok(done == 1)
+        );
+        moved_one(pool, reserve.bind(token).bind(purpose), "reserving a token").await
     }
 
     /// Moves a reserved token to `completed`: it can never be used again.
     pub async fn complete(pool: &PgPool, token: Uuid) -> Result<bool, EngineError> {
-        let done = sqlx::query(
+        let complete = sqlx::query(
             "UPDATE settled_engine.once_tokens SET status = 'completed', completed_at = now()
              WHERE id = $1 AND status = 'reserved'",
-        )
-        .bind(token)
-        .execute(pool)
-        .await
-        .map_err(EngineError::db("completing a token"))?
-        .rows_affected();
-        Ok(done == 1)
+        );
+        moved_one(pool, complete.bind(token), "completing a token").await
     }
 
     /// Gives a reserved token back (`reserved -> issued`), e.g. after the
     /// once-only work failed without effect.
     pub async fn release(pool: &PgPool, token: Uuid) -> Result<bool, EngineError> {
-        let done = sqlx::query(
+        let release = sqlx::query(
             "UPDATE settled_engine.once_tokens SET status = 'issued', reserved_at = NULL
              WHERE id = $1 AND status = 'reserved'",
-        )
-        .bind(token)
-        .execute(pool)
-        .await
-        .map_err(EngineError::db("releasing a token"))?
-        .rows_affected();
-        Ok(done == 1)
+        );
+        moved_one(pool, release.bind(token), "releasing a token").await
     }
 
     /// Issues a token on the caller's connection or transaction (it exists
@@ -160,6 +128,20 @@ impl OnceToken {
         Redemption::parse(&answer)
             .ok_or_else(|| EngineError::Invariant(format!("redeem_once_token answered {answer:?}")))
     }
+}
+
+/// Runs one conditional update of a token: true when it moved the row.
+async fn moved_one(
+    pool: &PgPool,
+    update: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    context: &'static str,
+) -> Result<bool, EngineError> {
+    let done = update
+        .execute(pool)
+        .await
+        .map_err(EngineError::db(context))?
+        .rows_affected();
+    Ok(done == 1)
 }
 
 /// What a redemption did (`settled_engine.redeem_once_token`'s answer).

@@ -212,6 +212,26 @@ pub(super) fn client_cpu() -> f64 {
         .unwrap_or(0.0)
 }
 
+/// Measures `case` with `measure` on a database of its own (made from
+/// the template of `case.creators` items), then concludes it; an error of
+/// any step is the case's error.
+pub(super) async fn measure_case(
+    ctx: &Ctx,
+    mut case: CaseResult,
+    measure: impl AsyncFnOnce(&CaseDb, &mut CaseResult) -> anyhow::Result<()>,
+) -> CaseResult {
+    let outcome = async {
+        let db = prepare_case(ctx, case.creators).await?;
+        let measured = measure(&db, &mut case).await;
+        conclude(ctx, &db, measured, &mut case).await
+    }
+    .await;
+    if let Err(err) = outcome {
+        case.error = Some(format!("{err:#}"));
+    }
+    case
+}
+
 /// Ends a case: verifies its period and drops its database (whatever the
 /// measurement's outcome), then records the verification.
 pub(super) async fn conclude(

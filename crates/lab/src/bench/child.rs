@@ -16,6 +16,7 @@ use settled_engine::{ClaimedItem, RetryPolicy};
 use sqlx::PgPool;
 
 use super::Strategy;
+use crate::histogram_recorder::OneHistogram;
 use settled::cmd::worker::peak_rss_kib;
 use settled::period::Period;
 use settled::settlement::{self, SettleRewards};
@@ -114,46 +115,15 @@ fn record(latency: &Latency, elapsed: Duration) {
     latency.lock().expect("latency lock").saturating_record(us);
 }
 
-/// Feeds the engine's claim-duration histogram (`settled_engine::raw::telemetry::CLAIM_DURATION`) into a histogram:
-/// the product's own claim timing, without changing the product.
-struct ClaimRecorder {
-    latency: Latency,
-}
-
-struct ClaimHistogram(Latency);
-
-impl metrics::HistogramFn for ClaimHistogram {
-    fn record(&self, value: f64) {
-        record(&self.0, Duration::from_secs_f64(value.max(0.0)));
-    }
-}
-
-impl metrics::Recorder for ClaimRecorder {
-    fn describe_counter(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
-    fn describe_gauge(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
-    fn describe_histogram(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
-    fn register_counter(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
-        metrics::Counter::noop()
-    }
-    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
-        metrics::Gauge::noop()
-    }
-    fn register_histogram(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Histogram {
-        if key.name() == settled_engine::raw::telemetry::CLAIM_DURATION {
-            metrics::Histogram::from_arc(Arc::new(ClaimHistogram(self.latency.clone())))
-        } else {
-            metrics::Histogram::noop()
-        }
-    }
-}
-
 /// Runs one benchmark worker against `url`.
 pub async fn run_child(url: &str, args: ChildArgs) -> anyhow::Result<ChildReport> {
     let latency = new_latency();
-    metrics::set_global_recorder(ClaimRecorder {
-        latency: latency.clone(),
+    // The product's own claim timing, without changing the product.
+    let claims = latency.clone();
+    OneHistogram::new(settled_engine::raw::telemetry::CLAIM_DURATION, move |secs| {
+        record(&claims, Duration::from_secs_f64(secs.max(0.0)))
     })
-    .map_err(|_| anyhow::anyhow!("a metrics recorder is already installed"))?;
+    .install()?;
     let db = settled::db::Database::open_url(url, args.concurrency + 4, "settled-bench-worker").await?;
     let pool = db.pool.clone();
     let mut redis = None;

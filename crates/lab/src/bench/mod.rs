@@ -14,7 +14,7 @@ mod casedb;
 pub mod chain;
 pub mod child;
 pub mod continuous;
-mod floors;
+pub(crate) mod floors;
 mod markdown;
 pub mod pairs;
 pub mod payouts;
@@ -200,7 +200,6 @@ pub async fn long_life(opts: &BenchOptions) -> anyhow::Result<LongLife> {
     if let Some(days) = opts.days {
         anyhow::ensure!((1..=3650).contains(&days), "--days must be 1..=3650");
     }
-    let scratch = tempfile::Builder::new().prefix("settled-bench-").tempdir()?;
     // A soak day takes seconds, not 24 hours: autovacuum looks every second
     // (instead of every minute) so it gets its chances between days.
     let settings = if opts.days.is_some() {
@@ -208,32 +207,18 @@ pub async fn long_life(opts: &BenchOptions) -> anyhow::Result<LongLife> {
     } else {
         Vec::new()
     };
-    let (server, admin_url) = start_server_with(opts, scratch.path(), settings).await?;
-    let ctx = Ctx {
-        admin_url,
-        exe: std::env::current_exe().context("locating the settled binary")?,
-        scratch: scratch.path().to_path_buf(),
-        opts: opts.clone(),
-        templates: casedb::Templates::default(),
-    };
-    let result = async {
+    let report = with_ctx(opts, settings, async |ctx| {
         let mut admin = PgConnection::connect(&ctx.admin_url).await?;
         let version: String = sqlx::query_scalar("SELECT version()").fetch_one(&mut admin).await?;
         admin.close().await?;
-        warm_up(&ctx).await;
+        warm_up(ctx).await;
         match (opts.days, opts.pairs) {
-            (Some(days), _) => anyhow::Ok(LongLife::Soak(soak::soak(&ctx, days, opts.retain_days, version).await?)),
-            (None, Some(rounds)) => anyhow::Ok(LongLife::Pairs(pairs::pairs(&ctx, rounds).await?)),
-            (None, None) => anyhow::Ok(LongLife::HeldXmin(soak::held_xmin(&ctx).await?)),
+            (Some(days), _) => anyhow::Ok(LongLife::Soak(soak::soak(ctx, days, opts.retain_days, version).await?)),
+            (None, Some(rounds)) => anyhow::Ok(LongLife::Pairs(pairs::pairs(ctx, rounds).await?)),
+            (None, None) => anyhow::Ok(LongLife::HeldXmin(soak::held_xmin(ctx).await?)),
         }
-    }
-    .await;
-    let dropped = ctx.templates.drop_all(&ctx.admin_url).await;
-    if let Some(server) = server {
-        tokio::task::spawn_blocking(move || server.stop()).await??;
-    }
-    let report = result?;
-    dropped?;
+    })
+    .await?;
     if let Some(out) = &opts.out {
         std::fs::create_dir_all(out)?;
         std::fs::write(out.join("results.json"), serde_json::to_string_pretty(&report)?)?;
@@ -243,8 +228,31 @@ pub async fn long_life(opts: &BenchOptions) -> anyhow::Result<LongLife> {
     Ok(report)
 }
 
-async fn start_server(opts: &BenchOptions, scratch: &Path) -> anyhow::Result<(Option<LocalPostgres>, String)> {
-    start_server_with(opts, scratch, Vec::new()).await
+/// Runs `body` in a bench context: on `--database-url`, or on a private
+/// server started with `settings` and stopped after it; the case
+/// templates dropped after it, whatever it returned.
+async fn with_ctx<T>(
+    opts: &BenchOptions,
+    settings: Vec<String>,
+    body: impl AsyncFnOnce(&Ctx) -> anyhow::Result<T>,
+) -> anyhow::Result<T> {
+    let scratch = tempfile::Builder::new().prefix("settled-bench-").tempdir()?;
+    let (server, admin_url) = start_server_with(opts, scratch.path(), settings).await?;
+    let ctx = Ctx {
+        admin_url,
+        exe: std::env::current_exe().context("locating the settled binary")?,
+        scratch: scratch.path().to_path_buf(),
+        opts: opts.clone(),
+        templates: casedb::Templates::default(),
+    };
+    let result = body(&ctx).await;
+    let dropped = ctx.templates.drop_all(&ctx.admin_url).await;
+    if let Some(server) = server {
+        tokio::task::spawn_blocking(move || server.stop()).await??;
+    }
+    let outcome = result?;
+    dropped?;
+    Ok(outcome)
 }
 
 async fn start_server_with(
@@ -323,22 +331,7 @@ pub async fn bench(opts: &BenchOptions) -> anyhow::Result<BenchReport> {
             "{flag} must be 1..={MAX_BENCH_CREATORS}"
         );
     }
-    let scratch = tempfile::Builder::new().prefix("settled-bench-").tempdir()?;
-    let (server, admin_url) = start_server(opts, scratch.path()).await?;
-    let ctx = Ctx {
-        admin_url,
-        exe: std::env::current_exe().context("locating the settled binary")?,
-        scratch: scratch.path().to_path_buf(),
-        opts: opts.clone(),
-        templates: casedb::Templates::default(),
-    };
-    let result = run_all(&ctx).await;
-    let dropped = ctx.templates.drop_all(&ctx.admin_url).await;
-    if let Some(server) = server {
-        tokio::task::spawn_blocking(move || server.stop()).await??;
-    }
-    let report = result?;
-    dropped?;
+    let report = with_ctx(opts, Vec::new(), async |ctx| run_all(ctx).await).await?;
     if let Some(out) = &opts.out {
         report::write(&report, out)?;
         plot::write_plots(&report, out)?;
@@ -431,7 +424,15 @@ async fn run_all(ctx: &Ctx) -> anyhow::Result<BenchReport> {
         match floors::pgbench_program() {
             Some(pgbench) => {
                 for &workers in &opts.workers {
-                    let case = floors::pgbench_case(ctx, &pgbench, workers, opts.creators, opts.chunk).await;
+                    let case = floors::pgbench_case(
+                        ctx,
+                        &pgbench,
+                        floors::PgbenchFloor::Shared,
+                        workers,
+                        opts.creators,
+                        opts.chunk,
+                    )
+                    .await;
                     eprintln!("bench: {}", case.summary());
                     cases.push(case);
                 }
@@ -547,5 +548,5 @@ fn scratch_file(dir: &Path, name: &str, contents: &str) -> anyhow::Result<PathBu
     Ok(path)
 }
 
-use casedb::{client_cpu, conclude, finish_case, prepare_case, transactions, wait_disconnected, CaseDb};
+use casedb::{client_cpu, finish_case, prepare_case, transactions, wait_disconnected, CaseDb};
 use strategy::run_strategy_case;

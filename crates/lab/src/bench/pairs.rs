@@ -158,7 +158,15 @@ pub(super) async fn pairs(ctx: &Ctx, rounds: u32) -> anyhow::Result<PairsReport>
                 (Way::Product, _) => product = rate(strategy::run_strategy_case(ctx, &spec).await)?,
                 (Way::SetBased, _) => set_based = rate(floors::set_based_case(ctx, opts.creators).await)?,
                 (Way::Ranges, Some(pgbench)) => {
-                    let case = floors::pgbench_ranges_case(ctx, pgbench, spec.workers, opts.creators, opts.chunk).await;
+                    let case = floors::pgbench_case(
+                        ctx,
+                        pgbench,
+                        floors::PgbenchFloor::Ranges,
+                        spec.workers,
+                        opts.creators,
+                        opts.chunk,
+                    )
+                    .await;
                     ranges = Some(rate(case)?);
                 }
                 (Way::Ranges, None) => {}

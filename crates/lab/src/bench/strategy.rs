@@ -12,7 +12,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 
 use std::collections::BTreeMap;
 
-use super::casedb::{client_cpu, conclude, prepare_case, transactions, wait_disconnected, CaseDb};
+use super::casedb::{client_cpu, measure_case, transactions, wait_disconnected, CaseDb};
 use super::{child, Strategy, CASE_TIMEOUT_SECS, READY_TIMEOUT_SECS, SAMPLE_EVERY_MS};
 use super::{CaseResult, CaseSpec, Ctx};
 
@@ -196,73 +196,70 @@ pub(super) async fn run_strategy_case(ctx: &Ctx, spec: &CaseSpec) -> CaseResult 
     );
     case.chunk = Some(spec.chunk);
     case.concurrency = spec.concurrency;
-    if let Err(err) = measure_strategy(ctx, spec, &mut case).await {
-        case.error = Some(format!("{err:#}"));
-    }
-    case
+    measure_case(ctx, case, async |db, case| measure_strategy(ctx, spec, db, case).await).await
 }
 
-pub(super) async fn measure_strategy(ctx: &Ctx, spec: &CaseSpec, case: &mut CaseResult) -> anyhow::Result<()> {
-    let db = prepare_case(ctx, spec.creators).await?;
-    let measured = async {
-        let cpu_before = client_cpu();
-        let mut children = Vec::new();
-        for index in 0..spec.workers {
-            children.push(start_child(ctx, spec, &db, index).await?);
-        }
-        let mut admin = PgConnection::connect(&ctx.admin_url).await?;
-        let before = transactions(&mut admin, &db.name).await?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let sampler = tokio::spawn(sample_locks(ctx.admin_url.clone(), db.name.clone(), stop.clone()));
-        let waited = go_and_wait(children).await;
-        case.client_cpu_seconds = Some(client_cpu() - cpu_before);
-        stop.store(true, Ordering::Relaxed);
-        let locks = sampler.await??;
-        let (elapsed, reports) = waited?;
-        wait_disconnected(&mut admin, &db.name).await?;
-        let after = transactions(&mut admin, &db.name).await?;
-        admin.close().await?;
-        case.record_time(elapsed);
-        case.transactions_per_item = Some((after - before) as f64 / spec.creators as f64);
-        let latency = child::merged_latency(&reports)?;
-        case.claims = Some(latency.len());
-        case.claim_p50_ms = Some(latency.value_at_quantile(0.5) as f64 / 1e3);
-        case.claim_p99_ms = Some(latency.value_at_quantile(0.99) as f64 / 1e3);
-        case.lock_waiting_avg = Some(locks.waiting_sum as f64 / locks.samples.max(1) as f64);
-        case.lock_waiting_max = Some(locks.waiting_max);
-        case.lock_wait_share = Some(locks.samples_with_waiters as f64 / locks.samples.max(1) as f64);
-        case.lock_wait_events = locks.by_event;
-        case.peak_rss_mib = reports.iter().map(|r| r.peak_rss_kib as f64 / 1024.0).reduce(f64::max);
-        let settled: u64 = reports.iter().map(|r| r.settled).sum();
-        case.extra.insert("settled_by_workers".into(), settled.into());
-        case.extra.insert(
-            "per_worker_settled".into(),
-            reports.iter().map(|r| r.settled).collect::<Vec<_>>().into(),
-        );
-        if matches!(spec.strategy, Strategy::RedisLock | Strategy::AdvisoryLock) {
-            let waited: f64 = reports.iter().map(|r| r.lock_wait_ms).sum();
-            case.extra.insert("global_lock_wait_ms_total".into(), waited.into());
-        }
-        if matches!(spec.strategy, Strategy::Offset | Strategy::ForUpdate) {
-            let locked: u64 = reports.iter().map(|r| r.rows_locked).sum();
-            case.extra.insert("rows_locked".into(), locked.into());
-            case.extra.insert(
-                "rows_locked_per_item".into(),
-                (locked as f64 / spec.creators as f64).into(),
-            );
-            case.extra.insert(
-                "short_claims".into(),
-                reports.iter().map(|r| r.short_claims).sum::<u64>().into(),
-            );
-        }
-        if spec.strategy == Strategy::Offset {
-            case.extra.insert(
-                "offset_fallbacks".into(),
-                reports.iter().map(|r| r.offset_fallbacks).sum::<u64>().into(),
-            );
-        }
-        anyhow::Ok(())
+pub(super) async fn measure_strategy(
+    ctx: &Ctx,
+    spec: &CaseSpec,
+    db: &CaseDb,
+    case: &mut CaseResult,
+) -> anyhow::Result<()> {
+    let cpu_before = client_cpu();
+    let mut children = Vec::new();
+    for index in 0..spec.workers {
+        children.push(start_child(ctx, spec, db, index).await?);
     }
-    .await;
-    conclude(ctx, &db, measured, case).await
+    let mut admin = PgConnection::connect(&ctx.admin_url).await?;
+    let before = transactions(&mut admin, &db.name).await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = tokio::spawn(sample_locks(ctx.admin_url.clone(), db.name.clone(), stop.clone()));
+    let waited = go_and_wait(children).await;
+    case.client_cpu_seconds = Some(client_cpu() - cpu_before);
+    stop.store(true, Ordering::Relaxed);
+    let locks = sampler.await??;
+    let (elapsed, reports) = waited?;
+    wait_disconnected(&mut admin, &db.name).await?;
+    let after = transactions(&mut admin, &db.name).await?;
+    admin.close().await?;
+    case.record_time(elapsed);
+    case.transactions_per_item = Some((after - before) as f64 / spec.creators as f64);
+    let latency = child::merged_latency(&reports)?;
+    case.claims = Some(latency.len());
+    case.claim_p50_ms = Some(latency.value_at_quantile(0.5) as f64 / 1e3);
+    case.claim_p99_ms = Some(latency.value_at_quantile(0.99) as f64 / 1e3);
+    case.lock_waiting_avg = Some(locks.waiting_sum as f64 / locks.samples.max(1) as f64);
+    case.lock_waiting_max = Some(locks.waiting_max);
+    case.lock_wait_share = Some(locks.samples_with_waiters as f64 / locks.samples.max(1) as f64);
+    case.lock_wait_events = locks.by_event;
+    case.peak_rss_mib = reports.iter().map(|r| r.peak_rss_kib as f64 / 1024.0).reduce(f64::max);
+    let settled: u64 = reports.iter().map(|r| r.settled).sum();
+    case.extra.insert("settled_by_workers".into(), settled.into());
+    case.extra.insert(
+        "per_worker_settled".into(),
+        reports.iter().map(|r| r.settled).collect::<Vec<_>>().into(),
+    );
+    if matches!(spec.strategy, Strategy::RedisLock | Strategy::AdvisoryLock) {
+        let waited: f64 = reports.iter().map(|r| r.lock_wait_ms).sum();
+        case.extra.insert("global_lock_wait_ms_total".into(), waited.into());
+    }
+    if matches!(spec.strategy, Strategy::Offset | Strategy::ForUpdate) {
+        let locked: u64 = reports.iter().map(|r| r.rows_locked).sum();
+        case.extra.insert("rows_locked".into(), locked.into());
+        case.extra.insert(
+            "rows_locked_per_item".into(),
+            (locked as f64 / spec.creators as f64).into(),
+        );
+        case.extra.insert(
+            "short_claims".into(),
+            reports.iter().map(|r| r.short_claims).sum::<u64>().into(),
+        );
+    }
+    if spec.strategy == Strategy::Offset {
+        case.extra.insert(
+            "offset_fallbacks".into(),
+            reports.iter().map(|r| r.offset_fallbacks).sum::<u64>().into(),
+        );
+    }
+    Ok(())
 }

@@ -5,7 +5,6 @@
 //! replays the same schedule.
 
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -110,8 +109,8 @@ impl Fleet for Harness {
 impl Harness {
     fn spawn_worker(&mut self) -> anyhow::Result<tokio::process::Child> {
         self.spawned += 1;
-        let log = std::fs::File::create(self.log_dir.join(format!("worker-{}.log", self.spawned)))?;
-        let mut cmd = tokio::process::Command::new(&self.exe);
+        let log = self.log_dir.join(format!("worker-{}.log", self.spawned));
+        let mut cmd = crate::settled_command(&self.exe, &self.url, &log)?;
         cmd.args(["lab-worker", "--period", &self.period.to_string()])
             .args(["--concurrency", &self.opts.concurrency.to_string()])
             .args(["--chunk", &self.opts.chunk.to_string()])
@@ -131,18 +130,35 @@ impl Harness {
                 "1000",
             ])
             .args(["--provider-timeout-ms", "500", "--shutdown-grace-ms", "2000"])
-            .args(["--provider-concurrency", &in_flight_per_worker(&self.opts).to_string()])
-            .env("DATABASE_URL", &self.url)
-            .env("SETTLED_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(log))
-            .kill_on_drop(true);
+            .args(["--provider-concurrency", &in_flight_per_worker(&self.opts).to_string()]);
         if let Some(url) = &self.provider_url {
             cmd.args(["--provider-url", url]);
         }
         Ok(cmd.spawn()?)
     }
+}
+
+/// Seeds `creators` creators' volumes for `period` at the chaos runs' fee
+/// (2.5 %).
+async fn seed_at_fee(
+    db: &Database,
+    period: Period,
+    creators: u64,
+    rng_seed: u64,
+    volumes: seed::Volumes,
+) -> anyhow::Result<()> {
+    let fee = FeeBps::new(250).map_err(anyhow::Error::msg)?;
+    seed::seed(
+        &db.pool,
+        period,
+        creators,
+        rng_seed,
+        Some(fee),
+        volumes,
+        &Progress::hidden(),
+    )
+    .await?;
+    Ok(())
 }
 
 /// Runs a chaos pass and returns its report.
@@ -283,16 +299,7 @@ async fn run_chaos(
     let db = Database::open_url(url, 4, "settled-chaos").await?;
     let period = Period::parse("2026-11-28").map_err(anyhow::Error::msg)?;
     eprintln!("chaos: seeding {} creators", opts.creators);
-    seed::seed(
-        &db.pool,
-        period,
-        opts.creators,
-        opts.seed,
-        Some(FeeBps::new(250).map_err(anyhow::Error::msg)?),
-        seed::Volumes::Extreme,
-        &Progress::hidden(),
-    )
-    .await?;
+    seed_at_fee(&db, period, opts.creators, opts.seed, seed::Volumes::Extreme).await?;
 
     // Provider simulator, in this process, in leased mode.
     let (provider_url, sim_task) = if opts.mode == Mode::Leased {

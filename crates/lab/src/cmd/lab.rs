@@ -1,5 +1,5 @@
-//! `settled lab`: the lab's tools that face the outside; today
-//! `settled lab harness-adapter`.
+//! `settled lab`: the lab's tools that face the outside:
+//! `settled lab harness-adapter` and `settled lab pgbench-script`.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -9,7 +9,7 @@ use settled::cmd::{Global, Outcome, Runnable};
 
 use crate::bench::continuous::ServeMode;
 
-/// Lab tools that speak other projects' protocols.
+/// Lab tools that speak other projects' protocols or feed their tools.
 #[derive(Debug, clap::Args)]
 pub struct Args {
     #[command(subcommand)]
@@ -19,6 +19,26 @@ pub struct Args {
 #[derive(Debug, clap::Subcommand)]
 enum LabCommand {
     HarnessAdapter(HarnessAdapterArgs),
+    PgbenchScript(PgbenchScriptArgs),
+}
+
+/// Prints the product's chunk statement as a pgbench script (one chunk in
+/// one transaction), generated from the code: what `bench/pgbench/*.sh`
+/// run, so they cannot drift from the product.
+///
+/// Without `--range`: one chunk claimed from the start of the index, on the
+/// partitioned table (any period; variables :period, :run, :chunk). With
+/// `--range`: the claim of keys after :lo up to :hi on `--period`'s own
+/// partition, read from the database at DATABASE_URL (variables :period,
+/// :run, :chunk, :lo, :hi).
+#[derive(Debug, clap::Args)]
+struct PgbenchScriptArgs {
+    /// The key-range form on the period's partition.
+    #[arg(long, requires = "period")]
+    range: bool,
+    /// The period whose partition the range form names (YYYY-MM-DD).
+    #[arg(long)]
+    period: Option<String>,
 }
 
 /// Settled's engine as an adapter of the public PostgreSQL job-queue
@@ -43,12 +63,25 @@ struct HarnessAdapterArgs {
 }
 
 impl Runnable for Args {
-    fn run(self: Box<Self>, _global: Global) -> Pin<Box<dyn Future<Output = Outcome>>> {
+    fn run(self: Box<Self>, global: Global) -> Pin<Box<dyn Future<Output = Outcome>>> {
         Box::pin(async move {
             match self.command {
                 LabCommand::HarnessAdapter(args) => crate::harness::run(args.mode).await?,
+                LabCommand::PgbenchScript(args) => print!("{}", pgbench_script(&args, global.database_url()).await?),
             }
             Ok(ExitCode::SUCCESS)
         })
+    }
+}
+
+async fn pgbench_script(args: &PgbenchScriptArgs, database_url: Option<String>) -> anyhow::Result<String> {
+    use crate::bench::floors;
+    match (args.range, &args.period) {
+        (true, Some(period)) => {
+            let period = settled::period::Period::parse(period).map_err(anyhow::Error::msg)?;
+            let url = database_url.ok_or_else(|| anyhow::anyhow!("--range reads the partition: set DATABASE_URL"))?;
+            floors::settle_range_script(&url, period).await
+        }
+        _ => Ok(floors::settle_chunk_script()),
     }
 }

@@ -21,8 +21,6 @@ mod pickup;
 mod produce;
 mod sample;
 
-use pickup::PickupRecorder;
-
 pub use pickup::PickupWindow;
 use produce::produce;
 
@@ -40,6 +38,7 @@ use settled_engine::{
 use sqlx::{Connection, PgConnection, PgPool};
 
 use crate::bench::continuous::ServeMode;
+use crate::histogram_recorder::OneHistogram;
 
 /// The queue the adapter serves, and its table (the descriptor's event table).
 pub const QUEUE_NAME: &str = "harness";
@@ -223,8 +222,11 @@ impl Shared {
 pub async fn run(mode: ServeMode) -> anyhow::Result<()> {
     let env = HarnessEnv::from_env(mode)?;
     let pickup = Arc::new(PickupWindow::new(Duration::from_millis(env.latency_window_ms)));
-    metrics::set_global_recorder(PickupRecorder(pickup.clone()))
-        .map_err(|_| anyhow::anyhow!("a metrics recorder is already installed"))?;
+    let window = pickup.clone();
+    OneHistogram::new(settled_engine::raw::telemetry::PICKUP_LATENCY, move |secs| {
+        window.record(secs)
+    })
+    .install()?;
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(2 * env.worker_count + 8)
         .connect(&env.database_url)

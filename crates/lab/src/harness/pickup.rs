@@ -1,8 +1,8 @@
 //! Pickup latencies of the last window, fed by the engine's histogram
-//! through a metrics recorder of their own.
+//! through the lab's one-histogram recorder.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::{BUCKET_MS, PICKUP_MAX_US};
@@ -22,7 +22,7 @@ impl PickupWindow {
         }
     }
 
-    fn record(&self, seconds: f64) {
+    pub(super) fn record(&self, seconds: f64) {
         let us = ((seconds.max(0.0) * 1e6) as u64).clamp(1, PICKUP_MAX_US);
         let mut buckets = self.buckets.lock().expect("pickup window");
         let now = Instant::now();
@@ -53,35 +53,5 @@ impl PickupWindow {
         }
         let ms = |q: f64| all.value_at_quantile(q) as f64 / 1000.0;
         Some((ms(0.50), ms(0.95), ms(0.99)))
-    }
-}
-
-/// Feeds the engine's pickup-latency histogram into the window.
-pub(super) struct PickupRecorder(pub(super) Arc<PickupWindow>);
-
-pub(super) struct PickupHistogram(pub(super) Arc<PickupWindow>);
-
-impl metrics::HistogramFn for PickupHistogram {
-    fn record(&self, value: f64) {
-        self.0.record(value);
-    }
-}
-
-impl metrics::Recorder for PickupRecorder {
-    fn describe_counter(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
-    fn describe_gauge(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
-    fn describe_histogram(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
-    fn register_counter(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
-        metrics::Counter::noop()
-    }
-    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
-        metrics::Gauge::noop()
-    }
-    fn register_histogram(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Histogram {
-        if key.name() == settled_engine::raw::telemetry::PICKUP_LATENCY {
-            metrics::Histogram::from_arc(Arc::new(PickupHistogram(self.0.clone())))
-        } else {
-            metrics::Histogram::noop()
-        }
     }
 }

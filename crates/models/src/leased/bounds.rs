@@ -32,23 +32,19 @@ impl LeasedWork {
     }
 
     /// In-transaction workers beside a leased one (SKIP LOCKED between the
-    /// modes; a crash in the middle of a transaction; failover).
+    /// modes; a crash in the middle of a transaction; failover): the CI
+    /// bounds with one leased and two in-transaction workers, and the
+    /// provider always up.
     pub fn ci_in_transaction() -> LeasedWork {
+        let ci = LeasedWork::ci();
         LeasedWork {
-            items: 1,
             leased_workers: 1,
             tx_workers: 2,
-            max_attempts: 2,
-            replication: Replication::Asynchronous,
             faults: Faults {
-                crashes: 1,
-                pauses: 1,
-                slow_renewals: 1,
                 provider_unavailable: 0,
-                applied_then_timed_out: 1,
-                failovers: 1,
+                ..ci.faults
             },
-            guards: Guards::ALL,
+            ..ci
         }
     }
 

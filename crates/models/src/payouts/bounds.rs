@@ -122,26 +122,19 @@ impl Payouts {
         }
     }
 
-    /// Deeper bounds: two payouts on a balance for one, every delivery fault.
+    /// Deeper bounds: two payouts on a balance for one, every delivery fault
+    /// (those of [`Payouts::ci_confirmed`], without its confirmation).
     pub fn deep_two_payouts() -> Payouts {
+        let ci = Payouts::ci_confirmed();
         Payouts {
             requests: 2,
-            credit: 1,
             confirm: false,
-            workers: 2,
-            max_attempts: 1,
             faults: Faults {
-                crashes: 1,
-                pauses: 1,
-                provider_unavailable: 1,
-                applied_then_timed_out: 1,
-                refusals: 1,
-                provider_failures: 1,
-                webhook_duplicates: 1,
-                webhook_losses: 1,
-                ..Faults::default()
+                redemptions: 0,
+                cancels: 0,
+                ..ci.faults
             },
-            guards: Guards::ALL,
+            ..ci
         }
     }
 

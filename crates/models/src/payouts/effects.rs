@@ -4,7 +4,7 @@
 use super::action::Answer;
 use super::state::PayoutState::{Created, Failed, Paid, Queued, Returned, Sent};
 use super::state::{
-    event_parts, Delivered, Delivery, JobRow, JobStatus, KeyRow, Payment, PayoutRow, PayoutState, Post, ProviderStatus,
+    event_parts, Delivered, Delivery, JobStatus, KeyRow, Payment, PayoutRow, PayoutState, Post, ProviderStatus,
     Request, Source, State, Written,
 };
 use super::Payouts;
@@ -88,14 +88,7 @@ impl Payouts {
             confirmed: 0,
         });
         if state == Queued {
-            let payout = (s.payouts.len() - 1) as u8;
-            s.jobs.push(JobRow {
-                payout,
-                status: JobStatus::Eligible,
-                attempt: 0,
-                spent: 0,
-                lease_live: false,
-            });
+            s.enqueue((s.payouts.len() - 1) as u8);
         }
     }
 

@@ -297,6 +297,22 @@ pub struct State {
     pub budget: Faults,
 }
 
+impl State {
+    /// A queued payout's delivery job, made once (`INSERT INTO payout_jobs
+    /// .. ON CONFLICT (payout_id) DO NOTHING`).
+    pub(super) fn enqueue(&mut self, payout: u8) {
+        if !self.jobs.iter().any(|j| j.payout == payout) {
+            self.jobs.push(JobRow {
+                payout,
+                status: JobStatus::Eligible,
+                attempt: 0,
+                spent: 0,
+                lease_live: false,
+            });
+        }
+    }
+}
+
 /// What a write of a payout's state came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Written {

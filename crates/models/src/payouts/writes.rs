@@ -2,7 +2,7 @@
 //! write when that guard is removed, with the triggers and keys behind it.
 
 use super::state::PayoutState::Queued;
-use super::state::{Intent, JobRow, JobStatus, Payment, PayoutState, Source, State, Written};
+use super::state::{Intent, Payment, PayoutState, Source, State, Written};
 use super::Payouts;
 
 impl Payouts {
@@ -28,14 +28,8 @@ impl Payouts {
             row.returned += 1;
             s.balance += 1;
         }
-        if to == Queued && !s.jobs.iter().any(|j| j.payout == payout) {
-            s.jobs.push(JobRow {
-                payout,
-                status: JobStatus::Eligible,
-                attempt: 0,
-                spent: 0,
-                lease_live: false,
-            });
+        if to == Queued {
+            s.enqueue(payout);
         }
     }
 

@@ -15,11 +15,10 @@ use tracing::Instrument;
 use super::super::finish::Held;
 use super::super::ClaimedJob;
 use super::spans::{self, JobSpans};
-use super::{guarded, Ctx, LeasedJobHandler, Step};
+use super::{failure, guarded, Ctx, LeasedJobHandler, Step};
 use crate::common::error::{EngineError, HandlerError};
 use crate::common::item::ClaimedItem;
 use crate::common::lease::{LeaseKeeper, COMPLETION_RETRIES};
-use crate::common::retry::Failure;
 
 /// What the loops of one leased serve share besides [`Ctx`].
 struct Leased<H> {
@@ -244,42 +243,10 @@ impl<H: LeasedJobHandler> Leased<H> {
 
     /// A failed attempt: snoozed (no attempt spent), retried later, or dead.
     async fn record_failure(&self, job: &ClaimedJob, err: HandlerError, spans: &JobSpans) -> Result<(), EngineError> {
-        if err.is_fatal() {
-            // A missing grant or migration is not the job's fault: stop.
-            return Err(EngineError::Handler {
-                items: 1,
-                first_key: job.key.clone(),
-                source: err,
-            });
-        }
-        let err = &err;
-        let ctx = &self.ctx;
-        let jobs = std::slice::from_ref(job);
-        let _writing = self.keeper.writing(&items(jobs)).await;
-        let mut conn = ctx.conn().await?;
-        if let HandlerError::Snooze { after, reason } = err {
-            let n = ctx.queue.snooze(&mut conn, Held::Fenced, jobs, *after, reason).await?;
-            ctx.stats.count(&ctx.queue, "snoozed", &ctx.stats.snoozed, n);
-            spans.outcome(&job.key, "snoozed");
-            return Ok(());
-        }
-        let failure = Failure {
-            error: &err.to_string(),
-            permanent: err.is_permanent(),
-        };
-        let outcome = ctx
-            .queue
-            .fail(&mut conn, Held::Fenced, jobs, failure, &ctx.cfg.retry)
-            .await?;
-        ctx.stats
-            .count(&ctx.queue, "retried", &ctx.stats.retried, outcome.retried);
-        ctx.stats.count(&ctx.queue, "failed", &ctx.stats.failed, outcome.failed);
-        spans.outcome(&job.key, if outcome.failed == 1 { "failed" } else { "retried" });
-        tracing::warn!(
-            queue = ctx.queue.name(), job = %job.key, attempt = job.attempt,
-            failed = outcome.failed == 1, error = %err, "job attempt failed"
-        );
-        Ok(())
+        let err = failure::unless_fatal(job, err)?;
+        let _writing = self.keeper.writing(&items(std::slice::from_ref(job))).await;
+        let mut conn = self.ctx.conn().await?;
+        failure::record(&self.ctx, &mut conn, Held::Fenced, job, &err, spans).await
     }
 
     /// Gives back the jobs not started that this worker still holds, so

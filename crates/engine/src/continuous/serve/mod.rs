@@ -9,6 +9,7 @@
 //! hand finish (leased: for a grace period, then gives the rest back).
 //! `spans.rs` names the spans of claims and jobs.
 
+mod failure;
 mod leased;
 mod spans;
 mod tx;

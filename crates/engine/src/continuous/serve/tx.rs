@@ -12,9 +12,8 @@ use tracing::Instrument;
 use super::super::finish::Held;
 use super::super::ClaimedJob;
 use super::spans::{self, JobSpans};
-use super::{guarded, Ctx, JobHandler, Step};
+use super::{failure, guarded, Ctx, JobHandler, Step};
 use crate::common::error::{is_transient_sqlx, EngineError, HandlerError};
-use crate::common::retry::Failure;
 
 /// One transaction: claim a batch, handle each job, complete them, commit.
 pub(super) async fn step<H: JobHandler>(ctx: &Ctx, handler: &H) -> Result<Step, EngineError> {
@@ -111,43 +110,9 @@ async fn alone<H: JobHandler>(ctx: &Ctx, handler: &H, job: &ClaimedJob, spans: &
 /// After the job's transaction rolled back: a snooze (no attempt spent),
 /// or a failed attempt (retried after a backoff, or a dead letter).
 async fn record_failure(ctx: &Ctx, job: &ClaimedJob, err: HandlerError, spans: &JobSpans) -> Result<(), EngineError> {
-    if err.is_fatal() {
-        // A missing grant or migration is not the job's fault: stop.
-        return Err(EngineError::Handler {
-            items: 1,
-            first_key: job.key.clone(),
-            source: err,
-        });
-    }
-    let err = &err;
+    let err = failure::unless_fatal(job, err)?;
     let mut conn = ctx.conn().await?;
-    let jobs = std::slice::from_ref(job);
-    if let HandlerError::Snooze { after, reason } = err {
-        let n = ctx
-            .queue
-            .snooze(&mut conn, Held::Unclaimed, jobs, *after, reason)
-            .await?;
-        ctx.stats.count(&ctx.queue, "snoozed", &ctx.stats.snoozed, n);
-        spans.outcome(&job.key, "snoozed");
-        return Ok(());
-    }
-    let failure = Failure {
-        error: &err.to_string(),
-        permanent: err.is_permanent(),
-    };
-    let outcome = ctx
-        .queue
-        .fail(&mut conn, Held::Unclaimed, jobs, failure, &ctx.cfg.retry)
-        .await?;
-    ctx.stats
-        .count(&ctx.queue, "retried", &ctx.stats.retried, outcome.retried);
-    ctx.stats.count(&ctx.queue, "failed", &ctx.stats.failed, outcome.failed);
-    spans.outcome(&job.key, if outcome.failed == 1 { "failed" } else { "retried" });
-    tracing::warn!(
-        queue = ctx.queue.name(), job = %job.key, attempt = job.attempt,
-        failed = outcome.failed == 1, error = %err, "job attempt failed"
-    );
-    Ok(())
+    failure::record(ctx, &mut conn, Held::Unclaimed, job, &err, spans).await
 }
 
 /// A handler error that is the connection's or the server's, not the

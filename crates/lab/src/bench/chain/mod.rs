@@ -17,7 +17,6 @@
 //!    `broadcast_at` (the database's clock, the same machine).
 
 use std::path::Path;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use alloy_primitives::{Address, U256};
@@ -26,11 +25,10 @@ use anyhow::Context;
 use serde_json::{json, Value};
 use sqlx::PgPool;
 
-use super::payouts::{load_average, percentile, unix_us};
+use super::payouts::{load_average, next_payout_id, percentile, settled_balances, unix_us, wait_listening, wait_ready};
+use crate::settled_command;
 use settled::chain::abi::IERC20;
 use settled::db::Database;
-use settled::period::Period;
-use settled::progress::Progress;
 use settled_testkit::chain::{deploy, quantity, receipt, rpc, HOT_WALLET, HOT_WALLET_KEY, SUPPLY};
 use settled_testkit::Anvil;
 
@@ -188,15 +186,9 @@ struct Fleet {
 
 impl Fleet {
     fn spawn(&mut self, args: &[String], log: &Path) -> anyhow::Result<()> {
-        let child = tokio::process::Command::new(&self.exe)
+        let child = settled_command(&self.exe, &self.url, log)?
             .args(args)
-            .env("DATABASE_URL", &self.url)
             .env("SETTLED_API_TOKEN", API_TOKEN)
-            .env("SETTLED_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(std::fs::File::create(log)?))
-            .kill_on_drop(true)
             .spawn()?;
         self.children.push(child);
         Ok(())
@@ -237,23 +229,6 @@ impl Fleet {
             let _ = tokio::time::timeout(Duration::from_secs(30), child.wait()).await;
         }
         self.children.clear();
-    }
-}
-
-/// Waits until `n` deliverers are asleep on LISTEN.
-async fn wait_listening(pool: &PgPool, n: u32) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let listening: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'settled-deliver' AND query ILIKE 'LISTEN%'",
-        )
-        .fetch_one(pool)
-        .await?;
-        if listening >= i64::from(n) {
-            return Ok(());
-        }
-        anyhow::ensure!(Instant::now() < deadline, "the deliverers did not start listening");
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -312,32 +287,11 @@ async fn measure(opts: &ChainBenchOptions, url: &str, scratch: &Path) -> anyhow:
     })
 }
 
-/// Seeds and settles at least `n` creators; those with a balance.
+/// Seeds and settles at least `n` creators; those with a balance enough
+/// for the two payouts a creator may get (cycled over a short list).
 async fn creators(pool: &PgPool, exe: &Path, url: &str, n: u64) -> anyhow::Result<Vec<String>> {
-    let period = Period::from_date(chrono::Utc::now().date_naive() - chrono::Duration::days(1));
     let n = n.clamp(CREATORS_MIN, settled::seed::MAX_SEED_CREATORS);
-    settled::seed::seed(
-        pool,
-        period,
-        n,
-        super::BENCH_SEED,
-        None,
-        settled::seed::Volumes::Realistic,
-        &Progress::hidden(),
-    )
-    .await?;
-    crate::settle_in_a_worker(exe, url, &period.to_string()).await?;
-    // Enough for the two payouts a creator may get (cycled over a short list).
-    let creators: Vec<String> =
-        sqlx::query_scalar("SELECT creator FROM settlement.creator_balance WHERE balance >= 1000 ORDER BY creator")
-            .fetch_all(pool)
-            .await?;
-    anyhow::ensure!(
-        creators.len() >= 10,
-        "too few creators with a balance: {}",
-        creators.len()
-    );
-    Ok(creators)
+    settled_balances(pool, exe, url, n, 1000).await
 }
 
 /// `settled serve`, waited for until ready; its base URL.
@@ -348,14 +302,7 @@ async fn serve(fleet: &mut Fleet, scratch: &Path) -> anyhow::Result<String> {
         &["serve".into(), "--bind".into(), format!("127.0.0.1:{port}")],
         &scratch.join("serve.log"),
     )?;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !reqwest::get(format!("{base}/readyz"))
-        .await
-        .is_ok_and(|r| r.status().is_success())
-    {
-        anyhow::ensure!(Instant::now() < deadline, "settled serve did not come up");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_ready(&base).await?;
     Ok(base)
 }
 
@@ -363,9 +310,7 @@ async fn serve(fleet: &mut Fleet, scratch: &Path) -> anyhow::Result<String> {
 /// transaction; the first payout's id and the commit's time (epoch s).
 async fn commit_backlog(pool: &PgPool, recipients: &[String], tag: &str) -> anyhow::Result<(i64, f64)> {
     let mut tx = pool.begin().await?;
-    let first: i64 = sqlx::query_scalar("SELECT coalesce(max(id), 0) + 1 FROM settlement.payouts")
-        .fetch_one(&mut *tx)
-        .await?;
+    let first = next_payout_id(&mut tx).await?;
     let made: i64 = sqlx::query_scalar(
         "SELECT count(*) FILTER (WHERE d.outcome = 'paid')
          FROM unnest($1::text[]) WITH ORDINALITY AS r(creator, i)

@@ -2,6 +2,7 @@
 //! saturation run, the idle broadcast latency, the targets, and the
 //! markdown table.
 
+use super::super::payouts::met;
 use super::{ChainBenchOptions, BLOCK_TIME_SECS};
 
 /// Block fill target for batches, gas used over the block gas limit.
@@ -150,13 +151,5 @@ impl ChainBenchReport {
             b.signed_p99_ms,
         ));
         out
-    }
-}
-
-fn met(ok: bool) -> &'static str {
-    if ok {
-        "met"
-    } else {
-        "missed"
     }
 }

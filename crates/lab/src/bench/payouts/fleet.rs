@@ -3,9 +3,11 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use super::procs::wait_ready;
 use super::{PayoutBenchOptions, API_TOKEN};
+use crate::settled_command;
 
 /// The processes of the bench, stopped on drop.
 pub(super) struct Fleet {
@@ -17,7 +19,7 @@ pub(super) struct Fleet {
 
 impl Fleet {
     pub(super) fn deliver(&mut self, opts: &PayoutBenchOptions, provider: &str, log: &Path) -> anyhow::Result<()> {
-        let child = tokio::process::Command::new(&self.exe)
+        let child = settled_command(&self.exe, &self.url, log)?
             .args(["deliver", "--provider-url", provider])
             // The fleet's limiter far above what is offered: measured is delivery.
             .args(["--provider-rate", "1000000", "--provider-burst", "1000000"])
@@ -25,12 +27,7 @@ impl Fleet {
             .args(["--batch", &opts.batch.to_string()])
             .args(["--provider-concurrency", &opts.provider_concurrency.to_string()])
             .args(["--provider-timeout-ms", "30000", "--shutdown-grace-ms", "5000"])
-            .env("DATABASE_URL", &self.url)
-            .env("SETTLED_LOG", "warn")
-            .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::from(std::fs::File::create(log)?))
-            .kill_on_drop(true)
             .spawn()?;
         self.deliverers.push(child);
         Ok(())
@@ -39,25 +36,12 @@ impl Fleet {
     pub(super) async fn serve(&mut self, log: &Path) -> anyhow::Result<String> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let base = format!("http://127.0.0.1:{port}");
-        let child = tokio::process::Command::new(&self.exe)
+        let child = settled_command(&self.exe, &self.url, log)?
             .args(["serve", "--bind", &format!("127.0.0.1:{port}")])
-            .env("DATABASE_URL", &self.url)
             .env("SETTLED_API_TOKEN", API_TOKEN)
-            .env("SETTLED_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(std::fs::File::create(log)?))
-            .kill_on_drop(true)
             .spawn()?;
         self.servers.push((child, base.clone()));
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !reqwest::get(format!("{base}/readyz"))
-            .await
-            .is_ok_and(|r| r.status().is_success())
-        {
-            anyhow::ensure!(Instant::now() < deadline, "settled serve did not come up");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_ready(&base).await?;
         Ok(base)
     }
 

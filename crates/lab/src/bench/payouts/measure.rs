@@ -8,13 +8,12 @@ use anyhow::Context;
 use sqlx::PgPool;
 
 use super::fleet::Fleet;
+use super::procs::{settled_balances, wait_listening};
 use super::runs::{serve_run, throughput_run, wakeup};
 use super::stats::{load_average, median, parent_of};
 use super::{PayoutBenchOptions, PayoutBenchReport, CREATORS};
 use crate::provider_sim::{Faults, Options};
 use settled::db::Database;
-use settled::period::Period;
-use settled::progress::Progress;
 
 pub(super) async fn measure(opts: &PayoutBenchOptions, url: &str, scratch: &Path) -> anyhow::Result<PayoutBenchReport> {
     let load_before = load_average();
@@ -22,7 +21,8 @@ pub(super) async fn measure(opts: &PayoutBenchOptions, url: &str, scratch: &Path
     let exe = std::env::current_exe().context("locating the settled binary")?;
     let db = Database::open_url(url, 8, "settled-bench").await?;
     let server_version: String = sqlx::query_scalar("SELECT version()").fetch_one(&db.pool).await?;
-    let creators = balances(&db.pool, &exe, url).await?;
+    // Enough for every payout of one base unit the bench makes.
+    let creators = settled_balances(&db.pool, &exe, url, CREATORS, 1_000_000_000).await?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let provider = format!("http://{}", listener.local_addr()?);
     let faults = Faults {
@@ -48,7 +48,7 @@ pub(super) async fn measure(opts: &PayoutBenchOptions, url: &str, scratch: &Path
     for i in 0..opts.deliverers {
         fleet.deliver(opts, &provider, &scratch.join(format!("deliver-{i}.log")))?;
     }
-    wait_for_deliverers(&db.pool, opts.deliverers).await?;
+    wait_listening(&db.pool, opts.deliverers).await?;
     let postmaster = postmaster(&db.pool, opts.database_url.is_none()).await;
     let pids: Vec<u32> = fleet.deliverers.iter().filter_map(|c| c.id()).collect();
     let procs = (postmaster, pids.as_slice());
@@ -128,51 +128,6 @@ async fn postmaster(pool: &PgPool, ours: bool) -> Option<u32> {
         .await
         .ok()?;
     parent_of(backend as u32)
-}
-
-/// Seeds and settles `CREATORS` creators (`settled worker`); their names.
-async fn balances(pool: &PgPool, exe: &Path, url: &str) -> anyhow::Result<Vec<String>> {
-    let period = Period::from_date(chrono::Utc::now().date_naive() - chrono::Duration::days(1));
-    settled::seed::seed(
-        pool,
-        period,
-        CREATORS,
-        crate::bench::BENCH_SEED,
-        None,
-        settled::seed::Volumes::Realistic,
-        &Progress::hidden(),
-    )
-    .await?;
-    crate::settle_in_a_worker(exe, url, &period.to_string()).await?;
-    // Enough for every payout of one base unit the bench makes.
-    let creators: Vec<String> = sqlx::query_scalar(
-        "SELECT creator FROM settlement.creator_balance WHERE balance >= 1000000000 ORDER BY creator",
-    )
-    .fetch_all(pool)
-    .await?;
-    anyhow::ensure!(
-        creators.len() >= 10,
-        "too few creators with a balance: {}",
-        creators.len()
-    );
-    Ok(creators)
-}
-
-/// Waits until every deliverer has its connections open.
-async fn wait_for_deliverers(pool: &PgPool, n: u32) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let listening: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'settled-deliver' AND query ILIKE 'LISTEN%'",
-        )
-        .fetch_one(pool)
-        .await?;
-        if listening >= i64::from(n) {
-            return Ok(());
-        }
-        anyhow::ensure!(Instant::now() < deadline, "the deliverers did not start listening");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// Waits until no payout is queued, for at most `secs` seconds.

@@ -17,10 +17,12 @@
 
 mod fleet;
 mod measure;
+mod procs;
 mod report;
 mod runs;
 mod stats;
 
+pub(super) use procs::{met, next_payout_id, settled_balances, wait_listening, wait_ready};
 pub use report::{PayoutBenchReport, ServeRun, ThroughputRun, Wakeup};
 pub(super) use stats::{load_average, percentile, unix_us};
 

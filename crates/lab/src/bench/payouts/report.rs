@@ -1,6 +1,7 @@
 //! What the payout bench reports: each throughput run, the wake-up
 //! latencies, each serve run, and the report against its targets.
 
+use super::procs::met;
 use super::{PayoutBenchOptions, TARGET_DELIVERED_PER_SEC, TARGET_WAKEUP_P99_MS};
 
 /// One throughput run.
@@ -171,13 +172,5 @@ impl PayoutBenchReport {
             out.push_str(&format!("- {line}\n"));
         }
         out
-    }
-}
-
-fn met(ok: bool) -> &'static str {
-    if ok {
-        "met"
-    } else {
-        "missed"
     }
 }

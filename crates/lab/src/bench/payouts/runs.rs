@@ -10,6 +10,7 @@ use anyhow::Context;
 use sqlx::PgPool;
 
 use super::measure::drain;
+use super::procs::next_payout_id;
 use super::stats::{cpu_snapshot, percentile, unix_us};
 use super::{PayoutBenchOptions, ServeRun, ThroughputRun, Wakeup, API_TOKEN, DRAIN_SECS_PER_THOUSAND, IDLE_PAUSE_MS};
 use crate::provider_sim::Arrival;
@@ -25,9 +26,7 @@ pub(super) async fn throughput_run(
     procs: (Option<u32>, &[u32]),
 ) -> anyhow::Result<ThroughputRun> {
     let mut tx = pool.begin().await?;
-    let first: i64 = sqlx::query_scalar("SELECT coalesce(max(id), 0) + 1 FROM settlement.payouts")
-        .fetch_one(&mut *tx)
-        .await?;
+    let first = next_payout_id(&mut tx).await?;
     let made: i64 = sqlx::query_scalar(
         "SELECT count(*) FILTER (WHERE d.outcome = 'paid')
          FROM generate_series(1, $1::bigint) AS i

@@ -2,7 +2,6 @@
 //! respawns, the `settled serve` servers, and their stop.
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
@@ -26,9 +25,9 @@ pub(super) struct Deliverers {
 impl Fleet for Deliverers {
     fn respawn(&mut self) -> anyhow::Result<tokio::process::Child> {
         self.spawned += 1;
-        let log = std::fs::File::create(self.log_dir.join(format!("deliver-{}.log", self.spawned)))?;
+        let log = self.log_dir.join(format!("deliver-{}.log", self.spawned));
         let ttl = self.lease_ttl_ms;
-        let mut cmd = tokio::process::Command::new(&self.exe);
+        let mut cmd = crate::settled_command(&self.exe, &self.url, &log)?;
         cmd.args(["deliver", "--provider-url", &self.provider_url])
             // Shorter than the late applies' 1.5 s: their answers are lost.
             .args(["--provider-timeout-ms", "500", "--provider-rate", "2000"])
@@ -47,13 +46,7 @@ impl Fleet for Deliverers {
                 "500",
                 "--shutdown-grace-ms",
                 "1000",
-            ])
-            .env("DATABASE_URL", &self.url)
-            .env("SETTLED_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(log))
-            .kill_on_drop(true);
+            ]);
         Ok(cmd.spawn()?)
     }
 
@@ -76,18 +69,11 @@ pub(super) async fn start_servers(exe: &Path, url: &str, n: u32, log_dir: &Path)
     let mut servers = Vec::new();
     for i in 0..n {
         let port = free_port()?;
-        let log = std::fs::File::create(log_dir.join(format!("serve-{i}.log")))?;
-        let child = tokio::process::Command::new(exe)
+        let child = crate::settled_command(exe, url, &log_dir.join(format!("serve-{i}.log")))?
             .args(["serve", "--bind", &format!("127.0.0.1:{port}")])
             .args(["--confirm-ttl-secs", &CONFIRM_TTL_SECS.to_string()])
-            .env("DATABASE_URL", url)
             .env("SETTLED_API_TOKEN", API_TOKEN)
             .env("SETTLED_PROVIDER_WEBHOOK_SECRET", WEBHOOK_SECRET)
-            .env("SETTLED_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(log))
-            .kill_on_drop(true)
             .spawn()?;
         servers.push(ApiServer {
             child,

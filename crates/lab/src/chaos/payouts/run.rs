@@ -14,12 +14,10 @@ use super::fleet::{start_servers, stop_deliverers, Deliverers};
 use super::storm::Storming;
 use super::{checks, provider_base, statements, PayoutChaosOptions, PERIOD, WEBHOOK_SECRET};
 use crate::chaos::faults::{payout_schedule, Fleet};
-use crate::chaos::{invariants_of, ChaosReport, Slot};
+use crate::chaos::{invariants_of, seed_at_fee, ChaosReport, Slot};
 use crate::provider_sim::{Options, SimCounters, WebhookEndpoint};
 use settled::db::Database;
-use settled::money::FeeBps;
 use settled::period::Period;
-use settled::progress::Progress;
 use settled::provider::HttpProvider;
 use settled::{seed, verify};
 
@@ -32,16 +30,7 @@ async fn balances(
     opts: &PayoutChaosOptions,
 ) -> anyhow::Result<Vec<(String, u128)>> {
     let period = Period::parse(PERIOD).map_err(anyhow::Error::msg)?;
-    seed::seed(
-        &db.pool,
-        period,
-        opts.creators,
-        opts.seed,
-        Some(FeeBps::new(250).map_err(anyhow::Error::msg)?),
-        seed::Volumes::Realistic,
-        &Progress::hidden(),
-    )
-    .await?;
+    seed_at_fee(db, period, opts.creators, opts.seed, seed::Volumes::Realistic).await?;
     crate::settle_in_a_worker(exe, url, PERIOD).await?;
     let rows: Vec<(String, String)> = sqlx::query_as(
         "SELECT creator, balance::text FROM settlement.creator_balance WHERE balance > 30 ORDER BY creator",

@@ -92,12 +92,18 @@ pub struct ContinuousCase {
 impl ContinuousCase {
     /// An empty result for a case.
     pub fn new(spec: &CaseSpec, opts: &ContinuousOptions) -> ContinuousCase {
+        let offered_rate = (spec.producer == Producer::Fixed).then_some(opts.rate);
+        ContinuousCase::blank(spec.system.name(), spec.producer, spec.workers, spec.run, offered_rate)
+    }
+
+    /// A case of `system` with nothing measured yet.
+    fn blank(system: String, producer: Producer, workers: u32, run: u32, offered_rate: Option<u64>) -> ContinuousCase {
         ContinuousCase {
-            system: spec.system.name(),
-            producer: spec.producer,
-            workers: spec.workers,
-            run: spec.run,
-            offered_rate: (spec.producer == Producer::Fixed).then_some(opts.rate),
+            system,
+            producer,
+            workers,
+            run,
+            offered_rate,
             seconds: 0.0,
             enqueued: 0,
             completed: 0,

@@ -5,11 +5,6 @@ use super::*;
 
 fn case(system: &str, producer: Producer, jobs: f64, p99: f64, handled: f64) -> ContinuousCase {
     ContinuousCase {
-        system: system.into(),
-        producer,
-        workers: 16,
-        run: 1,
-        offered_rate: None,
         seconds: 10.0,
         enqueued: 1000,
         completed: 1000,
@@ -19,15 +14,8 @@ fn case(system: &str, producer: Producer, jobs: f64, p99: f64, handled: f64) -> 
         peak_dead_tuples: Some(0),
         peak_table_bytes: Some(0),
         duplicates: Some(0),
-        absorbed_repeats: None,
         handled_share: Some(handled),
-        transactions_per_job: None,
-        row_writes_per_job: None,
-        version: String::new(),
-        settings: String::new(),
-        extra: serde_json::Map::new(),
-        series: Vec::new(),
-        error: None,
+        ..ContinuousCase::blank(system.into(), producer, 16, 1, None)
     }
 }
 
