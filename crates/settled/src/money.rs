@@ -178,7 +178,7 @@ pub(crate) fn grouped(digits: &str) -> String {
 pub(crate) const SHOWN_DECIMALS: usize = 6;
 
 /// An amount of base units as a person reads it: whole tokens grouped in
-/// threes, at most [`SHOWN_DECIMALS`] decimals, and a trailing "…" when
+/// threes, at most `SHOWN_DECIMALS` decimals, and a trailing "…" when
 /// digits were cut (the exact amount is in base units, shown beside it):
 /// `tokens("1234567891234567890123", 18)` is "1,234.567891…".
 pub fn tokens(units: &str, decimals: u32) -> String {

@@ -1,6 +1,6 @@
 //! The work table and the ledger are partitioned by period (migration
 //! `20261201000105`). A period's partitions are created ahead, by
-//! [`ensure`], when it is seeded, imported or started; a row for a period
+//! `ensure`, when it is seeded, imported or started; a row for a period
 //! without partitions is refused by PostgreSQL, never parked in a default
 //! partition. [`crate::archive`] retires old periods' partitions whole.
 

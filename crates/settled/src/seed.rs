@@ -76,7 +76,7 @@ pub struct SeedOutcome {
 /// Seeds `creators` items for `period` in one transaction. Sets the fee when
 /// given, or the default when the period has none. Refused once the period
 /// has a run; holds its input open meanwhile
-/// ([`crate::settlement::hold_input_open`]).
+/// (`crate::settlement::hold_input_open`).
 pub async fn seed(
     pool: &PgPool,
     period: Period,

@@ -2,7 +2,7 @@
 //! exactly once, from the input it was given, and that money is conserved
 //! to the unit. Every check is one
 //! exact query (never SKIP LOCKED); each failing check lists up to
-//! [`MAX_OFFENDERS`] offenders.
+//! `MAX_OFFENDERS` offenders.
 
 pub(crate) mod payouts;
 
@@ -486,7 +486,7 @@ const LEDGER_PAYOUTS_CHECK: CheckSql = CheckSql {
 /// Reconciles the period with a payment provider (leased mode, where each
 /// creator is paid through it): every ledger row became its settlement
 /// payout, and those payouts match the provider's payments under the
-/// period's keys one to one ([`reconcile::compare`]: none missing, none
+/// period's keys one to one (`reconcile::compare`: none missing, none
 /// unknown, same amounts and creators, states that agree, none paid
 /// twice). Adds its checks to `report`. `conn` must not be inside verify's
 /// snapshot: a payment the provider made after it would look unknown.

@@ -1,7 +1,7 @@
 //! A worker process's life around the engine: register, serve its own
 //! metrics if asked, stop on SIGTERM/SIGINT, then let the settlement job
 //! drain one period ([`run_worker`]) or run the scheduling daemon
-//! ([`run_daemon`]). The lifecycle itself (start or join, drain, finish,
+//! (`run_daemon`). The lifecycle itself (start or join, drain, finish,
 //! catch-up, reopen) is the engine's; this module never writes SQL.
 
 use std::sync::Arc;

@@ -48,7 +48,7 @@ pub(crate) use server::HttpLimits;
 
 /// Largest request body read, in bytes.
 pub(crate) const MAX_BODY_BYTES: usize = 16 * 1024;
-/// Time a handler waits for a whole body (at most [`MAX_BODY_BYTES`]) once
+/// Time a handler waits for a whole body (at most `MAX_BODY_BYTES`) once
 /// it starts reading it, always after the token is checked: a body that
 /// trickles gets 408 and its connection is closed, so even a client with
 /// the token cannot keep a request in progress (which the connection cap
@@ -91,7 +91,7 @@ pub struct AppState {
     pub deadlines: Arc<crate::watch::Deadlines>,
     /// The newest finished run's last verification, for `/metrics`.
     pub verification: crate::watch::VerificationSlot,
-    /// How often [`serve`] verifies the newest finished run (None: never).
+    /// How often `serve` verifies the newest finished run (None: never).
     pub verify_every: Option<Duration>,
     /// Refusals counted and not yet written to the audit log.
     pub refusals: Arc<audit::Refusals>,

@@ -1,9 +1,9 @@
 //! `GET /openapi.json`: the API's OpenAPI 3.1 document, derived from the
 //! code. Each operation is the `#[utoipa::path]` beside its handler; each
 //! schema is the type a handler reads or serializes (`ToSchema`); the paths
-//! are those [`super::api_routes`] serves, the one list of routes. This file
+//! are those `super::api_routes` serves, the one list of routes. This file
 //! adds only what holds for every route, once: an error answer is
-//! problem+json ([`super::Problem`]), a 503 carries `Retry-After`, the
+//! problem+json (`super::Problem`), a 503 carries `Retry-After`, the
 //! answers the HTTP layers give any route (421, 503; 400, 408, 413, 415 and
 //! 422 to a route that reads a body; 401 to one that needs the token), and
 //! the links from a payout made to the operations on it. Never: a schema or

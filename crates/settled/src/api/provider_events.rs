@@ -8,7 +8,7 @@
 //! changes nothing and answers 200. A signed event settled cannot apply (a
 //! type it does not know, an empty id) is stored `ignored` and answered 200,
 //! so the provider stops sending it; an id longer than the column takes is
-//! stored as its digest ([`stored_text`]). The payout's state machine resolves order: a late or
+//! stored as its digest (`stored_text`). The payout's state machine resolves order: a late or
 //! repeated event changes nothing, and one contradicting a final state is
 //! recorded as a conflict, never applied. Events for payouts settled does
 //! not know are kept for review. Any non-2xx answer makes the provider send
@@ -34,7 +34,7 @@ use crate::provider::signature::{self, SignatureError, SignedHeader, SIGNATURE_H
 use crate::provider::{EventType, WebhookEvent};
 
 /// Time the provider has to send an event's whole body (at most
-/// [`super::MAX_BODY_BYTES`]) once its signature header passed: an event
+/// `super::MAX_BODY_BYTES`) once its signature header passed: an event
 /// is small and sent at once, and a request whose body is read is never
 /// evicted at the connection cap.
 pub const WEBHOOK_BODY_READ_TIMEOUT: Duration = Duration::from_secs(1);

@@ -1,5 +1,5 @@
 //! Every route the server answers and who may call it: the one table that
-//! the router's authorization ([`super::auth::authorize`]), the OpenAPI
+//! the router's authorization (`super::auth::authorize`), the OpenAPI
 //! document's security requirements, docs/api.md's table of roles and the
 //! role matrix test are all read from. A route missing here is refused
 //! (500), and a test fails.

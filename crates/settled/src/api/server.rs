@@ -12,7 +12,7 @@
 //!   open-file limit so the database pools always find a descriptor. When a
 //!   new connection arrives at the cap, the connection that has waited
 //!   longest without a request in progress (slow, silent or idle) is closed
-//!   to make room, once it is at least [`EVICT_MIN_AGE`] old: a flood of
+//!   to make room, once it is at least `EVICT_MIN_AGE` old: a flood of
 //!   slow clients evicts itself at a bounded rate, and a client that sends
 //!   its request at once (`/healthz`, a payout) is served. While no
 //!   connection can be evicted yet, or every one has a request in progress,

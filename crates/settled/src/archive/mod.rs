@@ -6,7 +6,7 @@
 //! 2. its ledger partition is exported with COPY, in creator order, to
 //!    `DIR/ledger-YYYY-MM-DD.csv`, with a manifest beside it
 //!    (`.manifest.json`: rows, total, SHA-256 of the file's bytes); the file
-//!    is read back by [`verify_archive`] and must match the database's own
+//!    is read back by `verify_archive` and must match the database's own
 //!    count and sum before anything else happens;
 //! 3. each creator's total for the period is added to
 //!    `settlement.ledger_carry` (so balances stay provable), and the period

@@ -20,7 +20,7 @@ use crate::period::Period;
 /// [`settled_engine::raw::session`]), but another session that holds a parent
 /// and then asks for an old partition closes a cycle, and PostgreSQL ends
 /// one of the two. When that is the archive, its transaction rolls back
-/// whole (files removed) and it starts over, up to [`ARCHIVE_ATTEMPTS`].
+/// whole (files removed) and it starts over, up to `ARCHIVE_ATTEMPTS`.
 ///
 /// Files are removed only when their periods are certainly not archived:
 /// before the rollback of a transaction that never sent COMMIT (it still

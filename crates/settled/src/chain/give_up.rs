@@ -12,7 +12,7 @@
 //! When is a transaction never valid: the node refuses its signed bytes
 //! for a reason that is a property of those bytes against the chain's
 //! rules, which no rebroadcast, fee or balance changes
-//! ([`broadcast::Sent::NeverValid`]), or an operator says so
+//! (`broadcast::Sent::NeverValid`), or an operator says so
 //! (`settled give-up --nonce N`).
 
 use alloy_consensus::TxEip1559;

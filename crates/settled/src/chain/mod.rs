@@ -150,9 +150,9 @@ pub struct Chain {
     pub replace_after: Duration,
     /// Batches, when a batch contract is given.
     pub batch: Option<Batch>,
-    /// How often the gas balance is recorded ([`watch`]).
+    /// How often the gas balance is recorded (`watch`).
     pub watch_every: Duration,
-    /// How often the chain is reconciled ([`watch`]); never when `None`.
+    /// How often the chain is reconciled (`watch`); never when `None`.
     pub reconcile_every: Option<Duration>,
     /// The fees read last and when ([`Chain::recent_fees`]).
     fees_read: Arc<Mutex<Option<(Instant, sign::Fees)>>>,

@@ -144,7 +144,7 @@ pub(crate) struct Header {
 /// which transaction spent a nonce).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct BlockTxs {
+pub(crate) struct BlockTxs {
     /// Its number.
     pub number: U64,
     /// Its hash.
@@ -156,7 +156,7 @@ pub struct BlockTxs {
 /// One transaction of a block: who sent it under which nonce.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct BlockTx {
+pub(crate) struct BlockTx {
     /// Its hash.
     pub hash: B256,
     /// Its sender.

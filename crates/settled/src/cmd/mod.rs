@@ -145,7 +145,7 @@ pub trait DbCommand: Sized + 'static {
     fn run(self, db: &Database) -> impl Future<Output = Outcome>;
 }
 
-/// Anything the binary runs: a [`DbCommand`] through [`OnDatabase`], or a
+/// Anything the binary runs: a [`DbCommand`] through `OnDatabase`, or a
 /// command that sets up its own databases (the lab's).
 pub trait Runnable {
     /// See [`DbCommand::SINGLE_THREADED`].

@@ -4,10 +4,10 @@
 //! the same transaction. All or nothing by default; `--skip-invalid` imports
 //! the valid rows and writes the rejected ones, with reasons, to a file
 //! (never the input file itself). Each period it adds rows to is held open
-//! until the import commits ([`crate::settlement::hold_input_open`]): its
+//! until the import commits (`crate::settlement::hold_input_open`): its
 //! run cannot start meanwhile, and a period whose run started is refused.
 //! Memory stays constant: lines are read one at a time (at most
-//! [`parse::MAX_LINE_BYTES`]) and duplicate detection happens in the database.
+//! `parse::MAX_LINE_BYTES`) and duplicate detection happens in the database.
 
 pub mod parse;
 

@@ -65,7 +65,7 @@ pub struct Deliver<R> {
 
 impl<R: Rail> Deliver<R> {
     /// A handler sending through `rail`, within the fleet's `limiter`,
-    /// for a provider that keeps keys [`DEFAULT_PROVIDER_KEY_WINDOW`].
+    /// for a provider that keeps keys `DEFAULT_PROVIDER_KEY_WINDOW`.
     pub fn new(rail: R, pool: PgPool, limiter: Arc<Limiter>) -> Deliver<R> {
         Deliver {
             rail,

@@ -22,7 +22,7 @@ pub trait Rail: Send + Sync + 'static {
     const RATE_LIMITED: bool = true;
 
     /// Whether the rail forgets a payment's key after a while (the
-    /// provider's key window, [`super::key_window`]), so that a late retry
+    /// provider's key window, `super::key_window`), so that a late retry
     /// must look the payment up by its reference first. The chain rail's
     /// record is settled's own database: it never forgets.
     const KEYS_EXPIRE: bool = true;

@@ -1,11 +1,11 @@
 //! The provider's word: what a rail's answer about a payout's payment
-//! means for the payout, in one table ([`read`]). A payment under the
+//! means for the payout, in one table (`read`). A payment under the
 //! payout's key that pays what the payout pays is a [`ProviderWord`]
 //! (pending, paid, failed or returned), which asks the state machine for
 //! its [`Moves`]; a payment that is not the payout's, a refusal, a key
 //! used for another request, a rate limit and an unknown outcome each read
-//! as their own [`Reading`]. Webhook events read the same way
-//! ([`word_of_event`]). The database applies a word
+//! as their own `Reading`. Webhook events read the same way
+//! (`word_of_event`). The database applies a word
 //! (`settlement.apply_provider_word`, along its table
 //! `settlement.provider_word_moves`, which [`ProviderWord::moves`] is
 //! pinned to) from the payout's state at that moment: this module decides

@@ -114,7 +114,7 @@ impl HttpProvider {
     }
 
     /// Every payment the provider has, in id order, page by page (for
-    /// reconciliation), at most [`LIST_PAGES_MAX`] pages. A page the
+    /// reconciliation), at most `LIST_PAGES_MAX` pages. A page the
     /// provider rate-limits or fails is asked again after a wait, a few times.
     pub async fn list_all(&self) -> anyhow::Result<Vec<Payment>> {
         let mut all: Vec<Payment> = Vec::new();

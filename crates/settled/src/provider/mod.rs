@@ -190,7 +190,7 @@ pub enum ProviderError {
     #[error("provider unavailable or timed out: {0}")]
     Transient(String),
     /// 429: retry with the same key after `retry_after` (from `Retry-After`,
-    /// [`DEFAULT_RETRY_AFTER`](http::DEFAULT_RETRY_AFTER) when absent or
+    /// `DEFAULT_RETRY_AFTER` when absent or
     /// unreadable).
     #[error("provider rate limited the call: retry after {retry_after:?}")]
     RateLimited {

@@ -70,8 +70,8 @@ pub fn sign(secret: &[u8], timestamp: i64, body: &[u8]) -> String {
 }
 
 /// Checks that `header` is well formed and dated within `tolerance` of
-/// `now` (unix seconds), either way ([`check_header`]), and then that it
-/// signs `body` under one of `secrets` ([`SignedHeader::verify_body`]).
+/// `now` (unix seconds), either way (`check_header`), and then that it
+/// signs `body` under one of `secrets` (`SignedHeader::verify_body`).
 pub fn verify(
     header: &str,
     body: &[u8],

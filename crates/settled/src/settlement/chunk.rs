@@ -92,7 +92,7 @@ fn held_creators_sql() -> &'static str {
 }
 
 /// The settlement handler for in-transaction mode. The engine runs each
-/// chunk as one statement with [`CHUNK_EFFECTS_SQL`]; `handle_chunk` does
+/// chunk as one statement with `CHUNK_EFFECTS_SQL`; `handle_chunk` does
 /// the same in separate statements (for wrappers that add work per item).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SettleRewards;

@@ -44,7 +44,7 @@ const ANSWER_KEPT: std::time::Duration = std::time::Duration::from_secs(3_600);
 
 impl<P> SettleWithProvider<P> {
     /// A handler paying through `provider`, which keeps keys
-    /// [`key_window::DEFAULT_PROVIDER_KEY_WINDOW`].
+    /// `key_window::DEFAULT_PROVIDER_KEY_WINDOW`.
     pub fn new(provider: P) -> SettleWithProvider<P> {
         SettleWithProvider {
             provider,

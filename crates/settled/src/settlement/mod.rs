@@ -1,12 +1,12 @@
 //! The settlement job on the engine: its work table, its run hooks (a run
-//! start closes the period's input, [`hold_input_open`], and needs the
+//! start closes the period's input, `hold_input_open`, and needs the
 //! period's policy, held FOR SHARE while the run starts; the report is the
 //! period's exact status), and the handlers that pay a chunk (ledger rows
 //! and balance credits in one set-based statement).
 //!
 //! The money path, top to bottom: the engine's chunk statement claims a
 //! chunk with SKIP LOCKED, marks it settled (attempt + 1: each item's
-//! fence) and runs [`CHUNK_EFFECTS_SQL`](chunk::CHUNK_EFFECTS_SQL) on the
+//! fence) and runs `CHUNK_EFFECTS_SQL` on the
 //! rows it marked, all in one statement; `settled_engine::drain` checks its
 //! counts and commits.
 
@@ -63,7 +63,7 @@ pub struct Settlement;
 
 impl RunHooks for Settlement {
     /// A run start first waits for every writer of the period's input
-    /// ([`hold_input_open`]) and keeps new ones out until it commits, so
+    /// (`hold_input_open`) and keeps new ones out until it commits, so
     /// the run sees all the input there will ever be. It needs the period's
     /// policy; the policy row is held FOR SHARE while the run is inserted,
     /// so a concurrent policy change either lands before the run or is
