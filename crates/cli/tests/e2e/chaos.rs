@@ -3,7 +3,6 @@
 
 use crate::common;
 
-
 fn chaos(mode: &str, seed: &str) {
     let (out, report) = common::chaos_report(&[
         "--creators",

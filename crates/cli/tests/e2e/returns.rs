@@ -70,14 +70,7 @@ async fn make_payouts(env: &Env, server: &Server, n: i64) -> Vec<Payout> {
 /// `settled deliver`, looking up payouts sent a second ago and paid ones
 /// every second, with `extra` flags.
 fn deliver(env: &Env, sim: &ProviderSim, extra: &[&str]) -> Deliverer {
-    let mut args = vec![
-        "--provider-timeout-ms",
-        "500",
-        "--poll-after-secs",
-        "1",
-        "--batch",
-        "10",
-    ];
+    let mut args = common::QUICK_LOOKUPS.to_vec();
     args.extend_from_slice(extra);
     Deliverer(env.deliver(&sim.url, &args))
 }

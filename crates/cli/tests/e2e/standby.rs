@@ -13,7 +13,6 @@ use common::{free_port, spawn_server, Env, Pair, Server, PERIOD, SETTLED};
 use settled_testkit::{LocalOptions, LocalPostgres};
 use sqlx::{Connection, PgConnection};
 
-
 fn options(data_dir: std::path::PathBuf) -> LocalOptions {
     LocalOptions {
         data_dir,

@@ -33,9 +33,9 @@ use settled_models::suite::{self, Counterexample};
 use sqlx::{PgConnection, PgPool};
 use tokio::sync::{mpsc, Mutex};
 
+mod keys;
 mod returns;
 mod webhooks;
-mod keys;
 
 const CREATOR: &str = "0x00000000000000000000000000000000000000c1";
 const BALANCE: i64 = 1_000;

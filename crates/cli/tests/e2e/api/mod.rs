@@ -10,10 +10,10 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::{json, Value};
 
-mod keys;
 mod holds;
-mod requests;
+mod keys;
 mod metrics;
+mod requests;
 
 const TOKEN: &str = "test-token";
 

@@ -405,3 +405,18 @@ pub(crate) async fn check_from_chain(env: &Env, chain: &TestChain, made: &[(i64,
     found.nonces = txs;
     found
 }
+
+/// Mines one block.
+pub(crate) async fn mine(chain: &TestChain) {
+    rpc(&chain.url(), "evm_mine", json!([])).await;
+}
+
+/// Mines a block every 200 ms until `sql` counts at least one row.
+pub(crate) async fn mine_until(env: &Env, chain: &TestChain, what: &str, sql: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while count(env, sql).await == 0 {
+        assert!(std::time::Instant::now() < deadline, "timed out mining until {what}");
+        mine(chain).await;
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}

@@ -582,3 +582,14 @@ impl Drop for Pair {
         }
     }
 }
+
+/// `settled deliver` flags that look up payouts sent a second ago, with a
+/// short provider timeout and small batches.
+pub(crate) const QUICK_LOOKUPS: &[&str] = &[
+    "--provider-timeout-ms",
+    "500",
+    "--poll-after-secs",
+    "1",
+    "--batch",
+    "10",
+];

@@ -32,15 +32,7 @@ async fn two_deliverers_pay_each_payout_once_and_webhooks_finish_them_through_ev
     .await;
     let ids = make_payouts(&env, &server, 150, "1000").await;
     let (a, b) = (deliver(&env, &sim, "1"), deliver(&env, &sim, "1"));
-    wait_until(120, "every payout paid or failed", || async {
-        count(
-            &env,
-            "SELECT count(*) FROM settlement.payouts WHERE status IN ('paid', 'failed')",
-        )
-        .await
-            == ids.len() as i64
-    })
-    .await;
+    all_final(&env, 120, ids.len()).await;
     stop(a);
     stop(b);
     check_final(&env, &sim).await;
@@ -96,15 +88,7 @@ async fn a_refusal_fails_the_payout_and_returns_its_funds_and_an_outage_spends_n
         .await
         .unwrap();
     assert!(r.status().is_success());
-    wait_until(90, "every payout paid or failed", || async {
-        count(
-            &env,
-            "SELECT count(*) FROM settlement.payouts WHERE status IN ('paid', 'failed')",
-        )
-        .await
-            == ids.len() as i64
-    })
-    .await;
+    all_final(&env, 90, ids.len()).await;
     stop(a);
     check_final(&env, &sim).await;
     let refused = count(
@@ -207,4 +191,17 @@ async fn leased_settlement_pays_through_the_provider_and_a_failed_payment_return
             )),
         "{report}"
     );
+}
+
+/// Waits up to `secs` until all `n` payouts are paid or failed.
+async fn all_final(env: &Env, secs: u64, n: usize) {
+    wait_until(secs, "every payout paid or failed", || async {
+        count(
+            env,
+            "SELECT count(*) FROM settlement.payouts WHERE status IN ('paid', 'failed')",
+        )
+        .await
+            == n as i64
+    })
+    .await;
 }

@@ -16,11 +16,10 @@ use nix::unistd::Pid;
 use settled_testkit::{LocalOptions, LocalPostgres};
 use sqlx::{Connection, PgConnection};
 
-mod workers;
 mod payouts;
+mod workers;
 
 const CREATORS: i64 = 6000;
-
 
 fn options(data_dir: std::path::PathBuf, settings: Vec<String>) -> LocalOptions {
     LocalOptions {
@@ -192,5 +191,17 @@ async fn fail_over(pair: &mut Pair, api: &Server) {
     {
         assert!(Instant::now() < deadline, "serve did not follow the failover");
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn wait_for(url: &str, sql: &str, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut conn = PgConnection::connect(url).await.unwrap();
+        if sqlx::query_scalar::<_, bool>(sql).fetch_one(&mut conn).await.unwrap() {
+            return;
+        }
+        assert!(Instant::now() < deadline, "waited too long for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

@@ -161,18 +161,6 @@ async fn leased_workers_follow_a_failover_and_the_provider_is_paid_once_per_crea
     crash_mid_run_and_promote(true, Mode::Leased).await;
 }
 
-async fn wait_for(url: &str, sql: &str, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let mut conn = PgConnection::connect(url).await.unwrap();
-        if sqlx::query_scalar::<_, bool>(sql).fetch_one(&mut conn).await.unwrap() {
-            return;
-        }
-        assert!(Instant::now() < deadline, "waited too long for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// The fence question. With asynchronous replication a failover loses the
 /// commits the standby had not received; a leased claim among them comes
 /// back on the new primary as a claim with the same attempt number. The

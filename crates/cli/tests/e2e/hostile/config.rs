@@ -31,18 +31,8 @@ async fn a_token_loses_its_trailing_newline_and_one_no_request_could_carry_is_re
         ("s3cret\n\n", "whitespace"),
         ("s3\u{1b}cret", "control"),
     ] {
-        let port = common::free_port().to_string();
-        let mut child = env
-            .cmd(&["serve", "--bind", &format!("127.0.0.1:{port}")])
-            .env("SETTLED_API_TOKEN", token)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let status = tokio::task::block_in_place(|| wait_bounded(&mut child, 20));
-        let mut stderr = String::new();
-        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
-        assert_eq!(status.code(), Some(2), "token {token:?}: {stderr}");
+        let (code, stderr) = serve_refused(&env, "SETTLED_API_TOKEN", token.as_ref()).await;
+        assert_eq!(code, Some(2), "token {token:?}: {stderr}");
         assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
         assert!(
             stderr.contains("SETTLED_API_TOKEN (--api-token)") && stderr.contains(why),

@@ -154,37 +154,6 @@ async fn at_the_cap_a_new_client_evicts_the_oldest_waiting_connection_and_waits_
     );
 }
 
-/// Sends `head` (which announces a body of `content_length` bytes), then
-/// the body one byte every 200 ms until the server answers or closes.
-/// Returns the answer's first bytes and how many body bytes were sent.
-async fn trickle_body(target: &str, head: &str, content_length: usize) -> (String, usize) {
-    let mut conn = TcpStream::connect(target).await.expect("connect");
-    conn.write_all(head.as_bytes()).await.expect("send the head");
-    let mut answer = Vec::new();
-    let mut buf = [0u8; 4096];
-    let mut sent = 0;
-    let give_up = Instant::now() + Duration::from_secs(60);
-    while Instant::now() < give_up {
-        match tokio::time::timeout(Duration::from_millis(200), conn.read(&mut buf)).await {
-            Ok(Ok(0)) | Ok(Err(_)) => break,
-            Ok(Ok(n)) => {
-                answer.extend_from_slice(&buf[..n]);
-                if answer.windows(4).any(|w| w == b"\r\n\r\n") {
-                    break;
-                }
-            }
-            Err(_) if sent < content_length => {
-                if conn.write_all(b"a").await.is_err() {
-                    break;
-                }
-                sent += 1;
-            }
-            Err(_) => {}
-        }
-    }
-    (String::from_utf8_lossy(&answer).into_owned(), sent)
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn slow_bodies_get_401_unread_without_the_token_and_408_with_it_while_healthz_answers_at_the_cap() {
     let env = Env::new().await;

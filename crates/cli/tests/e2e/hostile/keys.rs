@@ -2,20 +2,6 @@
 
 use super::*;
 
-async fn pay(base: &str, key: &str, body: &Value) -> (u16, Value, bool) {
-    let response = reqwest::Client::new()
-        .post(format!("{base}/v1/payouts"))
-        .bearer_auth(TOKEN)
-        .header("Idempotency-Key", key)
-        .json(body)
-        .send()
-        .await
-        .unwrap();
-    let status = response.status().as_u16();
-    let replayed = response.headers().contains_key("idempotent-replayed");
-    (status, response.json().await.unwrap(), replayed)
-}
-
 async fn settled_creator(env: &Env) -> (String, String) {
     env.seed(10);
     env.run_ok(&["worker", "--period", PERIOD]);

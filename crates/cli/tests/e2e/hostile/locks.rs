@@ -76,19 +76,6 @@ async fn lock_pages(env: &Env, server: &Server) -> (String, String) {
     (locks(viewer.trim()).await, locks(TOKEN).await)
 }
 
-async fn metric(base: &str, name: &str) -> f64 {
-    let text = reqwest::get(format!("{base}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn costly_pages_wait_on_their_own_pool_and_share_one_verification_while_payouts_and_healthz_go_on() {
     let env = Env::new().await;

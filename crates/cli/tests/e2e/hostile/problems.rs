@@ -22,21 +22,6 @@ async fn post_retry(
     text(response).await
 }
 
-async fn text(response: reqwest::Response) -> (u16, reqwest::header::HeaderMap, String) {
-    let status = response.status().as_u16();
-    let headers = response.headers().clone();
-    (status, headers, response.text().await.unwrap())
-}
-
-fn assert_problem(what: &str, got: &(u16, reqwest::header::HeaderMap, String), status: u16, kind: &str) -> Value {
-    assert_eq!(got.0, status, "{what}: {}", got.2);
-    assert_eq!(got.1["content-type"], "application/problem+json", "{what}");
-    let body: Value = serde_json::from_str(&got.2).unwrap_or_else(|_| panic!("{what}: {}", got.2));
-    assert_eq!(body["type"], format!("/problems/{kind}"), "{what}: {body}");
-    assert_eq!(body["status"], status, "{what}");
-    body
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn every_error_is_problem_json_every_answer_has_security_headers_and_foreign_hosts_are_refused() {
     let env = Env::new().await;

@@ -4,34 +4,6 @@ use super::*;
 
 const WEBHOOK_SECRET: &str = "whsec-hostile";
 
-/// Sends `head` (announcing a body it never sends) and reads the answer's
-/// head, or what came before the server closed; None after `limit`.
-async fn answer_to_head(target: &str, head: &str, limit: Duration) -> Option<String> {
-    let mut conn = TcpStream::connect(target).await.expect("connect");
-    conn.write_all(head.as_bytes()).await.expect("send the head");
-    let mut answer = Vec::new();
-    let mut buf = [0u8; 4096];
-    let deadline = Instant::now() + limit;
-    loop {
-        let left = deadline.checked_duration_since(Instant::now())?;
-        match tokio::time::timeout(left, conn.read(&mut buf)).await {
-            Ok(Ok(0)) | Ok(Err(_)) => break,
-            Ok(Ok(n)) => {
-                answer.extend_from_slice(&buf[..n]);
-                if answer.windows(4).any(|w| w == b"\r\n\r\n") {
-                    // The problem's body follows in the same write or the next.
-                    let _ = tokio::time::timeout(Duration::from_millis(200), conn.read(&mut buf))
-                        .await
-                        .map(|r| r.map(|n| answer.extend_from_slice(&buf[..n])));
-                    break;
-                }
-            }
-            Err(_) => return None,
-        }
-    }
-    Some(String::from_utf8_lossy(&answer).into_owned())
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn webhooks_with_a_bad_or_stale_signature_header_are_refused_before_their_body_while_healthz_answers() {
     let env = Env::new().await;

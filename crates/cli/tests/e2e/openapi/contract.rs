@@ -56,7 +56,12 @@ impl Contract {
         self.send_by(&reqwest::Client::new(), template, request).await
     }
 
-    pub(super) async fn send_by(&mut self, client: &reqwest::Client, template: &str, request: RequestBuilder) -> (u16, Value) {
+    pub(super) async fn send_by(
+        &mut self,
+        client: &reqwest::Client,
+        template: &str,
+        request: RequestBuilder,
+    ) -> (u16, Value) {
         let request = request.build().unwrap();
         let method = request.method().as_str().to_ascii_lowercase();
         let answer = client.execute(request).await.unwrap();

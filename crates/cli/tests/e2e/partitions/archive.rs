@@ -2,11 +2,6 @@
 
 use super::*;
 
-fn seed_and_settle(env: &Env, period: &str, creators: &str) {
-    env.run_ok(&["seed", "--period", period, "--creators", creators]);
-    env.run_ok(&["run", "--period", period, "--wait"]);
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn archive_round_trips_through_verify_refuses_unfinished_periods_and_an_archived_period_is_never_paid_again() {
     let env = Env::new().await;

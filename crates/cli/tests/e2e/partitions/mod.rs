@@ -10,10 +10,10 @@ use std::path::Path;
 use common::{wait_bounded, wait_until, Env, ProviderSim, LEASED_FAST, PERIOD};
 use settled_testkit::{CommitFault, FaultPlan, PgProxy};
 
-mod migrate;
 mod archive;
-mod locks;
 mod commit;
+mod locks;
+mod migrate;
 
 /// The migrations before the partitioning one, both crates', in version order.
 async fn migrate_to_unpartitioned(env: &Env) {
@@ -73,4 +73,9 @@ async fn wait_for_one_archived(env: &Env) {
         }
     })
     .await;
+}
+
+fn seed_and_settle(env: &Env, period: &str, creators: &str) {
+    env.run_ok(&["seed", "--period", period, "--creators", creators]);
+    env.run_ok(&["run", "--period", period, "--wait"]);
 }

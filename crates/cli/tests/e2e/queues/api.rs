@@ -11,27 +11,6 @@ async fn get(client: &reqwest::Client, url: &str) -> (u16, Value) {
     (status, r.json().await.unwrap())
 }
 
-async fn post(client: &reqwest::Client, url: &str, token: Option<&str>, body: Option<&str>) -> (u16, Value) {
-    let mut request = client.post(url);
-    if let Some(token) = token {
-        request = request.bearer_auth(token);
-    }
-    if let Some(body) = body {
-        request = request
-            .header("Content-Type", "application/json")
-            .body(body.to_string());
-    }
-    let r = request.send().await.unwrap();
-    let status = r.status().as_u16();
-    if status >= 400 {
-        assert_eq!(r.headers()["content-type"], "application/problem+json");
-    }
-    if status == 401 {
-        assert_eq!(r.headers()["www-authenticate"], "Bearer realm=\"settled\"");
-    }
-    (status, r.json().await.unwrap())
-}
-
 /// Sends a request head that announces a body and never sends it; the answer.
 async fn head_only(server: &Server, path: &str) -> String {
     let target = server.base.trim_start_matches("http://").to_string();

@@ -17,8 +17,8 @@ use settled_engine::{NewJob, Queue};
 use sqlx::Connection;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-mod cli;
 mod api;
+mod cli;
 mod dashboard;
 mod tables;
 
@@ -97,4 +97,25 @@ fn queues(env: &Env, args: &[&str]) -> (i32, String, String) {
 
 fn rfc3339(at: chrono::DateTime<Utc>) -> String {
     at.to_rfc3339_opts(SecondsFormat::Secs, true)
+}
+
+async fn post(client: &reqwest::Client, url: &str, token: Option<&str>, body: Option<&str>) -> (u16, Value) {
+    let mut request = client.post(url);
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    if let Some(body) = body {
+        request = request
+            .header("Content-Type", "application/json")
+            .body(body.to_string());
+    }
+    let r = request.send().await.unwrap();
+    let status = r.status().as_u16();
+    if status >= 400 {
+        assert_eq!(r.headers()["content-type"], "application/problem+json");
+    }
+    if status == 401 {
+        assert_eq!(r.headers()["www-authenticate"], "Bearer realm=\"settled\"");
+    }
+    (status, r.json().await.unwrap())
 }

@@ -14,8 +14,8 @@ use common::{free_port, wait_until, Env, ProviderSim, Server, PERIOD};
 use serde_json::{json, Value};
 
 mod mismatches;
-mod verify;
 mod queue;
+mod verify;
 
 const TOKEN: &str = "test-token";
 const SECRET: &str = "whsec-test";
@@ -40,17 +40,7 @@ async fn point_webhooks(sim: &ProviderSim, server: &Server) {
 
 /// `settled deliver`, looking up payouts sent a second ago.
 fn deliver(env: &Env, sim: &ProviderSim) -> Child {
-    env.deliver(
-        &sim.url,
-        &[
-            "--provider-timeout-ms",
-            "500",
-            "--poll-after-secs",
-            "1",
-            "--batch",
-            "10",
-        ],
-    )
+    env.deliver(&sim.url, common::QUICK_LOOKUPS)
 }
 
 fn stop(mut child: Child) {
@@ -138,4 +128,13 @@ async fn pay_directly(sim: &ProviderSim, key: &str, creator: &str, amount: &str,
         .await
         .unwrap();
     assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
+}
+
+/// The provider key settled sends for payout `id`.
+async fn key_of(env: &Env, id: i64) -> String {
+    sqlx::query_scalar("SELECT provider_key FROM settlement.payouts WHERE id = $1")
+        .bind(id)
+        .fetch_one(&env.pool)
+        .await
+        .unwrap()
 }

@@ -64,6 +64,14 @@ async fn storm_client(bases: Vec<String>, creators: Vec<String>, client_no: usiz
     made
 }
 
+/// `settled verify --payouts`, which must fail: its report.
+fn verify_payouts_fails(env: &Env) -> String {
+    let out = env.run(&["verify", "--payouts"]);
+    let report = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{report}");
+    report
+}
+
 fn verify_payouts_ok(env: &Env, extra: &[&str]) {
     let mut args = vec!["verify", "--payouts"];
     args.extend_from_slice(extra);
@@ -152,9 +160,7 @@ async fn verify_payouts_holds_through_a_storm_and_names_a_tampered_balance_and_h
         .execute(&env.pool)
         .await
         .unwrap();
-    let out = env.run(&["verify", "--payouts"]);
-    let report = text(&out);
-    assert_eq!(out.status.code(), Some(1), "{report}");
+    let report = verify_payouts_fails(&env);
     assert!(report.contains("[FAIL] balances_equal_ledger"), "{report}");
     assert!(report.contains(&format!("- {victim} has balance")), "{report}");
     assert!(report.contains("[FAIL] payout_totals"), "{report}");
@@ -173,9 +179,7 @@ async fn verify_payouts_holds_through_a_storm_and_names_a_tampered_balance_and_h
     .execute(&env.pool)
     .await
     .unwrap();
-    let out = env.run(&["verify", "--payouts"]);
-    let report = text(&out);
-    assert_eq!(out.status.code(), Some(1), "{report}");
+    let report = verify_payouts_fails(&env);
     let named = report
         .lines()
         .find(|l| l.contains(&format!("- payout {paid} is paid: step ")))
@@ -188,13 +192,4 @@ async fn verify_payouts_holds_through_a_storm_and_names_a_tampered_balance_and_h
         report.contains("[FAIL] payout_histories_lead_to_their_states"),
         "{report}"
     );
-}
-
-/// The provider key settled sends for payout `id`.
-async fn key_of(env: &Env, id: i64) -> String {
-    sqlx::query_scalar("SELECT provider_key FROM settlement.payouts WHERE id = $1")
-        .bind(id)
-        .fetch_one(&env.pool)
-        .await
-        .unwrap()
 }
