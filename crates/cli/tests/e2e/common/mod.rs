@@ -593,3 +593,20 @@ pub(crate) const QUICK_LOOKUPS: &[&str] = &[
     "--batch",
     "10",
 ];
+
+/// Schema `jobs` and in it the engine's table of queue `mail` (`jobs.mail`),
+/// granted as an application grants its queue table.
+pub(crate) async fn mail_queue(conn: &mut sqlx::PgConnection) -> settled_engine::Queue {
+    sqlx::query("CREATE SCHEMA jobs").execute(&mut *conn).await.unwrap();
+    let queue = settled_engine::Queue::new("mail", "jobs.mail").unwrap();
+    queue.create_table(&mut *conn).await.unwrap();
+    sqlx::raw_sql(
+        "GRANT USAGE ON SCHEMA jobs TO settled_api, settled_readonly;
+         GRANT SELECT ON jobs.mail TO settled_readonly;
+         GRANT SELECT, UPDATE ON jobs.mail TO settled_api;",
+    )
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    queue
+}

@@ -148,9 +148,7 @@ pub(super) fn authed(client: &reqwest::Client, method: Method, server: &Server, 
 /// `ghost` whose table is missing.
 pub(super) async fn make_queues(env: &Env) {
     let mut conn = env.pool.acquire().await.unwrap();
-    sqlx::query("CREATE SCHEMA jobs").execute(&mut *conn).await.unwrap();
-    let queue = Queue::new("mail", "jobs.mail").unwrap();
-    queue.create_table(&mut conn).await.unwrap();
+    let queue = common::mail_queue(&mut conn).await;
     let jobs: Vec<NewJob> = ["r1", "r2", "r3", "p1", "d1", "d2"]
         .into_iter()
         .map(NewJob::new)
@@ -162,10 +160,7 @@ pub(super) async fn make_queues(env: &Env) {
          UPDATE jobs.mail SET status = 'failed', attempt = 3, last_error = 'smtp 550',
                 errors = jsonb_build_array(jsonb_build_object('attempt', 3, 'at', now(), 'error', 'smtp 550')),
                 updated_at = now() - interval '2 hours' WHERE key IN ('d1', 'd2');
-         INSERT INTO settled_engine.queues (name, table_name) VALUES ('ghost', 'jobs.ghost');
-         GRANT USAGE ON SCHEMA jobs TO settled_api, settled_readonly;
-         GRANT SELECT ON jobs.mail TO settled_readonly;
-         GRANT SELECT, UPDATE ON jobs.mail TO settled_api;",
+         INSERT INTO settled_engine.queues (name, table_name) VALUES ('ghost', 'jobs.ghost');",
     )
     .execute(&mut *conn)
     .await

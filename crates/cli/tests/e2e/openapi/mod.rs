@@ -14,7 +14,7 @@ use std::collections::BTreeSet;
 use common::{wait_until, Env, ProviderSim, Server};
 use reqwest::{Method, RequestBuilder};
 use serde_json::{json, Value};
-use settled_engine::{NewJob, Queue};
+use settled_engine::NewJob;
 
 mod contract;
 mod patterns;

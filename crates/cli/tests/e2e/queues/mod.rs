@@ -32,9 +32,7 @@ const TOKEN: &str = "queue-t0ken";
 async fn queue_env() -> Env {
     let env = Env::new().await;
     let mut conn = env.pool.acquire().await.unwrap();
-    sqlx::query("CREATE SCHEMA jobs").execute(&mut *conn).await.unwrap();
-    let queue = Queue::new("mail", "jobs.mail").unwrap();
-    queue.create_table(&mut conn).await.unwrap();
+    let queue = common::mail_queue(&mut conn).await;
     let later = Utc::now() + chrono::Duration::hours(1);
     let jobs: Vec<NewJob> = ["r1", "r2", "r3", "p1", "d1", "d2", "done1"]
         .into_iter()
@@ -52,10 +50,7 @@ async fn queue_env() -> Env {
                 updated_at = now() - interval '2 hours' WHERE key = 'd1';
          UPDATE jobs.mail SET status = 'failed', attempt = 3, last_error = 'timeout after 30 s',
                 updated_at = now() - interval '10 minutes' WHERE key = 'd2';
-         UPDATE jobs.mail SET status = 'settled', attempt = 1 WHERE key = 'done1';
-         GRANT USAGE ON SCHEMA jobs TO settled_api, settled_readonly;
-         GRANT SELECT ON jobs.mail TO settled_readonly;
-         GRANT SELECT, UPDATE ON jobs.mail TO settled_api;",
+         UPDATE jobs.mail SET status = 'settled', attempt = 1 WHERE key = 'done1';",
     )
     .execute(&mut *conn)
     .await
