@@ -4,12 +4,7 @@
 
 use crate::common;
 
-use common::Env;
-
-/// Both end-to-end benches count the server's `settled_bench_%` databases
-/// to show nothing is left behind, so they take turns: one bench's live
-/// case databases are not the other's leftovers.
-static ONE_BENCH_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+use common::{Env, ONE_BENCH_AT_A_TIME};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_measures_every_strategy_and_verifies_each_case() {

@@ -4,7 +4,7 @@
 
 use crate::common;
 
-use common::Env;
+use common::{Env, ONE_BENCH_AT_A_TIME};
 use serde_json::Value;
 
 const BACKLOG: u64 = 12;
@@ -13,6 +13,7 @@ const SAMPLES: u64 = 3;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_chain_bench_reports_throughput_gas_block_fill_and_broadcast_latency() {
+    let _turn = ONE_BENCH_AT_A_TIME.lock().await;
     let env = Env::new().await;
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("chain.json");

@@ -8,6 +8,7 @@ use common::Env;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_continuous_measures_settled_in_both_modes_and_writes_its_json() {
+    let _turn = common::ONE_BENCH_AT_A_TIME.lock().await;
     let env = Env::unmigrated().await;
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("continuous.json");

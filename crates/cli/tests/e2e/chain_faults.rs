@@ -4,7 +4,13 @@
 //! its nonce, and whichever attempt is mined (the replacement, or the
 //! original after the replacement was signed) is the one that counts; a
 //! reorg takes an included transfer out of the chain, and it is sent again
-//! and paid once. Each test checks from the chain's `Transfer` logs.
+//! and paid once. A nonce the node counts mined with no receipt for any
+//! attempt is never replaced: the transaction that spent it is found in
+//! the blocks (settled's own attempt: paid on its Transfer logs; a
+//! transaction of the hot wallet not settled's: the payout signed again
+//! under a new nonce and paid once), or, the node's history lost, the
+//! transaction waits for an operator and reconcile names it. Each test
+//! checks from the chain's `Transfer` logs.
 
 use crate::chain_support;
 use crate::common;
@@ -12,7 +18,9 @@ use crate::common;
 use std::time::Duration;
 
 use alloy_primitives::{Address, U256};
-use chain_support::{count, deliver, queued_payouts, rpc, Broadcasts, Deliverer, RpcProxy, TestChain};
+use chain_support::{
+    count, deliver, hide, queued_payouts, rpc, Broadcasts, Deliverer, RpcProxy, TestChain, HOT_WALLET,
+};
 use common::{wait_until, Env};
 use serde_json::json;
 
@@ -293,4 +301,208 @@ async fn a_transfer_waiting_behind_a_lower_nonce_at_the_market_price_is_not_repl
     let mut expected: Vec<(Address, U256)> = made.iter().map(|m| (m.1, U256::from(1000u32))).collect();
     expected.sort();
     assert_eq!(transfers, expected, "each paid once");
+}
+
+/// The payouts in `status`.
+async fn payouts_in(env: &Env, status: &str) -> i64 {
+    count(
+        env,
+        &format!("SELECT count(*) FROM settlement.payouts WHERE status = '{status}'"),
+    )
+    .await
+}
+
+/// Long enough for the follower of heads (every 500 ms) to act many times,
+/// past the grace of a spent nonce with no receipt (5 s).
+const PAST_THE_GRACE: Duration = Duration::from_secs(7);
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_nonce_spent_by_a_transaction_not_settleds_is_not_replaced_and_its_payout_is_paid_once_under_a_new_nonce() {
+    let env = Env::new().await;
+    let made = queued_payouts(&env, 1).await;
+    let chain = TestChain::start(&["--no-mining"], "TestToken", Address::repeat_byte(0xee)).await;
+    let hot: Address = HOT_WALLET.parse().unwrap();
+    let before = chain.balance_of(hot).await;
+    let mut deliverer = deliver(&env, &chain, &chain.url(), 2, &["--replace-after-secs", "1"]);
+    wait_until(60, "the transfer broadcast", || async {
+        count(
+            &env,
+            "SELECT count(*) FROM settlement.chain_txs WHERE nonce = 0 AND state = 'broadcast'",
+        )
+        .await
+            == 1
+    })
+    .await;
+    // The hot wallet's key used elsewhere: settled's transfer gone from the
+    // node's pool, and a transaction of the same wallet under the same
+    // nonce mined instead (fees over settled's cap, so it also replaces
+    // any attempt settled sends meanwhile).
+    let ours = env
+        .scalar_text("SELECT a.hash FROM settlement.chain_tx_attempts a JOIN settlement.chain_txs t ON t.id = a.tx_id WHERE t.nonce = 0 ORDER BY a.attempt DESC LIMIT 1")
+        .await;
+    rpc(&chain.url(), "anvil_dropTransaction", json!([ours])).await;
+    let elsewhere = rpc(
+        &chain.url(),
+        "eth_sendTransaction",
+        json!([{"from": HOT_WALLET, "to": format!("{:#x}", Address::repeat_byte(0x42)), "value": "0x1",
+                "nonce": "0x0", "gas": "0x5208",
+                "maxFeePerGas": format!("{:#x}", 1_000 * GWEI), "maxPriorityFeePerGas": format!("{:#x}", 100 * GWEI)}]),
+    )
+    .await;
+    let elsewhere = elsewhere.as_str().unwrap().to_string();
+    mine(&chain).await;
+    assert_eq!(chain.mined_nonce().await, 1, "nonce 0 spent by the other transaction");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let attempts_spent = attempts_of_nonce(&env, 0).await;
+    tokio::time::sleep(PAST_THE_GRACE).await;
+    mine_until(
+        &env,
+        &chain,
+        90,
+        "paid",
+        "SELECT count(*) FROM settlement.payouts WHERE status = 'paid'",
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    common::stop(&mut deliverer);
+    assert_eq!(
+        attempts_of_nonce(&env, 0).await,
+        attempts_spent,
+        "no attempt signed under the nonce once it was spent"
+    );
+    assert!(attempts_spent <= 3, "a few attempts at most: {attempts_spent}");
+    let (state, mined, why): (String, String, String) =
+        sqlx::query_as("SELECT state, mined_hash, given_up_why FROM settlement.chain_txs WHERE nonce = 0")
+            .fetch_one(&env.pool)
+            .await
+            .unwrap();
+    assert_eq!(state, "filled", "the other transaction stands for a filler");
+    assert_eq!(mined, elsewhere);
+    assert!(why.contains("not settled's"), "{why}");
+    assert_eq!(
+        env.scalar_text("SELECT state FROM settlement.chain_txs WHERE nonce = 1")
+            .await,
+        "confirmed",
+        "paid under the next nonce"
+    );
+    assert_eq!(count(&env, "SELECT count(*) FROM settlement.chain_txs").await, 2);
+    assert_eq!(payouts_in(&env, "failed").await, 0);
+    paid_once(&env, &chain, made[0].1).await;
+    assert_eq!(chain.balance_of(hot).await, before - U256::from(1000u32), "paid once");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_attempt_mined_whose_receipt_the_node_never_gives_is_found_in_its_block_and_paid_on_its_transfer_logs() {
+    let env = Env::new().await;
+    let made = queued_payouts(&env, 1).await;
+    let chain = TestChain::start(&["--no-mining"], "TestToken", Address::repeat_byte(0xee)).await;
+    let proxy = RpcProxy::start(chain.url()).await;
+    proxy.hide(hide::RECEIPTS);
+    let mut deliverer = deliver(&env, &chain, &proxy.url, 2, &["--replace-after-secs", "1"]);
+    wait_until(60, "the transfer broadcast", || async {
+        count(
+            &env,
+            "SELECT count(*) FROM settlement.chain_txs WHERE state = 'broadcast'",
+        )
+        .await
+            == 1
+    })
+    .await;
+    mine(&chain).await;
+    assert_eq!(chain.mined_nonce().await, 1);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let attempts_spent = attempts_of_nonce(&env, 0).await;
+    mine_until(
+        &env,
+        &chain,
+        90,
+        "paid",
+        "SELECT count(*) FROM settlement.payouts WHERE status = 'paid'",
+    )
+    .await;
+    common::stop(&mut deliverer);
+    let (attempts, mined) = attempts_and_mined(&env).await;
+    assert_eq!(
+        attempts.len() as i64,
+        attempts_spent,
+        "not replaced once spent: {attempts:?}"
+    );
+    assert!(
+        attempts.contains(&mined.clone().unwrap()),
+        "one of its attempts: {mined:?}"
+    );
+    assert_eq!(
+        env.scalar_text("SELECT state FROM settlement.chain_txs").await,
+        "confirmed"
+    );
+    assert_eq!(
+        count(&env, "SELECT count(*) FROM settlement.chain_txs").await,
+        1,
+        "nothing signed again"
+    );
+    paid_once(&env, &chain, made[0].1).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_spent_nonce_the_node_has_no_history_of_waits_for_an_operator_and_its_payout_stays_sent() {
+    let env = Env::new().await;
+    let made = queued_payouts(&env, 1).await;
+    let chain = TestChain::start(&["--no-mining"], "TestToken", Address::repeat_byte(0xee)).await;
+    let proxy = RpcProxy::start(chain.url()).await;
+    proxy.hide(hide::RECEIPTS | hide::BLOCK_TRANSACTIONS);
+    let mut deliverer = deliver(&env, &chain, &proxy.url, 2, &["--replace-after-secs", "1"]);
+    wait_until(60, "the transfer broadcast", || async {
+        count(
+            &env,
+            "SELECT count(*) FROM settlement.chain_txs WHERE state = 'broadcast'",
+        )
+        .await
+            == 1
+    })
+    .await;
+    mine(&chain).await;
+    for _ in 0..3 {
+        mine(&chain).await;
+    }
+    wait_until(60, "the transaction marked for an operator", || async {
+        count(
+            &env,
+            "SELECT count(*) FROM settlement.chain_txs WHERE awaiting_operator_at IS NOT NULL",
+        )
+        .await
+            == 1
+    })
+    .await;
+    let why = env
+        .scalar_text("SELECT awaiting_operator_why FROM settlement.chain_txs")
+        .await;
+    assert!(why.contains("nonce 0") && why.contains("no receipt"), "{why}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(payouts_in(&env, "sent").await, 1, "neither paid nor failed");
+    assert_eq!(
+        env.scalar_text("SELECT state FROM settlement.chain_txs").await,
+        "broadcast"
+    );
+    assert_eq!(attempts_of_nonce(&env, 0).await, 1, "never replaced");
+    let token = format!("{:#x}", chain.token);
+    let out = env.run(&["reconcile", "--chain-rpc-url", &proxy.url, "--token-address", &token]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains(&format!("payout {}: sent, neither paid nor failed", made[0].0))
+            && text.contains("waits for an operator"),
+        "{text}"
+    );
+    // The node's receipts back: the receipt moves it as usual.
+    proxy.hide(0);
+    mine_until(
+        &env,
+        &chain,
+        60,
+        "paid",
+        "SELECT count(*) FROM settlement.payouts WHERE status = 'paid'",
+    )
+    .await;
+    common::stop(&mut deliverer);
+    paid_once(&env, &chain, made[0].1).await;
 }

@@ -257,9 +257,10 @@ async fn settle(env: &Env, chain: &TestChain, seed: u64) {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let left: Vec<String> = sqlx::query_scalar(
-        "SELECT format('nonce %s %s, %s attempt(s), signed %s s ago', t.nonce, t.state,
+        "SELECT format('nonce %s %s, %s attempt(s), signed %s s ago%s', t.nonce, t.state,
                        (SELECT count(*) FROM settlement.chain_tx_attempts a WHERE a.tx_id = t.id),
-                       round(extract(epoch FROM now() - t.created_at)))
+                       round(extract(epoch FROM now() - t.created_at)),
+                       coalesce('; waits for an operator: ' || t.awaiting_operator_why, ''))
          FROM settlement.chain_txs t WHERE t.state NOT IN ('confirmed', 'reverted', 'filled')
          ORDER BY t.nonce LIMIT 10",
     )

@@ -193,7 +193,7 @@ async fn a_browser_sees_the_run_advance_and_a_waiting_backend_in_the_lock_view()
         .await;
     });
     common::wait_until(30, "C to wait", || async {
-        env.scalar_i64("SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database WHERE NOT l.granted AND d.datname = current_database()").await > 0
+        env.scalar_i64("SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid WHERE NOT l.granted AND a.datname = current_database()").await > 0
     })
     .await;
     let dom = browse(

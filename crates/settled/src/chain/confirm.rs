@@ -1,7 +1,10 @@
 //! Following heads: every transaction of the hot wallet in flight is
 //! looked at each round. Not mined: any of its attempts' receipts makes it
 //! included (whichever attempt was mined counts); otherwise it is sent
-//! again when never sent or sent long ago. Included: if its block is no
+//! again when never sent or sent long ago. A nonce the node counts mined
+//! with no receipt for any attempt is never replaced (no attempt under it
+//! can be mined any more): the transaction that spent it is searched for in
+//! the blocks (`spent.rs`). Included: if its block is no
 //! longer the canonical block at that height, a reorg took it out, and it
 //! goes back to broadcast and is sent again; once its block has the
 //! confirmation depth on it, it is confirmed (its payouts paid) or
@@ -19,6 +22,7 @@ use sqlx::PgPool;
 use super::broadcast::{self, Sent};
 use super::rail::reverted_reason;
 use super::rpc::Receipt;
+use super::spent::{self, Found};
 use super::store::{self, ChainTx, TxState};
 use super::{give_up, sign, Chain, REBROADCAST_AFTER};
 use crate::payouts::{apply_words, ProviderWord, Source};
@@ -46,6 +50,10 @@ pub struct Round {
     pub filled: usize,
     /// Given up because the node refused their bytes as never valid.
     pub given_up: usize,
+    /// Whose nonce a transaction not settled's spent (found in a block).
+    pub spent_elsewhere: usize,
+    /// Marked for an operator: a spent nonce settled cannot account for.
+    pub awaiting_operator: usize,
 }
 
 /// Follows heads every `every` until aborted.
@@ -66,8 +74,10 @@ pub async fn round(pool: &PgPool, chain: &Chain) -> anyhow::Result<Round> {
         let mut conn = pool.acquire().await?;
         store::in_flight(&mut conn, chain.chain_id, chain.wallet.address()).await?
     };
-    let head = chain.rpc.block_number().await?;
+    // The count first: a nonce it says is spent was spent at or before `head`.
     let mined = chain.rpc.nonce(chain.wallet.address(), "latest").await?;
+    let head = chain.rpc.block_number().await?;
+    spent::keep_only(chain, &txs.iter().map(|t| t.id).collect::<Vec<_>>());
     let mut done = Round {
         in_flight: txs.len(),
         ..Round::default()
@@ -77,7 +87,7 @@ pub async fn round(pool: &PgPool, chain: &Chain) -> anyhow::Result<Round> {
     let mut canonical = HashMap::new();
     for tx in txs {
         match tx.state {
-            TxState::Signed | TxState::Broadcast => not_mined(pool, chain, &tx, mined, &mut done).await?,
+            TxState::Signed | TxState::Broadcast => not_mined(pool, chain, &tx, mined, head, &mut done).await?,
             TxState::Included => included(pool, chain, &tx, head, &mut canonical, &mut done).await?,
             TxState::Confirmed | TxState::Reverted | TxState::Filled => {}
         }
@@ -96,36 +106,38 @@ async fn mined_receipt(chain: &Chain, tx: &ChainTx) -> anyhow::Result<Option<Rec
 }
 
 /// `tx`, not found mined; `mined` is the node's count of the wallet's
-/// mined transactions (the lowest nonce not mined).
-async fn not_mined(pool: &PgPool, chain: &Chain, tx: &ChainTx, mined: u64, done: &mut Round) -> anyhow::Result<()> {
+/// mined transactions (the lowest nonce not mined), `head` the newest block.
+async fn not_mined(
+    pool: &PgPool,
+    chain: &Chain,
+    tx: &ChainTx,
+    mined: u64,
+    head: u64,
+    done: &mut Round,
+) -> anyhow::Result<()> {
     // A nonce at or past the node's count of mined transactions has no
     // mined attempt: its receipts are not asked for (a backlog of hundreds
     // in flight costs one call a round, not one per attempt).
-    let receipt = if (tx.nonce as u64) < mined {
-        mined_receipt(chain, tx).await?
-    } else {
-        None
-    };
+    let spent = (tx.nonce as u64) < mined;
+    let receipt = if spent { mined_receipt(chain, tx).await? } else { None };
     if let Some(receipt) = receipt {
-        let mut db = pool.begin().await?;
+        spent::forget(chain, tx.id);
         let number = receipt.block_number.to::<u64>();
-        if store::mark_included(
-            &mut db,
-            tx.id,
-            tx.state,
-            number,
-            receipt.block_hash,
-            receipt.transaction_hash,
-        )
-        .await?
-        {
-            move_payouts(&mut db, chain, tx.id, Word::Pending).await?;
-            db.commit().await?;
+        if include(pool, chain, tx, number, receipt.block_hash, receipt.transaction_hash).await? {
             done.included += 1;
         }
         return Ok(());
     }
-    if tx.state == TxState::Broadcast
+    // Spent, and no attempt's receipt: no attempt signed under this nonce
+    // can be mined any more, so it is neither replaced nor sent again (a
+    // transaction never sent is sent once, which records it broadcast and
+    // its payouts sent; the node answers that its nonce is spent). The
+    // transaction that spent it is searched for instead.
+    if spent && tx.state == TxState::Broadcast {
+        return spent_nonce(pool, chain, tx, head, done).await;
+    }
+    if !spent
+        && tx.state == TxState::Broadcast
         && tx.since_signed_ms >= chain.replace_after.as_millis() as i64
         && replace(pool, chain, tx, mined).await?
     {
@@ -138,6 +150,78 @@ async fn not_mined(pool: &PgPool, chain: &Chain, tx: &ChainTx, mined: u64, done:
     if tx.state == TxState::Signed || due {
         done.broadcast += 1;
         rebroadcast(pool, chain, tx, done).await?;
+    }
+    Ok(())
+}
+
+/// Records `tx` (in its state as read) mined: attempt `hash` in block
+/// `number` (hash `block`), its payouts pending. False when another process
+/// moved it first.
+async fn include(
+    pool: &PgPool,
+    chain: &Chain,
+    tx: &ChainTx,
+    number: u64,
+    block: B256,
+    hash: B256,
+) -> anyhow::Result<bool> {
+    let mut db = pool.begin().await?;
+    if !store::mark_included(&mut db, tx.id, tx.state, number, block, hash).await? {
+        return Ok(false);
+    }
+    move_payouts(&mut db, chain, tx.id, Word::Pending).await?;
+    db.commit().await?;
+    Ok(true)
+}
+
+/// `tx`'s nonce is spent and none of its attempts has a receipt: one step
+/// of the search for the transaction that spent it ([`spent::look`]).
+/// One of its attempts: included at that block, as if its receipt had been
+/// found. A transaction not settled's: `tx` is given up (that transaction
+/// stands for its filler) and included at that block under that hash, so
+/// that at depth it is filled and its payouts signed again under new
+/// nonces, as after a filler ([`at_depth`]). Not found: marked for an
+/// operator, its payouts left sent.
+async fn spent_nonce(pool: &PgPool, chain: &Chain, tx: &ChainTx, head: u64, done: &mut Round) -> anyhow::Result<()> {
+    if tx.awaiting_operator {
+        return Ok(());
+    }
+    match spent::look(chain, tx, head).await? {
+        Found::Looking => {}
+        Found::Mined { number, block, hash } if tx.has_attempt(hash) => {
+            if include(pool, chain, tx, number, block, hash).await? {
+                tracing::warn!(tx = tx.id, nonce = tx.nonce, block = number, hash = %hash,
+                               "no receipt, but one of its attempts is in a canonical block: included");
+                done.included += 1;
+            }
+        }
+        Found::Mined { number, block, hash } => {
+            let why = format!(
+                "nonce {} spent by transaction {} (block {number}), not settled's: the hot wallet's key was used elsewhere",
+                tx.nonce,
+                store::hex(hash)
+            );
+            let mut db = pool.begin().await?;
+            store::mark_given_up(&mut db, tx.id, &why).await?;
+            if store::mark_included(&mut db, tx.id, tx.state, number, block, hash).await? {
+                db.commit().await?;
+                tracing::error!(tx = tx.id, nonce = tx.nonce, block = number, hash = %hash, why,
+                                "nonce spent outside settled: its payouts are signed again once that transaction is at depth");
+                done.spent_elsewhere += 1;
+            }
+        }
+        Found::Lost(why) => {
+            let mut conn = pool.acquire().await?;
+            if store::mark_awaiting_operator(&mut conn, tx.id, &why).await? {
+                tracing::error!(
+                    tx = tx.id,
+                    nonce = tx.nonce,
+                    why,
+                    "a spent nonce settled cannot account for: waiting for an operator; its payouts stay sent"
+                );
+                done.awaiting_operator += 1;
+            }
+        }
     }
     Ok(())
 }
@@ -240,6 +324,12 @@ async fn included(
         true => chain.rpc.receipt(mined_hash).await?,
         false => None,
     };
+    // The canonical block at its height is the block it was found in (the
+    // block's hash fixes its transactions): with no receipt for it at depth,
+    // it is still there, and its outcome is read from other evidence.
+    if at_height == Some(block) && deep_enough && receipt.is_none() {
+        return without_receipt(pool, chain, tx, block, mined_hash, done).await;
+    }
     let still_there =
         at_height == Some(block) && (!deep_enough || receipt.as_ref().is_some_and(|r| r.block_hash == block));
     if !still_there {
@@ -255,25 +345,135 @@ async fn included(
     if !deep_enough {
         return Ok(());
     }
-    at_depth(pool, chain, tx, block, receipt.expect("checked above"), done).await
+    let receipt = receipt.expect("checked above");
+    at_depth(
+        pool,
+        chain,
+        tx,
+        block,
+        receipt.transaction_hash,
+        receipt.succeeded(),
+        done,
+    )
+    .await
+}
+
+/// `tx`, mined as `mined_hash` in block `block` (canonical, at depth), and
+/// the node has no receipt for it. A filler, or a transaction not
+/// settled's: whatever its outcome, the nonce is spent by it, and `tx` is
+/// filled. One of its own transfers: it succeeded only if the token's
+/// `Transfer` logs of that transaction in that block show every payout's
+/// transfer (recipient and amount, each once, nothing else); otherwise
+/// nothing is assumed and it is marked for an operator, its payouts left
+/// sent.
+async fn without_receipt(
+    pool: &PgPool,
+    chain: &Chain,
+    tx: &ChainTx,
+    block: B256,
+    mined_hash: B256,
+    done: &mut Round,
+) -> anyhow::Result<()> {
+    if tx.filler_mined(mined_hash) || !tx.has_attempt(mined_hash) {
+        return at_depth(pool, chain, tx, block, mined_hash, true, done).await;
+    }
+    if tx.awaiting_operator {
+        return Ok(());
+    }
+    let paid = {
+        let mut conn = pool.acquire().await?;
+        store::payouts_of(&mut conn, tx.id).await?
+    };
+    let wanted: Vec<Transfer> = paid
+        .iter()
+        .filter(|p| !p.given_up)
+        .map(|p| (p.recipient, p.amount.as_u256()))
+        .collect();
+    let transfers = transfers_in(chain, block, mined_hash).await?;
+    let shown = transfers.len();
+    let (missing, unexplained) = unmatched(wanted, &transfers);
+    if missing == 0 && unexplained == 0 {
+        tracing::warn!(tx = tx.id, nonce = tx.nonce, hash = %mined_hash,
+                       "no receipt at depth; its Transfer logs show every payout's transfer: confirmed");
+        return at_depth(pool, chain, tx, block, mined_hash, true, done).await;
+    }
+    let why = format!(
+        "attempt {} mined in block {} and at depth, but the node has no receipt for it and the token's          Transfer logs of it show {shown} transfers ({} of its payouts' missing, {unexplained} unexplained):          its outcome is not known",
+        store::hex(mined_hash),
+        store::hex(block),
+        missing
+    );
+    let mut conn = pool.acquire().await?;
+    if store::mark_awaiting_operator(&mut conn, tx.id, &why).await? {
+        tracing::error!(
+            tx = tx.id,
+            nonce = tx.nonce,
+            why,
+            "waiting for an operator; its payouts stay sent"
+        );
+        done.awaiting_operator += 1;
+    }
+    Ok(())
+}
+
+/// A token transfer from the hot wallet: (recipient, amount).
+type Transfer = (alloy_primitives::Address, alloy_primitives::U256);
+
+/// `wanted` (a transaction's payouts) against `shown` (its transfers),
+/// one to one: how many payouts no transfer shows, and how many transfers
+/// no payout explains.
+fn unmatched(mut wanted: Vec<Transfer>, shown: &[Transfer]) -> (usize, usize) {
+    let mut unexplained = 0;
+    for transfer in shown {
+        match wanted.iter().position(|w| w == transfer) {
+            Some(i) => {
+                wanted.swap_remove(i);
+            }
+            None => unexplained += 1,
+        }
+    }
+    (wanted.len(), unexplained)
+}
+
+/// The token's transfers from the hot wallet made by transaction `hash` in
+/// block `block`, by its `Transfer` logs.
+async fn transfers_in(chain: &Chain, block: B256, hash: B256) -> anyhow::Result<Vec<Transfer>> {
+    use alloy_sol_types::SolEvent;
+    let from = B256::left_padding_from(chain.wallet.address().as_slice());
+    let logs = chain
+        .rpc
+        .logs_in_block(chain.token, super::abi::IERC20::Transfer::SIGNATURE_HASH, from, block)
+        .await?;
+    logs.into_iter()
+        .filter(|log| log.transaction_hash == Some(hash) && log.block_hash.is_none_or(|b| b == block))
+        .map(|log| {
+            let t = super::abi::IERC20::Transfer::decode_raw_log(log.topics.iter().copied(), &log.data)?;
+            Ok((t.to, t.value))
+        })
+        .collect()
 }
 
 /// `tx`'s block `block` has the confirmation depth on it: the transaction
-/// is final. Its transfer succeeded: confirmed, its payouts paid. It
-/// reverted: its payouts failed (a batch: split, signed again in halves).
-/// Its filler was mined: filled, and only now, its nonce spent by the
-/// filler for good, are its payouts signed again under new nonces.
+/// is final, `mined_hash` the transaction mined under its nonce. Its
+/// transfer succeeded: confirmed, its payouts paid. It reverted: its
+/// payouts failed (a batch: split, signed again in halves). Its filler was
+/// mined, or a transaction not settled's (the hot wallet's key used
+/// elsewhere, given up when found): filled, and only now, its nonce spent
+/// by that transaction for good, are its payouts signed again under new
+/// nonces.
 async fn at_depth(
     pool: &PgPool,
     chain: &Chain,
     tx: &ChainTx,
     block: B256,
-    receipt: Receipt,
+    mined_hash: B256,
+    succeeded: bool,
     done: &mut Round,
 ) -> anyhow::Result<()> {
-    let to = if tx.filler_mined(receipt.transaction_hash) {
+    let elsewhere = !tx.has_attempt(mined_hash);
+    let to = if tx.filler_mined(mined_hash) || elsewhere {
         TxState::Filled
-    } else if receipt.succeeded() {
+    } else if succeeded {
         TxState::Confirmed
     } else {
         TxState::Reverted
@@ -290,8 +490,12 @@ async fn at_depth(
     let paid = store::payouts_of(&mut db, tx.id).await?;
     match (to, fees) {
         (TxState::Filled, Some(fees)) => {
+            let why = match elsewhere {
+                true => "its nonce spent by a transaction not settled's, confirmed",
+                false => "its filler confirmed",
+            };
             if !paid.is_empty() {
-                sign_again(&mut db, chain, tx, &paid, fees, "its filler confirmed").await?;
+                sign_again(&mut db, chain, tx, &paid, fees, why).await?;
             }
             done.filled += 1;
         }
@@ -389,4 +593,33 @@ async fn move_payouts(db: &mut sqlx::PgConnection, chain: &Chain, tx_id: i64, wo
 /// The hash as settled stores it (for logs and tests).
 pub fn shown(hash: B256) -> String {
     store::hex(hash)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloy_primitives::{Address, U256};
+
+    fn t(byte: u8, amount: u64) -> Transfer {
+        (Address::repeat_byte(byte), U256::from(amount))
+    }
+
+    #[test]
+    fn a_transaction_without_receipt_succeeded_only_if_its_logs_show_each_payouts_transfer_once_and_nothing_else() {
+        // A batch paying one creator twice the same amount: two transfers.
+        let wanted = vec![t(1, 1000), t(2, 500), t(1, 1000)];
+        assert_eq!(unmatched(wanted.clone(), &[t(1, 1000), t(1, 1000), t(2, 500)]), (0, 0));
+        assert_eq!(unmatched(wanted.clone(), &[t(1, 1000), t(2, 500)]), (1, 0), "one short");
+        assert_eq!(unmatched(wanted.clone(), &[]), (3, 0), "no logs: nothing shown");
+        assert_eq!(
+            unmatched(wanted.clone(), &[t(1, 1000), t(1, 1000), t(2, 500), t(3, 1)]),
+            (0, 1),
+            "a transfer no payout explains"
+        );
+        assert_eq!(
+            unmatched(wanted, &[t(1, 1000), t(1, 999), t(2, 500)]),
+            (1, 1),
+            "another amount"
+        );
+    }
 }

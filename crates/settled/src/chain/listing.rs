@@ -38,6 +38,9 @@ pub struct Tx {
     pub updated_at: DateTime<Utc>,
     /// Times a reorg took it out of the chain.
     pub reorgs: i64,
+    /// Why it waits for an operator (a spent nonce settled cannot account
+    /// for), while it does.
+    pub awaiting_operator_why: Option<String>,
 }
 
 /// One signed attempt (a replacement is a later attempt under the nonce).
@@ -98,7 +101,8 @@ const TXS_SQL: &str = "
 SELECT t.id, t.chain_id, t.sender, t.nonce, t.purpose, t.state, t.block_number, t.block_hash, t.mined_hash,
        t.created_at, t.updated_at,
        (SELECT count(*) FROM settlement.chain_tx_history h
-        WHERE h.tx_id = t.id AND h.from_state = 'included' AND h.to_state = 'broadcast') AS reorgs
+        WHERE h.tx_id = t.id AND h.from_state = 'included' AND h.to_state = 'broadcast') AS reorgs,
+       CASE WHEN t.state IN ('signed', 'broadcast', 'included') THEN t.awaiting_operator_why END AS awaiting_operator_why
 FROM settlement.chain_txs t
 WHERE ($1::bigint IS NULL OR t.id < $1) AND ($2::bigint IS NULL OR t.id = $2)
 ORDER BY t.id DESC

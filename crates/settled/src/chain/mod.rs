@@ -35,6 +35,7 @@ pub mod rail;
 pub mod reconcile;
 pub mod rpc;
 pub mod sign;
+pub mod spent;
 pub mod store;
 pub mod wallet;
 pub mod watch;
@@ -158,6 +159,9 @@ pub struct Chain {
     /// A batch's measured cost, or when measuring it last failed
     /// ([`Chain::batch_gas_limit`]).
     batch_gas: Arc<Mutex<Result<sign::BatchGas, Option<Instant>>>>,
+    /// The searches for the transactions that spent nonces with no
+    /// receipt ([`spent`]).
+    spent_looks: Arc<Mutex<spent::Looks>>,
 }
 
 /// How long after a failed measurement of a batch's cost it is tried again.
@@ -200,6 +204,7 @@ impl Chain {
             reconcile_every: (flags.reconcile_every_secs > 0).then(|| Duration::from_secs(flags.reconcile_every_secs)),
             fees_read: Arc::default(),
             batch_gas: Arc::new(Mutex::new(Err(None))),
+            spent_looks: Arc::default(),
         };
         let mined = chain.rpc.nonce(chain.wallet.address(), "latest").await?;
         sqlx::query(

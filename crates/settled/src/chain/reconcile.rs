@@ -4,7 +4,10 @@
 //! explains (naming the payout it could be a second payment of, when one
 //! pays the same creator the same amount), a transfer in a payout's
 //! transaction to another recipient or of another amount, a paid payout
-//! with no transfer, a confirmed transaction whose receipt is gone. It
+//! with no transfer, a confirmed transaction whose receipt is gone, a
+//! transaction waiting for an operator (a spent nonce settled cannot
+//! account for: each of its payouts named, sent and neither paid nor
+//! failed until the operator acts). It
 //! reads; it changes nothing. Callers take [`lasting_mismatches`], which
 //! compares twice when the first finds anything.
 
@@ -16,7 +19,7 @@ use sqlx::PgConnection;
 
 use super::abi::IERC20;
 use super::rpc::Rpc;
-use super::store::{hex, lower};
+use super::store::{self, hex, lower};
 
 /// One transfer read from the chain.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,6 +73,7 @@ pub async fn reconcile(
         .await?;
         mismatches.extend(compare(&expected, transfers, from_block));
         mismatches.extend(receipts_gone(rpc, &expected).await?);
+        mismatches.extend(awaiting_operator(conn, chain_id, sender).await?);
     }
     Ok(mismatches)
 }
@@ -191,6 +195,26 @@ fn compare(expected: &[Expected], transfers: Vec<Transfer>, from_block: u64) -> 
         ));
     }
     out
+}
+
+/// The transactions of `sender` waiting for an operator, each payout named.
+async fn awaiting_operator(conn: &mut PgConnection, chain_id: u64, sender: Address) -> anyhow::Result<Vec<String>> {
+    let mut out = Vec::new();
+    for t in store::awaiting_operator(conn, chain_id, sender).await? {
+        if t.payout_ids.is_empty() {
+            out.push(format!(
+                "transaction under nonce {} ({}) waits for an operator: {}",
+                t.nonce, t.state, t.why
+            ));
+        }
+        for payout_id in &t.payout_ids {
+            out.push(format!(
+                "payout {payout_id}: sent, neither paid nor failed; its transaction under nonce {} ({}) waits for an operator: {}",
+                t.nonce, t.state, t.why
+            ));
+        }
+    }
+    Ok(out)
 }
 
 /// Confirmed transactions whose receipt the node no longer has.

@@ -135,6 +135,34 @@ pub struct Header {
     pub base_fee_per_gas: Option<U256>,
     /// Its gas limit.
     pub gas_limit: U64,
+    /// Its time, seconds since the Unix epoch.
+    #[serde(default)]
+    pub timestamp: U64,
+}
+
+/// A block with its transactions, as far as settled reads them (to find
+/// which transaction spent a nonce).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BlockTxs {
+    /// Its number.
+    pub number: U64,
+    /// Its hash.
+    pub hash: B256,
+    /// Its transactions, in order.
+    pub transactions: Vec<BlockTx>,
+}
+
+/// One transaction of a block: who sent it under which nonce.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BlockTx {
+    /// Its hash.
+    pub hash: B256,
+    /// Its sender.
+    pub from: Address,
+    /// Its nonce.
+    pub nonce: U64,
 }
 
 impl Rpc {
@@ -201,6 +229,29 @@ impl Rpc {
     pub async fn header(&self, number: u64) -> Result<Option<Header>, RpcError> {
         self.call("eth_getBlockByNumber", json!([U64::from(number), false]))
             .await
+    }
+
+    /// The canonical block at `number` with its transactions (None: there
+    /// is none).
+    pub async fn block_txs(&self, number: u64) -> Result<Option<BlockTxs>, RpcError> {
+        self.call("eth_getBlockByNumber", json!([U64::from(number), true]))
+            .await
+    }
+
+    /// The logs of `address` with first topic `topic0` and second topic
+    /// `topic1` in the block whose hash is `block` (EIP-234).
+    pub async fn logs_in_block(
+        &self,
+        address: Address,
+        topic0: B256,
+        topic1: B256,
+        block: B256,
+    ) -> Result<Vec<Log>, RpcError> {
+        self.call(
+            "eth_getLogs",
+            json!([{"address": address, "topics": [topic0, topic1], "blockHash": block}]),
+        )
+        .await
     }
 
     /// The newest block.

@@ -89,8 +89,13 @@ pub struct ChainTx {
     pub since_broadcast_ms: Option<i64>,
     /// Milliseconds since its newest attempt was signed.
     pub since_signed_ms: i64,
-    /// Given up: its newest attempt is a filler.
+    /// Given up: its newest attempt is a filler (or its nonce was spent by
+    /// a transaction not settled's).
     pub given_up: bool,
+    /// When it took its nonce, seconds since the Unix epoch (the database's clock).
+    pub created_unix: i64,
+    /// Marked for an operator: settled cannot account for its spent nonce.
+    pub awaiting_operator: bool,
 }
 
 impl ChainTx {
@@ -102,6 +107,12 @@ impl ChainTx {
     /// True when the attempt `hash` is its filler.
     pub fn filler_mined(&self, hash: B256) -> bool {
         self.attempts.iter().any(|a| a.hash == hash && a.filler)
+    }
+
+    /// True when `hash` is one of its attempts (false: a transaction not
+    /// settled's spent its nonce).
+    pub fn has_attempt(&self, hash: B256) -> bool {
+        self.attempts.iter().any(|a| a.hash == hash)
     }
 }
 
@@ -131,13 +142,17 @@ struct TxRow {
     since_broadcast_ms: Option<i64>,
     since_signed_ms: i64,
     given_up: bool,
+    created_unix: i64,
+    awaiting_operator: bool,
 }
 
 const TX_COLUMNS: &str = "t.id, t.nonce, t.state, t.block_number, t.block_hash, t.mined_hash, \
      (extract(epoch FROM clock_timestamp() - t.broadcast_at) * 1000)::bigint AS since_broadcast_ms, \
      (SELECT (extract(epoch FROM clock_timestamp() - max(a.signed_at)) * 1000)::bigint \
       FROM settlement.chain_tx_attempts a WHERE a.tx_id = t.id) AS since_signed_ms, \
-     t.given_up_at IS NOT NULL AS given_up";
+     t.given_up_at IS NOT NULL AS given_up, \
+     extract(epoch FROM t.created_at)::bigint AS created_unix, \
+     t.awaiting_operator_at IS NOT NULL AS awaiting_operator";
 
 fn hash(text: &str) -> anyhow::Result<B256> {
     text.parse().map_err(|e| anyhow::anyhow!("stored hash {text:?}: {e}"))
@@ -186,6 +201,8 @@ async fn complete(conn: &mut PgConnection, rows: Vec<TxRow>) -> anyhow::Result<V
                 since_broadcast_ms: row.since_broadcast_ms,
                 since_signed_ms: row.since_signed_ms,
                 given_up: row.given_up,
+                created_unix: row.created_unix,
+                awaiting_operator: row.awaiting_operator,
             })
         })
         .collect()
@@ -432,4 +449,57 @@ pub async fn give_up_payouts(conn: &mut PgConnection, id: i64) -> anyhow::Result
     .execute(conn)
     .await?;
     Ok(given.rows_affected() > 0)
+}
+
+/// Marks transaction `id`, not final, for an operator because of `why`
+/// (settled cannot account for its spent nonce), once: its state and its
+/// payouts' stay as they are. False when it is marked already, or final.
+pub async fn mark_awaiting_operator(conn: &mut PgConnection, id: i64, why: &str) -> anyhow::Result<bool> {
+    let why: String = why.chars().take(GIVEN_UP_WHY_CHARS_MAX).collect();
+    let marked = sqlx::query(
+        "UPDATE settlement.chain_txs SET awaiting_operator_at = now(), awaiting_operator_why = $2
+         WHERE id = $1 AND awaiting_operator_at IS NULL AND state IN ('signed', 'broadcast', 'included')",
+    )
+    .bind(id) // $1
+    .bind(why) // $2
+    .execute(conn)
+    .await?;
+    Ok(marked.rows_affected() == 1)
+}
+
+/// A transaction waiting for an operator: its nonce, state, why, and the
+/// payouts it pays.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct AwaitingOperator {
+    /// Its nonce.
+    pub nonce: i64,
+    /// Its state.
+    pub state: String,
+    /// Why.
+    pub why: String,
+    /// The payouts it pays.
+    pub payout_ids: Vec<i64>,
+}
+
+/// The transactions of `sender` on `chain_id`, not final, marked for an
+/// operator, by nonce.
+pub async fn awaiting_operator(
+    conn: &mut PgConnection,
+    chain_id: u64,
+    sender: Address,
+) -> anyhow::Result<Vec<AwaitingOperator>> {
+    Ok(sqlx::query_as(
+        "SELECT t.nonce, t.state, t.awaiting_operator_why AS why,
+                coalesce(array_agg(l.payout_id ORDER BY l.payout_id) FILTER (WHERE l.payout_id IS NOT NULL),
+                         '{}') AS payout_ids
+         FROM settlement.chain_txs t
+         LEFT JOIN settlement.chain_tx_payouts l ON l.tx_id = t.id AND NOT l.given_up
+         WHERE t.chain_id = $1 AND t.sender = $2 AND t.awaiting_operator_at IS NOT NULL
+           AND t.state IN ('signed', 'broadcast', 'included')
+         GROUP BY t.id ORDER BY t.nonce",
+    )
+    .bind(chain_id as i64) // $1
+    .bind(lower(sender)) // $2
+    .fetch_all(conn)
+    .await?)
 }

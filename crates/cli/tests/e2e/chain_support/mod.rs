@@ -217,21 +217,33 @@ pub(crate) enum Broadcasts {
 }
 
 /// A JSON-RPC proxy in front of the node: everything passes but
-/// broadcasts, which it treats as told.
+/// broadcasts, which it treats as told, and what it is told to hide (a
+/// node that lost its receipts, or its blocks' transactions).
 pub(crate) struct RpcProxy {
     pub url: String,
     mode: Arc<AtomicU8>,
+    hidden: Arc<AtomicU8>,
     task: tokio::task::JoinHandle<()>,
+}
+
+/// What the proxy hides, as bits of [`RpcProxy::hide`].
+pub(crate) mod hide {
+    /// Every `eth_getTransactionReceipt` answered `null`.
+    pub(crate) const RECEIPTS: u8 = 1;
+    /// Every block read with its transactions answered with none.
+    pub(crate) const BLOCK_TRANSACTIONS: u8 = 2;
 }
 
 impl RpcProxy {
     pub(crate) async fn start(node: String) -> RpcProxy {
         let mode = Arc::new(AtomicU8::new(Broadcasts::Pass as u8));
+        let hidden = Arc::new(AtomicU8::new(0));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let state = Proxied {
             node,
             mode: mode.clone(),
+            hidden: hidden.clone(),
             http: reqwest::Client::new(),
             first: Arc::new(std::sync::Mutex::new(None)),
         };
@@ -241,11 +253,22 @@ impl RpcProxy {
         let task = tokio::spawn(async move {
             axum::serve(listener, app).await.unwrap();
         });
-        RpcProxy { url, mode, task }
+        RpcProxy {
+            url,
+            mode,
+            hidden,
+            task,
+        }
     }
 
     pub(crate) fn set(&self, broadcasts: Broadcasts) {
         self.mode.store(broadcasts as u8, Ordering::SeqCst);
+    }
+
+    /// Hides what the bits of `what` ([`hide`]) say; 0 hides nothing.
+    #[allow(dead_code)]
+    pub(crate) fn hide(&self, what: u8) {
+        self.hidden.store(what, Ordering::SeqCst);
     }
 }
 
@@ -259,6 +282,7 @@ impl Drop for RpcProxy {
 struct Proxied {
     node: String,
     mode: Arc<AtomicU8>,
+    hidden: Arc<AtomicU8>,
     http: reqwest::Client,
     first: Arc<std::sync::Mutex<Option<Value>>>,
 }
@@ -267,6 +291,7 @@ async fn forward(
     axum::extract::State(Proxied {
         node,
         mode,
+        hidden,
         http,
         first,
     }): axum::extract::State<Proxied>,
@@ -308,6 +333,21 @@ async fn forward(
     if broadcast && mode == Broadcasts::ForwardUnanswered as u8 {
         std::future::pending::<()>().await;
     }
+    let hidden = hidden.load(Ordering::SeqCst);
+    let answer = if hidden & hide::RECEIPTS != 0 && request["method"] == "eth_getTransactionReceipt" {
+        serde_json::to_vec(&json!({"jsonrpc": "2.0", "id": request["id"], "result": null})).unwrap()
+    } else if hidden & hide::BLOCK_TRANSACTIONS != 0
+        && request["method"] == "eth_getBlockByNumber"
+        && request["params"][1] == true
+    {
+        let mut answer: Value = serde_json::from_slice(&answer).unwrap_or(Value::Null);
+        if answer["result"].is_object() {
+            answer["result"]["transactions"] = json!([]);
+        }
+        serde_json::to_vec(&answer).unwrap()
+    } else {
+        answer.to_vec()
+    };
     axum::response::Response::builder()
         .header("content-type", "application/json")
         .body(axum::body::Body::from(answer))

@@ -13,6 +13,11 @@ pub(crate) use fixtures::*;
 /// The `settled` binary built for these tests.
 pub(crate) const SETTLED: &str = env!("CARGO_BIN_EXE_settled");
 
+/// The end-to-end benches count the server's `settled_bench_%` databases
+/// to show nothing is left behind, so they take turns: one bench's live
+/// case databases are not another's leftovers.
+pub(crate) static ONE_BENCH_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// The period most tests settle.
 pub(crate) const PERIOD: &str = "2026-11-28";
 

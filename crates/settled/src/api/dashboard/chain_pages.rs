@@ -71,7 +71,12 @@ pub(super) fn chain(listed: &Page, watch: &super::Watch) -> Markup {
                         td { (l.tx.id) }
                         td.mono { (l.tx.chain_id) " · " (l.tx.sender) }
                         td data-nonce=(l.tx.nonce) { (l.tx.nonce) }
-                        td { (l.tx.state) }
+                        td {
+                            (l.tx.state)
+                            @if let Some(why) = &l.tx.awaiting_operator_why {
+                                br; b.awaiting-operator title=(why) { "waits for an operator" }
+                            }
+                        }
                         td { (attempts(l)) }
                         td { (block(l)) }
                         td data-reorgs=(l.tx.reorgs) { (l.tx.reorgs) }
