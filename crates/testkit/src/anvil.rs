@@ -106,17 +106,7 @@ impl Anvil {
 
     fn stop(&mut self) {
         // SIGTERM first: anvil writes --dump-state on a clean exit.
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        crate::terminate(&mut self.child, Duration::from_secs(10));
     }
 
     fn wait_ready(&self) {

@@ -10,10 +10,12 @@ mod anvil;
 pub mod chain;
 mod pgbouncer;
 mod pgproxy;
+mod process;
 mod testdb;
 
 pub use anvil::{anvil_program, find_anvil, Anvil, ANVIL_VAR};
 pub use pgbouncer::{find_pgbouncer, PgBouncer};
 pub use pgproxy::{CommitFault, FaultPlan, PgProxy};
+pub use process::terminate;
 pub use settled_embedded::{find_binaries, with_database, Error, LocalOptions, LocalPostgres, PgBinaries, Result};
 pub use testdb::{shared_test_server, TestDb};

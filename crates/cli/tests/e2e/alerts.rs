@@ -255,16 +255,7 @@ impl Prometheus {
 
 impl Drop for Prometheus {
     fn drop(&mut self) {
-        let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        settled_testkit::terminate(&mut self.child, Duration::from_secs(20));
     }
 }
 

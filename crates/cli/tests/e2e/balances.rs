@@ -264,15 +264,11 @@ async fn a_creators_statement_adds_up_to_its_balances_through_payouts_a_hold_and
     assert_eq!(late["closing_balance"], (credit - 500).to_string());
 
     // The dashboard's creator page shows the same figures.
-    let html = reqwest::Client::new()
-        .get(format!("{}/creators/{creator}", server.base))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let html = common::get_text(
+        &common::client_with(TOKEN),
+        &format!("{}/creators/{creator}", server.base),
+    )
+    .await;
     for figure in [
         format!("data-posted=\"{credit}\""),
         "data-pending=\"500\"".to_string(),

@@ -12,7 +12,7 @@ use crate::common;
 use std::time::Duration;
 
 use alloy_primitives::{Address, U256};
-use chain_support::{count, deliver, queued_payouts, rpc, TestChain, HOT_WALLET};
+use chain_support::{count, deliver, mine, mine_until, queued_payouts, rpc, TestChain, HOT_WALLET};
 use common::{wait_until, Env};
 use serde_json::json;
 
@@ -23,21 +23,8 @@ const BLOCK_GAS_LIMIT_USUAL: u64 = 30_000_000;
 /// Long enough for the follower of heads (every 500 ms) to act several times.
 const FOLLOWER_ROUNDS_MS: u64 = 2_000;
 
-async fn mine(chain: &TestChain) {
-    rpc(&chain.url(), "evm_mine", json!([])).await;
-}
-
 async fn block_gas_limit(chain: &TestChain, gas: u64) {
     rpc(&chain.url(), "evm_setBlockGasLimit", json!([format!("{gas:#x}")])).await;
-}
-
-async fn mine_until(env: &Env, chain: &TestChain, what: &str, sql: &str) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while count(env, sql).await == 0 {
-        assert!(std::time::Instant::now() < deadline, "timed out mining until {what}");
-        mine(chain).await;
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 async fn state_of_nonce(env: &Env, nonce: i64) -> String {

@@ -10,34 +10,18 @@
 use crate::chain_support;
 use crate::common;
 
-use std::time::Duration;
-
 use alloy_primitives::{Address, U256};
 use alloy_sol_types::SolCall;
-use chain_support::{count, deliver, queued_payouts, rpc, Deliverer, TestChain, HOT_WALLET};
+use chain_support::{count, deliver, mine, mine_until, queued_payouts, rpc, Deliverer, TestChain, HOT_WALLET};
 use common::{wait_until, Env, Server};
 use serde_json::json;
 
 const TOKEN: &str = common::BROWSER_TOKEN;
 const GWEI: u64 = 1_000_000_000;
 
-async fn mine(chain: &TestChain) {
-    rpc(&chain.url(), "evm_mine", json!([])).await;
-}
-
 /// Waits until `sql` counts `n` rows.
 async fn wait_count(env: &Env, what: &str, sql: &str, n: i64) {
     wait_until(60, what, || async { count(env, sql).await == n }).await;
-}
-
-/// Mines a block every 200 ms until `sql` counts at least one row.
-async fn mine_until(env: &Env, chain: &TestChain, what: &str, sql: &str) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while count(env, sql).await == 0 {
-        assert!(std::time::Instant::now() < deadline, "timed out mining until {what}");
-        mine(chain).await;
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 async fn get(server: &Server, path: &str) -> String {

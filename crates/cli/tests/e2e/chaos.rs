@@ -3,12 +3,8 @@
 
 use crate::common;
 
-use std::process::{Command, Stdio};
-
 fn chaos(mode: &str, seed: &str) {
-    let mut cmd = Command::new(common::SETTLED);
-    cmd.args([
-        "chaos",
+    let (out, report) = common::chaos_report(&[
         "--creators",
         "3000",
         "--workers",
@@ -19,22 +15,8 @@ fn chaos(mode: &str, seed: &str) {
         seed,
         "--mode",
         mode,
-    ])
-    .args(["--json"])
-    .env("SETTLED_LOG", "error")
-    .env_remove("DATABASE_URL")
-    .stdin(Stdio::null());
-    if let Ok(url) = std::env::var("TEST_DATABASE_URL") {
-        cmd.env("DATABASE_URL", url);
-    }
-    let out = cmd.output().unwrap();
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "{e}: {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
+        "--json",
+    ]);
     assert!(out.status.success(), "{mode} chaos failed: {report:#}");
     assert_eq!(report["ok"], true);
     let injected = report["injected"].to_string();

@@ -6,8 +6,6 @@
 
 use crate::common;
 
-use std::process::{Command, Stdio};
-
 use serde_json::Value;
 
 fn count(counts: &Value, field: &str) -> u64 {
@@ -18,33 +16,22 @@ fn count(counts: &Value, field: &str) -> u64 {
 
 #[test]
 fn a_payout_storm_under_every_fault_pays_each_payout_once_or_returns_it() {
-    let mut cmd = Command::new(common::SETTLED);
-    cmd.args(["chaos", "--payouts", "--requests", "1200", "--clients", "24"])
-        .args([
-            "--workers",
-            "4",
-            "--servers",
-            "2",
-            "--duration",
-            "20",
-            "--seed",
-            "21",
-            "--json",
-        ])
-        .env("SETTLED_LOG", "error")
-        .env_remove("DATABASE_URL")
-        .stdin(Stdio::null());
-    if let Ok(url) = std::env::var("TEST_DATABASE_URL") {
-        cmd.env("DATABASE_URL", url);
-    }
-    let out = cmd.output().unwrap();
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "{e}: {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
+    let (out, report) = common::chaos_report(&[
+        "--payouts",
+        "--requests",
+        "1200",
+        "--clients",
+        "24",
+        "--workers",
+        "4",
+        "--servers",
+        "2",
+        "--duration",
+        "20",
+        "--seed",
+        "21",
+        "--json",
+    ]);
     println!("{report:#}");
     assert!(out.status.success(), "payout chaos failed: {report:#}");
     assert_eq!(report["ok"], true);

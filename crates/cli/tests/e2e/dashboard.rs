@@ -264,9 +264,7 @@ async fn audit_and_job_pages(
     assert!(shot.exists());
 
     let mut conn = env.pool.acquire().await.unwrap();
-    sqlx::query("CREATE SCHEMA jobs").execute(&mut *conn).await.unwrap();
-    let queue = settled_engine::Queue::new("mail", "jobs.mail").unwrap();
-    queue.create_table(&mut conn).await.unwrap();
+    let queue = common::mail_queue(&mut conn).await;
     queue
         .enqueue_many(&mut conn, &[settled_engine::NewJob::new("welcome-7")])
         .await
@@ -274,10 +272,7 @@ async fn audit_and_job_pages(
     sqlx::raw_sql(
         "UPDATE jobs.mail SET status = 'failed', attempt = 2, last_error = 'smtp 550 <no such user>',
                 errors = '[{\"attempt\": 1, \"at\": \"2026-12-06T05:00:00Z\", \"error\": \"timeout\"},
-                           {\"attempt\": 2, \"at\": \"2026-12-06T05:00:30Z\", \"error\": \"smtp 550 <no such user>\"}]';
-         GRANT USAGE ON SCHEMA jobs TO settled_api, settled_readonly;
-         GRANT SELECT ON jobs.mail TO settled_readonly;
-         GRANT SELECT, UPDATE ON jobs.mail TO settled_api;",
+                           {\"attempt\": 2, \"at\": \"2026-12-06T05:00:30Z\", \"error\": \"smtp 550 <no such user>\"}]';",
     )
     .execute(&mut *conn)
     .await

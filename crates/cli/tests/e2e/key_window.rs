@@ -34,20 +34,8 @@ async fn make_payout(env: &Env, server: &Server, request_key: &str) -> (i64, Str
     let creator = env
         .scalar_text("SELECT creator FROM settlement.creator_balance ORDER BY balance DESC, creator LIMIT 1")
         .await;
-    let r = reqwest::Client::new()
-        .post(format!("{}/v1/payouts", server.base))
-        .bearer_auth(TOKEN)
-        .header("Idempotency-Key", request_key)
-        .json(&json!({ "creator": creator, "amount": AMOUNT }))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 201);
-    let id = r.json::<Value>().await.unwrap()["id"].as_i64().unwrap();
-    let key = env
-        .scalar_text(&format!("SELECT provider_key FROM settlement.payouts WHERE id = {id}"))
-        .await;
-    (id, key)
+    let id = common::create_payout(server, TOKEN, request_key, &creator, AMOUNT).await;
+    (id, common::provider_key_of(env, id).await)
 }
 
 async fn set_faults(sim: &ProviderSim, faults: Value) {
@@ -227,14 +215,7 @@ async fn assert_waits_for_an_operator(env: &Env, server: &Server, sim: &Provider
         report.contains(&format!("[awaiting_operator] payout {id} ({key})")),
         "{report}"
     );
-    let page = common::client_with(TOKEN)
-        .get(format!("{}/payouts", server.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = common::get_text(&common::client_with(TOKEN), &format!("{}/payouts", server.base)).await;
     assert!(
         page.contains("keys waiting for an operator (1)") && page.contains(&format!("data-key=\"{key}\"")),
         "{page}"

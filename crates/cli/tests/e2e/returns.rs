@@ -55,19 +55,8 @@ async fn make_payouts(env: &Env, server: &Server, n: i64) -> Vec<Payout> {
     let mut made = Vec::new();
     for (i, creator) in creators.into_iter().enumerate() {
         let balance_before = balance(env, &creator).await;
-        let r = reqwest::Client::new()
-            .post(format!("{}/v1/payouts", server.base))
-            .bearer_auth(TOKEN)
-            .header("Idempotency-Key", format!("r-{i}"))
-            .json(&json!({ "creator": creator, "amount": AMOUNT }))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 201);
-        let id = r.json::<Value>().await.unwrap()["id"].as_i64().unwrap();
-        let key = env
-            .scalar_text(&format!("SELECT provider_key FROM settlement.payouts WHERE id = {id}"))
-            .await;
+        let id = common::create_payout(server, TOKEN, &format!("r-{i}"), &creator, AMOUNT).await;
+        let key = common::provider_key_of(env, id).await;
         made.push(Payout {
             id,
             creator,
@@ -81,14 +70,7 @@ async fn make_payouts(env: &Env, server: &Server, n: i64) -> Vec<Payout> {
 /// `settled deliver`, looking up payouts sent a second ago and paid ones
 /// every second, with `extra` flags.
 fn deliver(env: &Env, sim: &ProviderSim, extra: &[&str]) -> Deliverer {
-    let mut args = vec![
-        "--provider-timeout-ms",
-        "500",
-        "--poll-after-secs",
-        "1",
-        "--batch",
-        "10",
-    ];
+    let mut args = common::QUICK_LOOKUPS.to_vec();
     args.extend_from_slice(extra);
     Deliverer(env.deliver(&sim.url, &args))
 }
@@ -132,17 +114,7 @@ fn event(event_id: &str, kind: &str, payout: &Payout, payment: &str) -> Value {
 
 /// `event` signed and posted to `server`: its status and answer.
 async fn post_event(server: &str, event: &Value) -> (u16, Value) {
-    let raw = serde_json::to_vec(event).unwrap();
-    let header = settled::provider::signature::sign(SECRET.as_bytes(), chrono::Utc::now().timestamp(), &raw);
-    let r = reqwest::Client::new()
-        .post(format!("{server}/v1/provider-events"))
-        .header("Provider-Signature", header)
-        .header("Content-Type", "application/json")
-        .body(raw)
-        .send()
-        .await
-        .unwrap();
-    (r.status().as_u16(), r.json().await.unwrap())
+    common::post_signed_event(server, SECRET, event).await
 }
 
 /// Posts `event` and requires the outcome `outcome`.

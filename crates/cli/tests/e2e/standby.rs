@@ -9,24 +9,9 @@ use crate::common;
 
 use std::process::Stdio;
 
-use common::{free_port, spawn_server, Env, Server, PERIOD, SETTLED};
+use common::{free_port, spawn_server, Env, Pair, Server, PERIOD, SETTLED};
 use settled_testkit::{LocalOptions, LocalPostgres};
 use sqlx::{Connection, PgConnection};
-
-/// A primary and a standby following it; both stopped and removed on drop.
-struct Pair {
-    primary: Option<LocalPostgres>,
-    standby: Option<LocalPostgres>,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Pair {
-    fn drop(&mut self) {
-        for server in [self.primary.take(), self.standby.take()].into_iter().flatten() {
-            let _ = server.stop();
-        }
-    }
-}
 
 fn options(data_dir: std::path::PathBuf) -> LocalOptions {
     LocalOptions {

@@ -30,28 +30,10 @@ pub(crate) async fn queued_payouts(env: &Env, n: i64) -> Vec<(i64, Address, U256
     env.run_ok(&["seed", "--period", "2026-11-28", "--creators", &seeded.to_string()]);
     env.run_ok(&["worker", "--period", "2026-11-28"]);
     let server = env.serve(TOKEN).await;
-    let creators: Vec<String> = sqlx::query_scalar(
-        "SELECT creator FROM settlement.creator_balance WHERE balance >= $1::numeric ORDER BY creator LIMIT $2",
-    )
-    .bind(AMOUNT)
-    .bind(n)
-    .fetch_all(&env.pool)
-    .await
-    .unwrap();
-    assert_eq!(creators.len() as i64, n, "creators with enough balance");
-    let client = reqwest::Client::new();
+    let creators = crate::common::creators_with_balance(env, n, AMOUNT).await;
     let mut made = Vec::new();
     for (i, creator) in creators.iter().enumerate() {
-        let r = client
-            .post(format!("{}/v1/payouts", server.base))
-            .bearer_auth(TOKEN)
-            .header("Idempotency-Key", format!("chain-{i}"))
-            .json(&json!({ "creator": creator, "amount": AMOUNT }))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 201);
-        let id = r.json::<Value>().await.unwrap()["id"].as_i64().unwrap();
+        let id = crate::common::create_payout(&server, TOKEN, &format!("chain-{i}"), creator, AMOUNT).await;
         made.push((
             id,
             creator.parse().unwrap(),
@@ -462,4 +444,19 @@ pub(crate) async fn check_from_chain(env: &Env, chain: &TestChain, made: &[(i64,
     assert_eq!(open, 0, "every transaction final");
     found.nonces = txs;
     found
+}
+
+/// Mines one block.
+pub(crate) async fn mine(chain: &TestChain) {
+    rpc(&chain.url(), "evm_mine", json!([])).await;
+}
+
+/// Mines a block every 200 ms until `sql` counts at least one row.
+pub(crate) async fn mine_until(env: &Env, chain: &TestChain, what: &str, sql: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while count(env, sql).await == 0 {
+        assert!(std::time::Instant::now() < deadline, "timed out mining until {what}");
+        mine(chain).await;
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
 }

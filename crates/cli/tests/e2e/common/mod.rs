@@ -7,6 +7,9 @@ use std::process::{Command, Output, Stdio};
 use settled_testkit::TestDb;
 use sqlx::PgPool;
 
+mod fixtures;
+pub(crate) use fixtures::*;
+
 /// The `settled` binary built for these tests.
 pub(crate) const SETTLED: &str = env!("CARGO_BIN_EXE_settled");
 
