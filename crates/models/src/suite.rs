@@ -270,7 +270,7 @@ pub fn without_state_condition_and_transitions() -> Counterexample {
     replayed_case(
         "the conditional update on the payout's state (move_payout) and the transitions table (check_payout_change)",
         payouts::property::RETURNED_ONLY_UNPAID,
-        "tests/replay_payouts.rs: without_the_conditional_update_and_the_transitions_table_a_paid_payout_is_returned",
+        "tests/replay_payouts/: without_the_conditional_update_and_the_transitions_table_a_paid_payout_is_returned",
         payouts::Payouts::ci_confirmed().without(all_but(payouts::Guards::ALL, |g| {
             g.state_condition = false;
             g.transition_table = false;
@@ -284,7 +284,7 @@ pub fn without_state_guards() -> Counterexample {
     replayed_case(
         "the conditional update, the transitions table and payout_returns' primary key",
         payouts::property::RETURNED_AT_MOST_ONCE,
-        "tests/replay_payouts.rs: without_the_state_guards_a_payout_is_returned_twice",
+        "tests/replay_payouts/: without_the_state_guards_a_payout_is_returned_twice",
         one_redemption(payouts::Payouts::ci_confirmed()).without(all_but(payouts::Guards::ALL, state_guards_off)),
     )
 }
@@ -297,7 +297,7 @@ pub fn without_return_guards() -> Counterexample {
     replayed_case(
         "the return's conditional update (apply_provider_word along provider_word_moves), the transitions table and payout_returns' primary key",
         payouts::property::RETURNED_AT_MOST_ONCE,
-        "tests/replay_payouts.rs: without_the_returns_guards_a_return_gives_the_money_back_twice",
+        "tests/replay_payouts/: without_the_returns_guards_a_return_gives_the_money_back_twice",
         one_return().without(all_but(payouts::Guards::ALL, state_guards_off)),
     )
 }
@@ -320,7 +320,7 @@ pub fn without_token_conditions() -> Counterexample {
     replayed_case(
         "the token's condition (redeem_in: status = 'issued') and the conditional update",
         payouts::property::TOKEN_ONCE,
-        "tests/replay_payouts.rs: without_the_token_and_state_conditions_two_confirmations_both_redeem",
+        "tests/replay_payouts/: without_the_token_and_state_conditions_two_confirmations_both_redeem",
         payouts::Payouts::ci_confirmed().without(all_but(payouts::Guards::ALL, |g| {
             g.state_condition = false;
             g.one_time_token = false;
@@ -333,7 +333,7 @@ pub fn without_event_id() -> Counterexample {
     replayed_case(
         "the unique event id of provider webhooks (provider_events' primary key)",
         payouts::property::EVENT_AT_MOST_ONCE,
-        "tests/replay_payouts.rs: without_the_unique_event_id_a_duplicated_webhook_is_recorded_twice",
+        "tests/replay_payouts/: without_the_unique_event_id_a_duplicated_webhook_is_recorded_twice",
         one_webhook().without(all_but(payouts::Guards::ALL, |g| g.event_id = false)),
     )
 }
@@ -344,7 +344,7 @@ pub fn without_request_key() -> Counterexample {
     replayed_case(
         "the payout request's Idempotency-Key (idempotency::begin/finish and payouts.idempotency_key UNIQUE)",
         payouts::property::REQUEST_ONCE,
-        "tests/replay_payouts.rs: without_the_request_key_two_posts_make_two_payouts",
+        "tests/replay_payouts/: without_the_request_key_two_posts_make_two_payouts",
         payouts::Payouts::ci_repeated_request().without(all_but(payouts::Guards::ALL, |g| {
             g.request_key = false;
             g.unique_request_key = false;
@@ -370,7 +370,7 @@ pub fn without_payout_key() -> Counterexample {
     replayed_case(
         "the payout's provider key (provider_key, derived from its id)",
         payouts::property::PAID_AT_MOST_ONCE,
-        "tests/replay_payouts.rs: without_the_provider_key_a_zombie_and_its_rescuer_pay_twice",
+        "tests/replay_payouts/: without_the_provider_key_a_zombie_and_its_rescuer_pay_twice",
         model,
     )
 }
