@@ -22,7 +22,7 @@ use sqlx::PgPool;
 use super::broadcast::{self, Sent};
 use super::rail::reverted_reason;
 use super::rpc::Receipt;
-use super::spent::{self, Found};
+use super::spent::{self, transfers_in, unmatched, Found, Transfer};
 use super::store::{self, ChainTx, TxState};
 use super::{give_up, sign, Chain, REBROADCAST_AFTER};
 use crate::payouts::{apply_words, ProviderWord, Source};
@@ -398,7 +398,9 @@ async fn without_receipt(
         return at_depth(pool, chain, tx, block, mined_hash, true, done).await;
     }
     let why = format!(
-        "attempt {} mined in block {} and at depth, but the node has no receipt for it and the token's          Transfer logs of it show {shown} transfers ({} of its payouts' missing, {unexplained} unexplained):          its outcome is not known",
+        "attempt {} mined in block {} and at depth, but the node has no receipt for it and the token's \
+         Transfer logs of it show {shown} transfers ({} of its payouts' missing, {unexplained} unexplained): \
+         its outcome is not known",
         store::hex(mined_hash),
         store::hex(block),
         missing
@@ -414,43 +416,6 @@ async fn without_receipt(
         done.awaiting_operator += 1;
     }
     Ok(())
-}
-
-/// A token transfer from the hot wallet: (recipient, amount).
-type Transfer = (alloy_primitives::Address, alloy_primitives::U256);
-
-/// `wanted` (a transaction's payouts) against `shown` (its transfers),
-/// one to one: how many payouts no transfer shows, and how many transfers
-/// no payout explains.
-fn unmatched(mut wanted: Vec<Transfer>, shown: &[Transfer]) -> (usize, usize) {
-    let mut unexplained = 0;
-    for transfer in shown {
-        match wanted.iter().position(|w| w == transfer) {
-            Some(i) => {
-                wanted.swap_remove(i);
-            }
-            None => unexplained += 1,
-        }
-    }
-    (wanted.len(), unexplained)
-}
-
-/// The token's transfers from the hot wallet made by transaction `hash` in
-/// block `block`, by its `Transfer` logs.
-async fn transfers_in(chain: &Chain, block: B256, hash: B256) -> anyhow::Result<Vec<Transfer>> {
-    use alloy_sol_types::SolEvent;
-    let from = B256::left_padding_from(chain.wallet.address().as_slice());
-    let logs = chain
-        .rpc
-        .logs_in_block(chain.token, super::abi::IERC20::Transfer::SIGNATURE_HASH, from, block)
-        .await?;
-    logs.into_iter()
-        .filter(|log| log.transaction_hash == Some(hash) && log.block_hash.is_none_or(|b| b == block))
-        .map(|log| {
-            let t = super::abi::IERC20::Transfer::decode_raw_log(log.topics.iter().copied(), &log.data)?;
-            Ok((t.to, t.value))
-        })
-        .collect()
 }
 
 /// `tx`'s block `block` has the confirmation depth on it: the transaction
@@ -588,33 +553,4 @@ async fn move_payouts(db: &mut sqlx::PgConnection, chain: &Chain, tx_id: i64, wo
         .collect();
     apply_words(db, &words, Source::Poll, None).await?;
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use alloy_primitives::{Address, U256};
-
-    fn t(byte: u8, amount: u64) -> Transfer {
-        (Address::repeat_byte(byte), U256::from(amount))
-    }
-
-    #[test]
-    fn a_transaction_without_receipt_succeeded_only_if_its_logs_show_each_payouts_transfer_once_and_nothing_else() {
-        // A batch paying one creator twice the same amount: two transfers.
-        let wanted = vec![t(1, 1000), t(2, 500), t(1, 1000)];
-        assert_eq!(unmatched(wanted.clone(), &[t(1, 1000), t(1, 1000), t(2, 500)]), (0, 0));
-        assert_eq!(unmatched(wanted.clone(), &[t(1, 1000), t(2, 500)]), (1, 0), "one short");
-        assert_eq!(unmatched(wanted.clone(), &[]), (3, 0), "no logs: nothing shown");
-        assert_eq!(
-            unmatched(wanted.clone(), &[t(1, 1000), t(1, 1000), t(2, 500), t(3, 1)]),
-            (0, 1),
-            "a transfer no payout explains"
-        );
-        assert_eq!(
-            unmatched(wanted, &[t(1, 1000), t(1, 999), t(2, 500)]),
-            (1, 1),
-            "another amount"
-        );
-    }
 }

@@ -14,7 +14,10 @@
 //! had been found), a transaction of the hot wallet not settled's (the key
 //! used elsewhere: treated as a filler, its payouts signed again once it is
 //! at depth), or nothing (the node lost that history: an operator is told,
-//! nothing is guessed). It only reads the node.
+//! nothing is guessed). For an attempt found so, still without a receipt
+//! at depth, it reads the evidence of its outcome: the token's `Transfer`
+//! logs of that transaction in that block (`transfers_in`), matched one to
+//! one with its payouts (`unmatched`). It only reads the node.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -194,4 +197,70 @@ async fn first_block_since(chain: &Chain, since: u64, head: u64) -> anyhow::Resu
         }
     }
     Ok(low)
+}
+
+/// A token transfer from the hot wallet: (recipient, amount).
+pub(super) type Transfer = (alloy_primitives::Address, alloy_primitives::U256);
+
+/// `wanted` (a transaction's payouts) against `shown` (its transfers),
+/// one to one: how many payouts no transfer shows, and how many transfers
+/// no payout explains.
+pub(super) fn unmatched(mut wanted: Vec<Transfer>, shown: &[Transfer]) -> (usize, usize) {
+    let mut unexplained = 0;
+    for transfer in shown {
+        match wanted.iter().position(|w| w == transfer) {
+            Some(i) => {
+                wanted.swap_remove(i);
+            }
+            None => unexplained += 1,
+        }
+    }
+    (wanted.len(), unexplained)
+}
+
+/// The token's transfers from the hot wallet made by transaction `hash` in
+/// block `block`, by its `Transfer` logs.
+pub(super) async fn transfers_in(chain: &Chain, block: B256, hash: B256) -> anyhow::Result<Vec<Transfer>> {
+    use alloy_sol_types::SolEvent;
+    let from = B256::left_padding_from(chain.wallet.address().as_slice());
+    let logs = chain
+        .rpc
+        .logs_in_block(chain.token, super::abi::IERC20::Transfer::SIGNATURE_HASH, from, block)
+        .await?;
+    logs.into_iter()
+        .filter(|log| log.transaction_hash == Some(hash) && log.block_hash.is_none_or(|b| b == block))
+        .map(|log| {
+            let t = super::abi::IERC20::Transfer::decode_raw_log(log.topics.iter().copied(), &log.data)?;
+            Ok((t.to, t.value))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloy_primitives::{Address, U256};
+
+    fn t(byte: u8, amount: u64) -> Transfer {
+        (Address::repeat_byte(byte), U256::from(amount))
+    }
+
+    #[test]
+    fn a_transaction_without_receipt_succeeded_only_if_its_logs_show_each_payouts_transfer_once_and_nothing_else() {
+        // A batch paying one creator twice the same amount: two transfers.
+        let wanted = vec![t(1, 1000), t(2, 500), t(1, 1000)];
+        assert_eq!(unmatched(wanted.clone(), &[t(1, 1000), t(1, 1000), t(2, 500)]), (0, 0));
+        assert_eq!(unmatched(wanted.clone(), &[t(1, 1000), t(2, 500)]), (1, 0), "one short");
+        assert_eq!(unmatched(wanted.clone(), &[]), (3, 0), "no logs: nothing shown");
+        assert_eq!(
+            unmatched(wanted.clone(), &[t(1, 1000), t(1, 1000), t(2, 500), t(3, 1)]),
+            (0, 1),
+            "a transfer no payout explains"
+        );
+        assert_eq!(
+            unmatched(wanted, &[t(1, 1000), t(1, 999), t(2, 500)]),
+            (1, 1),
+            "another amount"
+        );
+    }
 }
