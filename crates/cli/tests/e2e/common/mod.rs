@@ -187,6 +187,11 @@ impl Drop for ProviderSim {
     }
 }
 
+/// Sends `request`; the answer's status.
+pub(crate) async fn status_of(request: reqwest::RequestBuilder) -> reqwest::StatusCode {
+    request.send().await.unwrap().status()
+}
+
 /// Polls `check` every 50 ms until it is true or `secs` pass.
 pub(crate) async fn wait_until<F, Fut>(secs: u64, what: &str, mut check: F)
 where
