@@ -149,14 +149,7 @@ async fn a_browser_sees_the_run_advance_and_a_waiting_backend_in_the_lock_view()
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let second = first_done(&browse(&browser, profile.path(), &["--dump-dom"], &server.base));
     assert!(second > first, "the progress bar should advance: {first} then {second}");
-    let shot = shots.join("dashboard-runs.png");
-    browse(
-        &browser,
-        profile.path(),
-        &[&format!("--screenshot={}", shot.display())],
-        &server.base,
-    );
-    assert!(shot.exists());
+    screenshot(&browser, profile.path(), &shots, "dashboard-runs.png", &server.base);
     let _ = worker.kill();
     let _ = worker.wait();
     // The chain page, in the navigation, with nothing paid on a chain yet
@@ -248,20 +241,16 @@ async fn audit_and_job_pages(
     })
     .await;
     let url = format!("{}/audit", server.base);
-    let dom = browse(browser, profile, &["--dump-dom"], &url);
-    for wanted in [
+    let wanted = [
         "anonymous",
         "POST /v1/holds",
         "refused 401",
         "cli:",
         "ok 0 item(s) retried",
         "data-audit=",
-    ] {
-        assert!(dom.contains(wanted), "{wanted} on /audit:\n{dom}");
-    }
-    let shot = shots.join("dashboard-audit.png");
-    browse(browser, profile, &[&format!("--screenshot={}", shot.display())], &url);
-    assert!(shot.exists());
+    ];
+    dom_showing(browser, profile, &url, &wanted, "/audit");
+    screenshot(browser, profile, shots, "dashboard-audit.png", &url);
 
     let mut conn = env.pool.acquire().await.unwrap();
     let queue = common::mail_queue(&mut conn).await;
@@ -288,17 +277,30 @@ async fn audit_and_job_pages(
         "the dead letter listed:\n{dom}"
     );
     let url = format!("{}/queues/mail/jobs/welcome-7", server.base);
-    let dom = browse(browser, profile, &["--dump-dom"], &url);
-    for wanted in [
+    let wanted = [
         "id=\"job-state\">failed",
         "timeout",
         "smtp 550 &lt;no such user&gt;",
         "id=\"lease-holder\">none",
-    ] {
-        assert!(dom.contains(wanted), "{wanted} on the job's page:\n{dom}");
+    ];
+    dom_showing(browser, profile, &url, &wanted, "the job's page");
+    screenshot(browser, profile, shots, "dashboard-queue-job.png", &url);
+}
+
+/// The DOM of `url` as the browser shows it, holding each of `wanted`
+/// (`page` names it in a failure).
+fn dom_showing(browser: &PathBuf, profile: &std::path::Path, url: &str, wanted: &[&str], page: &str) -> String {
+    let dom = browse(browser, profile, &["--dump-dom"], url);
+    for wanted in wanted {
+        assert!(dom.contains(wanted), "{wanted} on {page}:\n{dom}");
     }
-    let shot = shots.join("dashboard-queue-job.png");
-    browse(browser, profile, &[&format!("--screenshot={}", shot.display())], &url);
+    dom
+}
+
+/// A screenshot of `url` in `shots`, named `name`; it must be written.
+fn screenshot(browser: &PathBuf, profile: &std::path::Path, shots: &std::path::Path, name: &str, url: &str) {
+    let shot = shots.join(name);
+    browse(browser, profile, &[&format!("--screenshot={}", shot.display())], url);
     assert!(shot.exists());
 }
 
@@ -361,18 +363,7 @@ async fn a_worker_serves_its_claim_latency_histogram_and_counters() {
 
 /// A webhook event signed with `secret`, posted to `base`; its status.
 async fn post_event(base: &str, secret: &str, event: serde_json::Value) -> u16 {
-    let raw = serde_json::to_vec(&event).unwrap();
-    let header = settled::provider::signature::sign(secret.as_bytes(), chrono::Utc::now().timestamp(), &raw);
-    reqwest::Client::new()
-        .post(format!("{base}/v1/provider-events"))
-        .header("Provider-Signature", header)
-        .header("Content-Type", "application/json")
-        .body(raw)
-        .send()
-        .await
-        .unwrap()
-        .status()
-        .as_u16()
+    common::send_signed_event(base, secret, &event).await.status().as_u16()
 }
 
 /// The row of `state` in the payouts page's table.
