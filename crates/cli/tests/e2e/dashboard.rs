@@ -402,17 +402,7 @@ async fn the_payouts_page_and_metrics_show_states_amounts_returns_conflicts_and_
     .into_iter()
     .enumerate()
     {
-        let body: serde_json::Value = client
-            .post(format!("{}/v1/payouts", server.base))
-            .bearer_auth("t0ken")
-            .header("Idempotency-Key", format!("dash-{i}"))
-            .json(&serde_json::json!({ "creator": creators[i], "amount": amount.to_string(), "confirm": confirm }))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let body: serde_json::Value = common::json_of(client.post(format!("{}/v1/payouts", server.base)).bearer_auth("t0ken").header("Idempotency-Key", format!("dash-{i}")).json(&serde_json::json!({ "creator": creators[i], "amount": amount.to_string(), "confirm": confirm }))).await;
         made.push(body["id"].as_i64().expect("a payout id"));
     }
     for (id, to, provider_id) in [

@@ -187,6 +187,11 @@ impl Drop for ProviderSim {
     }
 }
 
+/// Sends `request`; the answer's JSON body, whatever its status.
+pub(crate) async fn json_of<T: serde::de::DeserializeOwned>(request: reqwest::RequestBuilder) -> T {
+    request.send().await.unwrap().json().await.unwrap()
+}
+
 /// Sends `request`; the answer's status.
 pub(crate) async fn status_of(request: reqwest::RequestBuilder) -> reqwest::StatusCode {
     request.send().await.unwrap().status()
