@@ -126,21 +126,7 @@ async fn a_browser_sees_the_run_advance_and_a_waiting_backend_in_the_lock_view()
     let env = Env::new().await;
     env.run_ok(&["seed", "--period", "2026-11-28", "--creators", "20000"]);
     let server = serve(&env).await;
-    let mut worker = env
-        .cmd(&[
-            "lab-worker",
-            "--period",
-            "2026-11-28",
-            "--concurrency",
-            "1",
-            "--chunk",
-            "50",
-            "--work-ms",
-            "4",
-        ])
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut worker = lab_worker(&env, "50", "4", &[]);
     common::wait_until(30, "the run to start paying", || async {
         env.scalar_i64("SELECT count(*) FROM settlement.reward_ledger").await > 0
     })
@@ -240,17 +226,9 @@ async fn audit_and_job_pages(
             == 1
     })
     .await;
+    let wanted = ["anonymous", "POST /v1/holds", "refused 401", "cli:", "ok 0 item(s) retried", "data-audit="];
     let url = format!("{}/audit", server.base);
-    let wanted = [
-        "anonymous",
-        "POST /v1/holds",
-        "refused 401",
-        "cli:",
-        "ok 0 item(s) retried",
-        "data-audit=",
-    ];
-    dom_showing(browser, profile, &url, &wanted, "/audit");
-    screenshot(browser, profile, shots, "dashboard-audit.png", &url);
+    page_shows(browser, profile, shots, &url, &wanted, "/audit", "dashboard-audit.png");
 
     let mut conn = env.pool.acquire().await.unwrap();
     let queue = common::mail_queue(&mut conn).await;
@@ -276,25 +254,33 @@ async fn audit_and_job_pages(
         dom.contains("href=\"/queues/mail/jobs/welcome-7\""),
         "the dead letter listed:\n{dom}"
     );
-    let url = format!("{}/queues/mail/jobs/welcome-7", server.base);
+    let job = format!("{}/queues/mail/jobs/welcome-7", server.base);
     let wanted = [
         "id=\"job-state\">failed",
         "timeout",
         "smtp 550 &lt;no such user&gt;",
         "id=\"lease-holder\">none",
     ];
-    dom_showing(browser, profile, &url, &wanted, "the job's page");
-    screenshot(browser, profile, shots, "dashboard-queue-job.png", &url);
+    page_shows(browser, profile, shots, &job, &wanted, "the job's page", "dashboard-queue-job.png");
 }
 
-/// The DOM of `url` as the browser shows it, holding each of `wanted`
-/// (`page` names it in a failure).
-fn dom_showing(browser: &PathBuf, profile: &std::path::Path, url: &str, wanted: &[&str], page: &str) -> String {
+/// The page at `url`, as the browser shows it, holds each of `wanted`
+/// (`page` names it in a failure); its screenshot `name` is written in
+/// `shots`.
+fn page_shows(
+    browser: &PathBuf,
+    profile: &std::path::Path,
+    shots: &std::path::Path,
+    url: &str,
+    wanted: &[&str],
+    page: &str,
+    name: &str,
+) {
     let dom = browse(browser, profile, &["--dump-dom"], url);
     for wanted in wanted {
         assert!(dom.contains(wanted), "{wanted} on {page}:\n{dom}");
     }
-    dom
+    screenshot(browser, profile, shots, name, url);
 }
 
 /// A screenshot of `url` in `shots`, named `name`; it must be written.
@@ -304,28 +290,30 @@ fn screenshot(browser: &PathBuf, profile: &std::path::Path, shots: &std::path::P
     assert!(shot.exists());
 }
 
+/// `settled lab-worker` on 2026-11-28, one claim loop of `chunk` items
+/// each taking `work_ms`, then `extra` flags.
+fn lab_worker(env: &Env, chunk: &str, work_ms: &str, extra: &[&str]) -> std::process::Child {
+    let mut args = vec![
+        "lab-worker",
+        "--period",
+        "2026-11-28",
+        "--concurrency",
+        "1",
+        "--chunk",
+        chunk,
+        "--work-ms",
+        work_ms,
+    ];
+    args.extend_from_slice(extra);
+    env.cmd(&args).stdout(Stdio::null()).spawn().unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_worker_serves_its_claim_latency_histogram_and_counters() {
     let env = Env::new().await;
     env.run_ok(&["seed", "--period", "2026-11-28", "--creators", "3000"]);
     let port = free_port();
-    let mut worker = env
-        .cmd(&[
-            "lab-worker",
-            "--period",
-            "2026-11-28",
-            "--concurrency",
-            "1",
-            "--chunk",
-            "20",
-            "--work-ms",
-            "5",
-            "--metrics-bind",
-            &format!("127.0.0.1:{port}"),
-        ])
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut worker = lab_worker(&env, "20", "5", &["--metrics-bind", &format!("127.0.0.1:{port}")]);
     common::wait_until(30, "the worker to settle a few chunks", || async {
         env.scalar_i64("SELECT count(*) FROM settlement.reward_ledger").await >= 100
     })
