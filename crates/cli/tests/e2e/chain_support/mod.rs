@@ -46,22 +46,12 @@ pub(crate) async fn queued_payouts(env: &Env, n: i64) -> Vec<(i64, Address, U256
 /// `settled deliver` on the chain through `url`, with the tests' short
 /// leases, then `extra` flags.
 pub(crate) fn deliver(env: &Env, chain: &TestChain, url: &str, confirmations: u32, extra: &[&str]) -> Deliverer {
-    let mut args: Vec<String> = [
-        "deliver",
-        "--lease-ttl-ms",
-        "1000",
-        "--rescue-interval-ms",
-        "200",
-        "--shutdown-grace-ms",
-        "300",
-        "--concurrency",
-        "3",
-        "--batch",
-        "4",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let mut args: Vec<String> = ["deliver"]
+        .iter()
+        .chain(crate::common::SHORT_LEASES)
+        .chain(&["--concurrency", "3", "--batch", "4"])
+        .map(|s| s.to_string())
+        .collect();
     args.extend(chain.flags(url, confirmations));
     args.extend(extra.iter().map(|s| s.to_string()));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();

@@ -73,19 +73,18 @@ impl Env {
     /// leases (1 s), rescue (every 200 ms) and shutdown grace (300 ms), then
     /// `extra` flags; its stdout dropped.
     pub(crate) fn deliver(&self, provider: &str, extra: &[&str]) -> std::process::Child {
-        let mut args = vec![
-            "deliver",
-            "--provider-url",
-            provider,
-            "--lease-ttl-ms",
-            "1000",
-            "--rescue-interval-ms",
-            "200",
-            "--shutdown-grace-ms",
-            "300",
-        ];
+        let mut args = vec!["deliver", "--provider-url", provider];
+        args.extend_from_slice(SHORT_LEASES);
         args.extend_from_slice(extra);
         self.cmd(&args).stdout(Stdio::null()).spawn().unwrap()
+    }
+
+    /// `settled worker` on [`PERIOD`] in leased mode, paying through
+    /// `provider`, then `extra` flags, run to success: its stdout.
+    pub(crate) fn run_leased_worker(&self, provider: &str, extra: &[&str]) -> String {
+        let mut args = vec!["worker", "--period", PERIOD, "--mode", "leased", "--provider-url", provider];
+        args.extend_from_slice(extra);
+        self.run_ok(&args)
     }
 
     /// Runs `settled ARGS` to completion.
@@ -212,6 +211,17 @@ where
     }
     panic!("timed out waiting for: {what}");
 }
+
+/// The tests' short leases (1 s), rescue (every 200 ms) and shutdown
+/// grace (300 ms).
+pub(crate) const SHORT_LEASES: &[&str] = &[
+    "--lease-ttl-ms",
+    "1000",
+    "--rescue-interval-ms",
+    "200",
+    "--shutdown-grace-ms",
+    "300",
+];
 
 /// Flags of a leased worker with short timings, for tests.
 pub(crate) const LEASED_FAST: &[&str] = &[
