@@ -290,20 +290,10 @@ fn screenshot(browser: &PathBuf, profile: &std::path::Path, shots: &std::path::P
     assert!(shot.exists());
 }
 
-/// `settled lab-worker` on 2026-11-28, one claim loop of `chunk` items
+/// `settled lab-worker` on 2026-11-28 ([`common::PERIOD`]), one claim loop of `chunk` items
 /// each taking `work_ms`, then `extra` flags.
 fn lab_worker(env: &Env, chunk: &str, work_ms: &str, extra: &[&str]) -> std::process::Child {
-    let mut args = vec![
-        "lab-worker",
-        "--period",
-        "2026-11-28",
-        "--concurrency",
-        "1",
-        "--chunk",
-        chunk,
-        "--work-ms",
-        work_ms,
-    ];
+    let mut args = common::lab_worker_args("1", chunk, work_ms);
     args.extend_from_slice(extra);
     env.cmd(&args).stdout(Stdio::null()).spawn().unwrap()
 }

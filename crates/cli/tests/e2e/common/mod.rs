@@ -212,6 +212,34 @@ where
     panic!("timed out waiting for: {what}");
 }
 
+/// `settled lab-worker` on [`PERIOD`]: `concurrency` claim loops, `chunk`
+/// items a claim, each taking `work_ms`.
+pub(crate) fn lab_worker_args<'a>(concurrency: &'a str, chunk: &'a str, work_ms: &'a str) -> Vec<&'a str> {
+    vec![
+        "lab-worker",
+        "--period",
+        PERIOD,
+        "--concurrency",
+        concurrency,
+        "--chunk",
+        chunk,
+        "--work-ms",
+        work_ms,
+    ]
+}
+
+/// `settled worker` as a daemon that settles each minute's period, one day
+/// of catch-up, in UTC.
+pub(crate) const MINUTELY_DAEMON: &[&str] = &[
+    "worker",
+    "--schedule",
+    "0 * * * * *",
+    "--timezone",
+    "UTC",
+    "--catch-up-days",
+    "1",
+];
+
 /// The tests' short leases (1 s), rescue (every 200 ms) and shutdown
 /// grace (300 ms).
 pub(crate) const SHORT_LEASES: &[&str] = &[

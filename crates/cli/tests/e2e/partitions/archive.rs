@@ -159,17 +159,7 @@ async fn two_archives_at_once_while_workers_settle_the_next_period_archive_once_
     // are still at it) while two archive processes retire the first two.
     let workers: Vec<_> = (0..3)
         .map(|_| {
-            env.cmd(&[
-                "worker",
-                "--period",
-                "2026-11-26",
-                "--chunk",
-                "50",
-                "--concurrency",
-                "2",
-            ])
-            .spawn()
-            .unwrap()
+            two_loop_worker(&env, "2026-11-26", "50")
         })
         .collect();
     let archivers: Vec<_> = (0..2)

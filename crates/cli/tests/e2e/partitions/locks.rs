@@ -32,17 +32,7 @@ async fn workers_settle_a_period_while_an_older_periods_partitions_are_held() {
     env.run_ok(&["run", "--period", "2026-11-26"]);
     let mut workers: Vec<_> = (0..2)
         .map(|_| {
-            env.cmd(&[
-                "worker",
-                "--period",
-                "2026-11-26",
-                "--chunk",
-                "25",
-                "--concurrency",
-                "2",
-            ])
-            .spawn()
-            .unwrap()
+            two_loop_worker(&env, "2026-11-26", "25")
         })
         .collect();
     for w in &mut workers {
