@@ -121,6 +121,27 @@ impl TestDb {
         TestDb::create_copy_of(Some(template)).await
     }
 
+    /// [`TestDb::create_prepared`], `prepare` given a pool of one connection
+    /// to the database, which is closed once `prepare` has returned.
+    pub async fn create_prepared_on_pool<F, Fut>(kind: &'static str, prepare: F) -> Result<TestDb>
+    where
+        F: Fn(sqlx::PgPool) -> Fut,
+        Fut: Future<Output = std::result::Result<(), String>>,
+    {
+        let prepare = &prepare;
+        TestDb::create_prepared(kind, |url| async move {
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(1)
+                .connect(&url)
+                .await
+                .map_err(|e| e.to_string())?;
+            let prepared = prepare(pool.clone()).await;
+            pool.close().await;
+            prepared
+        })
+        .await
+    }
+
     async fn create_copy_of(template: Option<&str>) -> Result<TestDb> {
         let admin_url = match std::env::var("TEST_DATABASE_URL") {
             Ok(url) if !url.is_empty() => url,

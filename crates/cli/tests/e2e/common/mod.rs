@@ -30,14 +30,8 @@ pub(crate) struct Env {
 impl Env {
     pub(crate) async fn new() -> Env {
         // A copy of a database migrated once per test binary.
-        let db = TestDb::create_prepared("settled", |url| async move {
-            let pool = sqlx::postgres::PgPoolOptions::new()
-                .max_connections(1)
-                .connect(&url)
-                .await
-                .map_err(|e| e.to_string())?;
+        let db = TestDb::create_prepared_on_pool("settled", |pool| async move {
             settled::db::migrate(&pool).await.map_err(|e| format!("{e:#}"))?;
-            pool.close().await;
             Ok(())
         })
         .await
