@@ -400,6 +400,19 @@ struct Ended {
     payments: Vec<String>,
 }
 
+impl Ended {
+    /// A payout ended in `state`, its funds returned `returns` times, the
+    /// creator's balance `balance`, the provider's payments in `payments`.
+    fn of(state: &str, returns: i64, balance: i64, payments: &[&str]) -> Ended {
+        Ended {
+            state: state.into(),
+            returns,
+            balance,
+            payments: payments.iter().map(|p| p.to_string()).collect(),
+        }
+    }
+}
+
 async fn ended(s: &Setup, id: i64) -> Ended {
     let (state, returns, balance) = payout(&s.pool, id).await;
     let payments = payments_to(&s.sim, CREATOR)

@@ -2,6 +2,39 @@
 
 use super::*;
 
+/// The replay's setup, its key lock a minute: with `guarded` the real
+/// database, else one without `guards`.
+async fn setup_unless(guarded: bool, guards: &[&str]) -> Setup {
+    let unguard: &[&str] = if guarded { &[] } else { guards };
+    setup(unguard, Duration::from_secs(60)).await
+}
+
+/// A delivery worker as [`delivery_worker`] starts it.
+type DeliveryWorker = (tokio::task::JoinHandle<()>, Arc<ServeStats>);
+
+/// Steps 1-8 of a confirmed payout's traces: created under `key` (the
+/// reads, 3-4, see `created`), confirmed (5), claimed and called by w0
+/// (6-7; w0 stops once the provider answered), and settled by the
+/// provider as `settled_as` (8). The payout, w0's script and worker, and
+/// the payment.
+async fn confirmed_and_settled(
+    s: &Setup,
+    key: &str,
+    settled_as: &str,
+) -> (i64, Script<ClaimedJob>, DeliveryWorker, Payment) {
+    let a = &s.servers[0];
+    let (id, token) = created_payout(a, key).await;
+    assert_eq!(status_of(&s.pool, id).await, "created");
+    let (status, body) = post(a, &format!("/v1/payouts/{id}/confirm"), None, json!({ "token": token })).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (handler, mut w0) = scripted(deliver(&s.pool, &s.sim), &[Point::Called]);
+    let worker = delivery_worker(&s.pool, handler);
+    w0.reached(Point::Called).await;
+    let payment = settled_payment(&s.sim, &provider_key(&s.pool, id).await).await;
+    assert_eq!(payment.status.as_str(), settled_as);
+    (id, w0, worker, payment)
+}
+
 /// The model's trace without the conditional update and the transitions
 /// table (`settled-models --counterexamples`), step by step:
 ///
@@ -20,22 +53,10 @@ use super::*;
 /// payout to `paid` at step 9, and the cancel (`move_payout(id, [created],
 /// cancelled)`) at step 10 moves nothing.
 async fn paid_then_returned(guarded: bool) -> Ended {
-    let unguard: &[&str] = if guarded { &[] } else { &[NO_TRANSITIONS_TABLE] };
-    let s = setup(unguard, Duration::from_secs(60)).await;
+    let s = setup_unless(guarded, &[NO_TRANSITIONS_TABLE]).await;
     let [a, b] = &s.servers;
-    let (id, token) = created_payout(a, "paid-then-returned").await;
-    // 3-4. The reads (with the real code, part of the writes).
-    assert_eq!(status_of(&s.pool, id).await, "created");
-    // 5. The confirmation.
-    let (status, body) = post(a, &format!("/v1/payouts/{id}/confirm"), None, json!({ "token": token })).await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    // 6-7. w0 claims and calls; the provider accepts it.
-    let (handler, mut w0) = scripted(deliver(&s.pool, &s.sim), &[Point::Called]);
-    let worker = delivery_worker(&s.pool, handler);
-    w0.reached(Point::Called).await;
-    // 8. The provider pays it (the simulator settles at once).
-    let paid = settled_payment(&s.sim, &provider_key(&s.pool, id).await).await;
-    assert_eq!(paid.status.as_str(), "paid");
+    // 1-8; the provider pays it (the simulator settles at once).
+    let (id, w0, worker, paid) = confirmed_and_settled(&s, "paid-then-returned", "paid").await;
     // 9. Its webhook.
     if guarded {
         let (status, body) = post_event(b, &event_of(&paid)).await;
@@ -80,23 +101,13 @@ async fn without_the_conditional_update_and_the_transitions_table_a_paid_payout_
     let unguarded = paid_then_returned(false).await;
     assert_eq!(
         unguarded,
-        Ended {
-            state: "cancelled".into(),
-            returns: 1,
-            balance: BALANCE,
-            payments: vec!["paid".into()],
-        },
+        Ended::of("cancelled", 1, BALANCE, &["paid"]),
         "the provider paid the creator, and the funds came back too"
     );
     let real = paid_then_returned(true).await;
     assert_eq!(
         real,
-        Ended {
-            state: "paid".into(),
-            returns: 0,
-            balance: BALANCE - AMOUNT,
-            payments: vec!["paid".into()],
-        }
+        Ended::of("paid", 0, BALANCE - AMOUNT, &["paid"])
     );
 }
 
@@ -114,27 +125,11 @@ async fn without_the_conditional_update_and_the_transitions_table_a_paid_payout_
 /// With the real code the webhook moves the payout to `failed` (funds
 /// returned) at step 9 and the cancel moves nothing at step 10.
 async fn returned_twice(guarded: bool) -> Ended {
-    let unguard: &[&str] = if guarded {
-        &[]
-    } else {
-        &[NO_TRANSITIONS_TABLE, NO_RETURN_KEY]
-    };
-    let s = setup(unguard, Duration::from_secs(60)).await;
+    let s = setup_unless(guarded, &[NO_TRANSITIONS_TABLE, NO_RETURN_KEY]).await;
     set_faults(&s.sim, json!({ "failure_rate": 1.0 })).await;
     let [a, b] = &s.servers;
-    let (id, token) = created_payout(a, "returned-twice").await;
-    // 3-4. The reads.
-    assert_eq!(status_of(&s.pool, id).await, "created");
-    // 5. The confirmation.
-    let (status, body) = post(a, &format!("/v1/payouts/{id}/confirm"), None, json!({ "token": token })).await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    // 6-7. w0 claims and calls.
-    let (handler, mut w0) = scripted(deliver(&s.pool, &s.sim), &[Point::Called]);
-    let worker = delivery_worker(&s.pool, handler);
-    w0.reached(Point::Called).await;
-    // 8. The provider fails it.
-    let failed = settled_payment(&s.sim, &provider_key(&s.pool, id).await).await;
-    assert_eq!(failed.status.as_str(), "failed");
+    // 1-8; the provider fails it.
+    let (id, w0, worker, failed) = confirmed_and_settled(&s, "returned-twice", "failed").await;
     let event = event_of(&failed);
     if guarded {
         // 9. The webhook, read and written at once.
@@ -189,23 +184,13 @@ async fn without_the_state_guards_a_payout_is_returned_twice() {
     let unguarded = returned_twice(false).await;
     assert_eq!(
         unguarded,
-        Ended {
-            state: "failed".into(),
-            returns: 2,
-            balance: BALANCE + AMOUNT,
-            payments: vec!["failed".into()],
-        },
+        Ended::of("failed", 2, BALANCE + AMOUNT, &["failed"]),
         "returned twice: the balance is more than it was before the payout"
     );
     let real = returned_twice(true).await;
     assert_eq!(
         real,
-        Ended {
-            state: "failed".into(),
-            returns: 1,
-            balance: BALANCE,
-            payments: vec!["failed".into()],
-        }
+        Ended::of("failed", 1, BALANCE, &["failed"])
     );
 }
 
@@ -228,12 +213,7 @@ async fn without_the_state_guards_a_payout_is_returned_twice() {
 /// paid at step 7, e0r returned at step 8 (funds back once), and the
 /// look-up finds nothing to do.
 async fn returned_before_paid(guarded: bool) -> Ended {
-    let unguard: &[&str] = if guarded {
-        &[]
-    } else {
-        &[NO_TRANSITIONS_TABLE, NO_RETURN_KEY]
-    };
-    let s = setup(unguard, Duration::from_secs(60)).await;
+    let s = setup_unless(guarded, &[NO_TRANSITIONS_TABLE, NO_RETURN_KEY]).await;
     // 1-2. The payout.
     let (status, made) = post_payout(&s.servers[0], "returned-before-paid", false).await;
     assert_eq!(status, StatusCode::CREATED, "{made}");
@@ -348,22 +328,12 @@ async fn without_the_returns_guards_a_return_gives_the_money_back_twice() {
     let unguarded = returned_before_paid(false).await;
     assert_eq!(
         unguarded,
-        Ended {
-            state: "returned".into(),
-            returns: 2,
-            balance: BALANCE + AMOUNT,
-            payments: vec!["returned".into()],
-        },
+        Ended::of("returned", 2, BALANCE + AMOUNT, &["returned"]),
         "the provider took the payment back once, and the balance got it twice"
     );
     let real = returned_before_paid(true).await;
     assert_eq!(
         real,
-        Ended {
-            state: "returned".into(),
-            returns: 1,
-            balance: BALANCE,
-            payments: vec!["returned".into()],
-        }
+        Ended::of("returned", 1, BALANCE, &["returned"])
     );
 }
