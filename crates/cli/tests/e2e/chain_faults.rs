@@ -19,8 +19,8 @@ use std::time::Duration;
 
 use alloy_primitives::{Address, U256};
 use chain_support::{
-    count, deliver, hide, mine, mine_until, mine_until_paid, paid_once, queued_payouts, rpc, wait_txs, Broadcasts, Deliverer,
-    RpcProxy, TestChain, HOT_WALLET,
+    count, deliver, hide, mine, mine_until, mine_until_paid, paid_once, queued_payouts, rpc, wait_txs, Broadcasts,
+    Deliverer, RpcProxy, TestChain, HOT_WALLET,
 };
 use common::{wait_until, Env};
 use serde_json::json;

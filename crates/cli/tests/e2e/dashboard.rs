@@ -226,7 +226,14 @@ async fn audit_and_job_pages(
             == 1
     })
     .await;
-    let wanted = ["anonymous", "POST /v1/holds", "refused 401", "cli:", "ok 0 item(s) retried", "data-audit="];
+    let wanted = [
+        "anonymous",
+        "POST /v1/holds",
+        "refused 401",
+        "cli:",
+        "ok 0 item(s) retried",
+        "data-audit=",
+    ];
     let url = format!("{}/audit", server.base);
     page_shows(browser, profile, shots, &url, &wanted, "/audit", "dashboard-audit.png");
 
@@ -261,7 +268,15 @@ async fn audit_and_job_pages(
         "smtp 550 &lt;no such user&gt;",
         "id=\"lease-holder\">none",
     ];
-    page_shows(browser, profile, shots, &job, &wanted, "the job's page", "dashboard-queue-job.png");
+    page_shows(
+        browser,
+        profile,
+        shots,
+        &job,
+        &wanted,
+        "the job's page",
+        "dashboard-queue-job.png",
+    );
 }
 
 /// The page at `url`, as the browser shows it, holds each of `wanted`
@@ -380,7 +395,14 @@ async fn the_payouts_page_and_metrics_show_states_amounts_returns_conflicts_and_
     .into_iter()
     .enumerate()
     {
-        let body: serde_json::Value = common::json_of(client.post(format!("{}/v1/payouts", server.base)).bearer_auth("t0ken").header("Idempotency-Key", format!("dash-{i}")).json(&serde_json::json!({ "creator": creators[i], "amount": amount.to_string(), "confirm": confirm }))).await;
+        let body: serde_json::Value = common::json_of(
+            client
+                .post(format!("{}/v1/payouts", server.base))
+                .bearer_auth("t0ken")
+                .header("Idempotency-Key", format!("dash-{i}"))
+                .json(&serde_json::json!({ "creator": creators[i], "amount": amount.to_string(), "confirm": confirm })),
+        )
+        .await;
         made.push(body["id"].as_i64().expect("a payout id"));
     }
     for (id, to, provider_id) in [

@@ -110,11 +110,11 @@ async fn an_idle_daemon_rides_out_an_outage_then_settles_the_due_run() {
     let log_path = server.pgdata().with_file_name("daemon.log");
     let flags = ["--max-poll-ms", "300", "--max-outage-secs", "120"];
     let mut daemon = settled(&[&["--log-format", "json"][..], common::MINUTELY_DAEMON, &flags[..]].concat())
-    .env("SETTLED_LOG", "info")
-    .stdout(Stdio::null())
-    .stderr(std::fs::File::create(&log_path).unwrap())
-    .spawn()
-    .unwrap();
+        .env("SETTLED_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .unwrap();
     tokio::time::sleep(std::time::Duration::from_secs(2)).await;
     tokio::task::block_in_place(|| server.take_down()).unwrap();
     tokio::time::sleep(std::time::Duration::from_secs(4)).await;

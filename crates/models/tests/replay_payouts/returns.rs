@@ -105,10 +105,7 @@ async fn without_the_conditional_update_and_the_transitions_table_a_paid_payout_
         "the provider paid the creator, and the funds came back too"
     );
     let real = paid_then_returned(true).await;
-    assert_eq!(
-        real,
-        Ended::of("paid", 0, BALANCE - AMOUNT, &["paid"])
-    );
+    assert_eq!(real, Ended::of("paid", 0, BALANCE - AMOUNT, &["paid"]));
 }
 
 /// The model's trace without the conditional update, the transitions
@@ -188,10 +185,7 @@ async fn without_the_state_guards_a_payout_is_returned_twice() {
         "returned twice: the balance is more than it was before the payout"
     );
     let real = returned_twice(true).await;
-    assert_eq!(
-        real,
-        Ended::of("failed", 1, BALANCE, &["failed"])
-    );
+    assert_eq!(real, Ended::of("failed", 1, BALANCE, &["failed"]));
 }
 
 /// The model's trace without the return's guards (the conditional update,
@@ -332,8 +326,5 @@ async fn without_the_returns_guards_a_return_gives_the_money_back_twice() {
         "the provider took the payment back once, and the balance got it twice"
     );
     let real = returned_before_paid(true).await;
-    assert_eq!(
-        real,
-        Ended::of("returned", 1, BALANCE, &["returned"])
-    );
+    assert_eq!(real, Ended::of("returned", 1, BALANCE, &["returned"]));
 }

@@ -12,7 +12,7 @@ use settled_engine::continuous::ReplayFilter;
 use utoipa::ToSchema;
 
 use super::openapi::{QueueName, TAG_QUEUES};
-use super::{AppState, JsonBody, Authorized, Problem, ProblemType};
+use super::{AppState, Authorized, JsonBody, Problem, ProblemType};
 use crate::queues::{
     self, Cancelled, DeadLetter, QueueError, QueueView, ReplayRequest, DEAD_LETTERS_SHOWN, MAX_DEAD_LETTERS_SHOWN,
 };

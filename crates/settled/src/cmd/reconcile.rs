@@ -5,7 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::process::ExitCode;
 
-use crate::cmd::{chain_once, exit_code, printable, ReadOnly, Global, OnDatabase, Outcome, Runnable};
+use crate::cmd::{chain_once, exit_code, printable, Global, OnDatabase, Outcome, ReadOnly, Runnable};
 use crate::db::Database;
 use crate::payouts::reconcile::{self, Comparison, Lag, MismatchKind, Scope};
 use crate::provider::HttpProvider;

@@ -1,6 +1,6 @@
 //! `settled status`.
 
-use crate::cmd::{ReadOnly, Outcome};
+use crate::cmd::{Outcome, ReadOnly};
 use crate::db::Database;
 use crate::period::Period;
 

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::cmd::{exit_code, printable, ReadOnly, Outcome};
+use crate::cmd::{exit_code, printable, Outcome, ReadOnly};
 use crate::db::Database;
 use crate::period::Period;
 use crate::provider::HttpProvider;

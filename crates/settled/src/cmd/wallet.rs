@@ -6,7 +6,7 @@ use alloy_sol_types::SolCall;
 use crate::chain::abi::IERC20;
 use crate::chain::store::{self, TxState};
 use crate::chain::{HotWallet, Rpc};
-use crate::cmd::{ReadOnly, Outcome};
+use crate::cmd::{Outcome, ReadOnly};
 use crate::db::Database;
 
 /// Show the hot wallet of the chain rail: its address, its token and gas

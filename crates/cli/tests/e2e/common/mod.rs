@@ -76,7 +76,15 @@ impl Env {
     /// `settled worker` on [`PERIOD`] in leased mode, paying through
     /// `provider`, then `extra` flags, run to success: its stdout.
     pub(crate) fn run_leased_worker(&self, provider: &str, extra: &[&str]) -> String {
-        let mut args = vec!["worker", "--period", PERIOD, "--mode", "leased", "--provider-url", provider];
+        let mut args = vec![
+            "worker",
+            "--period",
+            PERIOD,
+            "--mode",
+            "leased",
+            "--provider-url",
+            provider,
+        ];
         args.extend_from_slice(extra);
         self.run_ok(&args)
     }

@@ -331,7 +331,11 @@ async fn payouts_lost_after_their_delivery_in_an_asynchronous_failover_block_not
     .spawn()
     .unwrap();
     let on_primary = pair.primary.as_ref().unwrap().url("settled");
-    let creators = creators_on(&on_primary, "SELECT creator FROM settlement.creator_balance ORDER BY creator").await;
+    let creators = creators_on(
+        &on_primary,
+        "SELECT creator FROM settlement.creator_balance ORDER BY creator",
+    )
+    .await;
     // More than a sequence's 32 cached values: the new primary is sure to
     // hand out some of these ids again.
     for i in 0..40 {
