@@ -9,6 +9,26 @@ async fn setup_unless(guarded: bool, guards: &[&str]) -> Setup {
     setup(unguard, Duration::from_secs(60)).await
 }
 
+/// The first steps of both traces of a confirmed payout its creator
+/// cancels: made, confirmed, the cancel's read, and w0's call, accepted.
+const CANCELLED_WHILE_CALLED: [&str; 7] = [
+    "POST /v1/payouts (key k0)",
+    "pay() k0",
+    "POST /v1/payouts/0/confirm",
+    "POST /v1/payouts/0/cancel",
+    "Confirm writes payout 0 Queued",
+    "w0 claim_leased",
+    "w0 work: provider pay(key) answers Accepted",
+];
+
+/// What became of payout `id`; then w0 let go and its worker stopped.
+async fn ended_and_stopped(s: &Setup, id: i64, w0: Script<ClaimedJob>, worker: DeliveryWorker) -> Ended {
+    let outcome = ended(s, id).await;
+    w0.go();
+    stop(worker).await;
+    outcome
+}
+
 /// A delivery worker as [`delivery_worker`] starts it.
 type DeliveryWorker = (tokio::task::JoinHandle<()>, Arc<ServeStats>);
 
@@ -75,28 +95,19 @@ async fn paid_then_returned(guarded: bool) -> Ended {
     } else {
         write_blind(&s.pool, id, "cancelled", "cancelled by request").await;
     }
-    let outcome = ended(&s, id).await;
-    w0.go();
-    stop(worker).await;
-    outcome
+    ended_and_stopped(&s, id, w0, worker).await
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn without_the_conditional_update_and_the_transitions_table_a_paid_payout_is_returned() {
+    let steps = [
+        "provider: payment 0 paid",
+        "POST /v1/provider-events (e0)",
+        "Creator writes payout 0 Cancelled (blind)",
+    ];
     model_trace(
         suite::without_state_condition_and_transitions(),
-        &[
-            "POST /v1/payouts (key k0)",
-            "pay() k0",
-            "POST /v1/payouts/0/confirm",
-            "POST /v1/payouts/0/cancel",
-            "Confirm writes payout 0 Queued",
-            "w0 claim_leased",
-            "w0 work: provider pay(key) answers Accepted",
-            "provider: payment 0 paid",
-            "POST /v1/provider-events (e0)",
-            "Creator writes payout 0 Cancelled (blind)",
-        ],
+        &[&CANCELLED_WHILE_CALLED[..], &steps[..]].concat(),
     );
     let unguarded = paid_then_returned(false).await;
     assert_eq!(
@@ -154,29 +165,20 @@ async fn returned_twice(guarded: bool) -> Ended {
         write_event_blind(&mut webhook, id, "failed", &event).await;
         webhook.commit().await.unwrap();
     }
-    let outcome = ended(&s, id).await;
-    w0.go();
-    stop(worker).await;
-    outcome
+    ended_and_stopped(&s, id, w0, worker).await
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn without_the_state_guards_a_payout_is_returned_twice() {
+    let steps = [
+        "provider: payment 0 failed",
+        "POST /v1/provider-events (e0)",
+        "Creator writes payout 0 Cancelled (blind)",
+        "Webhook(0) writes payout 0 Failed (blind)",
+    ];
     model_trace(
         suite::without_state_guards(),
-        &[
-            "POST /v1/payouts (key k0)",
-            "pay() k0",
-            "POST /v1/payouts/0/confirm",
-            "POST /v1/payouts/0/cancel",
-            "Confirm writes payout 0 Queued",
-            "w0 claim_leased",
-            "w0 work: provider pay(key) answers Accepted",
-            "provider: payment 0 failed",
-            "POST /v1/provider-events (e0)",
-            "Creator writes payout 0 Cancelled (blind)",
-            "Webhook(0) writes payout 0 Failed (blind)",
-        ],
+        &[&CANCELLED_WHILE_CALLED[..], &steps[..]].concat(),
     );
     let unguarded = returned_twice(false).await;
     assert_eq!(
@@ -270,10 +272,7 @@ async fn returned_before_paid(guarded: bool) -> Ended {
         assert_eq!(status_of(&s.pool, id).await, "paid");
         write_blind(&s.pool, id, "returned", "returned: returned_by_bank (poll)").await;
     }
-    let outcome = ended(&s, id).await;
-    w0.go();
-    stop(worker).await;
-    outcome
+    ended_and_stopped(&s, id, w0, worker).await
 }
 
 /// A webhook's blind write of `to`, and its event stored, on `tx`.
