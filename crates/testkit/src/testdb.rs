@@ -198,3 +198,18 @@ impl Drop for TestDb {
         }
     }
 }
+
+/// Polls `sql`, a query answering one boolean, on a new connection to
+/// `url` every 50 ms until it answers true; after a minute, panics naming
+/// `what`.
+pub async fn wait_for_true(url: &str, sql: &str, what: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let mut conn = PgConnection::connect(url).await.unwrap();
+        if sqlx::query_scalar::<_, bool>(sql).fetch_one(&mut conn).await.unwrap() {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "waited too long for {what}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
