@@ -35,9 +35,8 @@ struct Listed<'a>(&'a Run, Shown);
 
 impl serde::Serialize for Listed<'_> {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        shown_json(self.0, self.1)
-            .map_err(serde::ser::Error::custom)?
-            .serialize(serializer)
+        let value = shown_json(self.0, self.1).map_err(serde::ser::Error::custom)?;
+        serde::Serialize::serialize(&value, serializer)
     }
 }
 
