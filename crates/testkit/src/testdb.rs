@@ -129,7 +129,7 @@ impl TestDb {
         Fut: Future<Output = std::result::Result<(), String>>,
     {
         let prepare = &prepare;
-        TestDb::create_prepared(kind, |url| async move {
+        TestDb::create_prepared(kind, move |url| async move {
             let pool = sqlx::postgres::PgPoolOptions::new()
                 .max_connections(1)
                 .connect(&url)
