@@ -7,11 +7,11 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use settled_engine::{Chunk, LeasedHandler};
-use settled_testkit::{LocalOptions, LocalPostgres};
+use settled_testkit::{wait_for_true as wait_for, LocalOptions, LocalPostgres};
 use sqlx::{Connection, PgConnection};
 use uuid::Uuid;
 
@@ -23,18 +23,6 @@ fn options(data_dir: std::path::PathBuf) -> LocalOptions {
         remove_on_stop: true,
         max_connections: 50,
         settings: Vec::new(),
-    }
-}
-
-async fn wait_for(url: &str, sql: &str, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let mut conn = PgConnection::connect(url).await.unwrap();
-        if sqlx::query_scalar::<_, bool>(sql).fetch_one(&mut conn).await.unwrap() {
-            return;
-        }
-        assert!(Instant::now() < deadline, "waited too long for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

@@ -18,4 +18,4 @@ pub use pgbouncer::{find_pgbouncer, PgBouncer};
 pub use pgproxy::{CommitFault, FaultPlan, PgProxy};
 pub use process::terminate;
 pub use settled_embedded::{find_binaries, with_database, Error, LocalOptions, LocalPostgres, PgBinaries, Result};
-pub use testdb::{shared_test_server, TestDb};
+pub use testdb::{shared_test_server, wait_for_true, TestDb};

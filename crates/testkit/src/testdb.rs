@@ -121,6 +121,27 @@ impl TestDb {
         TestDb::create_copy_of(Some(template)).await
     }
 
+    /// [`TestDb::create_prepared`], `prepare` given a pool of one connection
+    /// to the database, which is closed once `prepare` has returned.
+    pub async fn create_prepared_on_pool<F, Fut>(kind: &'static str, prepare: F) -> Result<TestDb>
+    where
+        F: Fn(sqlx::PgPool) -> Fut,
+        Fut: Future<Output = std::result::Result<(), String>>,
+    {
+        let prepare = &prepare;
+        TestDb::create_prepared(kind, move |url| async move {
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(1)
+                .connect(&url)
+                .await
+                .map_err(|e| e.to_string())?;
+            let prepared = prepare(pool.clone()).await;
+            pool.close().await;
+            prepared
+        })
+        .await
+    }
+
     async fn create_copy_of(template: Option<&str>) -> Result<TestDb> {
         let admin_url = match std::env::var("TEST_DATABASE_URL") {
             Ok(url) if !url.is_empty() => url,
@@ -175,5 +196,20 @@ impl Drop for TestDb {
         if !matches!(dropped, Ok(Some(_))) {
             tracing::warn!(database = %self.name, "could not drop test database");
         }
+    }
+}
+
+/// Polls `sql`, a query answering one boolean, on a new connection to
+/// `url` every 50 ms until it answers true; after a minute, panics naming
+/// `what`.
+pub async fn wait_for_true(url: &str, sql: &str, what: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let mut conn = PgConnection::connect(url).await.unwrap();
+        if sqlx::query_scalar::<_, bool>(sql).fetch_one(&mut conn).await.unwrap() {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "waited too long for {what}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }

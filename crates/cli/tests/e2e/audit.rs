@@ -5,7 +5,7 @@
 
 use crate::common;
 
-use common::Env;
+use common::{status_of, Env};
 use sqlx::{Connection, PgConnection};
 
 const TOKEN: &str = "t0ken";
@@ -81,26 +81,12 @@ async fn each_role_acting_and_refused_leaves_the_rows_settled_audit_shows() {
 
     // A read leaves no row; a viewer placing a hold is refused (403); no
     // token at all is refused (401).
+    assert_eq!(status_of(client.get(url("/v1/queues")).bearer_auth(&viewer)).await, 200);
     assert_eq!(
-        client
-            .get(url("/v1/queues"))
-            .bearer_auth(&viewer)
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
+        status_of(client.post(url("/v1/holds")).bearer_auth(&viewer).json(&hold)).await,
+        403
     );
-    let r = client
-        .post(url("/v1/holds"))
-        .bearer_auth(&viewer)
-        .json(&hold)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 403);
-    let r = client.post(url("/v1/holds")).json(&hold).send().await.unwrap();
-    assert_eq!(r.status(), 401);
+    assert_eq!(status_of(client.post(url("/v1/holds")).json(&hold)).await, 401);
     // The app places a hold; the operator retries from the dashboard and
     // pauses a queue that does not exist (404); the admin releases the hold.
     let r = client
@@ -112,37 +98,35 @@ async fn each_role_acting_and_refused_leaves_the_rows_settled_audit_shows() {
         .unwrap();
     assert_eq!(r.status(), 201);
     let hold_id = r.json::<serde_json::Value>().await.unwrap()["id"].as_i64().unwrap();
-    let r = client
-        .post(url("/dashboard/retry"))
-        .basic_auth("x", Some(&operator))
-        .form(&[("period", PERIOD), ("creator", creator.as_str())])
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 303);
-    let r = client
-        .post(url("/v1/queues/nope/pause"))
-        .bearer_auth(&operator)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 404);
-    let r = client
-        .post(url(&format!("/v1/holds/{hold_id}/release")))
-        .bearer_auth(&admin)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    assert_eq!(
+        status_of(
+            client
+                .post(url("/dashboard/retry"))
+                .basic_auth("x", Some(&operator))
+                .form(&[("period", PERIOD), ("creator", creator.as_str())])
+        )
+        .await,
+        303
+    );
+    assert_eq!(
+        status_of(client.post(url("/v1/queues/nope/pause")).bearer_auth(&operator)).await,
+        404
+    );
+    assert_eq!(
+        status_of(
+            client
+                .post(url(&format!("/v1/holds/{hold_id}/release")))
+                .bearer_auth(&admin)
+        )
+        .await,
+        200
+    );
     // An operator command of the CLI, and a viewer refused the audit log.
     env.run_ok(&["retry", "--period", PERIOD]);
-    let r = client
-        .get(url("/audit"))
-        .basic_auth("x", Some(&viewer))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 403);
+    assert_eq!(
+        status_of(client.get(url("/audit")).basic_auth("x", Some(&viewer))).await,
+        403
+    );
     refusals_written(&env, 3).await;
 
     let rows = audit_rows(&env, &[]);
@@ -236,27 +220,33 @@ async fn a_flood_of_refusals_is_one_row_per_actor_and_route_and_minute_with_a_co
     let client = reqwest::Client::new();
     const TRIES: i64 = 60;
     for _ in 0..TRIES {
-        let r = client
-            .post(format!("{}/v1/holds", server.base))
-            .json(&serde_json::json!({}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 401);
-        let r = client
-            .post(format!("{}/v1/queues/q/pause", server.base))
-            .bearer_auth(&viewer)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 403);
-        let r = client
-            .get(format!("{}/runs/1", server.base))
-            .bearer_auth("stl_not_a_token")
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 401);
+        assert_eq!(
+            status_of(
+                client
+                    .post(format!("{}/v1/holds", server.base))
+                    .json(&serde_json::json!({}))
+            )
+            .await,
+            401
+        );
+        assert_eq!(
+            status_of(
+                client
+                    .post(format!("{}/v1/queues/q/pause", server.base))
+                    .bearer_auth(&viewer)
+            )
+            .await,
+            403
+        );
+        assert_eq!(
+            status_of(
+                client
+                    .get(format!("{}/runs/1", server.base))
+                    .bearer_auth("stl_not_a_token")
+            )
+            .await,
+            401
+        );
     }
     refusals_written(&env, 3 * TRIES).await;
     for (actor, action) in [
@@ -357,6 +347,14 @@ async fn an_audit_row_and_its_effect_commit_together_or_not_at_all() {
     let server = env.serve(TOKEN).await;
     let client = reqwest::Client::new();
     let hold = serde_json::json!({ "creator": creator, "reason": "KYC review" });
+    let place_hold = || {
+        status_of(
+            client
+                .post(format!("{}/v1/holds", server.base))
+                .bearer_auth(TOKEN)
+                .json(&hold),
+        )
+    };
 
     // An effect that fails at its commit (a deferred check) leaves no "ok" row.
     sqlx::raw_sql(
@@ -368,14 +366,8 @@ async fn an_audit_row_and_its_effect_commit_together_or_not_at_all() {
     .execute(&env.pool)
     .await
     .unwrap();
-    let r = client
-        .post(format!("{}/v1/holds", server.base))
-        .bearer_auth(TOKEN)
-        .json(&hold)
-        .send()
-        .await
-        .unwrap();
-    assert!(r.status().is_server_error(), "{}", r.status());
+    let status = place_hold().await;
+    assert!(status.is_server_error(), "{status}");
     assert_eq!(env.scalar_i64("SELECT count(*) FROM settlement.creator_holds").await, 0);
     assert_eq!(
         env.scalar_i64("SELECT count(*) FROM settlement.audit_log WHERE outcome = 'ok'")
@@ -391,14 +383,8 @@ async fn an_audit_row_and_its_effect_commit_together_or_not_at_all() {
     // An audit row that cannot be written takes its effect with it: the
     // API's, and the CLI's.
     break_the_audit_log(&env).await;
-    let r = client
-        .post(format!("{}/v1/holds", server.base))
-        .bearer_auth(TOKEN)
-        .json(&hold)
-        .send()
-        .await
-        .unwrap();
-    assert!(r.status().is_server_error(), "{}", r.status());
+    let status = place_hold().await;
+    assert!(status.is_server_error(), "{status}");
     assert_eq!(
         env.scalar_i64("SELECT count(*) FROM settlement.creator_holds").await,
         0,

@@ -12,8 +12,8 @@ use crate::common;
 use alloy_primitives::{Address, U256};
 use alloy_sol_types::SolCall;
 use chain_support::{
-    balance, count, deliver, kill9, payouts, queued_payouts, Broadcasts, Deliverer, RpcProxy, TestChain, HOT_WALLET,
-    SUPPLY,
+    balance, count, deliver, kill9, payouts, queued_payouts, wait_paid_or_failed, Broadcasts, Deliverer, RpcProxy,
+    TestChain, HOT_WALLET, SUPPLY,
 };
 use common::{wait_until, Env};
 use serde_json::json;
@@ -88,15 +88,7 @@ async fn each_payout_is_paid_once_on_chain_though_deliverers_die_between_signing
     })
     .await;
     kill9(&mut fleet[0]);
-    wait_until(60, "every payout paid or failed", || async {
-        count(
-            &env,
-            "SELECT count(*) FROM settlement.payouts WHERE status NOT IN ('paid', 'failed')",
-        )
-        .await
-            == 0
-    })
-    .await;
+    wait_paid_or_failed(&env).await;
     for child in fleet.iter_mut().skip(1) {
         common::stop(child);
     }
@@ -129,15 +121,7 @@ async fn a_batch_pays_many_in_one_transaction_and_a_refused_recipient_fails_alon
         1,
         &["--batch-contract", &batch, "--batch-max", "8"],
     );
-    wait_until(60, "every payout paid or failed", || async {
-        count(
-            &env,
-            "SELECT count(*) FROM settlement.payouts WHERE status NOT IN ('paid', 'failed')",
-        )
-        .await
-            == 0
-    })
-    .await;
+    wait_paid_or_failed(&env).await;
     common::stop(&mut deliverer);
 
     let stored = payouts(&env.pool).await;

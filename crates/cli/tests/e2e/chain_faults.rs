@@ -19,27 +19,13 @@ use std::time::Duration;
 
 use alloy_primitives::{Address, U256};
 use chain_support::{
-    count, deliver, hide, queued_payouts, rpc, Broadcasts, Deliverer, RpcProxy, TestChain, HOT_WALLET,
+    count, deliver, hide, mine, mine_until, mine_until_paid, paid_once, queued_payouts, rpc, wait_txs, Broadcasts,
+    Deliverer, RpcProxy, TestChain, HOT_WALLET,
 };
 use common::{wait_until, Env};
 use serde_json::json;
 
 const GWEI: u64 = 1_000_000_000;
-
-/// Mines a block.
-async fn mine(chain: &TestChain) {
-    rpc(&chain.url(), "evm_mine", json!([])).await;
-}
-
-/// Mines a block every 200 ms until `sql` counts at least one row.
-async fn mine_until(env: &Env, chain: &TestChain, secs: u64, what: &str, sql: &str) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(secs);
-    while count(env, sql).await == 0 {
-        assert!(std::time::Instant::now() < deadline, "timed out mining until {what}");
-        mine(chain).await;
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
 
 /// The next block's base fee, in gwei.
 async fn next_base_fee(chain: &TestChain, gwei: u64) {
@@ -71,19 +57,11 @@ async fn attempts_and_mined(env: &Env) -> (Vec<String>, Option<String>) {
 /// deliverer, the payout's creator.
 async fn stuck(env: &Env, broadcasts: Broadcasts, base_fee_jump: bool) -> (TestChain, RpcProxy, Deliverer, Address) {
     let made = queued_payouts(env, 1).await;
-    let chain = TestChain::start(&["--no-mining"], "TestToken", Address::repeat_byte(0xee)).await;
+    let chain = TestChain::unmined().await;
     let proxy = RpcProxy::start(chain.url()).await;
     proxy.set(broadcasts);
     let deliverer = deliver(env, &chain, &proxy.url, 2, &["--replace-after-secs", "1"]);
-    wait_until(60, "the transfer broadcast", || async {
-        count(
-            env,
-            "SELECT count(*) FROM settlement.chain_txs WHERE state = 'broadcast'",
-        )
-        .await
-            == 1
-    })
-    .await;
+    wait_txs(env, "state = 'broadcast'", 1).await;
     if base_fee_jump {
         next_base_fee(&chain, 100).await;
         mine(&chain).await;
@@ -95,29 +73,11 @@ async fn stuck(env: &Env, broadcasts: Broadcasts, base_fee_jump: bool) -> (TestC
     (chain, proxy, deliverer, made[0].1)
 }
 
-/// The one payout is paid and its creator received its amount once.
-async fn paid_once(env: &Env, chain: &TestChain, creator: Address) {
-    assert_eq!(
-        count(env, "SELECT count(*) FROM settlement.payouts WHERE status = 'paid'").await,
-        1
-    );
-    let transfers = chain.transfers_from_hot_wallet().await;
-    assert_eq!(transfers.len(), 1, "one transfer: {transfers:?}");
-    assert_eq!((transfers[0].0, transfers[0].1), (creator, U256::from(1000u32)));
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stuck_transfer_is_replaced_under_its_nonce_with_higher_fees_and_the_mined_replacement_counts() {
     let env = Env::new().await;
     let (chain, _proxy, mut deliverer, creator) = stuck(&env, Broadcasts::Pass, true).await;
-    mine_until(
-        &env,
-        &chain,
-        60,
-        "paid",
-        "SELECT count(*) FROM settlement.payouts WHERE status = 'paid'",
-    )
-    .await;
+    mine_until_paid(&env, &chain, 60).await;
     common::stop(&mut deliverer);
     let (attempts, mined) = attempts_and_mined(&env).await;
     assert!(attempts.len() >= 2, "{attempts:?}");
@@ -153,14 +113,7 @@ async fn when_the_original_is_mined_after_its_replacement_was_signed_the_origina
     let env = Env::new().await;
     // The replacement is stored, then lost on its way to the node.
     let (chain, _proxy, mut deliverer, creator) = stuck(&env, Broadcasts::OnlyTheFirst, false).await;
-    mine_until(
-        &env,
-        &chain,
-        60,
-        "paid",
-        "SELECT count(*) FROM settlement.payouts WHERE status = 'paid'",
-    )
-    .await;
+    mine_until_paid(&env, &chain, 60).await;
     common::stop(&mut deliverer);
     let (attempts, mined) = attempts_and_mined(&env).await;
     assert!(attempts.len() >= 2, "a replacement was signed: {attempts:?}");
@@ -179,25 +132,9 @@ async fn a_reorg_takes_an_included_transfer_out_and_it_is_sent_again_and_paid_on
     // A token whose transfer returns no value, as some do in production.
     let chain = TestChain::start(&["--no-mining"], "NoReturnToken", Address::repeat_byte(0xee)).await;
     let mut deliverer = deliver(&env, &chain, &chain.url(), 4, &[]);
-    wait_until(60, "the transfer broadcast", || async {
-        count(
-            &env,
-            "SELECT count(*) FROM settlement.chain_txs WHERE state = 'broadcast'",
-        )
-        .await
-            == 1
-    })
-    .await;
+    wait_txs(&env, "state = 'broadcast'", 1).await;
     mine(&chain).await;
-    wait_until(60, "the transfer included", || async {
-        count(
-            &env,
-            "SELECT count(*) FROM settlement.chain_txs WHERE state = 'included'",
-        )
-        .await
-            == 1
-    })
-    .await;
+    wait_txs(&env, "state = 'included'", 1).await;
     let first_block: String = sqlx::query_scalar("SELECT block_hash FROM settlement.chain_txs")
         .fetch_one(&env.pool)
         .await
@@ -219,14 +156,7 @@ async fn a_reorg_takes_an_included_transfer_out_and_it_is_sent_again_and_paid_on
         0,
         "not paid while its transfer was out of the chain"
     );
-    mine_until(
-        &env,
-        &chain,
-        60,
-        "paid",
-        "SELECT count(*) FROM settlement.payouts WHERE status = 'paid'",
-    )
-    .await;
+    mine_until_paid(&env, &chain, 60).await;
     common::stop(&mut deliverer);
     let final_block: String =
         sqlx::query_scalar("SELECT block_hash FROM settlement.chain_txs WHERE state = 'confirmed'")
@@ -255,17 +185,9 @@ async fn attempts_of_nonce(env: &Env, nonce: i64) -> i64 {
 async fn a_transfer_waiting_behind_a_lower_nonce_at_the_market_price_is_not_replaced_and_the_lower_one_is() {
     let env = Env::new().await;
     let made = queued_payouts(&env, 2).await;
-    let chain = TestChain::start(&["--no-mining"], "TestToken", Address::repeat_byte(0xee)).await;
+    let chain = TestChain::unmined().await;
     let mut deliverer = deliver(&env, &chain, &chain.url(), 2, &["--replace-after-secs", "1"]);
-    wait_until(60, "both transfers broadcast", || async {
-        count(
-            &env,
-            "SELECT count(*) FROM settlement.chain_txs WHERE state = 'broadcast'",
-        )
-        .await
-            == 2
-    })
-    .await;
+    wait_txs(&env, "state = 'broadcast'", 2).await;
     // Nonce 0 lost by the node (a restart, a drop): nonce 1 waits for it.
     let first = env
         .scalar_text("SELECT a.hash FROM settlement.chain_tx_attempts a JOIN settlement.chain_txs t ON t.id = a.tx_id WHERE t.nonce = 0")
@@ -320,19 +242,11 @@ const PAST_THE_GRACE: Duration = Duration::from_secs(7);
 async fn a_nonce_spent_by_a_transaction_not_settleds_is_not_replaced_and_its_payout_is_paid_once_under_a_new_nonce() {
     let env = Env::new().await;
     let made = queued_payouts(&env, 1).await;
-    let chain = TestChain::start(&["--no-mining"], "TestToken", Address::repeat_byte(0xee)).await;
+    let chain = TestChain::unmined().await;
     let hot: Address = HOT_WALLET.parse().unwrap();
     let before = chain.balance_of(hot).await;
     let mut deliverer = deliver(&env, &chain, &chain.url(), 2, &["--replace-after-secs", "1"]);
-    wait_until(60, "the transfer broadcast", || async {
-        count(
-            &env,
-            "SELECT count(*) FROM settlement.chain_txs WHERE nonce = 0 AND state = 'broadcast'",
-        )
-        .await
-            == 1
-    })
-    .await;
+    wait_txs(&env, "nonce = 0 AND state = 'broadcast'", 1).await;
     // The hot wallet's key used elsewhere: settled's transfer gone from the
     // node's pool, and a transaction of the same wallet under the same
     // nonce mined instead (fees over settled's cap, so it also replaces
@@ -355,14 +269,7 @@ async fn a_nonce_spent_by_a_transaction_not_settleds_is_not_replaced_and_its_pay
     tokio::time::sleep(Duration::from_secs(1)).await;
     let attempts_spent = attempts_of_nonce(&env, 0).await;
     tokio::time::sleep(PAST_THE_GRACE).await;
-    mine_until(
-        &env,
-        &chain,
-        90,
-        "paid",
-        "SELECT count(*) FROM settlement.payouts WHERE status = 'paid'",
-    )
-    .await;
+    mine_until_paid(&env, &chain, 90).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     common::stop(&mut deliverer);
     assert_eq!(
@@ -395,31 +302,16 @@ async fn a_nonce_spent_by_a_transaction_not_settleds_is_not_replaced_and_its_pay
 async fn an_attempt_mined_whose_receipt_the_node_never_gives_is_found_in_its_block_and_paid_on_its_transfer_logs() {
     let env = Env::new().await;
     let made = queued_payouts(&env, 1).await;
-    let chain = TestChain::start(&["--no-mining"], "TestToken", Address::repeat_byte(0xee)).await;
+    let chain = TestChain::unmined().await;
     let proxy = RpcProxy::start(chain.url()).await;
     proxy.hide(hide::RECEIPTS);
     let mut deliverer = deliver(&env, &chain, &proxy.url, 2, &["--replace-after-secs", "1"]);
-    wait_until(60, "the transfer broadcast", || async {
-        count(
-            &env,
-            "SELECT count(*) FROM settlement.chain_txs WHERE state = 'broadcast'",
-        )
-        .await
-            == 1
-    })
-    .await;
+    wait_txs(&env, "state = 'broadcast'", 1).await;
     mine(&chain).await;
     assert_eq!(chain.mined_nonce().await, 1);
     tokio::time::sleep(Duration::from_secs(1)).await;
     let attempts_spent = attempts_of_nonce(&env, 0).await;
-    mine_until(
-        &env,
-        &chain,
-        90,
-        "paid",
-        "SELECT count(*) FROM settlement.payouts WHERE status = 'paid'",
-    )
-    .await;
+    mine_until_paid(&env, &chain, 90).await;
     common::stop(&mut deliverer);
     let (attempts, mined) = attempts_and_mined(&env).await;
     assert_eq!(
@@ -447,32 +339,16 @@ async fn an_attempt_mined_whose_receipt_the_node_never_gives_is_found_in_its_blo
 async fn a_spent_nonce_the_node_has_no_history_of_waits_for_an_operator_and_its_payout_stays_sent() {
     let env = Env::new().await;
     let made = queued_payouts(&env, 1).await;
-    let chain = TestChain::start(&["--no-mining"], "TestToken", Address::repeat_byte(0xee)).await;
+    let chain = TestChain::unmined().await;
     let proxy = RpcProxy::start(chain.url()).await;
     proxy.hide(hide::RECEIPTS | hide::BLOCK_TRANSACTIONS);
     let mut deliverer = deliver(&env, &chain, &proxy.url, 2, &["--replace-after-secs", "1"]);
-    wait_until(60, "the transfer broadcast", || async {
-        count(
-            &env,
-            "SELECT count(*) FROM settlement.chain_txs WHERE state = 'broadcast'",
-        )
-        .await
-            == 1
-    })
-    .await;
+    wait_txs(&env, "state = 'broadcast'", 1).await;
     mine(&chain).await;
     for _ in 0..3 {
         mine(&chain).await;
     }
-    wait_until(60, "the transaction marked for an operator", || async {
-        count(
-            &env,
-            "SELECT count(*) FROM settlement.chain_txs WHERE awaiting_operator_at IS NOT NULL",
-        )
-        .await
-            == 1
-    })
-    .await;
+    wait_txs(&env, "awaiting_operator_at IS NOT NULL", 1).await;
     let why = env
         .scalar_text("SELECT awaiting_operator_why FROM settlement.chain_txs")
         .await;
@@ -495,14 +371,7 @@ async fn a_spent_nonce_the_node_has_no_history_of_waits_for_an_operator_and_its_
     );
     // The node's receipts back: the receipt moves it as usual.
     proxy.hide(0);
-    mine_until(
-        &env,
-        &chain,
-        60,
-        "paid",
-        "SELECT count(*) FROM settlement.payouts WHERE status = 'paid'",
-    )
-    .await;
+    mine_until_paid(&env, &chain, 60).await;
     common::stop(&mut deliverer);
     paid_once(&env, &chain, made[0].1).await;
 }

@@ -12,7 +12,7 @@ use crate::common;
 use std::time::Duration;
 
 use alloy_primitives::{Address, U256};
-use chain_support::{count, deliver, mine, mine_until, queued_payouts, rpc, TestChain, HOT_WALLET};
+use chain_support::{count, deliver, mine, mine_until_paid, queued_payouts, rpc, wait_txs, TestChain, HOT_WALLET};
 use common::{wait_until, Env};
 use serde_json::json;
 
@@ -45,13 +45,7 @@ async fn attempt_hash(env: &Env, filler: bool) -> String {
 /// The one payout paid, by one transfer of its amount to its creator, and
 /// the hot wallet's token balance down by that amount.
 async fn paid_once(env: &Env, chain: &TestChain, creator: Address, balance_before: U256) {
-    assert_eq!(
-        count(env, "SELECT count(*) FROM settlement.payouts WHERE status = 'paid'").await,
-        1
-    );
-    let transfers = chain.transfers_from_hot_wallet().await;
-    assert_eq!(transfers.len(), 1, "one transfer on the chain: {transfers:?}");
-    assert_eq!((transfers[0].0, transfers[0].1), (creator, U256::from(1000u32)));
+    chain_support::paid_once(env, chain, creator).await;
     let hot: Address = HOT_WALLET.parse().unwrap();
     assert_eq!(chain.balance_of(hot).await, balance_before - U256::from(1000u32));
 }
@@ -61,7 +55,7 @@ async fn a_transfer_the_node_refuses_as_never_valid_has_its_nonce_filled_and_is_
 ) {
     let env = Env::new().await;
     let made = queued_payouts(&env, 1).await;
-    let chain = TestChain::start(&["--no-mining"], "TestToken", Address::repeat_byte(0xee)).await;
+    let chain = TestChain::unmined().await;
     let hot: Address = HOT_WALLET.parse().unwrap();
     let before = chain.balance_of(hot).await;
     // The transfer's gas limit is now above the block's: never valid here.
@@ -88,13 +82,7 @@ async fn a_transfer_the_node_refuses_as_never_valid_has_its_nonce_filled_and_is_
         "nothing signed again while the filler is short of the confirmation depth"
     );
     block_gas_limit(&chain, BLOCK_GAS_LIMIT_USUAL).await;
-    mine_until(
-        &env,
-        &chain,
-        "paid",
-        "SELECT count(*) FROM settlement.payouts WHERE status = 'paid'",
-    )
-    .await;
+    mine_until_paid(&env, &chain, 60).await;
     common::stop(&mut deliverer);
     assert_eq!(state_of_nonce(&env, 0).await, "filled");
     assert_eq!(state_of_nonce(&env, 1).await, "confirmed", "paid under the next nonce");
@@ -116,19 +104,11 @@ async fn a_transfer_the_node_refuses_as_never_valid_has_its_nonce_filled_and_is_
 async fn when_the_original_is_mined_instead_of_its_filler_the_original_counts_and_nothing_is_signed_again() {
     let env = Env::new().await;
     let made = queued_payouts(&env, 1).await;
-    let chain = TestChain::start(&["--no-mining"], "TestToken", Address::repeat_byte(0xee)).await;
+    let chain = TestChain::unmined().await;
     let hot: Address = HOT_WALLET.parse().unwrap();
     let before = chain.balance_of(hot).await;
     let mut deliverer = deliver(&env, &chain, &chain.url(), CONFIRMATIONS, &[]);
-    wait_until(60, "the transfer broadcast", || async {
-        count(
-            &env,
-            "SELECT count(*) FROM settlement.chain_txs WHERE nonce = 0 AND state = 'broadcast'",
-        )
-        .await
-            == 1
-    })
-    .await;
+    wait_txs(&env, "nonce = 0 AND state = 'broadcast'", 1).await;
     let mut give_up = vec!["give-up", "--nonce", "0", "--why", "the test gives it up"];
     let flags = chain.flags(&chain.url(), CONFIRMATIONS);
     give_up.extend(flags.iter().map(String::as_str));
@@ -150,13 +130,7 @@ async fn when_the_original_is_mined_instead_of_its_filler_the_original_counts_an
     let raw = format!("0x{}", alloy_primitives::hex::encode(original));
     rpc(&chain.url(), "eth_sendRawTransaction", json!([raw])).await;
     mine(&chain).await;
-    mine_until(
-        &env,
-        &chain,
-        "paid",
-        "SELECT count(*) FROM settlement.payouts WHERE status = 'paid'",
-    )
-    .await;
+    mine_until_paid(&env, &chain, 60).await;
     tokio::time::sleep(Duration::from_millis(FOLLOWER_ROUNDS_MS)).await;
     mine(&chain).await;
     common::stop(&mut deliverer);

@@ -10,19 +10,16 @@
 use crate::chain_support;
 use crate::common;
 
-use alloy_primitives::{Address, U256};
+use alloy_primitives::U256;
 use alloy_sol_types::SolCall;
-use chain_support::{count, deliver, mine, mine_until, queued_payouts, rpc, Deliverer, TestChain, HOT_WALLET};
+use chain_support::{
+    count, deliver, mine, mine_until_paid, queued_payouts, rpc, wait_count, Deliverer, TestChain, HOT_WALLET,
+};
 use common::{wait_until, Env, Server};
 use serde_json::json;
 
 const TOKEN: &str = common::BROWSER_TOKEN;
 const GWEI: u64 = 1_000_000_000;
-
-/// Waits until `sql` counts `n` rows.
-async fn wait_count(env: &Env, what: &str, sql: &str, n: i64) {
-    wait_until(60, what, || async { count(env, sql).await == n }).await;
-}
 
 async fn get(server: &Server, path: &str) -> String {
     let r = common::client_with(TOKEN)
@@ -97,8 +94,7 @@ async fn paid_through_a_replacement_and_a_reorg(env: &Env, chain: &TestChain, se
     let reorged =
         "SELECT count(*) FROM settlement.chain_tx_history WHERE from_state = 'included' AND to_state = 'broadcast'";
     wait_count(env, "the reorg seen", reorged, 1).await;
-    let paid = "SELECT count(*) FROM settlement.payouts WHERE status = 'paid'";
-    mine_until(env, chain, "paid", paid).await;
+    mine_until_paid(env, chain, 60).await;
     deliverer
 }
 
@@ -137,7 +133,7 @@ fn in_a_browser(server: &Server, tx_id: i64, mined: &str) {
 async fn metrics_the_chain_page_and_verify_follow_a_replacement_a_reorg_and_a_transfer_outside_settled() {
     let env = Env::new().await;
     let (payout, creator, _) = queued_payouts(&env, 1).await[0];
-    let chain = TestChain::start(&["--no-mining"], "TestToken", Address::repeat_byte(0xee)).await;
+    let chain = TestChain::unmined().await;
     let server = env.serve(TOKEN).await;
     let mut deliverer = paid_through_a_replacement_and_a_reorg(&env, &chain, &server).await;
 

@@ -32,17 +32,7 @@ async fn sigkill_mid_chunk_rolls_back_and_the_rest_settles_once() {
 
     // Slow chunks: 10 creators x 30 ms of work after the writes, before commit.
     let mut victim = env
-        .cmd(&[
-            "lab-worker",
-            "--period",
-            PERIOD,
-            "--concurrency",
-            "2",
-            "--chunk",
-            "10",
-            "--work-ms",
-            "30",
-        ])
+        .cmd(&common::lab_worker_args("2", "10", "30"))
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap();

@@ -126,21 +126,7 @@ async fn a_browser_sees_the_run_advance_and_a_waiting_backend_in_the_lock_view()
     let env = Env::new().await;
     env.run_ok(&["seed", "--period", "2026-11-28", "--creators", "20000"]);
     let server = serve(&env).await;
-    let mut worker = env
-        .cmd(&[
-            "lab-worker",
-            "--period",
-            "2026-11-28",
-            "--concurrency",
-            "1",
-            "--chunk",
-            "50",
-            "--work-ms",
-            "4",
-        ])
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut worker = lab_worker(&env, "50", "4", &[]);
     common::wait_until(30, "the run to start paying", || async {
         env.scalar_i64("SELECT count(*) FROM settlement.reward_ledger").await > 0
     })
@@ -149,14 +135,7 @@ async fn a_browser_sees_the_run_advance_and_a_waiting_backend_in_the_lock_view()
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let second = first_done(&browse(&browser, profile.path(), &["--dump-dom"], &server.base));
     assert!(second > first, "the progress bar should advance: {first} then {second}");
-    let shot = shots.join("dashboard-runs.png");
-    browse(
-        &browser,
-        profile.path(),
-        &[&format!("--screenshot={}", shot.display())],
-        &server.base,
-    );
-    assert!(shot.exists());
+    screenshot(&browser, profile.path(), &shots, "dashboard-runs.png", &server.base);
     let _ = worker.kill();
     let _ = worker.wait();
     // The chain page, in the navigation, with nothing paid on a chain yet
@@ -247,21 +226,16 @@ async fn audit_and_job_pages(
             == 1
     })
     .await;
-    let url = format!("{}/audit", server.base);
-    let dom = browse(browser, profile, &["--dump-dom"], &url);
-    for wanted in [
+    let wanted = [
         "anonymous",
         "POST /v1/holds",
         "refused 401",
         "cli:",
         "ok 0 item(s) retried",
         "data-audit=",
-    ] {
-        assert!(dom.contains(wanted), "{wanted} on /audit:\n{dom}");
-    }
-    let shot = shots.join("dashboard-audit.png");
-    browse(browser, profile, &[&format!("--screenshot={}", shot.display())], &url);
-    assert!(shot.exists());
+    ];
+    let url = format!("{}/audit", server.base);
+    page_shows(browser, profile, shots, &url, &wanted, "/audit", "dashboard-audit.png");
 
     let mut conn = env.pool.acquire().await.unwrap();
     let queue = common::mail_queue(&mut conn).await;
@@ -287,19 +261,56 @@ async fn audit_and_job_pages(
         dom.contains("href=\"/queues/mail/jobs/welcome-7\""),
         "the dead letter listed:\n{dom}"
     );
-    let url = format!("{}/queues/mail/jobs/welcome-7", server.base);
-    let dom = browse(browser, profile, &["--dump-dom"], &url);
-    for wanted in [
+    let job = format!("{}/queues/mail/jobs/welcome-7", server.base);
+    let wanted = [
         "id=\"job-state\">failed",
         "timeout",
         "smtp 550 &lt;no such user&gt;",
         "id=\"lease-holder\">none",
-    ] {
-        assert!(dom.contains(wanted), "{wanted} on the job's page:\n{dom}");
+    ];
+    page_shows(
+        browser,
+        profile,
+        shots,
+        &job,
+        &wanted,
+        "the job's page",
+        "dashboard-queue-job.png",
+    );
+}
+
+/// The page at `url`, as the browser shows it, holds each of `wanted`
+/// (`page` names it in a failure); its screenshot `name` is written in
+/// `shots`.
+fn page_shows(
+    browser: &PathBuf,
+    profile: &std::path::Path,
+    shots: &std::path::Path,
+    url: &str,
+    wanted: &[&str],
+    page: &str,
+    name: &str,
+) {
+    let dom = browse(browser, profile, &["--dump-dom"], url);
+    for wanted in wanted {
+        assert!(dom.contains(wanted), "{wanted} on {page}:\n{dom}");
     }
-    let shot = shots.join("dashboard-queue-job.png");
-    browse(browser, profile, &[&format!("--screenshot={}", shot.display())], &url);
+    screenshot(browser, profile, shots, name, url);
+}
+
+/// A screenshot of `url` in `shots`, named `name`; it must be written.
+fn screenshot(browser: &PathBuf, profile: &std::path::Path, shots: &std::path::Path, name: &str, url: &str) {
+    let shot = shots.join(name);
+    browse(browser, profile, &[&format!("--screenshot={}", shot.display())], url);
     assert!(shot.exists());
+}
+
+/// `settled lab-worker` on 2026-11-28 ([`common::PERIOD`]), one claim loop of `chunk` items
+/// each taking `work_ms`, then `extra` flags.
+fn lab_worker(env: &Env, chunk: &str, work_ms: &str, extra: &[&str]) -> std::process::Child {
+    let mut args = common::lab_worker_args("1", chunk, work_ms);
+    args.extend_from_slice(extra);
+    env.cmd(&args).stdout(Stdio::null()).spawn().unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -307,23 +318,7 @@ async fn a_worker_serves_its_claim_latency_histogram_and_counters() {
     let env = Env::new().await;
     env.run_ok(&["seed", "--period", "2026-11-28", "--creators", "3000"]);
     let port = free_port();
-    let mut worker = env
-        .cmd(&[
-            "lab-worker",
-            "--period",
-            "2026-11-28",
-            "--concurrency",
-            "1",
-            "--chunk",
-            "20",
-            "--work-ms",
-            "5",
-            "--metrics-bind",
-            &format!("127.0.0.1:{port}"),
-        ])
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut worker = lab_worker(&env, "20", "5", &["--metrics-bind", &format!("127.0.0.1:{port}")]);
     common::wait_until(30, "the worker to settle a few chunks", || async {
         env.scalar_i64("SELECT count(*) FROM settlement.reward_ledger").await >= 100
     })
@@ -361,18 +356,7 @@ async fn a_worker_serves_its_claim_latency_histogram_and_counters() {
 
 /// A webhook event signed with `secret`, posted to `base`; its status.
 async fn post_event(base: &str, secret: &str, event: serde_json::Value) -> u16 {
-    let raw = serde_json::to_vec(&event).unwrap();
-    let header = settled::provider::signature::sign(secret.as_bytes(), chrono::Utc::now().timestamp(), &raw);
-    reqwest::Client::new()
-        .post(format!("{base}/v1/provider-events"))
-        .header("Provider-Signature", header)
-        .header("Content-Type", "application/json")
-        .body(raw)
-        .send()
-        .await
-        .unwrap()
-        .status()
-        .as_u16()
+    common::send_signed_event(base, secret, &event).await.status().as_u16()
 }
 
 /// The row of `state` in the payouts page's table.
@@ -411,17 +395,14 @@ async fn the_payouts_page_and_metrics_show_states_amounts_returns_conflicts_and_
     .into_iter()
     .enumerate()
     {
-        let body: serde_json::Value = client
-            .post(format!("{}/v1/payouts", server.base))
-            .bearer_auth("t0ken")
-            .header("Idempotency-Key", format!("dash-{i}"))
-            .json(&serde_json::json!({ "creator": creators[i], "amount": amount.to_string(), "confirm": confirm }))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let body: serde_json::Value = common::json_of(
+            client
+                .post(format!("{}/v1/payouts", server.base))
+                .bearer_auth("t0ken")
+                .header("Idempotency-Key", format!("dash-{i}"))
+                .json(&serde_json::json!({ "creator": creators[i], "amount": amount.to_string(), "confirm": confirm })),
+        )
+        .await;
         made.push(body["id"].as_i64().expect("a payout id"));
     }
     for (id, to, provider_id) in [

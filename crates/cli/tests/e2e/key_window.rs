@@ -296,14 +296,7 @@ async fn a_leased_settlement_item_retried_after_the_providers_key_window_is_paid
         "--forget-keys-after-ms",
         FORGET_MS,
     ]);
-    let out = env.run_ok(&[
-        "worker",
-        "--period",
-        PERIOD,
-        "--mode",
-        "leased",
-        "--provider-url",
-        &sim.url,
+    let flags = [
         "--provider-key-window",
         WINDOW,
         "--provider-timeout-ms",
@@ -314,13 +307,8 @@ async fn a_leased_settlement_item_retried_after_the_providers_key_window_is_paid
         "2500",
         "--max-attempts",
         "20",
-        "--lease-ttl-ms",
-        "1000",
-        "--rescue-interval-ms",
-        "200",
-        "--shutdown-grace-ms",
-        "300",
-    ]);
+    ];
+    let out = env.run_leased_worker(&sim.url, &[&flags[..], common::SHORT_LEASES].concat());
     assert!(out.contains("finished"), "{out}");
     let provider = settled::provider::HttpProvider::new(&sim.url, Duration::from_secs(10)).unwrap();
     let payments = provider.list_all().await.unwrap();

@@ -74,14 +74,8 @@ async fn a_payout_commits_its_debit_row_and_delivery_job_together_with_its_histo
     .await;
     assert_eq!(status, 409);
     assert_eq!(env.scalar_i64("SELECT count(*) FROM settlement.payout_jobs").await, 1);
-    let shown: Value = common::client_with(TOKEN)
-        .get(format!("{}/v1/payouts/{id}", server.base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let shown: Value =
+        common::json_of(common::client_with(TOKEN).get(format!("{}/v1/payouts/{id}", server.base))).await;
     assert_eq!(shown["history"][0]["to_state"], "queued", "{shown}");
     assert!(shown["history"][0]["from_state"].is_null(), "{shown}");
     env.run_ok(&["verify", "--period", PERIOD]);

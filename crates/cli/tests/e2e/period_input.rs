@@ -332,6 +332,27 @@ async fn hold_the_run_row(env: &Env, period: &str) -> sqlx::Transaction<'static,
     holder
 }
 
+/// The run's row held by a transaction of the test's, and a worker whose
+/// finish waits for it.
+async fn worker_waiting_to_finish(env: &Env, period: &str) -> (sqlx::Transaction<'static, sqlx::Postgres>, Child) {
+    let holder = hold_the_run_row(env, period).await;
+    let worker = spawn(env, &["worker", "--period", period]);
+    wait_until(60, "the worker's finish to wait for the run's row", || async {
+        lock_waiters(env, None).await > 0
+    })
+    .await;
+    (holder, worker)
+}
+
+/// `worker` succeeds, nothing eligible is left under the finished run,
+/// and a worker run again leaves the run finished.
+async fn finished_with_nothing_eligible(env: &Env, period: &str, worker: Child) {
+    assert!(finish(worker).await.status.success());
+    assert_nothing_eligible_under_a_finished_run(env, period).await;
+    env.run_ok(&["worker", "--period", period]);
+    assert_eq!(run_state(env, period).await, "finished");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_retry_while_the_run_finishes_never_leaves_items_eligible_under_a_finished_run() {
     let env = Env::new().await;
@@ -347,14 +368,9 @@ async fn a_retry_while_the_run_finishes_never_leaves_items_eligible_under_a_fini
     .execute(&env.pool)
     .await
     .unwrap();
-    let holder = hold_the_run_row(&env, period).await;
     // The worker settles the other 90, then its finish takes its snapshot
     // (10 failed, nothing left) and waits for the run's row.
-    let worker = spawn(&env, &["worker", "--period", period]);
-    wait_until(60, "the worker's finish to wait for the run's row", || async {
-        lock_waiters(&env, None).await > 0
-    })
-    .await;
+    let (holder, worker) = worker_waiting_to_finish(&env, period).await;
     let mut retry = spawn(&env, &["retry", "--period", period]);
     wait_until(60, "the retry to commit, or to wait for the finish", || {
         let exited = retry.try_wait().unwrap().is_some();
@@ -365,11 +381,7 @@ async fn a_retry_while_the_run_finishes_never_leaves_items_eligible_under_a_fini
     holder.rollback().await.unwrap();
     let retried = finish(retry).await;
     assert!(retried.status.success(), "{}", text(&retried.stderr));
-    assert!(finish(worker).await.status.success());
-
-    assert_nothing_eligible_under_a_finished_run(&env, period).await;
-    env.run_ok(&["worker", "--period", period]);
-    assert_eq!(run_state(&env, period).await, "finished");
+    finished_with_nothing_eligible(&env, period, worker).await;
     assert_eq!(
         env.scalar_i64(&format!(
             "SELECT count(*) FROM settlement.reward_ledger WHERE period = '{period}'"
@@ -397,13 +409,8 @@ async fn a_hold_released_while_the_run_finishes_never_leaves_its_items_under_a_f
         .await;
     env.run_ok(&["run", "--period", period]);
     let server = env.serve("period-input-token").await;
-    let holder = hold_the_run_row(&env, period).await;
     // The worker pays 99, holds one, and its finish waits for the run's row.
-    let worker = spawn(&env, &["worker", "--period", period]);
-    wait_until(60, "the worker's finish to wait for the run's row", || async {
-        lock_waiters(&env, None).await > 0
-    })
-    .await;
+    let (holder, worker) = worker_waiting_to_finish(&env, period).await;
     let release = tokio::spawn(
         reqwest::Client::new()
             .post(format!("{}/v1/holds/{hold_id}/release", server.base))
@@ -418,11 +425,7 @@ async fn a_hold_released_while_the_run_finishes_never_leaves_its_items_under_a_f
     holder.rollback().await.unwrap();
     let released = release.await.unwrap().unwrap();
     assert_eq!(released.status(), 200, "{:?}", released.text().await);
-    assert!(finish(worker).await.status.success());
-
-    assert_nothing_eligible_under_a_finished_run(&env, period).await;
-    env.run_ok(&["worker", "--period", period]);
-    assert_eq!(run_state(&env, period).await, "finished");
+    finished_with_nothing_eligible(&env, period, worker).await;
     assert_eq!(
         env.scalar_i64(&format!(
             "SELECT count(*) FROM settlement.reward_ledger WHERE period = '{period}' AND creator = '{held}'"

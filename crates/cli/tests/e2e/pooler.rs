@@ -152,20 +152,7 @@ async fn daemons_through_pgbouncer_start_one_run_per_due_time_and_poll_or_listen
     let mut daemons: Vec<Child> = (0..4)
         .map(|i| {
             let log = std::fs::File::create(logs.path().join(format!("daemon-{i}.log"))).unwrap();
-            let mut cmd = pooled(
-                &url,
-                &[
-                    "worker",
-                    "--schedule",
-                    "0 * * * * *",
-                    "--timezone",
-                    "UTC",
-                    "--catch-up-days",
-                    "1",
-                    "--max-poll-ms",
-                    "500",
-                ],
-            );
+            let mut cmd = pooled(&url, &[common::MINUTELY_DAEMON, &["--max-poll-ms", "500"][..]].concat());
             if i == 0 {
                 // One of them has a session for LISTEN.
                 cmd.env("SETTLED_DIRECT_URL", &env.db.url);

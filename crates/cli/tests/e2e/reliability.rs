@@ -284,27 +284,23 @@ async fn a_workers_lease_renewals_and_its_completions_never_deadlock() {
     let sim = ProviderSim::start(&["--latency-ms", "10"]);
     env.run_ok(&["seed", "--period", PERIOD, "--creators", "20000"]);
     let before = deadlocks(&env).await;
-    env.run_ok(&[
-        "worker",
-        "--period",
-        PERIOD,
-        "--mode",
-        "leased",
-        "--provider-url",
+    env.run_leased_worker(
         &sim.url,
-        "--lease-ttl-ms",
-        "300",
-        // A lease lost on a loaded machine is rescued in seconds, not at
-        // the default interval.
-        "--rescue-interval-ms",
-        "2000",
-        "--concurrency",
-        "4",
-        "--chunk",
-        "100",
-        "--provider-concurrency",
-        "64",
-    ]);
+        &[
+            "--lease-ttl-ms",
+            "300",
+            // A lease lost on a loaded machine is rescued in seconds, not at
+            // the default interval.
+            "--rescue-interval-ms",
+            "2000",
+            "--concurrency",
+            "4",
+            "--chunk",
+            "100",
+            "--provider-concurrency",
+            "64",
+        ],
+    );
     // A backend's counters reach the shared statistics when it exits; the
     // worker's have, and this session reads afresh outside a transaction.
     assert_eq!(deadlocks(&env).await - before, 0, "deadlocks while settling");

@@ -108,26 +108,13 @@ async fn an_idle_daemon_rides_out_an_outage_then_settles_the_due_run() {
         .unwrap()
         .success());
     let log_path = server.pgdata().with_file_name("daemon.log");
-    let mut daemon = settled(&[
-        "--log-format",
-        "json",
-        "worker",
-        "--schedule",
-        "0 * * * * *",
-        "--timezone",
-        "UTC",
-        "--catch-up-days",
-        "1",
-        "--max-poll-ms",
-        "300",
-        "--max-outage-secs",
-        "120",
-    ])
-    .env("SETTLED_LOG", "info")
-    .stdout(Stdio::null())
-    .stderr(std::fs::File::create(&log_path).unwrap())
-    .spawn()
-    .unwrap();
+    let flags = ["--max-poll-ms", "300", "--max-outage-secs", "120"];
+    let mut daemon = settled(&[&["--log-format", "json"][..], common::MINUTELY_DAEMON, &flags[..]].concat())
+        .env("SETTLED_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .unwrap();
     tokio::time::sleep(std::time::Duration::from_secs(2)).await;
     tokio::task::block_in_place(|| server.take_down()).unwrap();
     tokio::time::sleep(std::time::Duration::from_secs(4)).await;

@@ -26,10 +26,15 @@ pub(crate) const TABLE_SQL: &[&str] = &[
 ];
 
 pub(crate) fn job() -> Job<NoHooks> {
+    job_on("generic", "jobs.items")
+}
+
+/// Job `job` on work table `table` (scope `day date`, key `item text`).
+pub(crate) fn job_on(job: &str, table: &str) -> Job<NoHooks> {
     Job::new(
         WorkQueue::new(QueueSpec {
-            job: "generic".into(),
-            table: "jobs.items".into(),
+            job: job.into(),
+            table: table.into(),
             scope_column: "day".into(),
             scope_type: "date".into(),
             key_column: "item".into(),
@@ -47,17 +52,11 @@ pub(crate) struct Env {
 
 pub(crate) async fn env(items: i64) -> Env {
     // A copy of a database migrated and set up once per test binary.
-    let db = settled_testkit::TestDb::create_prepared("batch", |url| async move {
-        let pool = PgPoolOptions::new()
-            .max_connections(1)
-            .connect(&url)
-            .await
-            .map_err(|e| e.to_string())?;
+    let db = settled_testkit::TestDb::create_prepared_on_pool("batch", |pool| async move {
         settled_engine::migrate(&pool).await.map_err(|e| e.to_string())?;
         for sql in TABLE_SQL {
             sqlx::query(sql).execute(&pool).await.map_err(|e| e.to_string())?;
         }
-        pool.close().await;
         Ok(())
     })
     .await
@@ -80,6 +79,18 @@ pub(crate) async fn count(pool: &PgPool, sql: &str) -> i64 {
     sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
 }
 
+/// Records the effect of each of `chunk`'s items, with its fence, in
+/// `jobs.effects`.
+pub(crate) async fn record_effects(tx: &mut PgConnection, chunk: &Chunk) -> Result<(), sqlx::Error> {
+    sqlx::query("INSERT INTO jobs.effects SELECT $1::date, k, f FROM unnest($2::text[], $3::int[]) AS x(k, f)")
+        .bind(&chunk.scope)
+        .bind(chunk.keys())
+        .bind(chunk.fences())
+        .execute(tx)
+        .await?;
+    Ok(())
+}
+
 /// Records each item's effect with its fence; refuses the keys in `poison`.
 pub(crate) struct Scripted {
     pub poison: Vec<String>,
@@ -90,12 +101,7 @@ impl ChunkHandler for Scripted {
         if let Some(bad) = chunk.items.iter().find(|i| self.poison.contains(&i.key)) {
             return Err(HandlerError::Permanent(format!("{} is poison", bad.key)));
         }
-        sqlx::query("INSERT INTO jobs.effects SELECT $1::date, k, f FROM unnest($2::text[], $3::int[]) AS x(k, f)")
-            .bind(&chunk.scope)
-            .bind(chunk.keys())
-            .bind(chunk.fences())
-            .execute(tx)
-            .await?;
+        record_effects(tx, chunk).await?;
         Ok(Handled::default())
     }
 }

@@ -36,12 +36,7 @@ impl settled_engine::LeasedHandler for SlowLeased {
     }
 
     async fn commit(&self, tx: &mut PgConnection, chunk: &Chunk) -> Result<(), HandlerError> {
-        sqlx::query("INSERT INTO jobs.effects SELECT $1::date, k, f FROM unnest($2::text[], $3::int[]) AS x(k, f)")
-            .bind(&chunk.scope)
-            .bind(chunk.keys())
-            .bind(chunk.fences())
-            .execute(tx)
-            .await?;
+        record_effects(tx, chunk).await?;
         Ok(())
     }
 }

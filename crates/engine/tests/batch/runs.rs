@@ -5,8 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use settled_engine::daemon::DaemonConfig;
-use settled_engine::{Cancelled, RunState, Schedule, WorkQueue};
-use settled_engine::{EngineError, Job, NoHooks, QueueSpec, Worker};
+use settled_engine::{Cancelled, EngineError, RunState, Schedule, Worker};
 
 use crate::common::*;
 
@@ -182,18 +181,7 @@ async fn a_work_table_missing_columns_and_indexes_is_named_at_start() {
         .execute(&env.pool)
         .await
         .unwrap();
-    let bare = Job::new(
-        WorkQueue::new(QueueSpec {
-            job: "bare".into(),
-            table: "jobs.bare".into(),
-            scope_column: "day".into(),
-            scope_type: "date".into(),
-            key_column: "item".into(),
-            key_type: "text".into(),
-        })
-        .unwrap(),
-        NoHooks,
-    );
+    let bare = job_on("bare", "jobs.bare");
     let err = bare.check_work_table(&env.pool).await.unwrap_err();
     let text = err.to_string();
     assert!(matches!(err, EngineError::WorkTable { .. }), "{text}");

@@ -28,15 +28,9 @@ pub(crate) struct Env {
 /// A fresh database with the queue's table and an effects table.
 pub(crate) async fn env() -> Env {
     // A copy of a database migrated and set up once per test binary.
-    let db = settled_testkit::TestDb::create_prepared("continuous", |url| async move {
-        let pool = PgPoolOptions::new()
-            .max_connections(1)
-            .connect(&url)
-            .await
-            .map_err(|e| e.to_string())?;
+    let db = settled_testkit::TestDb::create_prepared_on_pool("continuous", |pool| async move {
         settled_engine::migrate(&pool).await.map_err(|e| e.to_string())?;
         setup(&pool).await;
-        pool.close().await;
         Ok(())
     })
     .await
@@ -216,6 +210,18 @@ pub(crate) async fn wait_for(pool: &PgPool, sql: &str, want: i64, secs: u64) {
         assert!(std::time::Instant::now() < deadline, "{sql}: {got}, waited for {want}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Waits (30 s at most) until `want` jobs are in `status`.
+pub(crate) async fn wait_for_status(pool: &PgPool, status: &str, want: i64) {
+    let sql = format!("SELECT count(*) FROM jobs.queue WHERE status = '{status}'");
+    wait_for(pool, &sql, want, 30).await;
+}
+
+/// `jobs.effects` holds `n` effects, each of another job.
+pub(crate) async fn assert_effects_once(pool: &PgPool, n: i64) {
+    assert_eq!(count(pool, "SELECT count(*) FROM jobs.effects").await, n);
+    assert_eq!(count(pool, "SELECT count(DISTINCT key) FROM jobs.effects").await, n);
 }
 
 /// A serve running in the background, stopped and joined by `stop`.

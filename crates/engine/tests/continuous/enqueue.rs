@@ -43,19 +43,9 @@ async fn an_enqueue_in_a_rolled_back_transaction_runs_nothing_and_a_key_enqueued
 
     let handler = TxScripted::new(Script::default());
     let serving = Serving::tx(&env.pool, handler.clone(), polling(config(2, 4)));
-    wait_for(
-        &env.pool,
-        "SELECT count(*) FROM jobs.queue WHERE status = 'settled'",
-        4,
-        30,
-    )
-    .await;
+    wait_for_status(&env.pool, "settled", 4).await;
     serving.stop().await;
-    assert_eq!(count(&env.pool, "SELECT count(*) FROM jobs.effects").await, 4);
-    assert_eq!(
-        count(&env.pool, "SELECT count(DISTINCT key) FROM jobs.effects").await,
-        4
-    );
+    assert_effects_once(&env.pool, 4).await;
     assert_eq!(
         count(&env.pool, "SELECT count(*) FROM jobs.effects WHERE key = 'rolled-back'").await,
         0

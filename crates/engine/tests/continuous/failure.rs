@@ -29,27 +29,11 @@ async fn a_refused_or_panicking_job_fails_alone_and_becomes_a_dead_letter_with_i
     };
     // Batches of 8: each failure rolls its batch back; the others run alone.
     let serving = Serving::tx(&env.pool, TxScripted::new(script), polling(config(2, 8)));
-    wait_for(
-        &env.pool,
-        "SELECT count(*) FROM jobs.queue WHERE status = 'settled'",
-        38,
-        30,
-    )
-    .await;
+    wait_for_status(&env.pool, "settled", 38).await;
     // The panicking job is retried (3 attempts), then dead too.
-    wait_for(
-        &env.pool,
-        "SELECT count(*) FROM jobs.queue WHERE status = 'failed'",
-        2,
-        30,
-    )
-    .await;
+    wait_for_status(&env.pool, "failed", 2).await;
     serving.stop().await;
-    assert_eq!(count(&env.pool, "SELECT count(*) FROM jobs.effects").await, 38);
-    assert_eq!(
-        count(&env.pool, "SELECT count(DISTINCT key) FROM jobs.effects").await,
-        38
-    );
+    assert_effects_once(&env.pool, 38).await;
     // The poison job failed at once (permanent): one attempt in its history.
     assert_eq!(
         count(
@@ -89,13 +73,7 @@ async fn a_refused_or_panicking_job_fails_alone_and_becomes_a_dead_letter_with_i
     assert_eq!(q.replay(&mut conn, &filter).await.unwrap(), 0, "nothing left to replay");
     drop(conn);
     let serving = Serving::tx(&env.pool, TxScripted::new(Script::default()), polling(config(2, 8)));
-    wait_for(
-        &env.pool,
-        "SELECT count(*) FROM jobs.queue WHERE status = 'settled'",
-        40,
-        30,
-    )
-    .await;
+    wait_for_status(&env.pool, "settled", 40).await;
     serving.stop().await;
     assert_eq!(count(&env.pool, "SELECT count(*) FROM jobs.effects").await, 40);
     // The fence never went down: the replayed attempt is above every earlier one.
@@ -187,13 +165,7 @@ async fn a_dead_leased_workers_jobs_come_back_after_the_lease_and_its_late_compl
         pool: env.pool.clone(),
     });
     let serving = Serving::leased(&env.pool, handler, polling(config(2, 2)));
-    wait_for(
-        &env.pool,
-        "SELECT count(*) FROM jobs.queue WHERE status = 'settled'",
-        3,
-        30,
-    )
-    .await;
+    wait_for_status(&env.pool, "settled", 3).await;
     serving.stop().await;
     // The zombie wakes and completes: every one refused by the fence.
     let mut tx = env.pool.begin().await.unwrap();

@@ -106,30 +106,39 @@ pub(crate) enum Point {
     Called,
 }
 
-/// A leased handler with named stops around `work_item`: at each point in
-/// `stops` it reports (point, the claim's fence) and waits to be let go.
-pub(crate) struct Scripted<H> {
-    inner: H,
-    stops: Vec<Point>,
-    reached: mpsc::UnboundedSender<(Point, ClaimedItem)>,
+/// Named stops of a scripted handler: at each of its points it reports
+/// (point, the claim `C`) and waits to be let go.
+pub(crate) struct Stops<C> {
+    points: Vec<Point>,
+    reached: mpsc::UnboundedSender<(Point, C)>,
     go: Mutex<mpsc::UnboundedReceiver<()>>,
 }
 
-/// The test's end of a [`Scripted`] handler.
-pub(crate) struct Script {
-    reached: mpsc::UnboundedReceiver<(Point, ClaimedItem)>,
+impl<C: Clone> Stops<C> {
+    /// At one of the stops, reports `claim` and waits to be let go.
+    pub(crate) async fn at(&self, point: Point, claim: &C) {
+        if self.points.contains(&point) {
+            self.reached.send((point, claim.clone())).unwrap();
+            self.go.lock().await.recv().await;
+        }
+    }
+}
+
+/// The test's end of a scripted handler's [`Stops`].
+pub(crate) struct Script<C> {
+    reached: mpsc::UnboundedReceiver<(Point, C)>,
     go: mpsc::UnboundedSender<()>,
 }
 
-impl Script {
+impl<C> Script<C> {
     /// Waits until the handler stops at `point`; returns the claim.
-    pub(crate) async fn reached(&mut self, point: Point) -> ClaimedItem {
-        let (at, item) = tokio::time::timeout(Duration::from_secs(30), self.reached.recv())
+    pub(crate) async fn reached(&mut self, point: Point) -> C {
+        let (at, claim) = tokio::time::timeout(Duration::from_secs(30), self.reached.recv())
             .await
             .expect("the handler reaches its stop in time")
             .expect("the handler is alive");
         assert_eq!(at, point, "stopped at {at:?}, expected {point:?}");
-        item
+        claim
     }
 
     /// Lets the handler go on from where it stopped.
@@ -138,13 +147,12 @@ impl Script {
     }
 }
 
-/// Wraps `inner`, stopping at `stops`.
-pub(crate) fn scripted<H>(inner: H, stops: &[Point]) -> (Arc<Scripted<H>>, Script) {
+/// Stops at `points`, and the test's end of them.
+pub(crate) fn stops<C>(points: &[Point]) -> (Stops<C>, Script<C>) {
     let (reached_tx, reached_rx) = mpsc::unbounded_channel();
     let (go_tx, go_rx) = mpsc::unbounded_channel();
-    let handler = Scripted {
-        inner,
-        stops: stops.to_vec(),
+    let stops = Stops {
+        points: points.to_vec(),
         reached: reached_tx,
         go: Mutex::new(go_rx),
     };
@@ -152,16 +160,20 @@ pub(crate) fn scripted<H>(inner: H, stops: &[Point]) -> (Arc<Scripted<H>>, Scrip
         reached: reached_rx,
         go: go_tx,
     };
-    (Arc::new(handler), script)
+    (stops, script)
 }
 
-impl<H: LeasedHandler> Scripted<H> {
-    async fn stop(&self, point: Point, item: &ClaimedItem) {
-        if self.stops.contains(&point) {
-            self.reached.send((point, item.clone())).unwrap();
-            self.go.lock().await.recv().await;
-        }
-    }
+/// A leased handler with named stops around `work_item`: at each point in
+/// `stops` it reports (point, the claim) and waits to be let go.
+pub(crate) struct Scripted<H> {
+    inner: H,
+    stops: Stops<ClaimedItem>,
+}
+
+/// Wraps `inner`, stopping at `points`.
+pub(crate) fn scripted<H>(inner: H, points: &[Point]) -> (Arc<Scripted<H>>, Script<ClaimedItem>) {
+    let (stops, script) = stops(points);
+    (Arc::new(Scripted { inner, stops }), script)
 }
 
 impl<H: LeasedHandler> LeasedHandler for Scripted<H> {
@@ -176,9 +188,9 @@ impl<H: LeasedHandler> LeasedHandler for Scripted<H> {
     }
 
     async fn work_item(&self, batch: &Self::Batch, chunk: &Chunk, item: &ClaimedItem) -> Result<(), HandlerError> {
-        self.stop(Point::Calling, item).await;
+        self.stops.at(Point::Calling, item).await;
         let worked = self.inner.work_item(batch, chunk, item).await;
-        self.stop(Point::Called, item).await;
+        self.stops.at(Point::Called, item).await;
         worked
     }
 

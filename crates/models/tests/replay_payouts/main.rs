@@ -19,7 +19,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{payments_to, pool, provider_sim, set_faults, Point};
+use common::{payments_to, pool, provider_sim, set_faults, Point, Script, Stops};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use settled::payouts::deliver::{Deliver, Delivered};
@@ -31,7 +31,6 @@ use settled_engine::RetryPolicy;
 use settled_engine::{ClaimedJob, HandlerError, LeaseConfig, LeasedJobHandler, ServeConfig, ServeStats};
 use settled_models::suite::{self, Counterexample};
 use sqlx::{PgConnection, PgPool};
-use tokio::sync::{mpsc, Mutex};
 
 mod keys;
 mod returns;
@@ -264,66 +263,22 @@ async fn stop(worker: (tokio::task::JoinHandle<()>, Arc<ServeStats>)) -> Arc<Ser
 /// `stops` it reports (point, the claim) and waits to be let go.
 struct Scripted<H> {
     inner: H,
-    stops: Vec<Point>,
-    reached: mpsc::UnboundedSender<(Point, ClaimedJob)>,
-    go: Mutex<mpsc::UnboundedReceiver<()>>,
+    stops: Stops<ClaimedJob>,
 }
 
-/// The test's end of a [`Scripted`] handler.
-struct Script {
-    reached: mpsc::UnboundedReceiver<(Point, ClaimedJob)>,
-    go: mpsc::UnboundedSender<()>,
-}
-
-impl Script {
-    async fn reached(&mut self, point: Point) -> ClaimedJob {
-        let (at, job) = tokio::time::timeout(Duration::from_secs(30), self.reached.recv())
-            .await
-            .expect("the worker reaches its stop in time")
-            .expect("the worker is alive");
-        assert_eq!(at, point, "stopped at {at:?}, expected {point:?}");
-        job
-    }
-
-    fn go(&self) {
-        self.go.send(()).unwrap();
-    }
-}
-
-fn scripted<H>(inner: H, stops: &[Point]) -> (Arc<Scripted<H>>, Script) {
-    let (reached_tx, reached_rx) = mpsc::unbounded_channel();
-    let (go_tx, go_rx) = mpsc::unbounded_channel();
-    let handler = Scripted {
-        inner,
-        stops: stops.to_vec(),
-        reached: reached_tx,
-        go: Mutex::new(go_rx),
-    };
-    (
-        Arc::new(handler),
-        Script {
-            reached: reached_rx,
-            go: go_tx,
-        },
-    )
-}
-
-impl<H: LeasedJobHandler> Scripted<H> {
-    async fn stop(&self, point: Point, job: &ClaimedJob) {
-        if self.stops.contains(&point) {
-            self.reached.send((point, job.clone())).unwrap();
-            self.go.lock().await.recv().await;
-        }
-    }
+/// Wraps `inner`, stopping at `points`.
+fn scripted<H>(inner: H, points: &[Point]) -> (Arc<Scripted<H>>, Script<ClaimedJob>) {
+    let (stops, script) = common::stops(points);
+    (Arc::new(Scripted { inner, stops }), script)
 }
 
 impl<H: LeasedJobHandler> LeasedJobHandler for Scripted<H> {
     type Output = H::Output;
 
     async fn work(&self, job: &ClaimedJob) -> Result<H::Output, HandlerError> {
-        self.stop(Point::Calling, job).await;
+        self.stops.at(Point::Calling, job).await;
         let worked = self.inner.work(job).await;
-        self.stop(Point::Called, job).await;
+        self.stops.at(Point::Called, job).await;
         worked
     }
 
@@ -443,6 +398,19 @@ struct Ended {
     returns: i64,
     balance: i64,
     payments: Vec<String>,
+}
+
+impl Ended {
+    /// A payout ended in `state`, its funds returned `returns` times, the
+    /// creator's balance `balance`, the provider's payments in `payments`.
+    fn of(state: &str, returns: i64, balance: i64, payments: &[&str]) -> Ended {
+        Ended {
+            state: state.into(),
+            returns,
+            balance,
+            payments: payments.iter().map(|p| p.to_string()).collect(),
+        }
+    }
 }
 
 async fn ended(s: &Setup, id: i64) -> Ended {

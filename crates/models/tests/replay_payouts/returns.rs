@@ -2,6 +2,59 @@
 
 use super::*;
 
+/// The replay's setup, its key lock a minute: with `guarded` the real
+/// database, else one without `guards`.
+async fn setup_unless(guarded: bool, guards: &[&str]) -> Setup {
+    let unguard: &[&str] = if guarded { &[] } else { guards };
+    setup(unguard, Duration::from_secs(60)).await
+}
+
+/// The first steps of both traces of a confirmed payout its creator
+/// cancels: made, confirmed, the cancel's read, and w0's call, accepted.
+const CANCELLED_WHILE_CALLED: [&str; 7] = [
+    "POST /v1/payouts (key k0)",
+    "pay() k0",
+    "POST /v1/payouts/0/confirm",
+    "POST /v1/payouts/0/cancel",
+    "Confirm writes payout 0 Queued",
+    "w0 claim_leased",
+    "w0 work: provider pay(key) answers Accepted",
+];
+
+/// What became of payout `id`; then w0 let go and its worker stopped.
+async fn ended_and_stopped(s: &Setup, id: i64, w0: Script<ClaimedJob>, worker: DeliveryWorker) -> Ended {
+    let outcome = ended(s, id).await;
+    w0.go();
+    stop(worker).await;
+    outcome
+}
+
+/// A delivery worker as [`delivery_worker`] starts it.
+type DeliveryWorker = (tokio::task::JoinHandle<()>, Arc<ServeStats>);
+
+/// Steps 1-8 of a confirmed payout's traces: created under `key` (the
+/// reads, 3-4, see `created`), confirmed (5), claimed and called by w0
+/// (6-7; w0 stops once the provider answered), and settled by the
+/// provider as `settled_as` (8). The payout, w0's script and worker, and
+/// the payment.
+async fn confirmed_and_settled(
+    s: &Setup,
+    key: &str,
+    settled_as: &str,
+) -> (i64, Script<ClaimedJob>, DeliveryWorker, Payment) {
+    let a = &s.servers[0];
+    let (id, token) = created_payout(a, key).await;
+    assert_eq!(status_of(&s.pool, id).await, "created");
+    let (status, body) = post(a, &format!("/v1/payouts/{id}/confirm"), None, json!({ "token": token })).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (handler, mut w0) = scripted(deliver(&s.pool, &s.sim), &[Point::Called]);
+    let worker = delivery_worker(&s.pool, handler);
+    w0.reached(Point::Called).await;
+    let payment = settled_payment(&s.sim, &provider_key(&s.pool, id).await).await;
+    assert_eq!(payment.status.as_str(), settled_as);
+    (id, w0, worker, payment)
+}
+
 /// The model's trace without the conditional update and the transitions
 /// table (`settled-models --counterexamples`), step by step:
 ///
@@ -20,22 +73,10 @@ use super::*;
 /// payout to `paid` at step 9, and the cancel (`move_payout(id, [created],
 /// cancelled)`) at step 10 moves nothing.
 async fn paid_then_returned(guarded: bool) -> Ended {
-    let unguard: &[&str] = if guarded { &[] } else { &[NO_TRANSITIONS_TABLE] };
-    let s = setup(unguard, Duration::from_secs(60)).await;
+    let s = setup_unless(guarded, &[NO_TRANSITIONS_TABLE]).await;
     let [a, b] = &s.servers;
-    let (id, token) = created_payout(a, "paid-then-returned").await;
-    // 3-4. The reads (with the real code, part of the writes).
-    assert_eq!(status_of(&s.pool, id).await, "created");
-    // 5. The confirmation.
-    let (status, body) = post(a, &format!("/v1/payouts/{id}/confirm"), None, json!({ "token": token })).await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    // 6-7. w0 claims and calls; the provider accepts it.
-    let (handler, mut w0) = scripted(deliver(&s.pool, &s.sim), &[Point::Called]);
-    let worker = delivery_worker(&s.pool, handler);
-    w0.reached(Point::Called).await;
-    // 8. The provider pays it (the simulator settles at once).
-    let paid = settled_payment(&s.sim, &provider_key(&s.pool, id).await).await;
-    assert_eq!(paid.status.as_str(), "paid");
+    // 1-8; the provider pays it (the simulator settles at once).
+    let (id, w0, worker, paid) = confirmed_and_settled(&s, "paid-then-returned", "paid").await;
     // 9. Its webhook.
     if guarded {
         let (status, body) = post_event(b, &event_of(&paid)).await;
@@ -54,50 +95,28 @@ async fn paid_then_returned(guarded: bool) -> Ended {
     } else {
         write_blind(&s.pool, id, "cancelled", "cancelled by request").await;
     }
-    let outcome = ended(&s, id).await;
-    w0.go();
-    stop(worker).await;
-    outcome
+    ended_and_stopped(&s, id, w0, worker).await
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn without_the_conditional_update_and_the_transitions_table_a_paid_payout_is_returned() {
+    let steps = [
+        "provider: payment 0 paid",
+        "POST /v1/provider-events (e0)",
+        "Creator writes payout 0 Cancelled (blind)",
+    ];
     model_trace(
         suite::without_state_condition_and_transitions(),
-        &[
-            "POST /v1/payouts (key k0)",
-            "pay() k0",
-            "POST /v1/payouts/0/confirm",
-            "POST /v1/payouts/0/cancel",
-            "Confirm writes payout 0 Queued",
-            "w0 claim_leased",
-            "w0 work: provider pay(key) answers Accepted",
-            "provider: payment 0 paid",
-            "POST /v1/provider-events (e0)",
-            "Creator writes payout 0 Cancelled (blind)",
-        ],
+        &[&CANCELLED_WHILE_CALLED[..], &steps[..]].concat(),
     );
     let unguarded = paid_then_returned(false).await;
     assert_eq!(
         unguarded,
-        Ended {
-            state: "cancelled".into(),
-            returns: 1,
-            balance: BALANCE,
-            payments: vec!["paid".into()],
-        },
+        Ended::of("cancelled", 1, BALANCE, &["paid"]),
         "the provider paid the creator, and the funds came back too"
     );
     let real = paid_then_returned(true).await;
-    assert_eq!(
-        real,
-        Ended {
-            state: "paid".into(),
-            returns: 0,
-            balance: BALANCE - AMOUNT,
-            payments: vec!["paid".into()],
-        }
-    );
+    assert_eq!(real, Ended::of("paid", 0, BALANCE - AMOUNT, &["paid"]));
 }
 
 /// The model's trace without the conditional update, the transitions
@@ -114,27 +133,11 @@ async fn without_the_conditional_update_and_the_transitions_table_a_paid_payout_
 /// With the real code the webhook moves the payout to `failed` (funds
 /// returned) at step 9 and the cancel moves nothing at step 10.
 async fn returned_twice(guarded: bool) -> Ended {
-    let unguard: &[&str] = if guarded {
-        &[]
-    } else {
-        &[NO_TRANSITIONS_TABLE, NO_RETURN_KEY]
-    };
-    let s = setup(unguard, Duration::from_secs(60)).await;
+    let s = setup_unless(guarded, &[NO_TRANSITIONS_TABLE, NO_RETURN_KEY]).await;
     set_faults(&s.sim, json!({ "failure_rate": 1.0 })).await;
     let [a, b] = &s.servers;
-    let (id, token) = created_payout(a, "returned-twice").await;
-    // 3-4. The reads.
-    assert_eq!(status_of(&s.pool, id).await, "created");
-    // 5. The confirmation.
-    let (status, body) = post(a, &format!("/v1/payouts/{id}/confirm"), None, json!({ "token": token })).await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    // 6-7. w0 claims and calls.
-    let (handler, mut w0) = scripted(deliver(&s.pool, &s.sim), &[Point::Called]);
-    let worker = delivery_worker(&s.pool, handler);
-    w0.reached(Point::Called).await;
-    // 8. The provider fails it.
-    let failed = settled_payment(&s.sim, &provider_key(&s.pool, id).await).await;
-    assert_eq!(failed.status.as_str(), "failed");
+    // 1-8; the provider fails it.
+    let (id, w0, worker, failed) = confirmed_and_settled(&s, "returned-twice", "failed").await;
     let event = event_of(&failed);
     if guarded {
         // 9. The webhook, read and written at once.
@@ -162,51 +165,29 @@ async fn returned_twice(guarded: bool) -> Ended {
         write_event_blind(&mut webhook, id, "failed", &event).await;
         webhook.commit().await.unwrap();
     }
-    let outcome = ended(&s, id).await;
-    w0.go();
-    stop(worker).await;
-    outcome
+    ended_and_stopped(&s, id, w0, worker).await
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn without_the_state_guards_a_payout_is_returned_twice() {
+    let steps = [
+        "provider: payment 0 failed",
+        "POST /v1/provider-events (e0)",
+        "Creator writes payout 0 Cancelled (blind)",
+        "Webhook(0) writes payout 0 Failed (blind)",
+    ];
     model_trace(
         suite::without_state_guards(),
-        &[
-            "POST /v1/payouts (key k0)",
-            "pay() k0",
-            "POST /v1/payouts/0/confirm",
-            "POST /v1/payouts/0/cancel",
-            "Confirm writes payout 0 Queued",
-            "w0 claim_leased",
-            "w0 work: provider pay(key) answers Accepted",
-            "provider: payment 0 failed",
-            "POST /v1/provider-events (e0)",
-            "Creator writes payout 0 Cancelled (blind)",
-            "Webhook(0) writes payout 0 Failed (blind)",
-        ],
+        &[&CANCELLED_WHILE_CALLED[..], &steps[..]].concat(),
     );
     let unguarded = returned_twice(false).await;
     assert_eq!(
         unguarded,
-        Ended {
-            state: "failed".into(),
-            returns: 2,
-            balance: BALANCE + AMOUNT,
-            payments: vec!["failed".into()],
-        },
+        Ended::of("failed", 2, BALANCE + AMOUNT, &["failed"]),
         "returned twice: the balance is more than it was before the payout"
     );
     let real = returned_twice(true).await;
-    assert_eq!(
-        real,
-        Ended {
-            state: "failed".into(),
-            returns: 1,
-            balance: BALANCE,
-            payments: vec!["failed".into()],
-        }
-    );
+    assert_eq!(real, Ended::of("failed", 1, BALANCE, &["failed"]));
 }
 
 /// The model's trace without the return's guards (the conditional update,
@@ -228,12 +209,7 @@ async fn without_the_state_guards_a_payout_is_returned_twice() {
 /// paid at step 7, e0r returned at step 8 (funds back once), and the
 /// look-up finds nothing to do.
 async fn returned_before_paid(guarded: bool) -> Ended {
-    let unguard: &[&str] = if guarded {
-        &[]
-    } else {
-        &[NO_TRANSITIONS_TABLE, NO_RETURN_KEY]
-    };
-    let s = setup(unguard, Duration::from_secs(60)).await;
+    let s = setup_unless(guarded, &[NO_TRANSITIONS_TABLE, NO_RETURN_KEY]).await;
     // 1-2. The payout.
     let (status, made) = post_payout(&s.servers[0], "returned-before-paid", false).await;
     assert_eq!(status, StatusCode::CREATED, "{made}");
@@ -296,10 +272,7 @@ async fn returned_before_paid(guarded: bool) -> Ended {
         assert_eq!(status_of(&s.pool, id).await, "paid");
         write_blind(&s.pool, id, "returned", "returned: returned_by_bank (poll)").await;
     }
-    let outcome = ended(&s, id).await;
-    w0.go();
-    stop(worker).await;
-    outcome
+    ended_and_stopped(&s, id, w0, worker).await
 }
 
 /// A webhook's blind write of `to`, and its event stored, on `tx`.
@@ -348,22 +321,9 @@ async fn without_the_returns_guards_a_return_gives_the_money_back_twice() {
     let unguarded = returned_before_paid(false).await;
     assert_eq!(
         unguarded,
-        Ended {
-            state: "returned".into(),
-            returns: 2,
-            balance: BALANCE + AMOUNT,
-            payments: vec!["returned".into()],
-        },
+        Ended::of("returned", 2, BALANCE + AMOUNT, &["returned"]),
         "the provider took the payment back once, and the balance got it twice"
     );
     let real = returned_before_paid(true).await;
-    assert_eq!(
-        real,
-        Ended {
-            state: "returned".into(),
-            returns: 1,
-            balance: BALANCE,
-            payments: vec!["returned".into()],
-        }
-    );
+    assert_eq!(real, Ended::of("returned", 1, BALANCE, &["returned"]));
 }

@@ -5,7 +5,8 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
-use sqlx::PgPool;
+use sqlx::pool::PoolConnection;
+use sqlx::{PgPool, Postgres};
 use utoipa::ToSchema;
 
 use super::openapi::TAG_CREATORS;
@@ -32,6 +33,19 @@ pub(crate) async fn known(pool: &PgPool, creator: &CreatorAddress) -> Result<boo
     .bind(MAX_LEDGER_ENTRIES_SHOWN)
     .fetch_one(pool)
     .await
+}
+
+/// A read connection for a creator the API knows; 404 `unknown-creator`
+/// for one it does not.
+async fn known_reads(state: &AppState, creator: &CreatorAddress) -> Result<PoolConnection<Postgres>, Problem> {
+    let pool = &state.reads;
+    if !known(pool, creator).await.map_err(Problem::unavailable)? {
+        return Err(Problem::not_found(
+            ProblemType::UnknownCreator,
+            format!("creator {creator} is unknown"),
+        ));
+    }
+    pool.acquire().await.map_err(Problem::unavailable)
 }
 
 /// A creator as the API shows it.
@@ -103,19 +117,13 @@ pub(crate) async fn holds(pool: &PgPool, creator: &CreatorAddress) -> Result<Vec
 pub(crate) async fn show(State(state): State<AppState>, Path(address): Path<String>) -> Result<Response, Problem> {
     let creator = CreatorAddress::parse(&address)
         .map_err(|e| Problem::bad_request(ProblemType::InvalidAddress, format!("address {e}")).field("address"))?;
-    let pool = &state.reads;
-    if !known(pool, &creator).await.map_err(Problem::unavailable)? {
-        return Err(Problem::not_found(
-            ProblemType::UnknownCreator,
-            format!("creator {creator} is unknown"),
-        ));
-    }
-    let mut conn = pool.acquire().await.map_err(Problem::unavailable)?;
+    let mut conn = known_reads(&state, &creator).await?;
     let (balance, balances) = balance::balances(&mut conn, &creator)
         .await
         .map_err(Problem::unavailable)?
         .unwrap_or_else(|| ("0".into(), Balances::default()));
     drop(conn);
+    let pool = &state.reads;
     let holds = holds(pool, &creator).await.map_err(Problem::unavailable)?;
     let ledger = ledger(pool, &creator).await.map_err(Problem::unavailable)?;
     let body = Creator {
@@ -220,14 +228,7 @@ pub(crate) async fn statement(
                 .field("limit")
             })?,
     };
-    let pool = &state.reads;
-    if !known(pool, &creator).await.map_err(Problem::unavailable)? {
-        return Err(Problem::not_found(
-            ProblemType::UnknownCreator,
-            format!("creator {creator} is unknown"),
-        ));
-    }
-    let mut conn = pool.acquire().await.map_err(Problem::unavailable)?;
+    let mut conn = known_reads(&state, &creator).await?;
     let page: Statement = balance::statement(&mut conn, &creator, window, limit)
         .await
         .map_err(Problem::unavailable)?;

@@ -417,6 +417,20 @@ pub(crate) async fn read_json<T: DeserializeOwned>(headers: &HeaderMap, body: Bo
     Ok((value, bytes))
 }
 
+/// A handler's JSON object body, read as [`read_json`] reads it (its last
+/// argument: it takes the body).
+pub(crate) struct JsonBody<T>(pub(crate) T);
+
+impl<T: DeserializeOwned + Send, S: Send + Sync> axum::extract::FromRequest<S> for JsonBody<T> {
+    type Rejection = Problem;
+
+    async fn from_request(request: axum::extract::Request, _: &S) -> Result<JsonBody<T>, Problem> {
+        let (parts, body) = request.into_parts();
+        let (value, _) = read_json(&parts.headers, body).await?;
+        Ok(JsonBody(value))
+    }
+}
+
 /// The path (`key`, `a.b`, `a[0]`) of the first string in `object`, at any
 /// depth, that holds a NUL (U+0000): PostgreSQL's text cannot.
 fn nul_at(object: &serde_json::Map<String, serde_json::Value>) -> Option<String> {

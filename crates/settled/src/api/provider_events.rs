@@ -250,8 +250,8 @@ fn sha256_hex(bytes: &[u8]) -> String {
 /// (its id already stored) changes nothing. Returns the outcome.
 async fn store_ignored(state: &AppState, ignored: &Ignored, raw: &[u8]) -> anyhow::Result<EventOutcome> {
     let body: serde_json::Value = serde_json::from_slice(raw)?;
-    let mut tx = super::begin(state).await?;
-    let stored = sqlx::query(
+    let tx = super::begin(state).await?;
+    let insert = sqlx::query(
         "INSERT INTO settlement.provider_events (id, type, created, outcome, detail, body)
          VALUES ($1, $2, $3, 'ignored', $4, $5)
          ON CONFLICT (id) DO NOTHING",
@@ -260,15 +260,10 @@ async fn store_ignored(state: &AppState, ignored: &Ignored, raw: &[u8]) -> anyho
     .bind(&ignored.r#type) // $2
     .bind(ignored.created) // $3
     .bind(&ignored.detail) // $4
-    .bind(body) // $5
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    if stored == 0 {
-        tx.rollback().await?;
+    .bind(body); // $5
+    if !store_once(state, tx, insert).await? {
         return Ok(EventOutcome::Duplicate);
     }
-    super::commit(state, tx).await?;
     tracing::warn!(event = %ignored.id, detail = %ignored.detail, "a provider event was stored and ignored");
     Ok(EventOutcome::Ignored)
 }
@@ -311,6 +306,22 @@ async fn event_span(
     Ok(span)
 }
 
+/// Runs `insert`, the event's `INSERT ... ON CONFLICT (id) DO NOTHING`, in
+/// `tx`, and commits; for a repeat (its id already stored) rolls back
+/// instead and returns false.
+async fn store_once(
+    state: &AppState,
+    mut tx: sqlx::Transaction<'static, sqlx::Postgres>,
+    insert: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
+) -> anyhow::Result<bool> {
+    if insert.execute(&mut *tx).await?.rows_affected() == 0 {
+        tx.rollback().await?;
+        return Ok(false);
+    }
+    super::commit(state, tx).await?;
+    Ok(true)
+}
+
 /// Applies the event to `payout` and stores it, committing `tx`.
 async fn apply(
     state: &AppState,
@@ -330,7 +341,7 @@ async fn apply(
             .into(),
     };
     let body: serde_json::Value = serde_json::from_slice(raw)?;
-    let stored = sqlx::query(
+    let insert = sqlx::query(
         "INSERT INTO settlement.provider_events (id, type, created, provider_key, payout_id, outcome, body)
          VALUES ($1, $2, $3, $4, $5, $6, $7)
          ON CONFLICT (id) DO NOTHING",
@@ -341,15 +352,10 @@ async fn apply(
     .bind(key) // $4
     .bind(payout) // $5
     .bind(outcome.as_str()) // $6
-    .bind(body) // $7
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    if stored == 0 {
-        tx.rollback().await?;
+    .bind(body); // $7
+    if !store_once(state, tx, insert).await? {
         return Ok(EventOutcome::Duplicate);
     }
-    super::commit(state, tx).await?;
     if matches!(outcome, EventOutcome::Conflict | EventOutcome::UnknownPayout) {
         tracing::warn!(event = %event.id, key = %key, outcome = outcome.as_str(), "a provider event needs review");
     }

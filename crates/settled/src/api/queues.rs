@@ -4,16 +4,15 @@
 //! the [`Authorized`] extractor before any body is read, and each runs in
 //! one API write transaction whose answer says what it changed.
 
-use axum::body::Body;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use settled_engine::continuous::ReplayFilter;
 use utoipa::ToSchema;
 
 use super::openapi::{QueueName, TAG_QUEUES};
-use super::{read_json, AppState, Authorized, Problem, ProblemType};
+use super::{AppState, Authorized, JsonBody, Problem, ProblemType};
 use crate::queues::{
     self, Cancelled, DeadLetter, QueueError, QueueView, ReplayRequest, DEAD_LETTERS_SHOWN, MAX_DEAD_LETTERS_SHOWN,
 };
@@ -263,10 +262,8 @@ pub(crate) async fn replay(
     State(state): State<AppState>,
     _: Authorized,
     Path(name): Path<String>,
-    headers: HeaderMap,
-    body: Body,
+    JsonBody(b): JsonBody<ReplayBody>,
 ) -> Result<Response, Problem> {
-    let (b, _) = read_json::<ReplayBody>(&headers, body).await?;
     let request = ReplayRequest {
         key: b.key,
         error_contains: b.error_contains,
@@ -330,10 +327,8 @@ pub(crate) async fn cancel(
     State(state): State<AppState>,
     _: Authorized,
     Path(name): Path<String>,
-    headers: HeaderMap,
-    body: Body,
+    JsonBody(b): JsonBody<CancelBody>,
 ) -> Result<Response, Problem> {
-    let (b, _) = read_json::<CancelBody>(&headers, body).await?;
     let mut tx = super::begin(&state).await.map_err(Problem::unavailable)?;
     let found = queues::find_usable(&mut tx, &name).await.map_err(problem)?;
     let outcome = queues::cancel(&mut tx, &found, &b.key).await.map_err(problem)?;

@@ -211,16 +211,8 @@ async fn spent_nonce(pool: &PgPool, chain: &Chain, tx: &ChainTx, head: u64, done
             }
         }
         Found::Lost(why) => {
-            let mut conn = pool.acquire().await?;
-            if store::mark_awaiting_operator(&mut conn, tx.id, &why).await? {
-                tracing::error!(
-                    tx = tx.id,
-                    nonce = tx.nonce,
-                    why,
-                    "a spent nonce settled cannot account for: waiting for an operator; its payouts stay sent"
-                );
-                done.awaiting_operator += 1;
-            }
+            let what = "a spent nonce settled cannot account for: waiting for an operator; its payouts stay sent";
+            await_operator(pool, tx, &why, what, done).await?;
         }
     }
     Ok(())
@@ -405,14 +397,15 @@ async fn without_receipt(
         store::hex(block),
         missing
     );
+    await_operator(pool, tx, &why, "waiting for an operator; its payouts stay sent", done).await
+}
+
+/// Marks `tx` as waiting for an operator, for `why`: logged as `what` and
+/// counted in `done` the first time.
+async fn await_operator(pool: &PgPool, tx: &ChainTx, why: &str, what: &str, done: &mut Round) -> anyhow::Result<()> {
     let mut conn = pool.acquire().await?;
-    if store::mark_awaiting_operator(&mut conn, tx.id, &why).await? {
-        tracing::error!(
-            tx = tx.id,
-            nonce = tx.nonce,
-            why,
-            "waiting for an operator; its payouts stay sent"
-        );
+    if store::mark_awaiting_operator(&mut conn, tx.id, why).await? {
+        tracing::error!(tx = tx.id, nonce = tx.nonce, why, "{what}");
         done.awaiting_operator += 1;
     }
     Ok(())

@@ -1,10 +1,8 @@
 //! `settled audit`: the audit log, newest first.
 
-use std::process::ExitCode;
-
 use crate::audit::{self, Filter};
-use crate::cmd::{DbCommand, Outcome};
-use crate::db::{Access, Database};
+use crate::cmd::{print_listing, Outcome, ReadOnly};
+use crate::db::Database;
 
 /// Rows shown unless --limit says otherwise.
 pub(crate) const DEFAULT_LIMIT: i64 = 100;
@@ -29,11 +27,8 @@ pub struct Args {
     json: bool,
 }
 
-impl DbCommand for Args {
-    const ROLE: Option<&'static str> = Some("settled_readonly");
-    const ACCESS: Access = Access::Reads;
-
-    async fn run(self, db: &Database) -> Outcome {
+impl ReadOnly for Args {
+    async fn read(self, db: &Database) -> Outcome {
         let filter = Filter {
             actor: self.actor,
             since: self.since,
@@ -41,16 +36,12 @@ impl DbCommand for Args {
             limit: self.limit,
         };
         let rows = audit::list(&mut *db.pool.acquire().await?, &filter).await?;
-        if self.json {
-            println!("{}", serde_json::to_string_pretty(&rows)?);
-            return Ok(ExitCode::SUCCESS);
-        }
-        println!(
+        let header = format!(
             "{:<19}  {:<24}  {:<40}  {:<30}  {:>5}  outcome",
             "at (UTC)", "actor", "action", "target", "count"
         );
-        for r in rows {
-            println!(
+        print_listing(self.json, &rows, &header, |r| {
+            format!(
                 "{:<19}  {:<24}  {:<40}  {:<30}  {:>5}  {}",
                 r.at.format("%Y-%m-%d %H:%M:%S"),
                 r.actor,
@@ -58,8 +49,7 @@ impl DbCommand for Args {
                 r.target,
                 r.count,
                 r.outcome
-            );
-        }
-        Ok(ExitCode::SUCCESS)
+            )
+        })
     }
 }

@@ -145,6 +145,41 @@ pub trait DbCommand: Sized + 'static {
     fn run(self, db: &Database) -> impl Future<Output = Outcome>;
 }
 
+/// A command that only reads: under `--role-per-command` it runs as
+/// `settled_readonly`, and it runs on a standby too.
+pub(crate) trait ReadOnly: Sized + 'static {
+    /// Runs it.
+    fn read(self, db: &Database) -> impl Future<Output = Outcome>;
+}
+
+impl<C: ReadOnly> DbCommand for C {
+    const ROLE: Option<&'static str> = Some("settled_readonly");
+    const ACCESS: Access = Access::Reads;
+
+    fn run(self, db: &Database) -> impl Future<Output = Outcome> {
+        self.read(db)
+    }
+}
+
+/// Prints a listing: with `json`, `rows` as one pretty JSON array; else
+/// `header`, then each row's `line`.
+pub(crate) fn print_listing<T: serde::Serialize>(
+    json: bool,
+    rows: &[T],
+    header: &str,
+    line: impl Fn(&T) -> String,
+) -> Outcome {
+    if json {
+        println!("{}", serde_json::to_string_pretty(rows)?);
+    } else {
+        println!("{header}");
+        for row in rows {
+            println!("{}", line(row));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 /// Anything the binary runs: a [`DbCommand`] through `OnDatabase`, or a
 /// command that sets up its own databases (the lab's).
 pub trait Runnable {

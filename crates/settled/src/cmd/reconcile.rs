@@ -5,8 +5,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::process::ExitCode;
 
-use crate::cmd::{chain_once, exit_code, printable, DbCommand, Global, OnDatabase, Outcome, Runnable};
-use crate::db::{Access, Database};
+use crate::cmd::{chain_once, exit_code, printable, Global, OnDatabase, Outcome, ReadOnly, Runnable};
+use crate::db::Database;
 use crate::payouts::reconcile::{self, Comparison, Lag, MismatchKind, Scope};
 use crate::provider::HttpProvider;
 
@@ -75,11 +75,8 @@ struct Report<'a> {
     comparison: &'a Comparison,
 }
 
-impl DbCommand for Args {
-    const ROLE: Option<&'static str> = Some("settled_readonly");
-    const ACCESS: Access = Access::Reads;
-
-    async fn run(self, db: &Database) -> Outcome {
+impl ReadOnly for Args {
+    async fn read(self, db: &Database) -> Outcome {
         if let (Some(url), Some(token)) = (&self.chain_rpc_url, self.token_address) {
             return reconcile_chain(db, url, token, self.from_block).await;
         }

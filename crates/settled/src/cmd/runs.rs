@@ -1,7 +1,7 @@
 //! `settled runs`.
 
-use crate::cmd::{DbCommand, Outcome};
-use crate::db::{Access, Database};
+use crate::cmd::{print_listing, Outcome, ReadOnly};
+use crate::db::Database;
 use crate::run_state::Shown;
 use crate::settlement::job;
 use settled_engine::Run;
@@ -17,29 +17,26 @@ pub struct Args {
     json: bool,
 }
 
-impl DbCommand for Args {
-    const ROLE: Option<&'static str> = Some("settled_readonly");
-    const ACCESS: Access = Access::Reads;
-
-    async fn run(self, db: &Database) -> Outcome {
+impl ReadOnly for Args {
+    async fn read(self, db: &Database) -> Outcome {
         let all = job().list_runs(&db.pool, self.limit).await?;
         let workers = crate::run_state::workers(&db.pool).await?;
-        if self.json {
-            let shown = all
-                .iter()
-                .map(|run| shown_json(run, Shown::of(run, &workers)))
-                .collect::<Result<Vec<_>, _>>()?;
-            println!("{}", serde_json::to_string_pretty(&shown)?);
-            return Ok(std::process::ExitCode::SUCCESS);
-        }
-        println!(
+        let listed: Vec<Listed> = all.iter().map(|run| Listed(run, Shown::of(run, &workers))).collect();
+        let header = format!(
             "{:>5}  {:<10}  {:<9}  {:<8}  {:<19}  {:>9}  report",
             "run", "period", "state", "starter", "started (UTC)", "took"
         );
-        for run in all {
-            println!("{}", line(&run, Shown::of(&run, &workers)));
-        }
-        Ok(std::process::ExitCode::SUCCESS)
+        print_listing(self.json, &listed, &header, |Listed(run, shown)| line(run, *shown))
+    }
+}
+
+/// A run and its state as read; its JSON is [`shown_json`]'s.
+struct Listed<'a>(&'a Run, Shown);
+
+impl serde::Serialize for Listed<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let value = shown_json(self.0, self.1).map_err(serde::ser::Error::custom)?;
+        serde::Serialize::serialize(&value, serializer)
     }
 }
 

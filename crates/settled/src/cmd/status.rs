@@ -1,7 +1,7 @@
 //! `settled status`.
 
-use crate::cmd::{DbCommand, Outcome};
-use crate::db::{Access, Database};
+use crate::cmd::{Outcome, ReadOnly};
+use crate::db::Database;
 use crate::period::Period;
 
 /// Show exact counts by status and amounts paid for a period.
@@ -19,11 +19,8 @@ pub struct Args {
     token_decimals: u32,
 }
 
-impl DbCommand for Args {
-    const ROLE: Option<&'static str> = Some("settled_readonly");
-    const ACCESS: Access = Access::Reads;
-
-    async fn run(self, db: &Database) -> Outcome {
+impl ReadOnly for Args {
+    async fn read(self, db: &Database) -> Outcome {
         let mut conn = db.pool.acquire().await?;
         let status = crate::status::period_status(&mut conn, self.period).await?;
         if self.json {

@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use crate::cmd::{exit_code, printable, DbCommand, Outcome};
-use crate::db::{Access, Database};
+use crate::cmd::{exit_code, printable, Outcome, ReadOnly};
+use crate::db::Database;
 use crate::period::Period;
 use crate::provider::HttpProvider;
 use crate::verify::payouts::ChainSide;
@@ -66,11 +66,8 @@ pub struct Args {
     token_address: Option<alloy_primitives::Address>,
 }
 
-impl DbCommand for Args {
-    const ROLE: Option<&'static str> = Some("settled_readonly");
-    const ACCESS: Access = Access::Reads;
-
-    async fn run(self, db: &Database) -> Outcome {
+impl ReadOnly for Args {
+    async fn read(self, db: &Database) -> Outcome {
         let provider = match &self.provider_url {
             Some(url) => Some(HttpProvider::new(url, RECONCILE_TIMEOUT)?),
             None => None,

@@ -6,8 +6,8 @@ use alloy_sol_types::SolCall;
 use crate::chain::abi::IERC20;
 use crate::chain::store::{self, TxState};
 use crate::chain::{HotWallet, Rpc};
-use crate::cmd::{DbCommand, Outcome};
-use crate::db::{Access, Database};
+use crate::cmd::{Outcome, ReadOnly};
+use crate::db::Database;
 
 /// Show the hot wallet of the chain rail: its address, its token and gas
 /// balances, its next nonce in the database and on the node, and its
@@ -28,11 +28,8 @@ pub struct Args {
     signer_key_file: Option<std::path::PathBuf>,
 }
 
-impl DbCommand for Args {
-    const ROLE: Option<&'static str> = Some("settled_readonly");
-    const ACCESS: Access = Access::Reads;
-
-    async fn run(self, db: &Database) -> Outcome {
+impl ReadOnly for Args {
+    async fn read(self, db: &Database) -> Outcome {
         let rpc = Rpc::new(&self.chain_rpc_url)?;
         let chain_id = rpc.chain_id().await?;
         let mut conn = db.pool.acquire().await?;

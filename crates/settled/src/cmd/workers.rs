@@ -1,7 +1,7 @@
 //! `settled workers`.
 
-use crate::cmd::{DbCommand, Outcome};
-use crate::db::{Access, Database};
+use crate::cmd::{print_listing, Outcome, ReadOnly};
+use crate::db::Database;
 
 /// List worker processes: host, pid, version, heartbeat, alive/stopped/dead.
 #[derive(Debug, clap::Args)]
@@ -14,23 +14,16 @@ pub struct Args {
     json: bool,
 }
 
-impl DbCommand for Args {
-    const ROLE: Option<&'static str> = Some("settled_readonly");
-    const ACCESS: Access = Access::Reads;
-
-    async fn run(self, db: &Database) -> Outcome {
+impl ReadOnly for Args {
+    async fn read(self, db: &Database) -> Outcome {
         let queue = crate::settlement::queue();
         let all = settled_engine::raw::workers::list(&db.pool, Some(&queue), self.limit).await?;
-        if self.json {
-            println!("{}", serde_json::to_string_pretty(&all)?);
-            return Ok(std::process::ExitCode::SUCCESS);
-        }
-        println!(
+        let header = format!(
             "{:<8}  {:<16}  {:>7}  {:<8}  {:<7}  {:>10}  {:>8}  {:>6}  {:>10}",
             "worker", "host", "pid", "version", "state", "heartbeat", "settled", "held", "rejected"
         );
-        for w in all {
-            println!(
+        print_listing(self.json, &all, &header, |w| {
+            format!(
                 "{:<8}  {:<16}  {:>7}  {:<8}  {:<7}  {:>9.1}s  {:>8}  {:>6}  {:>10}",
                 &w.id.simple().to_string()[..8],
                 w.host,
@@ -41,8 +34,7 @@ impl DbCommand for Args {
                 w.items_settled,
                 w.leases_held,
                 w.fence_rejections
-            );
-        }
-        Ok(std::process::ExitCode::SUCCESS)
+            )
+        })
     }
 }

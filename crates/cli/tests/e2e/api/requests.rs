@@ -221,14 +221,7 @@ async fn bad_requests_get_problems_that_name_the_field() {
         .await
         .unwrap();
     assert_eq!(r.status(), 413);
-    let doc: Value = client
-        .get(format!("{}/openapi.json", server.base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let doc: Value = common::json_of(client.get(format!("{}/openapi.json", server.base))).await;
     assert_eq!(doc["openapi"], "3.1.0");
     assert_eq!(
         env.scalar_i64("SELECT count(*) FROM settlement.payouts").await,

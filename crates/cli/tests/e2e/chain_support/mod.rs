@@ -46,22 +46,12 @@ pub(crate) async fn queued_payouts(env: &Env, n: i64) -> Vec<(i64, Address, U256
 /// `settled deliver` on the chain through `url`, with the tests' short
 /// leases, then `extra` flags.
 pub(crate) fn deliver(env: &Env, chain: &TestChain, url: &str, confirmations: u32, extra: &[&str]) -> Deliverer {
-    let mut args: Vec<String> = [
-        "deliver",
-        "--lease-ttl-ms",
-        "1000",
-        "--rescue-interval-ms",
-        "200",
-        "--shutdown-grace-ms",
-        "300",
-        "--concurrency",
-        "3",
-        "--batch",
-        "4",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let mut args: Vec<String> = ["deliver"]
+        .iter()
+        .chain(crate::common::SHORT_LEASES)
+        .chain(&["--concurrency", "3", "--batch", "4"])
+        .map(|s| s.to_string())
+        .collect();
     args.extend(chain.flags(url, confirmations));
     args.extend(extra.iter().map(|s| s.to_string()));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -135,6 +125,12 @@ impl TestChain {
         std::fs::write(key_file.path(), format!("{HOT_WALLET_KEY}\n")).unwrap();
         std::fs::set_permissions(key_file.path(), std::fs::Permissions::from_mode(0o600)).unwrap();
         TestChain { anvil, token, key_file }
+    }
+
+    /// anvil mining only when the test says (`--no-mining`), the test
+    /// token deployed, transfers to `0xeeee...` reverting.
+    pub(crate) async fn unmined() -> TestChain {
+        TestChain::start(&["--no-mining"], "TestToken", Address::repeat_byte(0xee)).await
     }
 
     /// The node's URL.
@@ -451,12 +447,48 @@ pub(crate) async fn mine(chain: &TestChain) {
     rpc(&chain.url(), "evm_mine", json!([])).await;
 }
 
-/// Mines a block every 200 ms until `sql` counts at least one row.
-pub(crate) async fn mine_until(env: &Env, chain: &TestChain, what: &str, sql: &str) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+/// Counts the payouts paid.
+pub(crate) const PAID: &str = "SELECT count(*) FROM settlement.payouts WHERE status = 'paid'";
+
+/// Mines a block every 200 ms until `sql` counts at least one row, `secs`
+/// at most.
+pub(crate) async fn mine_until(env: &Env, chain: &TestChain, secs: u64, what: &str, sql: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
     while count(env, sql).await == 0 {
         assert!(std::time::Instant::now() < deadline, "timed out mining until {what}");
         mine(chain).await;
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
+}
+
+/// Mines a block every 200 ms until a payout is paid, `secs` at most.
+pub(crate) async fn mine_until_paid(env: &Env, chain: &TestChain, secs: u64) {
+    mine_until(env, chain, secs, "paid", PAID).await;
+}
+
+/// Waits (60 s at most) until `sql` counts `n` rows.
+pub(crate) async fn wait_count(env: &Env, what: &str, sql: &str, n: i64) {
+    crate::common::wait_until(60, what, || async { count(env, sql).await == n }).await;
+}
+
+/// Waits (60 s at most) until `n` chain transactions match `condition`
+/// (SQL on `settlement.chain_txs`).
+pub(crate) async fn wait_txs(env: &Env, condition: &str, n: i64) {
+    let sql = format!("SELECT count(*) FROM settlement.chain_txs WHERE {condition}");
+    wait_count(env, &format!("{n} transactions where {condition}"), &sql, n).await;
+}
+
+/// Waits (60 s at most) until every payout is paid or failed.
+pub(crate) async fn wait_paid_or_failed(env: &Env) {
+    let open = "SELECT count(*) FROM settlement.payouts WHERE status NOT IN ('paid', 'failed')";
+    wait_count(env, "every payout paid or failed", open, 0).await;
+}
+
+/// The one payout is paid, by one transfer on the chain of its amount to
+/// `creator`.
+pub(crate) async fn paid_once(env: &Env, chain: &TestChain, creator: Address) {
+    assert_eq!(count(env, PAID).await, 1);
+    let transfers = chain.transfers_from_hot_wallet().await;
+    assert_eq!(transfers.len(), 1, "one transfer on the chain: {transfers:?}");
+    assert_eq!((transfers[0].0, transfers[0].1), (creator, U256::from(1000u32)));
 }

@@ -5,17 +5,23 @@ use super::*;
 /// `body` signed with `secret` as the provider signs it and posted to the
 /// webhook route of the server at `base`: its status and answer.
 pub(crate) async fn post_signed_event(base: &str, secret: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
+    let r = send_signed_event(base, secret, body).await;
+    (r.status().as_u16(), r.json().await.unwrap())
+}
+
+/// `body` signed with `secret` as the provider signs it and posted to the
+/// webhook route of the server at `base`: the answer, unread.
+pub(crate) async fn send_signed_event(base: &str, secret: &str, body: &serde_json::Value) -> reqwest::Response {
     let raw = serde_json::to_vec(body).unwrap();
     let header = settled::provider::signature::sign(secret.as_bytes(), chrono::Utc::now().timestamp(), &raw);
-    let r = reqwest::Client::new()
+    reqwest::Client::new()
         .post(format!("{base}/v1/provider-events"))
         .header("Provider-Signature", header)
         .header("Content-Type", "application/json")
         .body(raw)
         .send()
         .await
-        .unwrap();
-    (r.status().as_u16(), r.json().await.unwrap())
+        .unwrap()
 }
 
 /// A payout of `amount` to `creator` made through `server` under the request

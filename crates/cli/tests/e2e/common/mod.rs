@@ -30,14 +30,8 @@ pub(crate) struct Env {
 impl Env {
     pub(crate) async fn new() -> Env {
         // A copy of a database migrated once per test binary.
-        let db = TestDb::create_prepared("settled", |url| async move {
-            let pool = sqlx::postgres::PgPoolOptions::new()
-                .max_connections(1)
-                .connect(&url)
-                .await
-                .map_err(|e| e.to_string())?;
+        let db = TestDb::create_prepared_on_pool("settled", |pool| async move {
             settled::db::migrate(&pool).await.map_err(|e| format!("{e:#}"))?;
-            pool.close().await;
             Ok(())
         })
         .await
@@ -73,19 +67,26 @@ impl Env {
     /// leases (1 s), rescue (every 200 ms) and shutdown grace (300 ms), then
     /// `extra` flags; its stdout dropped.
     pub(crate) fn deliver(&self, provider: &str, extra: &[&str]) -> std::process::Child {
-        let mut args = vec![
-            "deliver",
-            "--provider-url",
-            provider,
-            "--lease-ttl-ms",
-            "1000",
-            "--rescue-interval-ms",
-            "200",
-            "--shutdown-grace-ms",
-            "300",
-        ];
+        let mut args = vec!["deliver", "--provider-url", provider];
+        args.extend_from_slice(SHORT_LEASES);
         args.extend_from_slice(extra);
         self.cmd(&args).stdout(Stdio::null()).spawn().unwrap()
+    }
+
+    /// `settled worker` on [`PERIOD`] in leased mode, paying through
+    /// `provider`, then `extra` flags, run to success: its stdout.
+    pub(crate) fn run_leased_worker(&self, provider: &str, extra: &[&str]) -> String {
+        let mut args = vec![
+            "worker",
+            "--period",
+            PERIOD,
+            "--mode",
+            "leased",
+            "--provider-url",
+            provider,
+        ];
+        args.extend_from_slice(extra);
+        self.run_ok(&args)
     }
 
     /// Runs `settled ARGS` to completion.
@@ -187,6 +188,16 @@ impl Drop for ProviderSim {
     }
 }
 
+/// Sends `request`; the answer's JSON body, whatever its status.
+pub(crate) async fn json_of<T: serde::de::DeserializeOwned>(request: reqwest::RequestBuilder) -> T {
+    request.send().await.unwrap().json().await.unwrap()
+}
+
+/// Sends `request`; the answer's status.
+pub(crate) async fn status_of(request: reqwest::RequestBuilder) -> reqwest::StatusCode {
+    request.send().await.unwrap().status()
+}
+
 /// Polls `check` every 50 ms until it is true or `secs` pass.
 pub(crate) async fn wait_until<F, Fut>(secs: u64, what: &str, mut check: F)
 where
@@ -202,6 +213,45 @@ where
     }
     panic!("timed out waiting for: {what}");
 }
+
+/// `settled lab-worker` on [`PERIOD`]: `concurrency` claim loops, `chunk`
+/// items a claim, each taking `work_ms`.
+pub(crate) fn lab_worker_args<'a>(concurrency: &'a str, chunk: &'a str, work_ms: &'a str) -> Vec<&'a str> {
+    vec![
+        "lab-worker",
+        "--period",
+        PERIOD,
+        "--concurrency",
+        concurrency,
+        "--chunk",
+        chunk,
+        "--work-ms",
+        work_ms,
+    ]
+}
+
+/// `settled worker` as a daemon that settles each minute's period, one day
+/// of catch-up, in UTC.
+pub(crate) const MINUTELY_DAEMON: &[&str] = &[
+    "worker",
+    "--schedule",
+    "0 * * * * *",
+    "--timezone",
+    "UTC",
+    "--catch-up-days",
+    "1",
+];
+
+/// The tests' short leases (1 s), rescue (every 200 ms) and shutdown
+/// grace (300 ms).
+pub(crate) const SHORT_LEASES: &[&str] = &[
+    "--lease-ttl-ms",
+    "1000",
+    "--rescue-interval-ms",
+    "200",
+    "--shutdown-grace-ms",
+    "300",
+];
 
 /// Flags of a leased worker with short timings, for tests.
 pub(crate) const LEASED_FAST: &[&str] = &[

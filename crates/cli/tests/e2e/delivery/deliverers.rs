@@ -118,15 +118,7 @@ async fn leased_settlement_pays_through_the_provider_and_a_failed_payment_return
     let env = Env::new().await;
     env.seed(60);
     let sim = ProviderSim::start(&["--failure-rate", "0.3"]);
-    env.run_ok(&[
-        "worker",
-        "--period",
-        PERIOD,
-        "--mode",
-        "leased",
-        "--provider-url",
-        &sim.url,
-    ]);
+    env.run_leased_worker(&sim.url, &[]);
     // The payments were accepted pending: the delivery's lookups finish them.
     let a = deliver(&env, &sim, "1");
     wait_until(60, "every settlement payment paid or failed", || async {

@@ -222,17 +222,14 @@ async fn a_paid_webhook_for_a_payout_awaiting_its_confirmation_is_a_conflict_for
     let creator = env
         .scalar_text("SELECT creator FROM settlement.creator_balance ORDER BY balance DESC LIMIT 1")
         .await;
-    let made: Value = reqwest::Client::new()
-        .post(format!("{}/v1/payouts", server.base))
-        .bearer_auth(TOKEN)
-        .header("Idempotency-Key", "awaiting-1")
-        .json(&json!({ "creator": creator, "amount": "100", "confirm": true }))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let made: Value = common::json_of(
+        reqwest::Client::new()
+            .post(format!("{}/v1/payouts", server.base))
+            .bearer_auth(TOKEN)
+            .header("Idempotency-Key", "awaiting-1")
+            .json(&json!({ "creator": creator, "amount": "100", "confirm": true })),
+    )
+    .await;
     let id = made["id"].as_i64().unwrap();
     let (status, body) = post_event(&server, &paid_event(&env, "ev-early", id, "pay_000000000042").await).await;
     assert_eq!((status, body["outcome"].as_str()), (200, Some("conflict")), "{body}");

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use common::{free_port, spawn_server, wait_bounded, Pair, ProviderSim, Server, LEASED_FAST, PERIOD, SETTLED};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use settled_testkit::{LocalOptions, LocalPostgres};
+use settled_testkit::{wait_for_true as wait_for, LocalOptions, LocalPostgres};
 use sqlx::{Connection, PgConnection};
 
 mod payouts;
@@ -191,17 +191,5 @@ async fn fail_over(pair: &mut Pair, api: &Server) {
     {
         assert!(Instant::now() < deadline, "serve did not follow the failover");
         tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-async fn wait_for(url: &str, sql: &str, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let mut conn = PgConnection::connect(url).await.unwrap();
-        if sqlx::query_scalar::<_, bool>(sql).fetch_one(&mut conn).await.unwrap() {
-            return;
-        }
-        assert!(Instant::now() < deadline, "waited too long for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

@@ -2,6 +2,12 @@
 
 use super::*;
 
+/// The creators `sql` selects, read on the database at `url`.
+async fn creators_on(url: &str, sql: &str) -> Vec<String> {
+    let mut conn = PgConnection::connect(url).await.unwrap();
+    sqlx::query_scalar(sql).fetch_all(&mut conn).await.unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn an_acknowledged_payout_can_vanish_in_an_asynchronous_failover_and_its_retry_pays_once() {
     let mut pair = start_pair(false);
@@ -123,14 +129,7 @@ async fn payouts_delivered_through_an_asynchronous_failover_end_paid_once_or_ret
         "0.2",
     ]);
     let server = api(&url, &["--provider-webhook-secret", SECRET]).await;
-    let endpoint = serde_json::json!({ "url": format!("{}/v1/provider-events", server.base), "secret": SECRET });
-    let r = reqwest::Client::new()
-        .post(format!("{}/v1/webhook-endpoint", sim.url))
-        .json(&endpoint)
-        .send()
-        .await
-        .unwrap();
-    assert!(r.status().is_success());
+    sim.post_webhooks_to(&server, SECRET).await;
     let logs = tempfile::tempdir().unwrap();
     let mut deliverers: Vec<Child> = (0..2)
         .map(|i| {
@@ -164,13 +163,11 @@ async fn payouts_delivered_through_an_asynchronous_failover_end_paid_once_or_ret
         })
         .collect();
     let on_primary = pair.primary.as_ref().unwrap().url("settled");
-    let creators: Vec<String> = {
-        let mut conn = PgConnection::connect(&on_primary).await.unwrap();
-        sqlx::query_scalar("SELECT creator FROM settlement.creator_balance WHERE balance >= 1000000 ORDER BY creator")
-            .fetch_all(&mut conn)
-            .await
-            .unwrap()
-    };
+    let creators = creators_on(
+        &on_primary,
+        "SELECT creator FROM settlement.creator_balance WHERE balance >= 1000000 ORDER BY creator",
+    )
+    .await;
     assert!(creators.len() >= 10, "creators with balances: {}", creators.len());
     let streams: Vec<_> = (0..STREAMS)
         .map(|s| {
@@ -316,14 +313,7 @@ async fn payouts_lost_after_their_delivery_in_an_asynchronous_failover_block_not
     settle_then_cut_replication(&pair, &url).await;
     let sim = ProviderSim::start(&[]);
     let server = api(&url, &["--provider-webhook-secret", SECRET]).await;
-    let endpoint = serde_json::json!({ "url": format!("{}/v1/provider-events", server.base), "secret": SECRET });
-    let r = reqwest::Client::new()
-        .post(format!("{}/v1/webhook-endpoint", sim.url))
-        .json(&endpoint)
-        .send()
-        .await
-        .unwrap();
-    assert!(r.status().is_success());
+    sim.post_webhooks_to(&server, SECRET).await;
     let mut deliverer = settled(
         &url,
         &[
@@ -341,13 +331,11 @@ async fn payouts_lost_after_their_delivery_in_an_asynchronous_failover_block_not
     .spawn()
     .unwrap();
     let on_primary = pair.primary.as_ref().unwrap().url("settled");
-    let creators: Vec<String> = {
-        let mut conn = PgConnection::connect(&on_primary).await.unwrap();
-        sqlx::query_scalar("SELECT creator FROM settlement.creator_balance ORDER BY creator")
-            .fetch_all(&mut conn)
-            .await
-            .unwrap()
-    };
+    let creators = creators_on(
+        &on_primary,
+        "SELECT creator FROM settlement.creator_balance ORDER BY creator",
+    )
+    .await;
     // More than a sequence's 32 cached values: the new primary is sure to
     // hand out some of these ids again.
     for i in 0..40 {

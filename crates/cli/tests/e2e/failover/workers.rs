@@ -8,17 +8,7 @@ async fn crash_mid_run_and_promote(synchronous: bool, mode: Mode) {
     let url = multi_host_url(&pair);
     run_ok(&url, &["seed", "--period", PERIOD, "--creators", &CREATORS.to_string()]);
     let sim = (mode == Mode::Leased).then(|| ProviderSim::start(&[]));
-    let mut args = vec![
-        "lab-worker",
-        "--period",
-        PERIOD,
-        "--concurrency",
-        "2",
-        "--chunk",
-        "50",
-        "--work-ms",
-        "4",
-    ];
+    let mut args = common::lab_worker_args("2", "50", "4");
     if let Some(sim) = &sim {
         args.extend_from_slice(LEASED_FAST);
         args.extend(["--provider-url", sim.url.as_str()]);

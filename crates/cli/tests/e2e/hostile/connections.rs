@@ -81,19 +81,7 @@ async fn slow_and_idle_connections_are_cut_healthz_answers_throughout_and_sigter
 #[tokio::test(flavor = "multi_thread")]
 async fn at_the_cap_a_new_client_evicts_the_oldest_waiting_connection_and_waits_only_behind_busy_ones() {
     let env = Env::new().await;
-    let server = env
-        .serve_with(
-            TOKEN,
-            &[
-                "--max-connections",
-                "4",
-                "--header-timeout-ms",
-                "60000",
-                "--request-timeout-ms",
-                "1500",
-            ],
-        )
-        .await;
+    let server = serve_capped(&env, "4", "1500", &[]).await;
     let target = addr(&server);
     // Four silent connections fill the cap; none would be cut for a minute.
     let mut silent = Vec::new();
@@ -157,19 +145,7 @@ async fn at_the_cap_a_new_client_evicts_the_oldest_waiting_connection_and_waits_
 #[tokio::test(flavor = "multi_thread")]
 async fn slow_bodies_get_401_unread_without_the_token_and_408_with_it_while_healthz_answers_at_the_cap() {
     let env = Env::new().await;
-    let server = env
-        .serve_with(
-            TOKEN,
-            &[
-                "--max-connections",
-                "20",
-                "--header-timeout-ms",
-                "60000",
-                "--request-timeout-ms",
-                "120000",
-            ],
-        )
-        .await;
+    let server = serve_capped(&env, "20", "120000", &[]).await;
     let target = addr(&server);
     // Three times the cap of clients without the token, each sending a
     // complete head and then its body one byte every 200 ms: a request

@@ -23,6 +23,22 @@ mod webhooks;
 
 const TOKEN: &str = "test-token";
 
+/// `settled serve` taking at most `max_connections` connections, waiting
+/// a minute for a request's head and `request_timeout_ms` for the rest,
+/// then `extra` flags.
+async fn serve_capped(env: &Env, max_connections: &str, request_timeout_ms: &str, extra: &[&str]) -> Server {
+    let mut args = vec![
+        "--max-connections",
+        max_connections,
+        "--header-timeout-ms",
+        "60000",
+        "--request-timeout-ms",
+        request_timeout_ms,
+    ];
+    args.extend_from_slice(extra);
+    env.serve_with(TOKEN, &args).await
+}
+
 fn addr(server: &Server) -> String {
     server.base.trim_start_matches("http://").to_string()
 }

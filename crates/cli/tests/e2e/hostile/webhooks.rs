@@ -7,21 +7,7 @@ const WEBHOOK_SECRET: &str = "whsec-hostile";
 #[tokio::test(flavor = "multi_thread")]
 async fn webhooks_with_a_bad_or_stale_signature_header_are_refused_before_their_body_while_healthz_answers() {
     let env = Env::new().await;
-    let server = env
-        .serve_with(
-            TOKEN,
-            &[
-                "--provider-webhook-secret",
-                WEBHOOK_SECRET,
-                "--max-connections",
-                "64",
-                "--header-timeout-ms",
-                "60000",
-                "--request-timeout-ms",
-                "120000",
-            ],
-        )
-        .await;
+    let server = serve_capped(&env, "64", "120000", &["--provider-webhook-secret", WEBHOOK_SECRET]).await;
     let target = addr(&server);
     let now = chrono::Utc::now().timestamp();
     let v1 = "ab".repeat(32);

@@ -16,14 +16,7 @@ impl Contract {
     pub(super) async fn of(server: &Server) -> Contract {
         // Every `/v1` read needs a token: the client sends it with each.
         let client = common::client_with(TOKEN);
-        let doc: Value = client
-            .get(format!("{}/openapi.json", server.base))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let doc: Value = common::json_of(client.get(format!("{}/openapi.json", server.base))).await;
         assert_eq!(doc["openapi"], "3.1.0");
         let mut contract = Contract {
             doc,

@@ -57,14 +57,7 @@ async fn every_answer_to_real_payouts_holds_queues_and_webhooks_holds_to_the_ope
             let (c, base) = (c.clone(), server.base.clone());
             let url = url.clone();
             async move {
-                let body: Value = c
-                    .get(format!("{base}{url}"))
-                    .send()
-                    .await
-                    .unwrap()
-                    .json()
-                    .await
-                    .unwrap();
+                let body: Value = common::json_of(c.get(format!("{base}{url}"))).await;
                 body["status"] == "sent"
             }
         })
@@ -385,17 +378,8 @@ async fn provider_events(api: &mut Contract, c: &reqwest::Client, server: &Serve
             .body(raw)
     };
     for (id, kind, outcome) in [(paid, "payment.paid", "paid"), (failed, "payment.failed", "failed")] {
-        let payout: Value = c
-            .get(format!("{}/v1/payouts/{id}", server.base))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        let key = env
-            .scalar_text(&format!("SELECT provider_key FROM settlement.payouts WHERE id = {id}"))
-            .await;
+        let payout: Value = common::json_of(c.get(format!("{}/v1/payouts/{id}", server.base))).await;
+        let key = common::provider_key_of(env, id).await;
         let ev = event(&format!("evt-{id}"), kind, &payout, &key);
         let (status, body) = api.send(t, signed(&ev, SECRET)).await;
         assert_eq!((status, body["outcome"].as_str()), (200, Some("applied")), "{body}");
@@ -407,19 +391,8 @@ async fn provider_events(api: &mut Contract, c: &reqwest::Client, server: &Serve
         assert_eq!((status, body["status"].as_str()), (200, Some(outcome)), "{body}");
     }
     // The bank sends the paid payout back.
-    let payout: Value = c
-        .get(format!("{}/v1/payouts/{paid}", server.base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let key = env
-        .scalar_text(&format!(
-            "SELECT provider_key FROM settlement.payouts WHERE id = {paid}"
-        ))
-        .await;
+    let payout: Value = common::json_of(c.get(format!("{}/v1/payouts/{paid}", server.base))).await;
+    let key = common::provider_key_of(env, paid).await;
     let ev = event(&format!("evt-{paid}-returned"), "payment.returned", &payout, &key);
     let (status, body) = api.send(t, signed(&ev, SECRET)).await;
     assert_eq!((status, body["outcome"].as_str()), (200, Some("applied")), "{body}");

@@ -157,21 +157,7 @@ async fn two_archives_at_once_while_workers_settle_the_next_period_archive_once_
     env.run_ok(&["run", "--period", "2026-11-26"]);
     // Three worker processes settle the next period (small chunks, so they
     // are still at it) while two archive processes retire the first two.
-    let workers: Vec<_> = (0..3)
-        .map(|_| {
-            env.cmd(&[
-                "worker",
-                "--period",
-                "2026-11-26",
-                "--chunk",
-                "50",
-                "--concurrency",
-                "2",
-            ])
-            .spawn()
-            .unwrap()
-        })
-        .collect();
+    let workers: Vec<_> = (0..3).map(|_| two_loop_worker(&env, "2026-11-26", "50")).collect();
     let archivers: Vec<_> = (0..2)
         .map(|_| {
             env.cmd(&["archive", "--before", "2026-11-26", "--dir", &dir_arg])

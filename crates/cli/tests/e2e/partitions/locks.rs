@@ -30,21 +30,7 @@ async fn workers_settle_a_period_while_an_older_periods_partitions_are_held() {
     let holder = hold_like_an_archive_export(&env, "2026-11-24").await;
 
     env.run_ok(&["run", "--period", "2026-11-26"]);
-    let mut workers: Vec<_> = (0..2)
-        .map(|_| {
-            env.cmd(&[
-                "worker",
-                "--period",
-                "2026-11-26",
-                "--chunk",
-                "25",
-                "--concurrency",
-                "2",
-            ])
-            .spawn()
-            .unwrap()
-        })
-        .collect();
+    let mut workers: Vec<_> = (0..2).map(|_| two_loop_worker(&env, "2026-11-26", "25")).collect();
     for w in &mut workers {
         assert!(wait_bounded(w, 120).success(), "an in-transaction worker failed");
     }

@@ -75,6 +75,14 @@ async fn wait_for_one_archived(env: &Env) {
     .await;
 }
 
+/// `settled worker` on `period`, two claim loops of `chunk` items each,
+/// started.
+fn two_loop_worker(env: &Env, period: &str, chunk: &str) -> std::process::Child {
+    env.cmd(&["worker", "--period", period, "--chunk", chunk, "--concurrency", "2"])
+        .spawn()
+        .unwrap()
+}
+
 fn seed_and_settle(env: &Env, period: &str, creators: &str) {
     env.run_ok(&["seed", "--period", period, "--creators", creators]);
     env.run_ok(&["run", "--period", period, "--wait"]);
