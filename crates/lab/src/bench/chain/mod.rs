@@ -33,7 +33,9 @@ use settled_testkit::chain::{deploy, quantity, receipt, rpc, HOT_WALLET, HOT_WAL
 use settled_testkit::Anvil;
 
 mod report;
-pub use report::{BroadcastLatency, ChainBenchReport, ChainRun, GasFloor, TARGET_BLOCK_FILL, TARGET_BROADCAST_P99_MS};
+pub use report::{
+    BroadcastLatency, ChainBenchReport, ChainRun, GasFloor, SlowestSample, TARGET_BLOCK_FILL, TARGET_BROADCAST_P99_MS,
+};
 
 /// Seconds between two of anvil's blocks.
 const BLOCK_TIME_SECS: &str = "1";
@@ -431,7 +433,7 @@ async fn broadcast_latency(
 ) -> anyhow::Result<BroadcastLatency> {
     let http = reqwest::Client::new();
     let tag = uuid::Uuid::new_v4().simple().to_string();
-    let (mut ms, mut signed_ms) = (Vec::new(), Vec::new());
+    let (mut ms, mut signed_ms, mut ids) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..samples as usize {
         tokio::time::sleep(Duration::from_millis(IDLE_PAUSE_MS)).await;
         let r = http
@@ -455,7 +457,26 @@ async fn broadcast_latency(
         .await?;
         ms.push(((broadcast_us - answered_us as f64) / 1e3).max(0.0));
         signed_ms.push(((signed_us - answered_us as f64) / 1e3).max(0.0));
+        ids.push(id);
     }
+    let slowest = match (0..ms.len()).max_by(|&a, &b| ms[a].total_cmp(&ms[b])) {
+        Some(index) => {
+            let (attempts, errors): (i32, Value) =
+                sqlx::query_as("SELECT attempt, errors FROM settlement.payout_jobs WHERE payout_id = $1")
+                    .bind(ids[index]) // $1
+                    .fetch_one(pool)
+                    .await?;
+            Some(SlowestSample {
+                index,
+                payout_id: ids[index],
+                broadcast_ms: ms[index],
+                signed_ms: signed_ms[index],
+                attempts,
+                errors,
+            })
+        }
+        None => None,
+    };
     ms.sort_by(f64::total_cmp);
     signed_ms.sort_by(f64::total_cmp);
     Ok(BroadcastLatency {
@@ -465,5 +486,6 @@ async fn broadcast_latency(
         max_ms: ms.last().copied().unwrap_or(0.0),
         signed_p50_ms: percentile(&signed_ms, 50.0),
         signed_p99_ms: percentile(&signed_ms, 99.0),
+        slowest,
     })
 }

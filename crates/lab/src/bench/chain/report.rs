@@ -71,6 +71,26 @@ pub struct BroadcastLatency {
     /// broadcast and its record.
     #[serde(default)]
     pub signed_p99_ms: f64,
+    /// The slowest payout's story, read from the database after the run.
+    #[serde(default)]
+    pub slowest: Option<SlowestSample>,
+}
+
+/// The slowest payout of the latency measurement: where its time went.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct SlowestSample {
+    /// Its place among the samples, from 0.
+    pub index: usize,
+    /// The payout.
+    pub payout_id: i64,
+    /// From its 201 to its transaction's broadcast, ms.
+    pub broadcast_ms: f64,
+    /// From its 201 to its transaction's signing, ms.
+    pub signed_ms: f64,
+    /// Its delivery job's attempts ...
+    pub attempts: i32,
+    /// ... and the errors of those that failed.
+    pub errors: serde_json::Value,
 }
 
 /// What the bench measured.
@@ -150,6 +170,12 @@ impl ChainBenchReport {
             b.signed_p50_ms,
             b.signed_p99_ms,
         ));
+        if let Some(slow) = &b.slowest {
+            out.push_str(&format!(
+                "\nslowest: sample {} (payout {}), {:.1} ms to broadcast, {:.1} ms to signed; its job took {} attempt(s), errors {}\n",
+                slow.index, slow.payout_id, slow.broadcast_ms, slow.signed_ms, slow.attempts, slow.errors
+            ));
+        }
         out
     }
 }
