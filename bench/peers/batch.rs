@@ -20,19 +20,20 @@ pub struct Case {
     pub limit: Duration,
 }
 
-fn env(key: &str) -> String {
-    std::env::var(key).unwrap_or_else(|_| panic!("{key} is not set"))
+/// A variable of the case; unset, an error that names it.
+fn env(key: &str) -> Result<String, BoxError> {
+    std::env::var(key).map_err(|_| format!("{key} is not set").into())
 }
 
 impl Case {
     pub fn from_env() -> Result<Case, BoxError> {
         Ok(Case {
-            url: env("BENCH_DATABASE_URL"),
-            period: env("BENCH_PERIOD").parse()?,
-            run_id: env("BENCH_RUN_ID").parse()?,
-            workers: env("BENCH_WORKERS").parse()?,
-            tuned: env("BENCH_CONFIG") == "tuned",
-            limit: Duration::from_secs_f64(env("BENCH_TIME_LIMIT_SECONDS").parse()?),
+            url: env("BENCH_DATABASE_URL")?,
+            period: env("BENCH_PERIOD")?.parse()?,
+            run_id: env("BENCH_RUN_ID")?.parse()?,
+            workers: env("BENCH_WORKERS")?.parse()?,
+            tuned: env("BENCH_CONFIG")? == "tuned",
+            limit: Duration::from_secs_f64(env("BENCH_TIME_LIMIT_SECONDS")?.parse()?),
         })
     }
 
