@@ -57,10 +57,12 @@ impl Case {
     }
 
     async fn unsettled(&self, pool: &PgPool) -> Result<i64, sqlx::Error> {
-        sqlx::query_scalar("SELECT count(*) FROM settlement.token_trade_volume WHERE period = $1 AND status <> 'settled'")
-            .bind(self.period)
-            .fetch_one(pool)
-            .await
+        sqlx::query_scalar(
+            "SELECT count(*) FROM settlement.token_trade_volume WHERE period = $1 AND status <> 'settled'",
+        )
+        .bind(self.period)
+        .fetch_one(pool)
+        .await
     }
 }
 

@@ -54,8 +54,8 @@ impl<H: ChunkHandler> ChunkHandler for SimulatedWork<H> {
 /// What a layer does around each item's work in leased mode; everything
 /// else (prepare, held, commit) stays the inner handler's.
 pub trait ItemLayer: Send + Sync + 'static {
-    /// Runs `work`, the inner handler's work on `item`, with the layer
-    /// around it.
+    /// Runs `work`, the inner handler's work on `item` (not started until
+    /// awaited), with the layer around it.
     fn around<W>(&self, item: &ClaimedItem, work: W) -> impl Future<Output = Result<(), HandlerError>> + Send
     where
         W: Future<Output = Result<(), HandlerError>> + Send;

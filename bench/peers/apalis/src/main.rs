@@ -90,6 +90,7 @@ async fn main() -> Result<(), BoxDynError> {
         format!("{workers} workers, Config::default() (batch_size 10), push_bulk in batches of 5000")
     };
     let version = std::env::var("APALIS_VERSION").unwrap_or_else(|_| "1.0".into());
-    batch::report(enqueued, drained, creators.len() as i64 - remaining, &version, &settings);
+    let settled = creators.len() as i64 - remaining;
+    batch::report(enqueued, drained, settled, &version, &settings);
     std::process::exit(0);
 }

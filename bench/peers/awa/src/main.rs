@@ -105,6 +105,7 @@ async fn main() -> Result<(), batch::BoxError> {
         format!("max_workers {workers}, QueueConfig::default() otherwise, enqueued in batches of 2000")
     };
     let version = std::env::var("AWA_VERSION").unwrap_or_else(|_| "0.6".into());
-    batch::report(enqueued, drained, creators.len() as i64 - remaining, &version, &settings);
+    let settled = creators.len() as i64 - remaining;
+    batch::report(enqueued, drained, settled, &version, &settings);
     std::process::exit(0);
 }
