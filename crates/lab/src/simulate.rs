@@ -1,7 +1,10 @@
 //! What the lab puts around the product's real handlers: simulated
 //! per-item work, and a provider that pays nothing outside. Layers, never
 //! modes of the production handlers: `settled worker` cannot reach them.
+//! A leased handler's layer goes around each item's work ([`Layered`],
+//! which the models' replays use for their own stops).
 
+use std::future::Future;
 use std::time::Duration;
 
 use settled::money::Amount;
@@ -16,10 +19,10 @@ use std::sync::Arc;
 /// Largest simulated per-item work, in milliseconds.
 pub const MAX_WORK_MS: u64 = 60_000;
 
-/// A handler with simulated work per item: in-transaction, after the
+/// An in-transaction handler with simulated work per item, after the
 /// chunk's writes and before the commit (the widest window for a crash to
-/// leave something half written: it must not); leased, before each item's
-/// real work, outside any transaction.
+/// leave something half written: it must not). Leased mode's is
+/// [`PerItemWork`], a [`Layered`] layer.
 #[derive(Debug, Clone)]
 pub struct SimulatedWork<H> {
     /// The real handler.
@@ -48,7 +51,26 @@ impl<H: ChunkHandler> ChunkHandler for SimulatedWork<H> {
     }
 }
 
-impl<H: LeasedHandler> LeasedHandler for SimulatedWork<H> {
+/// What a layer does around each item's work in leased mode; everything
+/// else (prepare, held, commit) stays the inner handler's.
+pub trait ItemLayer: Send + Sync + 'static {
+    /// Runs `work`, the inner handler's work on `item` (not started until
+    /// awaited), with the layer around it.
+    fn around<W>(&self, item: &ClaimedItem, work: W) -> impl Future<Output = Result<(), HandlerError>> + Send
+    where
+        W: Future<Output = Result<(), HandlerError>> + Send;
+}
+
+/// A leased handler: `inner` with `layer` around each item's work.
+#[derive(Debug, Clone)]
+pub struct Layered<H, L> {
+    /// The real handler.
+    pub inner: H,
+    /// What goes around each item's work.
+    pub layer: L,
+}
+
+impl<H: LeasedHandler, L: ItemLayer> LeasedHandler for Layered<H, L> {
     type Batch = H::Batch;
 
     async fn prepare(&self, pool: &PgPool, chunk: &Chunk) -> Result<Self::Batch, HandlerError> {
@@ -60,14 +82,28 @@ impl<H: LeasedHandler> LeasedHandler for SimulatedWork<H> {
     }
 
     async fn work_item(&self, batch: &Self::Batch, chunk: &Chunk, item: &ClaimedItem) -> Result<(), HandlerError> {
-        if !self.per_item.is_zero() {
-            tokio::time::sleep(self.per_item).await;
-        }
-        self.inner.work_item(batch, chunk, item).await
+        self.layer.around(item, self.inner.work_item(batch, chunk, item)).await
     }
 
     async fn commit(&self, tx: &mut PgConnection, chunk: &Chunk) -> Result<(), HandlerError> {
         self.inner.commit(tx, chunk).await
+    }
+}
+
+/// Simulated work per item in leased mode: before each item's real work,
+/// outside any transaction.
+#[derive(Debug, Clone, Copy)]
+pub struct PerItemWork(pub Duration);
+
+impl ItemLayer for PerItemWork {
+    async fn around<W>(&self, _item: &ClaimedItem, work: W) -> Result<(), HandlerError>
+    where
+        W: Future<Output = Result<(), HandlerError>> + Send,
+    {
+        if !self.0.is_zero() {
+            tokio::time::sleep(self.0).await;
+        }
+        work.await
     }
 }
 
@@ -124,8 +160,9 @@ impl PayoutProvider for LabProvider {
     }
 }
 
-/// The lab's drainer: the product's handlers inside [`SimulatedWork`].
-pub type LabDrainer = ByMode<SimulatedWork<SettleRewards>, SimulatedWork<SettleWithProvider<LabProvider>>>;
+/// The lab's drainer: the product's handlers with simulated work per item
+/// ([`SimulatedWork`], [`PerItemWork`]).
+pub type LabDrainer = ByMode<SimulatedWork<SettleRewards>, Layered<SettleWithProvider<LabProvider>, PerItemWork>>;
 
 /// Builds the lab's drainer; leased mode without `provider_url` pays nothing outside.
 pub fn drainer(
@@ -150,9 +187,9 @@ pub fn drainer(
                 None => LabProvider::Nothing,
             };
             ByMode::Leased(Leased {
-                handler: Arc::new(SimulatedWork {
+                handler: Arc::new(Layered {
                     inner: SettleWithProvider::new(provider),
-                    per_item,
+                    layer: PerItemWork(per_item),
                 }),
                 leases,
             })

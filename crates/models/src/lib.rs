@@ -25,4 +25,5 @@ pub mod check;
 pub mod leased;
 pub mod payouts;
 pub mod runs;
+pub mod signal;
 pub mod suite;

@@ -155,16 +155,11 @@ impl World {
     /// The token's `Transfer`s from the hot wallet on the canonical chain.
     async fn transfers(&self) -> Vec<(Address, U256)> {
         let from = B256::left_padding_from(HOT_WALLET.parse::<Address>().unwrap().as_slice());
-        let filter = json!([{"address": self.chain.token, "topics": [IERC20::Transfer::SIGNATURE_HASH, from],
-                             "fromBlock": "0x0", "toBlock": "latest"}]);
-        let logs = rpc(&self.url(), "eth_getLogs", filter).await;
-        logs.as_array()
-            .unwrap()
-            .iter()
+        settled_testkit::chain::logs(&self.url(), self.chain.token, &[IERC20::Transfer::SIGNATURE_HASH, from])
+            .await
+            .into_iter()
             .map(|log| {
-                let topics: Vec<B256> = serde_json::from_value(log["topics"].clone()).unwrap();
-                let data: alloy_primitives::Bytes = serde_json::from_value(log["data"].clone()).unwrap();
-                let t = IERC20::Transfer::decode_raw_log(topics, &data).unwrap();
+                let t = IERC20::Transfer::decode_raw_log(log.topics, &log.data).unwrap();
                 (t.to, t.value)
             })
             .collect()

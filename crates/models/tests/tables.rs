@@ -5,7 +5,7 @@
 
 use std::collections::BTreeSet;
 
-use settled_models::payouts::PayoutState;
+use settled_models::payouts::{transitions, PayoutState};
 use sqlx::postgres::PgPoolOptions;
 
 #[tokio::test]
@@ -20,7 +20,7 @@ async fn the_models_payout_transitions_are_the_databases_transitions_table() {
             .unwrap()
             .into_iter()
             .collect();
-    let model: BTreeSet<(String, String)> = PayoutState::transitions()
+    let model: BTreeSet<(String, String)> = transitions()
         .into_iter()
         .map(|(from, to)| (from.as_str().to_string(), to.as_str().to_string()))
         .collect();

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use alloy_primitives::Address;
+use alloy_primitives::{Address, Bytes, B256};
 use serde_json::{json, Value};
 
 /// anvil's well-known development accounts (public test data): the first
@@ -63,6 +63,33 @@ pub async fn receipt(url: &str, hash: &str) -> Value {
         tokio::time::sleep(Duration::from_millis(RECEIPT_POLL_MS)).await;
     }
     panic!("no receipt for {hash}");
+}
+
+/// A log the node answered to `eth_getLogs`.
+#[derive(Debug, Clone)]
+pub struct Log {
+    /// Its topics (the event's signature hash first).
+    pub topics: Vec<B256>,
+    /// Its data.
+    pub data: Bytes,
+    /// The hash of the transaction that emitted it (`0x..`).
+    pub transaction_hash: String,
+}
+
+/// Every log of the contract at `address` whose first topics are `topics`,
+/// on the canonical chain from its first block to the latest.
+pub async fn logs(url: &str, address: Address, topics: &[B256]) -> Vec<Log> {
+    let filter = json!([{"address": address, "topics": topics, "fromBlock": "0x0", "toBlock": "latest"}]);
+    let logs = rpc(url, "eth_getLogs", filter).await;
+    logs.as_array()
+        .expect("a list of logs")
+        .iter()
+        .map(|log| Log {
+            topics: serde_json::from_value(log["topics"].clone()).unwrap(),
+            data: serde_json::from_value(log["data"].clone()).unwrap(),
+            transaction_hash: log["transactionHash"].as_str().unwrap().to_string(),
+        })
+        .collect()
 }
 
 /// Deploys `name` with constructor arguments `args` (ABI-encoded) from

@@ -4,7 +4,10 @@
 //! defaults: `Config::default()` (batch_size 10).
 //! tuned: `batch_size(100)`.
 
-use std::time::{Duration, Instant};
+#[path = "../../batch.rs"]
+mod batch;
+
+use std::time::Instant;
 
 use apalis::prelude::*;
 use apalis_postgres::{Config, PostgresStorage};
@@ -35,29 +38,17 @@ async fn settle(job: Settle, shared: Data<Shared>) -> Result<(), BoxDynError> {
     Ok(())
 }
 
-fn env(key: &str) -> String {
-    std::env::var(key).unwrap_or_else(|_| panic!("{key} is not set"))
-}
-
 #[tokio::main]
 async fn main() -> Result<(), BoxDynError> {
-    let url = env("BENCH_DATABASE_URL");
-    let period: chrono::NaiveDate = env("BENCH_PERIOD").parse()?;
-    let run_id: i64 = env("BENCH_RUN_ID").parse()?;
-    let workers: u32 = env("BENCH_WORKERS").parse()?;
-    let tuned = env("BENCH_CONFIG") == "tuned";
-    let limit = Duration::from_secs_f64(env("BENCH_TIME_LIMIT_SECONDS").parse()?);
+    let case = batch::Case::from_env()?;
+    let (workers, tuned) = (case.workers, case.tuned);
 
     let pool = PgPoolOptions::new()
         .max_connections(2 * workers + 4)
-        .connect(&url)
+        .connect(&case.url)
         .await?;
     PostgresStorage::setup(&pool).await?;
-    let creators: Vec<String> =
-        sqlx::query_scalar("SELECT creator FROM settlement.token_trade_volume WHERE period = $1 ORDER BY creator")
-            .bind(period)
-            .fetch_all(&pool)
-            .await?;
+    let creators = case.creators(&pool).await?;
     let config = if tuned {
         Config::default().batch_size(100)
     } else {
@@ -74,8 +65,8 @@ async fn main() -> Result<(), BoxDynError> {
 
     let shared = Shared {
         pool: pool.clone(),
-        period,
-        run_id,
+        period: case.period,
+        run_id: case.run_id,
     };
     let mut running = Vec::new();
     for i in 0..workers {
@@ -88,19 +79,7 @@ async fn main() -> Result<(), BoxDynError> {
             let _ = worker.run().await;
         }));
     }
-    let left = || async {
-        sqlx::query_scalar::<_, i64>(
-            "SELECT count(*) FROM settlement.token_trade_volume WHERE period = $1 AND status <> 'settled'",
-        )
-        .bind(period)
-        .fetch_one(&pool)
-        .await
-    };
-    let mut remaining = left().await?;
-    while remaining > 0 && started.elapsed() < limit {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        remaining = left().await?;
-    }
+    let remaining = case.wait_settled(&pool, started).await?;
     let drained = started.elapsed() - enqueued;
     for r in &running {
         r.abort();
@@ -110,15 +89,8 @@ async fn main() -> Result<(), BoxDynError> {
     } else {
         format!("{workers} workers, Config::default() (batch_size 10), push_bulk in batches of 5000")
     };
-    println!(
-        "{}",
-        serde_json::json!({
-            "enqueue_seconds": enqueued.as_secs_f64(),
-            "drain_seconds": drained.as_secs_f64(),
-            "settled": creators.len() as i64 - remaining,
-            "version": std::env::var("APALIS_VERSION").unwrap_or_else(|_| "1.0".into()),
-            "settings": settings,
-        })
-    );
+    let version = std::env::var("APALIS_VERSION").unwrap_or_else(|_| "1.0".into());
+    let settled = creators.len() as i64 - remaining;
+    batch::report(enqueued, drained, settled, &version, &settings);
     std::process::exit(0);
 }

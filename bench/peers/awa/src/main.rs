@@ -7,11 +7,14 @@
 //! tuned: as awa's own throughput benchmark: two claimers, poll 50 ms, no
 //! deadline rescue, enqueued with COPY.
 
+#[path = "../../batch.rs"]
+mod batch;
+
 use std::time::{Duration, Instant};
 
 use awa::{InsertOpts, JobArgs, JobContext, JobError, JobResult, QueueConfig, QueueStorage, QueueStorageConfig};
 use serde::{Deserialize, Serialize};
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::postgres::PgPoolOptions;
 
 const SETTLE: &str = include_str!("../../settle_one.sql");
 const QUEUE: &str = "settle";
@@ -21,36 +24,17 @@ struct Settle {
     creator: String,
 }
 
-fn env(key: &str) -> String {
-    std::env::var(key).unwrap_or_else(|_| panic!("{key} is not set"))
-}
-
-async fn left(pool: &PgPool, period: chrono::NaiveDate) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar("SELECT count(*) FROM settlement.token_trade_volume WHERE period = $1 AND status <> 'settled'")
-        .bind(period)
-        .fetch_one(pool)
-        .await
-}
-
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let url = env("BENCH_DATABASE_URL");
-    let period: chrono::NaiveDate = env("BENCH_PERIOD").parse()?;
-    let run_id: i64 = env("BENCH_RUN_ID").parse()?;
-    let workers: u32 = env("BENCH_WORKERS").parse()?;
-    let tuned = env("BENCH_CONFIG") == "tuned";
-    let limit = Duration::from_secs_f64(env("BENCH_TIME_LIMIT_SECONDS").parse()?);
+async fn main() -> Result<(), batch::BoxError> {
+    let case = batch::Case::from_env()?;
+    let (period, run_id, workers, tuned) = (case.period, case.run_id, case.workers, case.tuned);
 
     let pool = PgPoolOptions::new()
         .max_connections(workers + 10)
-        .connect(&url)
+        .connect(&case.url)
         .await?;
     awa::migrations::run(&pool).await?;
-    let creators: Vec<String> =
-        sqlx::query_scalar("SELECT creator FROM settlement.token_trade_volume WHERE period = $1 ORDER BY creator")
-            .bind(period)
-            .fetch_all(&pool)
-            .await?;
+    let creators = case.creators(&pool).await?;
 
     let queue = if tuned {
         QueueConfig {
@@ -112,11 +96,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     }
     let enqueued = started.elapsed();
 
-    let mut remaining = left(&pool, period).await?;
-    while remaining > 0 && started.elapsed() < limit {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        remaining = left(&pool, period).await?;
-    }
+    let remaining = case.wait_settled(&pool, started).await?;
     let drained = started.elapsed() - enqueued;
     client.shutdown(Duration::from_secs(5)).await;
     let settings = if tuned {
@@ -124,15 +104,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     } else {
         format!("max_workers {workers}, QueueConfig::default() otherwise, enqueued in batches of 2000")
     };
-    println!(
-        "{}",
-        serde_json::json!({
-            "enqueue_seconds": enqueued.as_secs_f64(),
-            "drain_seconds": drained.as_secs_f64(),
-            "settled": creators.len() as i64 - remaining,
-            "version": std::env::var("AWA_VERSION").unwrap_or_else(|_| "0.6".into()),
-            "settings": settings,
-        })
-    );
+    let version = std::env::var("AWA_VERSION").unwrap_or_else(|_| "0.6".into());
+    let settled = creators.len() as i64 - remaining;
+    batch::report(enqueued, drained, settled, &version, &settings);
     std::process::exit(0);
 }

@@ -121,6 +121,14 @@ pub async fn run<H: RunHooks, D: Drainer>(
         poll: Duration::from_millis(MIN_POLL_MS),
         listener,
     };
+    let d = Daemon {
+        job,
+        pool,
+        drainer,
+        cfg,
+        worker,
+        daemon,
+    };
     // The worker's outage clock, shared with its drains: an outage counts
     // from the first failure any of them saw.
     let clock = &worker.stats().outage;
@@ -131,10 +139,10 @@ pub async fn run<H: RunHooks, D: Drainer>(
             // While the database is away, a look waits for a connection no
             // longer than the limit allows.
             Some(_) => match reachable(pool, clock, daemon.max_outage).await {
-                Ok(()) => step(job, pool, drainer, cfg, worker, daemon, &mut state).await,
+                Ok(()) => step(&d, &mut state).await,
                 Err(err) => Err(err),
             },
-            None => step(job, pool, drainer, cfg, worker, daemon, &mut state).await,
+            None => step(&d, &mut state).await,
         };
         match stepped {
             Ok(()) => {
@@ -183,6 +191,16 @@ async fn reachable(pool: &PgPool, clock: &OutageClock, limit: Duration) -> Resul
     Ok(())
 }
 
+/// What a daemon works with, from [`run`]'s arguments.
+struct Daemon<'a, H, D> {
+    job: &'a Job<H>,
+    pool: &'a PgPool,
+    drainer: &'a D,
+    cfg: &'a DrainConfig,
+    worker: &'a Worker,
+    daemon: &'a DaemonConfig,
+}
+
 struct LoopState {
     warned: HashSet<String>,
     poll: Duration,
@@ -192,16 +210,8 @@ struct LoopState {
 /// One look: reopen, start what is due, work on the running run, or wait.
 /// A transient error (the database away) comes back to the caller, which
 /// waits it out; others are logged here and the loop goes on.
-async fn step<H: RunHooks, D: Drainer>(
-    job: &Job<H>,
-    pool: &PgPool,
-    drainer: &D,
-    cfg: &DrainConfig,
-    worker: &Worker,
-    daemon: &DaemonConfig,
-    state: &mut LoopState,
-) -> Result<(), EngineError> {
-    match job.reopen_oldest_with_work(pool).await {
+async fn step<H: RunHooks, D: Drainer>(d: &Daemon<'_, H, D>, state: &mut LoopState) -> Result<(), EngineError> {
+    match d.job.reopen_oldest_with_work(d.pool).await {
         Err(err) if !err.is_transient() && !err.is_fatal() => {
             tracing::warn!(error = %err, "could not look for reopened work")
         }
@@ -209,12 +219,12 @@ async fn step<H: RunHooks, D: Drainer>(
             other?;
         }
     }
-    match start_due_runs(job, pool, worker, daemon, &mut state.warned).await {
+    match start_due_runs(d.job, d.pool, d.worker, d.daemon, &mut state.warned).await {
         Err(err) if !err.is_transient() && !err.is_fatal() => tracing::warn!(error = %err, "could not start due runs"),
         other => other?,
     }
-    if let Some(run) = job.running_run(pool).await? {
-        match job.work(pool, &run.scope, drainer, cfg, worker).await {
+    if let Some(run) = d.job.running_run(d.pool).await? {
+        match d.job.work(d.pool, &run.scope, d.drainer, d.cfg, d.worker).await {
             Ok(outcome) => tracing::info!(?outcome, "run worked"),
             // A missing grant or migration stops the daemon: it could never
             // succeed. So does a drain that gave up on the database: the
@@ -230,12 +240,13 @@ async fn step<H: RunHooks, D: Drainer>(
         state.poll = Duration::from_millis(MIN_POLL_MS);
         return Ok(());
     }
-    let now = database_now(pool).await?;
-    let until_due = daemon
+    let now = database_now(d.pool).await?;
+    let until_due = d
+        .daemon
         .schedule
         .next_after(now)
         .and_then(|t| (t - now).to_std().ok())
-        .unwrap_or(daemon.max_poll);
+        .unwrap_or(d.daemon.max_poll);
     let wait = state.poll.min(until_due + Duration::from_millis(50));
     let notified = async {
         match state.listener.as_mut() {
@@ -260,7 +271,7 @@ async fn step<H: RunHooks, D: Drainer>(
             state.poll = Duration::from_millis(MIN_POLL_MS);
         }
         _ = tokio::time::sleep(wait) => {
-            state.poll = (state.poll * 2).min(daemon.max_poll);
+            state.poll = (state.poll * 2).min(d.daemon.max_poll);
         }
     }
     Ok(())

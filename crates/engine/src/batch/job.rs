@@ -466,73 +466,76 @@ impl<H: RunHooks> Job<H> {
     ) -> Result<WorkOutcome, EngineError> {
         let span =
             tracing::info_span!("run.work", job = self.name(), scope, worker = %worker.id(), mode = drainer.mode());
-        let turn = self.work_turn(pool, scope, drainer, cfg, worker).instrument(span).await;
-        match turn {
+        let turn = async {
+            let joined = self.start_or_join(pool, scope, Some(worker.id())).await?;
+            let run = joined.run;
+            if run.state != RunState::Running {
+                tracing::info!(
+                    run = run.id,
+                    scope,
+                    state = run.state.as_str(),
+                    "run is not running; nothing to do"
+                );
+                return Ok(WorkOutcome::RunNotRunning(run.id, run.state));
+            }
+            tracing::info!(run = run.id, scope, worker = %worker.id(), starter = joined.started, mode = drainer.mode(), "working on run");
+            let stats = worker.stats();
+            let settled_before = stats.items_settled.load(std::sync::atomic::Ordering::Relaxed);
+            let target = RunTarget {
+                pool,
+                queue: &self.queue,
+                run_id: run.id,
+                scope,
+                worker: worker.id(),
+                cfg,
+                stats,
+            };
+            drainer.drain(target).await?;
+            let settled = stats.items_settled.load(std::sync::atomic::Ordering::Relaxed) - settled_before;
+            if worker.stop_requested() {
+                tracing::info!(run = run.id, scope, settled, "stopped on request");
+                return Ok(WorkOutcome::Stopped {
+                    run_id: run.id,
+                    settled,
+                });
+            }
+            let finished = self.finish_drained(pool, run.id, scope, worker.id(), cfg).await?;
+            Ok::<_, EngineError>(WorkOutcome::Drained {
+                run_id: run.id,
+                settled,
+                finished,
+            })
+        };
+        match turn.instrument(span).await {
             Err(err) => Err(err.refused(pool).await),
             worked => worked,
         }
     }
 
-    async fn work_turn<D: Drainer>(
+    /// Finishes a drained run, retrying through transient errors: the
+    /// database may be failing over right now, and the finish is one
+    /// transaction decided by the run row's lock, so a transient error is
+    /// no reason to leave the run unfinished.
+    async fn finish_drained(
         &self,
         pool: &PgPool,
+        run_id: i64,
         scope: &str,
-        drainer: &D,
+        worker: Uuid,
         cfg: &DrainConfig,
-        worker: &Worker,
-    ) -> Result<WorkOutcome, EngineError> {
-        let joined = self.start_or_join(pool, scope, Some(worker.id())).await?;
-        let run = joined.run;
-        if run.state != RunState::Running {
-            tracing::info!(
-                run = run.id,
-                scope,
-                state = run.state.as_str(),
-                "run is not running; nothing to do"
-            );
-            return Ok(WorkOutcome::RunNotRunning(run.id, run.state));
-        }
-        tracing::info!(run = run.id, scope, worker = %worker.id(), starter = joined.started, mode = drainer.mode(), "working on run");
-        let stats = worker.stats();
-        let settled_before = stats.items_settled.load(std::sync::atomic::Ordering::Relaxed);
-        let target = RunTarget {
-            pool,
-            queue: &self.queue,
-            run_id: run.id,
-            scope,
-            worker: worker.id(),
-            cfg,
-            stats,
-        };
-        drainer.drain(target).await?;
-        let settled = stats.items_settled.load(std::sync::atomic::Ordering::Relaxed) - settled_before;
-        if worker.stop_requested() {
-            tracing::info!(run = run.id, scope, settled, "stopped on request");
-            return Ok(WorkOutcome::Stopped {
-                run_id: run.id,
-                settled,
-            });
-        }
-        // The database may be failing over right now: a transient error
-        // here is retried (the finish is one transaction, decided by the
-        // run row's lock), not a reason to leave the run unfinished.
+    ) -> Result<bool, EngineError> {
         let mut backoff = Duration::from_millis(250);
         let started = std::time::Instant::now();
-        let finished = loop {
-            match self.finish_if_drained(pool, run.id, scope, worker.id()).await {
+        loop {
+            match self.finish_if_drained(pool, run_id, scope, worker).await {
                 Err(err) if err.is_transient() && started.elapsed() < FINISH_RETRY_FOR.min(cfg.max_outage) => {
-                    tracing::warn!(run = run.id, scope, error = %err, "finishing the run failed; retrying");
+                    tracing::warn!(run = run_id, scope, error = %err, "finishing the run failed; retrying");
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(5));
                 }
-                other => break other?,
+                other => return other,
             }
-        };
-        Ok(WorkOutcome::Drained {
-            run_id: run.id,
-            settled,
-            finished,
-        })
+        }
     }
 }
 

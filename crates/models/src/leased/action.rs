@@ -3,6 +3,8 @@
 
 use std::fmt;
 
+use crate::signal::Signal;
+
 /// What can happen. Each action names the function and the statement it models.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Action {
@@ -101,21 +103,13 @@ pub enum Action {
         /// The worker.
         worker: u8,
     },
-    /// SIGKILL: memory lost; an open transaction rolls back when the
-    /// connection drops.
-    Crash {
+    /// A signal to a worker. SIGKILL: memory lost; an open transaction
+    /// rolls back when the connection drops. SIGSTOP, SIGCONT.
+    Signal {
         /// The worker.
         worker: u8,
-    },
-    /// SIGSTOP.
-    Pause {
-        /// The worker.
-        worker: u8,
-    },
-    /// SIGCONT.
-    Resume {
-        /// The worker.
-        worker: u8,
+        /// The signal.
+        signal: Signal,
     },
     /// The standby replays everything the primary has committed.
     Replicate,
@@ -152,9 +146,7 @@ impl fmt::Display for Action {
             Action::RescueExpired { item } => write!(f, "rescue_expired_leases (item {item})"),
             Action::ClaimInTx { worker, item } => write!(f, "w{worker} chunk statement locks item {item} (in tx)"),
             Action::CommitInTx { worker } => write!(f, "w{worker} COMMIT chunk"),
-            Action::Crash { worker } => write!(f, "w{worker} SIGKILL"),
-            Action::Pause { worker } => write!(f, "w{worker} SIGSTOP"),
-            Action::Resume { worker } => write!(f, "w{worker} SIGCONT"),
+            Action::Signal { worker, signal } => write!(f, "w{worker} {signal}"),
             Action::Replicate => write!(f, "standby replays the primary's WAL"),
             Action::Failover => write!(f, "FAILOVER: standby promoted (new timeline)"),
         }

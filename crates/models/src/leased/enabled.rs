@@ -1,6 +1,8 @@
 //! The guards as the model reads them, and the actions workers and faults
 //! can take from a state.
 
+use crate::signal::Signal::{self, Cont, Kill, Stop};
+
 use super::action::{Action, Answer};
 use super::state::{Fence, Job, Lease, Row, State, Status};
 use super::{LeasedWork, Replication};
@@ -106,14 +108,15 @@ impl LeasedWork {
         let busy = !Self::all_final(state);
         for (w, worker) in state.workers.iter().enumerate() {
             let w = w as u8;
+            let signal = |signal: Signal| Action::Signal { worker: w, signal };
             if worker.up && busy && state.budget.crashes > 0 {
-                actions.push(Action::Crash { worker: w });
+                actions.push(signal(Kill));
             }
             if worker.running() && busy && state.budget.pauses > 0 {
-                actions.push(Action::Pause { worker: w });
+                actions.push(signal(Stop));
             }
             if worker.up && worker.paused {
-                actions.push(Action::Resume { worker: w });
+                actions.push(signal(Cont));
             }
             if let Some(lease) = worker.lease() {
                 let row = &state.primary[lease.item as usize];

@@ -3,6 +3,8 @@
 
 use stateright::{Model, Property};
 
+use crate::signal::Signal::{Cont, Kill, Stop};
+
 use super::action::Action;
 use super::state::{amount_of, Fence, Job, Lease, Row, State, Status, Worker};
 use super::{property, LeasedWork, Replication};
@@ -96,7 +98,7 @@ impl Model for LeasedWork {
                 s.workers[worker as usize].job = Job::Idle;
                 self.commit(&mut s);
             }
-            Action::Crash { worker } => {
+            Action::Signal { worker, signal: Kill } => {
                 s.budget.crashes -= 1;
                 s.tx_crashed |= matches!(s.workers[worker as usize].job, Job::InTx { .. });
                 let w = &mut s.workers[worker as usize];
@@ -104,11 +106,11 @@ impl Model for LeasedWork {
                 w.paused = false;
                 w.job = Job::Idle;
             }
-            Action::Pause { worker } => {
+            Action::Signal { worker, signal: Stop } => {
                 s.budget.pauses -= 1;
                 s.workers[worker as usize].paused = true;
             }
-            Action::Resume { worker } => s.workers[worker as usize].paused = false,
+            Action::Signal { worker, signal: Cont } => s.workers[worker as usize].paused = false,
             Action::Replicate => s.standby = s.primary.clone(),
             Action::Failover => self.failover(&mut s),
         }

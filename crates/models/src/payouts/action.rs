@@ -4,6 +4,7 @@
 use std::fmt;
 
 use super::state::{event_name, event_of, Intent, Post};
+use crate::signal::Signal;
 
 /// What can happen. Each action names the function and the statement it
 /// models.
@@ -152,20 +153,12 @@ pub enum Action {
         /// The intent.
         intent: Intent,
     },
-    /// A delivery worker killed.
-    Crash {
+    /// A signal to a delivery worker: killed, stopped, continued.
+    Signal {
         /// The worker.
         worker: u8,
-    },
-    /// A delivery worker stopped.
-    Pause {
-        /// The worker.
-        worker: u8,
-    },
-    /// A delivery worker continued.
-    Resume {
-        /// The worker.
-        worker: u8,
+        /// The signal.
+        signal: Signal,
     },
 }
 
@@ -231,9 +224,7 @@ impl fmt::Display for Action {
                 "{:?} writes payout {} {:?} (blind)",
                 intent.source, intent.payout, intent.to
             ),
-            Action::Crash { worker } => write!(f, "w{worker} SIGKILL"),
-            Action::Pause { worker } => write!(f, "w{worker} SIGSTOP"),
-            Action::Resume { worker } => write!(f, "w{worker} SIGCONT"),
+            Action::Signal { worker, signal } => write!(f, "w{worker} {signal}"),
         }
     }
 }

@@ -1,6 +1,8 @@
 //! The actions each actor (requests, payouts, delivery workers, the
 //! provider and the network) can take from a state.
 
+use crate::signal::Signal::{self, Cont, Kill, Stop};
+
 use super::action::{Action, Answer};
 use super::state::PayoutState::{Created, Paid, Sent};
 use super::state::{Delivery, JobStatus, KeyRow, ProviderStatus, Source, State};
@@ -68,11 +70,12 @@ impl Payouts {
 
     pub(super) fn worker_actions(&self, state: &State, w: u8, actions: &mut Vec<Action>) {
         let worker = state.workers[w as usize];
+        let signal = |signal: Signal| Action::Signal { worker: w, signal };
         if !worker.up {
             return;
         }
         if worker.paused {
-            actions.push(Action::Resume { worker: w });
+            actions.push(signal(Cont));
             return;
         }
         match worker.job {
@@ -107,10 +110,10 @@ impl Payouts {
         }
         let busy = worker.job != Delivery::Idle;
         if state.budget.crashes > 0 && busy {
-            actions.push(Action::Crash { worker: w });
+            actions.push(signal(Kill));
         }
         if state.budget.pauses > 0 && busy {
-            actions.push(Action::Pause { worker: w });
+            actions.push(signal(Stop));
         }
     }
 

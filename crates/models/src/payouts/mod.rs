@@ -51,6 +51,7 @@ mod state;
 mod writes;
 
 pub use action::{Action, Answer};
+pub use state::transitions;
 pub use state::{
     event_name, event_of, Delivered, Delivery, Intent, JobRow, JobStatus, KeyRow, Payment, PayoutRow, PayoutState,
     Post, ProviderStatus, Request, Source, State, Worker,

@@ -3,6 +3,8 @@
 
 use stateright::{Model, Property};
 
+use crate::signal::Signal::{Cont, Kill, Stop};
+
 use super::action::Action;
 use super::state::PayoutState::{Cancelled, Created, Expired, Failed, Paid, Queued, Returned, Sent};
 use super::state::{
@@ -147,7 +149,7 @@ impl Model for Payouts {
                 // The read decided; the write is blind (`from` is unused).
                 self.commit(&mut s, intent.payout, &[], intent.to, intent.source);
             }
-            Action::Crash { worker } => {
+            Action::Signal { worker, signal: Kill } => {
                 s.budget.crashes -= 1;
                 s.workers[worker as usize] = Worker {
                     up: false,
@@ -155,11 +157,11 @@ impl Model for Payouts {
                     job: Delivery::Idle,
                 };
             }
-            Action::Pause { worker } => {
+            Action::Signal { worker, signal: Stop } => {
                 s.budget.pauses -= 1;
                 s.workers[worker as usize].paused = true;
             }
-            Action::Resume { worker } => s.workers[worker as usize].paused = false,
+            Action::Signal { worker, signal: Cont } => s.workers[worker as usize].paused = false,
         }
         Some(s)
     }

@@ -4,71 +4,31 @@
 
 use super::Faults;
 
-/// `settlement.payouts.status`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum PayoutState {
-    /// `created`: awaiting confirmation.
-    Created,
-    /// `queued`: its delivery job is on the queue.
-    Queued,
-    /// `sent`: the provider accepted it (pending).
-    Sent,
-    /// `paid`
-    Paid,
-    /// `failed` (funds returned)
-    Failed,
-    /// `cancelled` (funds returned)
-    Cancelled,
-    /// `expired` (funds returned)
-    Expired,
-    /// `returned`: paid, then the provider took it back (funds returned)
-    Returned,
-}
+/// `settlement.payouts.status`: the product's own enum, so the model's
+/// states are the code's (tests/tables.rs holds both to the database).
+pub use settled::payouts::PayoutState;
 
 use PayoutState::{Cancelled, Created, Expired, Failed, Paid, Queued, Returned, Sent};
 
-impl PayoutState {
-    /// Every state.
-    pub const ALL: [PayoutState; 8] = [Created, Queued, Sent, Paid, Failed, Cancelled, Expired, Returned];
+/// Every move the model allows, (from, to): what it takes
+/// `settlement.payout_transitions` to hold (a test compares the two).
+pub fn transitions() -> Vec<(PayoutState, PayoutState)> {
+    PayoutState::ALL
+        .iter()
+        .flat_map(|&to| allowed_from(to).iter().map(move |&from| (from, to)))
+        .collect()
+}
 
-    /// Its value in `settlement.payouts.status`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Created => "created",
-            Queued => "queued",
-            Sent => "sent",
-            Paid => "paid",
-            Failed => "failed",
-            Cancelled => "cancelled",
-            Expired => "expired",
-            Returned => "returned",
-        }
-    }
-
-    /// Every move the model allows, (from, to): what it takes
-    /// `settlement.payout_transitions` to hold (a test compares the two).
-    pub fn transitions() -> Vec<(PayoutState, PayoutState)> {
-        PayoutState::ALL
-            .iter()
-            .flat_map(|&to| to.allowed_from().iter().map(move |&from| (from, to)))
-            .collect()
-    }
-
-    pub(super) fn returns_funds(self) -> bool {
-        matches!(self, Failed | Returned | Cancelled | Expired)
-    }
-
-    /// The states `settlement.payout_transitions` lets a payout move to
-    /// `self` from (what the trigger `check_payout_change` checks).
-    pub(super) fn allowed_from(self) -> &'static [PayoutState] {
-        match self {
-            Created => &[],
-            Queued => &[Created],
-            Sent => &[Queued],
-            Paid | Failed => &[Queued, Sent],
-            Returned => &[Queued, Sent, Paid],
-            Cancelled | Expired => &[Created],
-        }
+/// The states `settlement.payout_transitions` lets a payout move to `to`
+/// from (what the trigger `check_payout_change` checks).
+pub(super) fn allowed_from(to: PayoutState) -> &'static [PayoutState] {
+    match to {
+        Created => &[],
+        Queued => &[Created],
+        Sent => &[Queued],
+        Paid | Failed => &[Queued, Sent],
+        Returned => &[Queued, Sent, Paid],
+        Cancelled | Expired => &[Created],
     }
 }
 

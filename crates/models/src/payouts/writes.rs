@@ -2,7 +2,7 @@
 //! write when that guard is removed, with the triggers and keys behind it.
 
 use super::state::PayoutState::Queued;
-use super::state::{Intent, Payment, PayoutState, Source, State, Written};
+use super::state::{allowed_from, Intent, Payment, PayoutState, Source, State, Written};
 use super::Payouts;
 
 impl Payouts {
@@ -47,7 +47,7 @@ impl Payouts {
         } else {
             // The trigger raises for a move the table does not list; the
             // return's primary key for a second return.
-            let unlisted = self.guards.transition_table && !to.allowed_from().contains(&row.state);
+            let unlisted = self.guards.transition_table && !allowed_from(to).contains(&row.state);
             let returned_again = to.returns_funds() && self.guards.one_return && row.returned > 0;
             if unlisted || returned_again {
                 return Written::Refused;

@@ -5,6 +5,7 @@
 
 #![allow(dead_code)] // each test file uses its part
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,6 +15,7 @@ use settled::provider::{HttpProvider, Payment, PayoutProvider};
 use settled::settlement::SettleWithProvider;
 use settled_engine::{Chunk, DrainConfig, HandlerError, LeaseConfig, LeasedHandler};
 use settled_engine::{ClaimedItem, RetryPolicy};
+use settled_lab::simulate::{ItemLayer, Layered};
 use settled_models::suite::Counterexample;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgConnection, PgPool};
@@ -165,37 +167,23 @@ pub(crate) fn stops<C>(points: &[Point]) -> (Stops<C>, Script<C>) {
 
 /// A leased handler with named stops around `work_item`: at each point in
 /// `stops` it reports (point, the claim) and waits to be let go.
-pub(crate) struct Scripted<H> {
-    inner: H,
-    stops: Stops<ClaimedItem>,
-}
+pub(crate) type Scripted<H> = Layered<H, Stops<ClaimedItem>>;
 
 /// Wraps `inner`, stopping at `points`.
 pub(crate) fn scripted<H>(inner: H, points: &[Point]) -> (Arc<Scripted<H>>, Script<ClaimedItem>) {
-    let (stops, script) = stops(points);
-    (Arc::new(Scripted { inner, stops }), script)
+    let (layer, script) = stops(points);
+    (Arc::new(Layered { inner, layer }), script)
 }
 
-impl<H: LeasedHandler> LeasedHandler for Scripted<H> {
-    type Batch = H::Batch;
-
-    async fn prepare(&self, pool: &PgPool, chunk: &Chunk) -> Result<Self::Batch, HandlerError> {
-        self.inner.prepare(pool, chunk).await
-    }
-
-    fn held(&self, batch: &Self::Batch) -> Vec<String> {
-        self.inner.held(batch)
-    }
-
-    async fn work_item(&self, batch: &Self::Batch, chunk: &Chunk, item: &ClaimedItem) -> Result<(), HandlerError> {
-        self.stops.at(Point::Calling, item).await;
-        let worked = self.inner.work_item(batch, chunk, item).await;
-        self.stops.at(Point::Called, item).await;
+impl ItemLayer for Stops<ClaimedItem> {
+    async fn around<W>(&self, item: &ClaimedItem, work: W) -> Result<(), HandlerError>
+    where
+        W: Future<Output = Result<(), HandlerError>> + Send,
+    {
+        self.at(Point::Calling, item).await;
+        let worked = work.await;
+        self.at(Point::Called, item).await;
         worked
-    }
-
-    async fn commit(&self, tx: &mut PgConnection, chunk: &Chunk) -> Result<(), HandlerError> {
-        self.inner.commit(tx, chunk).await
     }
 }
 

@@ -68,7 +68,7 @@ pub fn delivery_queue() -> settled_engine::Queue {
 
 /// Where a payout stands (the API serializes it, and the OpenAPI document
 /// lists its values, from this enum).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum PayoutState {
     /// Debited, awaiting its confirmation.

@@ -100,7 +100,7 @@ pub(crate) async fn count(env: &Env, sql: &str) -> i64 {
 
 // Each test crate uses some of them.
 #[allow(unused_imports)]
-pub(crate) use settled_testkit::chain::{deploy, quantity, receipt, rpc, HOT_WALLET, HOT_WALLET_KEY, SUPPLY};
+pub(crate) use settled_testkit::chain::{deploy, logs, quantity, receipt, rpc, HOT_WALLET, HOT_WALLET_KEY, SUPPLY};
 
 /// A chain for a test: anvil, the token, the hot wallet's key file.
 pub(crate) struct TestChain {
@@ -167,26 +167,13 @@ impl TestChain {
     /// Every `Transfer` of the token from the hot wallet on the canonical
     /// chain: (recipient, amount, transaction hash).
     pub(crate) async fn transfers_from_hot_wallet(&self) -> Vec<(Address, U256, String)> {
-        let topic0 = IERC20::Transfer::SIGNATURE_HASH;
         let from = B256::left_padding_from(HOT_WALLET.parse::<Address>().unwrap().as_slice());
-        let logs = rpc(
-            &self.url(),
-            "eth_getLogs",
-            json!([{"address": self.token, "topics": [topic0, from], "fromBlock": "0x0", "toBlock": "latest"}]),
-        )
-        .await;
-        logs.as_array()
-            .unwrap()
-            .iter()
+        logs(&self.url(), self.token, &[IERC20::Transfer::SIGNATURE_HASH, from])
+            .await
+            .into_iter()
             .map(|log| {
-                let topics: Vec<B256> = serde_json::from_value(log["topics"].clone()).unwrap();
-                let data: alloy_primitives::Bytes = serde_json::from_value(log["data"].clone()).unwrap();
-                let transfer = IERC20::Transfer::decode_raw_log(topics, &data).expect("a Transfer log");
-                (
-                    transfer.to,
-                    transfer.value,
-                    log["transactionHash"].as_str().unwrap().to_string(),
-                )
+                let transfer = IERC20::Transfer::decode_raw_log(log.topics, &log.data).expect("a Transfer log");
+                (transfer.to, transfer.value, log.transaction_hash)
             })
             .collect()
     }
