@@ -239,3 +239,42 @@ async fn metrics_the_chain_page_and_verify_follow_a_replacement_a_reorg_and_a_tr
     .await;
     common::stop(&mut deliverer);
 }
+
+/// A reconciliation reads the wallet's whole history: sixteen deliverers
+/// racing for the fleet's turn (sixteen connections at once) get one turn
+/// between them, none while the period runs, and one again after it.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_fleet_takes_one_reconciliation_turn_per_period_on_the_database_clock() {
+    use settled::chain::watch::take_reconcile_turn;
+    use std::time::Duration;
+    let env = Env::new().await;
+    let sender: alloy_primitives::Address = HOT_WALLET.parse().unwrap();
+    let lower = HOT_WALLET.to_lowercase();
+    sqlx::query("INSERT INTO settlement.chain_senders (chain_id, sender, next_nonce) VALUES (31337, $1, 0)")
+        .bind(&lower) // $1
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    let period = Duration::from_millis(1500);
+    let race = || async {
+        let racers = (0..16).map(|_| {
+            let pool = env.pool.clone();
+            tokio::spawn(async move { take_reconcile_turn(&pool, 31337, sender, period).await.unwrap() })
+        });
+        let mut won = 0;
+        for racer in racers.collect::<Vec<_>>() {
+            won += usize::from(racer.await.unwrap());
+        }
+        won
+    };
+    assert_eq!(race().await, 0, "no wallet row (no gas recorded yet): no turn");
+    sqlx::query("INSERT INTO settlement.chain_wallet_watch (chain_id, sender, gas_balance) VALUES (31337, $1, 0)")
+        .bind(&lower) // $1
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    assert_eq!(race().await, 1, "the first turn: one of sixteen");
+    assert_eq!(race().await, 0, "within the period: none");
+    tokio::time::sleep(period).await;
+    assert_eq!(race().await, 1, "after the period: one again");
+}

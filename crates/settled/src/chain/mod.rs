@@ -38,7 +38,7 @@ pub mod sign;
 pub(crate) mod spent;
 pub(crate) mod store;
 pub(crate) mod wallet;
-pub(crate) mod watch;
+pub mod watch;
 
 pub use rail::ChainRail;
 pub(crate) use rpc::Rpc;
@@ -98,7 +98,9 @@ pub struct ChainFlags {
     pub watch_every_secs: u64,
     /// How often the chain's Transfer logs are reconciled with the payouts
     /// (as `settled reconcile --chain-rpc-url` does) and the mismatches
-    /// recorded for the metrics, in seconds; 0: never.
+    /// recorded for the metrics, in seconds, by one deliverer of the fleet
+    /// (the first to take the turn on the database's clock); 0: never by
+    /// this one.
     #[arg(long, env = "SETTLED_CHAIN_RECONCILE_EVERY_SECS", default_value_t = DEFAULT_RECONCILE_EVERY_SECS,
           value_parser = clap::value_parser!(u64).range(0..=604_800))]
     pub reconcile_every_secs: u64,

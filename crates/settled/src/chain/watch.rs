@@ -6,6 +6,13 @@
 //! it at scrape time (`settled_chain_gas_balance_wei`,
 //! `settled_chain_reconcile_mismatches`). It moves no payout and signs
 //! nothing; a failed round is logged and the next one tries again.
+//!
+//! A reconciliation reads the token's `Transfer` logs from block 0, which
+//! grows with the wallet's history: the fleet runs one per period, by
+//! whichever deliverer takes the turn first on the database's clock
+//! ([`take_reconcile_turn`]), not one per deliverer and not one at each
+//! deliverer's start (a deliverer's start is when a rollout brings many,
+//! and when its first payouts wait for the node).
 
 use std::time::Duration;
 
@@ -24,21 +31,53 @@ pub(crate) async fn watch(
 ) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut reconciled: Option<tokio::time::Instant> = None;
     loop {
         tick.tick().await;
         if let Err(err) = record_gas(&pool, &chain).await {
             tracing::warn!(error = %format!("{err:#}"), "chain watch: gas balance not recorded");
         }
-        let due = reconcile_every.is_some_and(|period| reconciled.is_none_or(|at| at.elapsed() >= period));
-        if !due {
-            continue;
-        }
-        reconciled = Some(tokio::time::Instant::now());
-        if let Err(err) = record_reconcile(&pool, &chain).await {
-            tracing::warn!(error = %format!("{err:#}"), "chain watch: reconciliation not recorded");
+        let Some(period) = reconcile_every else { continue };
+        // Half a tick early: a turn taken a hair less than a period ago is
+        // due at this tick, not one tick later.
+        let turn = take_reconcile_turn(
+            &pool,
+            chain.chain_id,
+            chain.wallet.address(),
+            period.saturating_sub(every / 2),
+        );
+        match turn.await {
+            Ok(false) => {}
+            Ok(true) => {
+                if let Err(err) = record_reconcile(&pool, &chain).await {
+                    tracing::warn!(error = %format!("{err:#}"), "chain watch: reconciliation not recorded");
+                }
+            }
+            Err(err) => tracing::warn!(error = %format!("{err:#}"), "chain watch: reconciliation turn not taken"),
         }
     }
+}
+
+/// Takes the fleet's turn to reconcile wallet `sender` on chain
+/// `chain_id` with the chain: true when none was taken within `period` (on
+/// the database's clock), and now the caller's. The wallet's row is the one
+/// [`record_gas`] writes; without it there is no turn.
+pub async fn take_reconcile_turn(
+    pool: &PgPool,
+    chain_id: u64,
+    sender: alloy_primitives::Address,
+    period: Duration,
+) -> anyhow::Result<bool> {
+    let taken = sqlx::query(
+        "UPDATE settlement.chain_wallet_watch SET reconcile_turn_at = now()
+         WHERE chain_id = $1 AND sender = $2
+           AND (reconcile_turn_at IS NULL OR reconcile_turn_at <= now() - make_interval(secs => $3))",
+    )
+    .bind(chain_id as i64) // $1
+    .bind(lower(sender)) // $2
+    .bind(period.as_secs_f64()) // $3
+    .execute(pool)
+    .await?;
+    Ok(taken.rows_affected() == 1)
 }
 
 /// Reads the hot wallet's gas balance from the node and records it.

@@ -368,15 +368,17 @@ async fn saturation(pool: &PgPool, node: &Node, mode: &str, recipients: &[String
     .bind(first) // $1
     .fetch_one(pool)
     .await?;
-    let txs: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT t.mined_hash, t.block_number FROM settlement.chain_txs t
+    let txs: Vec<(String, i64, f64, Option<f64>)> = sqlx::query_as(
+        "SELECT t.mined_hash, t.block_number, extract(epoch FROM t.created_at)::float8,
+                extract(epoch FROM t.broadcast_at)::float8
+         FROM settlement.chain_txs t
          WHERE t.id IN (SELECT tx_id FROM settlement.chain_tx_payouts WHERE payout_id >= $1 AND NOT given_up)",
     )
     .bind(first) // $1
     .fetch_all(pool)
     .await?;
     let mut gas_used = 0;
-    for (hash, _) in &txs {
+    for (hash, ..) in &txs {
         gas_used += quantity(&receipt(&node.url(), hash).await["gasUsed"]);
     }
     let low = txs
@@ -404,6 +406,12 @@ async fn saturation(pool: &PgPool, node: &Node, mode: &str, recipients: &[String
             mean(&fills)
         },
         block_fill_max: fills.iter().copied().fold(0.0, f64::max),
+        last_signed_secs: txs.iter().map(|t| t.2 - committed).fold(0.0, f64::max),
+        last_broadcast_secs: txs
+            .iter()
+            .filter_map(|t| t.3)
+            .map(|at| at - committed)
+            .fold(0.0, f64::max),
     })
 }
 

@@ -50,6 +50,12 @@ pub struct ChainRun {
     pub block_fill_saturated: f64,
     /// The fullest block's.
     pub block_fill_max: f64,
+    /// Seconds from the backlog's commit to its last transaction signed ...
+    #[serde(default)]
+    pub last_signed_secs: f64,
+    /// ... and broadcast.
+    #[serde(default)]
+    pub last_broadcast_secs: f64,
 }
 
 /// From a payout's 201 to its transaction's broadcast, ms.
@@ -134,19 +140,21 @@ impl ChainBenchReport {
             "## Payouts on-chain\n\n`{}`\n\n{} CPUs, load {} before and {} after; anvil --block-time {BLOCK_TIME_SECS}\n\n\
              {} deliverers (--concurrency {} --batch {}), --confirmations 1; plain ERC-20 transfer: \
              {} gas to a fresh address, {} to a funded one\n\n\
-             | run | payouts | seconds | payouts/s | transactions | gas/payout | blocks | block fill mean | at saturation | max |\n\
-             |---|---|---|---|---|---|---|---|---|---|\n",
+             | run | payouts | seconds | payouts/s | transactions | last signed, s | last broadcast, s | gas/payout | blocks | block fill mean | at saturation | max |\n\
+             |---|---|---|---|---|---|---|---|---|---|---|---|\n",
             o.command, self.cpus, self.load_before, self.load_after, o.deliverers, o.concurrency, o.batch,
             self.floor.transfer_to_fresh, self.floor.transfer_to_funded,
         );
         for r in &self.runs {
             out.push_str(&format!(
-                "| {} | {} | {:.1} | {:.0} | {} | {:.0} | {} | {:.0}% | {:.0}% | {:.0}% |\n",
+                "| {} | {} | {:.1} | {:.0} | {} | {:.1} | {:.1} | {:.0} | {} | {:.0}% | {:.0}% | {:.0}% |\n",
                 r.mode,
                 r.payouts,
                 r.seconds,
                 r.per_sec,
                 r.transactions,
+                r.last_signed_secs,
+                r.last_broadcast_secs,
                 r.gas_per_payout,
                 r.blocks,
                 r.block_fill_mean * 100.0,
