@@ -470,12 +470,8 @@ impl<H: RunHooks> Job<H> {
             let joined = self.start_or_join(pool, scope, Some(worker.id())).await?;
             let run = joined.run;
             if run.state != RunState::Running {
-                tracing::info!(
-                    run = run.id,
-                    scope,
-                    state = run.state.as_str(),
-                    "run is not running; nothing to do"
-                );
+                let state = run.state.as_str();
+                tracing::info!(run = run.id, scope, state, "run is not running; nothing to do");
                 return Ok(WorkOutcome::RunNotRunning(run.id, run.state));
             }
             tracing::info!(run = run.id, scope, worker = %worker.id(), starter = joined.started, mode = drainer.mode(), "working on run");

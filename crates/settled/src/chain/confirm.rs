@@ -528,6 +528,14 @@ enum Word {
 /// payout id: a repeat moves nothing.
 async fn move_payouts(db: &mut sqlx::PgConnection, chain: &Chain, tx_id: i64, word: Word) -> anyhow::Result<()> {
     let mut paid = store::payouts_of(db, tx_id).await?;
+    if matches!(word, Word::Pending) {
+        // Pending moves a payout from `queued` to `sent` and nothing else:
+        // those its delivery job or the broadcast moved already are left
+        // unlocked (a payout no longer queued or sent is judged by the word
+        // at depth, which records any conflict).
+        let queued = store::still_queued(db, tx_id).await?;
+        paid.retain(|p| queued.contains(&p.payout_id));
+    }
     paid.sort_by_key(|p| p.payout_id);
     let words: Vec<(i64, ProviderWord)> = paid
         .iter()

@@ -186,26 +186,32 @@ async fn complete(conn: &mut PgConnection, rows: Vec<TxRow>) -> anyhow::Result<V
     let mut attempts = attempts_of(conn, &ids).await?;
     rows.into_iter()
         .map(|row| {
-            let state = TxState::parse(&row.state)
-                .ok_or_else(|| anyhow::anyhow!("chain tx {}: state {:?}", row.id, row.state))?;
-            let mined = match (row.block_number, row.block_hash, row.mined_hash) {
-                (Some(n), Some(b), Some(m)) => Some((n as u64, hash(&b)?, hash(&m)?)),
-                _ => None,
-            };
-            Ok(ChainTx {
-                id: row.id,
-                nonce: row.nonce,
-                state,
-                mined,
-                attempts: attempts.remove(&row.id).unwrap_or_default(),
-                since_broadcast_ms: row.since_broadcast_ms,
-                since_signed_ms: row.since_signed_ms,
-                given_up: row.given_up,
-                created_unix: row.created_unix,
-                awaiting_operator: row.awaiting_operator,
-            })
+            let of_row = attempts.remove(&row.id).unwrap_or_default();
+            from_row(row, of_row)
         })
         .collect()
+}
+
+/// The transaction of `row`, with `attempts`.
+fn from_row(row: TxRow, attempts: Vec<Attempt>) -> anyhow::Result<ChainTx> {
+    let state =
+        TxState::parse(&row.state).ok_or_else(|| anyhow::anyhow!("chain tx {}: state {:?}", row.id, row.state))?;
+    let mined = match (row.block_number, row.block_hash, row.mined_hash) {
+        (Some(n), Some(b), Some(m)) => Some((n as u64, hash(&b)?, hash(&m)?)),
+        _ => None,
+    };
+    Ok(ChainTx {
+        id: row.id,
+        nonce: row.nonce,
+        state,
+        mined,
+        attempts,
+        since_broadcast_ms: row.since_broadcast_ms,
+        since_signed_ms: row.since_signed_ms,
+        given_up: row.given_up,
+        created_unix: row.created_unix,
+        awaiting_operator: row.awaiting_operator,
+    })
 }
 
 /// A payout's link to its transaction, read with the transaction.
@@ -219,6 +225,10 @@ struct LinkRow {
 }
 
 /// The transaction that pays payout `payout_id`, and what it pays it.
+/// Its attempts are read only while it is `signed`, the one state in which
+/// the rail sends its bytes (a batch's hundred payouts would otherwise
+/// read its signed bytes a hundred times); in any other state they are
+/// left empty.
 pub(crate) async fn tx_of_payout(conn: &mut PgConnection, payout_id: i64) -> anyhow::Result<Option<(ChainTx, Paid)>> {
     let row: Option<LinkRow> = sqlx::query_as(&format!(
         "SELECT {TX_COLUMNS}, l.position, l.recipient, l.amount::text AS amount
@@ -236,10 +246,14 @@ pub(crate) async fn tx_of_payout(conn: &mut PgConnection, payout_id: i64) -> any
         amount: Amount::parse_decimal(&row.amount)?,
         given_up: false,
     };
-    let tx = complete(conn, vec![row.tx])
-        .await?
-        .pop()
-        .expect("one row, one transaction");
+    let tx = if row.tx.state == TxState::Signed.as_str() {
+        complete(conn, vec![row.tx])
+            .await?
+            .pop()
+            .expect("one row, one transaction")
+    } else {
+        from_row(row.tx, Vec::new())?
+    };
     Ok(Some((tx, paid)))
 }
 
@@ -252,6 +266,17 @@ pub(crate) async fn tx(conn: &mut PgConnection, id: i64) -> anyhow::Result<Optio
     .fetch_all(&mut *conn)
     .await?;
     Ok(complete(conn, rows).await?.pop())
+}
+
+/// The payouts of transaction `tx_id` still `queued`, by id.
+pub(crate) async fn still_queued(conn: &mut PgConnection, tx_id: i64) -> anyhow::Result<Vec<i64>> {
+    Ok(sqlx::query_scalar(
+        "SELECT l.payout_id FROM settlement.chain_tx_payouts l JOIN settlement.payouts p ON p.id = l.payout_id
+         WHERE l.tx_id = $1 AND p.status = 'queued' ORDER BY l.payout_id",
+    )
+    .bind(tx_id) // $1
+    .fetch_all(&mut *conn)
+    .await?)
 }
 
 /// The payouts transaction `tx_id` pays, in call order.
