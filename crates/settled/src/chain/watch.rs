@@ -1,6 +1,6 @@
 //! What a deliverer paying on a chain records of its hot wallet for
 //! operators: the gas balance it reads from the node, and, less often, a
-//! reconciliation with the token's `Transfer` logs ([`super::reconcile`],
+//! reconciliation with the token's `Transfer` logs (`chain::reconcile`,
 //! the one home of that rule). One row per (chain, sender) in
 //! `settlement.chain_wallet_watch`, overwritten; `settled serve` exports
 //! it at scrape time (`settled_chain_gas_balance_wei`,
@@ -60,7 +60,7 @@ pub(crate) async fn watch(
 /// Takes the fleet's turn to reconcile wallet `sender` on chain
 /// `chain_id` with the chain: true when none was taken within `period` (on
 /// the database's clock), and now the caller's. The wallet's row is the one
-/// [`record_gas`] writes; without it there is no turn.
+/// `record_gas` writes; without it there is no turn.
 pub async fn take_reconcile_turn(
     pool: &PgPool,
     chain_id: u64,
