@@ -19,8 +19,8 @@ use std::time::Duration;
 
 use alloy_primitives::{Address, U256};
 use chain_support::{
-    count, deliver, hide, mine, mine_until, mine_until_paid, paid_once, queued_payouts, rpc, wait_txs, Broadcasts,
-    Deliverer, RpcProxy, TestChain, HOT_WALLET,
+    count, deliver, drop_newest_attempt, hide, mine, mine_until, mine_until_paid, paid_once, queued_payouts, rpc,
+    wait_txs, Broadcasts, Deliverer, RpcProxy, TestChain, HOT_WALLET,
 };
 use common::{wait_until, Env};
 use serde_json::json;
@@ -189,10 +189,7 @@ async fn a_transfer_waiting_behind_a_lower_nonce_at_the_market_price_is_not_repl
     let mut deliverer = deliver(&env, &chain, &chain.url(), 2, &["--replace-after-secs", "1"]);
     wait_txs(&env, "state = 'broadcast'", 2).await;
     // Nonce 0 lost by the node (a restart, a drop): nonce 1 waits for it.
-    let first = env
-        .scalar_text("SELECT a.hash FROM settlement.chain_tx_attempts a JOIN settlement.chain_txs t ON t.id = a.tx_id WHERE t.nonce = 0")
-        .await;
-    rpc(&chain.url(), "anvil_dropTransaction", json!([first])).await;
+    drop_newest_attempt(&env, &chain, 0).await;
     wait_until(60, "nonce 0 replaced (and so sent again)", || async {
         attempts_of_nonce(&env, 0).await >= 2
     })
@@ -251,10 +248,7 @@ async fn a_nonce_spent_by_a_transaction_not_settleds_is_not_replaced_and_its_pay
     // node's pool, and a transaction of the same wallet under the same
     // nonce mined instead (fees over settled's cap, so it also replaces
     // any attempt settled sends meanwhile).
-    let ours = env
-        .scalar_text("SELECT a.hash FROM settlement.chain_tx_attempts a JOIN settlement.chain_txs t ON t.id = a.tx_id WHERE t.nonce = 0 ORDER BY a.attempt DESC LIMIT 1")
-        .await;
-    rpc(&chain.url(), "anvil_dropTransaction", json!([ours])).await;
+    drop_newest_attempt(&env, &chain, 0).await;
     let elsewhere = rpc(
         &chain.url(),
         "eth_sendTransaction",

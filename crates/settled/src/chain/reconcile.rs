@@ -114,14 +114,22 @@ async fn transfers_from(
         .await?;
     logs.into_iter()
         .map(|log| {
-            let transfer = IERC20::Transfer::decode_raw_log(log.topics.iter().copied(), &log.data)?;
+            let (to, value) = decode_transfer(&log)?;
             Ok(Transfer {
-                to: transfer.to,
-                value: transfer.value,
+                to,
+                value,
                 tx: log.transaction_hash.unwrap_or_default(),
             })
         })
         .collect()
+}
+
+/// A token `Transfer` log's recipient and amount: the one decoding of the
+/// chain's side, for this comparison and for a transaction's logs read in
+/// place of its receipt (`spent::transfers_in`).
+pub(super) fn decode_transfer(log: &super::rpc::Log) -> anyhow::Result<(Address, U256)> {
+    let transfer = IERC20::Transfer::decode_raw_log(log.topics.iter().copied(), &log.data)?;
+    Ok((transfer.to, transfer.value))
 }
 
 /// Matches each transfer with a payout of its transaction, one to one.

@@ -229,10 +229,7 @@ pub(super) async fn transfers_in(chain: &Chain, block: B256, hash: B256) -> anyh
         .await?;
     logs.into_iter()
         .filter(|log| log.transaction_hash == Some(hash) && log.block_hash.is_none_or(|b| b == block))
-        .map(|log| {
-            let t = super::abi::IERC20::Transfer::decode_raw_log(log.topics.iter().copied(), &log.data)?;
-            Ok((t.to, t.value))
-        })
+        .map(|log| super::reconcile::decode_transfer(&log))
         .collect()
 }
 

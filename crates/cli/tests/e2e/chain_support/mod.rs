@@ -465,6 +465,21 @@ pub(crate) async fn wait_txs(env: &Env, condition: &str, n: i64) {
     wait_count(env, &format!("{n} transactions where {condition}"), &sql, n).await;
 }
 
+/// Drops the newest attempt under `nonce` from the node's pool (a node
+/// that restarted or evicted it); its hash.
+pub(crate) async fn drop_newest_attempt(env: &Env, chain: &TestChain, nonce: i64) -> String {
+    let hash: String = sqlx::query_scalar(
+        "SELECT a.hash FROM settlement.chain_tx_attempts a JOIN settlement.chain_txs t ON t.id = a.tx_id
+         WHERE t.nonce = $1 ORDER BY a.attempt DESC LIMIT 1",
+    )
+    .bind(nonce) // $1
+    .fetch_one(&env.pool)
+    .await
+    .unwrap();
+    rpc(&chain.url(), "anvil_dropTransaction", json!([hash])).await;
+    hash
+}
+
 /// Waits (60 s at most) until every payout is paid or failed.
 pub(crate) async fn wait_paid_or_failed(env: &Env) {
     let open = "SELECT count(*) FROM settlement.payouts WHERE status NOT IN ('paid', 'failed')";
