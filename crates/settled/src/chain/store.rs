@@ -83,7 +83,8 @@ pub(crate) struct ChainTx {
     pub state: TxState,
     /// Where it was mined: block number, block hash, the attempt mined.
     pub mined: Option<(u64, B256, B256)>,
-    /// Its attempts, oldest first.
+    /// Its attempts, oldest first (none when read by `tx_of_payout` in any
+    /// state but `signed`: the rail sends bytes only then).
     pub attempts: Vec<Attempt>,
     /// Milliseconds since it was last sent (None: never).
     pub since_broadcast_ms: Option<i64>,
